@@ -1,0 +1,138 @@
+"""One UCX runtime per process: ucxx context and worker, endpoints, regions.
+
+ucxx (the maintained successor of ucx-py) creates the context and a
+``UCS_THREAD_MODE_MULTI`` worker with RMA and WAKEUP enabled, and runs the
+worker's progress thread in event mode (epoll on the worker's event fd): an
+idle process uses no core, and over TCP, where UCX emulates RMA with active
+messages, a storage node keeps serving reads. The native gather progresses
+the same worker from the caller's thread while it waits.
+
+Teardown order is the reverse of creation and is enforced by ownership:
+remote keys hold their endpoint, regions hold the context, endpoints are
+closed before the worker's progress thread stops.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+
+from .._native_loader import _native
+from ..errors import ConnectionFailed
+
+log = logging.getLogger(__name__)
+
+# Loaded after libucx: ucxx sets UCX_RNDV_THRESH and friends in os.environ
+# at import time, so import it once, here, before any context exists.
+import ucxx._lib.libucxx as _ucxx  # noqa: E402
+
+
+class UcxRuntime:
+    """The process's UCX context and worker, with an event-driven progress thread.
+
+    >>> with UcxRuntime() as rt:
+    ...     region = rt.map_region(1 << 20, remote_read=True)
+    """
+
+    def __init__(self, progress_thread: bool = True):
+        self._lock = threading.Lock()
+        self._endpoints: dict[bytes, object] = {}
+        self.context = _ucxx.UCXContext(
+            feature_flags=(
+                _ucxx.Feature.TAG,
+                _ucxx.Feature.WAKEUP,
+                _ucxx.Feature.AM,
+                _ucxx.Feature.RMA,
+            )
+        )
+        self.worker = _ucxx.UCXWorker(self.context)
+        self._progress = progress_thread
+        if progress_thread:
+            # polling_mode=False: the thread sleeps in epoll until UCX has work.
+            self.worker.start_progress_thread(polling_mode=False)
+        self._closed = False
+        self._error_handling = True
+        log.debug("UCX %s runtime started (tls=%s)", _native.ucx_version(), self.transports)
+
+    @property
+    def transports(self) -> str:
+        """The transports UCX was allowed to use (UCX_TLS), 'all' when unset."""
+        return os.environ.get("UCX_TLS", "all")
+
+    @property
+    def address(self) -> bytes:
+        """This worker's UCX address, which peers use to make endpoints."""
+        addr = self.worker.address
+        return bytes(addr)
+
+    def map_region(self, size: int, remote_read: bool = False, hugepages: bool = False):
+        """Allocate and register `size` bytes (page aligned) with this context."""
+        return _native.MemoryRegion(self.context, size, remote_read, hugepages)
+
+    def endpoint(self, worker_address: bytes, peer: str):
+        """The endpoint to a peer's worker, made once and reused."""
+        with self._lock:
+            ep = self._endpoints.get(worker_address)
+            if ep is not None and ep.alive:
+                return ep
+            addr = _ucxx.UCXAddress.create_from_buffer(worker_address)
+            try:
+                ep = self._create_endpoint(addr)
+            except Exception as exc:  # ucxx raises its own hierarchy
+                raise ConnectionFailed(
+                    f"cannot create a UCX endpoint to {peer}: {exc}. Check that the peer "
+                    f"is running and that UCX_TLS ({self.transports}) lets both reach each other"
+                ) from exc
+            self._endpoints[worker_address] = ep
+            return ep
+
+    def _create_endpoint(self, addr):
+        # Peer-failure detection (UCP_ERR_HANDLING_MODE_PEER) makes reads from
+        # a dead node fail instead of hang, but the shared-memory transports
+        # (posix, sysv) do not support it: fall back to plain endpoints there.
+        if self._error_handling:
+            try:
+                return _ucxx.UCXEndpoint.create_from_worker_address(self.worker, addr, True)
+            except _ucxx.UCXError as exc:
+                log.info(
+                    "UCX cannot detect peer failures with UCX_TLS=%s (%s); using endpoints "
+                    "without error handling",
+                    self.transports,
+                    exc,
+                )
+                self._error_handling = False
+        return _ucxx.UCXEndpoint.create_from_worker_address(self.worker, addr, False)
+
+    def drop_endpoint(self, worker_address: bytes) -> None:
+        """Forget (and close) the endpoint to a peer that went away."""
+        with self._lock:
+            ep = self._endpoints.pop(worker_address, None)
+        if ep is not None:
+            _close_endpoint(ep)
+
+    def close(self) -> None:
+        """Close endpoints, stop progress; the context goes when unreferenced."""
+        if self._closed:
+            return
+        self._closed = True
+        with self._lock:
+            eps = list(self._endpoints.values())
+            self._endpoints.clear()
+        for ep in eps:
+            _close_endpoint(ep)
+        if self._progress:
+            self.worker.stop_progress_thread()
+
+    def __enter__(self) -> "UcxRuntime":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def _close_endpoint(ep) -> None:
+    try:
+        ep.close()
+    except Exception as exc:  # a dead peer's endpoint may refuse a clean close
+        log.debug("endpoint close: %s", exc)

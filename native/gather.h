@@ -1,0 +1,31 @@
+// The batched one-sided read at the heart of the sample path.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include <ucp/api/ucp.h>
+
+#include "memory.h"
+#include "remote_key.h"
+
+namespace distore {
+
+struct GatherItem {
+  uint32_t key_index;  // index into the rkeys vector
+  uint64_t remote_address;
+  uint64_t length;
+  uint64_t dest_offset;
+};
+
+// Posts one ucp_get_nbx per item into `dest`, then progresses `worker` until
+// every read has completed or `timeout_s` has passed (the rest are
+// cancelled). Writes each item's final ucs_status_t into `statuses`.
+// Validates every item (key index, remote bounds, destination bounds) before
+// posting anything and throws UcxError if one is wrong. Must be called
+// without the GIL.
+void gather(ucp_worker_h worker, const std::vector<const RemoteKey*>& rkeys,
+            const GatherItem* items, size_t n, const MemoryRegion& dest, double timeout_s,
+            int32_t* statuses);
+
+}  // namespace distore

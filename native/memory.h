@@ -1,0 +1,60 @@
+// A memory region registered with UCX (ucp_mem_map).
+//
+// Ownership: a MemoryRegion owns its pages (mmap'd here, or borrowed from a
+// caller-owned allocation such as a torch/CuPy buffer, which it keeps alive
+// through `owner`) and its ucp_mem_h, and holds the Python object that owns
+// the ucp_context_h, so the context cannot be destroyed first. Teardown:
+// ucp_mem_unmap, then munmap, then the context reference is dropped.
+// Thread safety: immutable after construction; the bytes themselves are the
+// caller's to synchronise (the storage node writes only slots it owns).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include <nanobind/nanobind.h>
+#include <ucp/api/ucp.h>
+
+namespace distore {
+
+class MemoryRegion {
+ public:
+  // Allocates `size` bytes, page aligned (2 MiB hugepages when `hugepages`
+  // and the kernel has them, else 4 KiB pages), and maps them with UCX.
+  // `remote_read`: peers may read the region with a packed remote key.
+  // Remote write is never granted.
+  MemoryRegion(nanobind::object context, uintptr_t context_handle, size_t size,
+               bool remote_read, bool hugepages);
+  // Registers caller-owned memory [address, address + size); `owner` keeps it
+  // alive. `memory_type` is a ucs_memory_type_t (0 host, 1 cuda, ...).
+  MemoryRegion(nanobind::object context, uintptr_t context_handle, uintptr_t address,
+               size_t size, nanobind::object owner, int memory_type);
+  ~MemoryRegion();
+  MemoryRegion(const MemoryRegion&) = delete;
+  MemoryRegion& operator=(const MemoryRegion&) = delete;
+
+  uintptr_t address() const { return reinterpret_cast<uintptr_t>(base_); }
+  size_t size() const { return size_; }
+  bool hugepages() const { return hugepages_; }
+  bool remote_read() const { return remote_read_; }
+  ucp_mem_h memh() const { return memh_; }
+  // Packs a remote key a peer unpacks with RemoteKey. Raises if the region
+  // was not mapped for remote read.
+  nanobind::bytes pack_rkey() const;
+
+ private:
+  void map(int memory_type, unsigned prot);
+
+  nanobind::object context_;
+  nanobind::object owner_;
+  ucp_context_h context_handle_;
+  void* base_ = nullptr;
+  size_t size_ = 0;
+  size_t mapped_size_ = 0;  // bytes to munmap; 0 for borrowed memory
+  bool hugepages_ = false;
+  bool remote_read_ = false;
+  ucp_mem_h memh_ = nullptr;
+};
+
+}  // namespace distore

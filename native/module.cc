@@ -1,0 +1,161 @@
+// Python bindings of the native core: small, batch-shaped, GIL released
+// while UCX works. Every native failure becomes the exception class that
+// distore_ucx.errors maps its status to (errors.from_native), in one place.
+#include <nanobind/nanobind.h>
+#include <nanobind/ndarray.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/vector.h>
+
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+#include <ucp/api/ucp.h>
+
+#include "gather.h"
+#include "memory.h"
+#include "remote_key.h"
+#include "status.h"
+
+namespace nb = nanobind;
+using namespace nb::literals;
+
+namespace distore {
+namespace {
+
+template <typename T>
+using Vec = nb::ndarray<const T, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
+
+uintptr_t handle_of(const nb::object& obj, const char* what) {
+  if (!nb::hasattr(obj, "handle")) {
+    throw UcxError(kStatusBadArgument, std::string(what) + " object has no .handle attribute");
+  }
+  return nb::cast<uintptr_t>(obj.attr("handle"));
+}
+
+nb::ndarray<nb::numpy, int32_t, nb::ndim<1>> gather_py(
+    nb::object worker, std::vector<const RemoteKey*> rkeys, Vec<uint32_t> key_index,
+    Vec<uint64_t> remote_address, Vec<uint64_t> length, const MemoryRegion& dest,
+    Vec<uint64_t> dest_offset, double timeout_s) {
+  const size_t n = key_index.shape(0);
+  if (remote_address.shape(0) != n || length.shape(0) != n || dest_offset.shape(0) != n) {
+    throw UcxError(kStatusBadArgument, "gather: key_index, remote_address, length and "
+                                       "dest_offset must have the same length");
+  }
+  auto worker_h = reinterpret_cast<ucp_worker_h>(handle_of(worker, "worker"));
+  std::vector<GatherItem> items(n);
+  for (size_t i = 0; i < n; ++i) {
+    items[i] = GatherItem{key_index(i), remote_address(i), length(i), dest_offset(i)};
+  }
+  auto* statuses = new int32_t[n > 0 ? n : 1];
+  nb::capsule owner(statuses, [](void* p) noexcept { delete[] static_cast<int32_t*>(p); });
+  {
+    nb::gil_scoped_release release;
+    gather(worker_h, rkeys, items.data(), n, dest, timeout_s, statuses);
+  }
+  return nb::ndarray<nb::numpy, int32_t, nb::ndim<1>>(statuses, {n}, owner);
+}
+
+// Copies row i of `src` (n x row bytes) to dest + offsets[i]; the storage
+// node's batched slot write. Bounds are checked before anything is copied.
+void scatter_rows(MemoryRegion& dest, Vec<uint64_t> offsets,
+                  nb::ndarray<const uint8_t, nb::ndim<2>, nb::c_contig, nb::device::cpu> src) {
+  const size_t n = offsets.shape(0);
+  const size_t row = src.shape(1);
+  if (src.shape(0) != n) {
+    throw UcxError(kStatusBadArgument, "scatter_rows: offsets and rows differ in length");
+  }
+  for (size_t i = 0; i < n; ++i) {
+    if (row > dest.size() || offsets(i) > dest.size() - row) {
+      throw UcxError(kStatusOutOfBounds, "scatter_rows: row " + std::to_string(i) +
+                                             " at offset " + std::to_string(offsets(i)) +
+                                             " exceeds the region");
+    }
+  }
+  auto* base = reinterpret_cast<uint8_t*>(dest.address());
+  const uint8_t* s = src.data();
+  nb::gil_scoped_release release;
+  for (size_t i = 0; i < n; ++i) std::memcpy(base + offsets(i), s + i * row, row);
+}
+
+}  // namespace
+}  // namespace distore
+
+NB_MODULE(_native, m) {
+  using namespace distore;
+  m.doc() = "distore-ucx native core: UCX memory, remote keys and the batched gather.";
+
+  nb::register_exception_translator([](const std::exception_ptr& p, void*) {
+    try {
+      std::rethrow_exception(p);
+    } catch (const UcxError& e) {
+      nb::object errors = nb::module_::import_("distore_ucx.errors");
+      nb::object exc = errors.attr("from_native")(e.status(), status_name(e.status()),
+                                                   std::string(e.what()), e.peer());
+      PyErr_SetObject(reinterpret_cast<PyObject*>(Py_TYPE(exc.ptr())), exc.ptr());
+    }
+  });
+
+  m.def("ucx_version", [] { return std::string(ucp_get_version_string()); },
+        "Version of the UCX library actually loaded, e.g. '1.21.0'.");
+  m.def("status_name", &status_name, "status"_a, "Name of a ucs_status_t value.");
+
+  nb::class_<MemoryRegion>(m, "MemoryRegion",
+                           "Memory registered with UCX; page aligned when allocated here.")
+      .def(
+          "__init__",
+          [](MemoryRegion* self, nb::object context, size_t size, bool remote_read,
+             bool hugepages) {
+            uintptr_t h = handle_of(context, "context");
+            new (self) MemoryRegion(std::move(context), h, size, remote_read, hugepages);
+          },
+          "context"_a, "size"_a, "remote_read"_a = false, "hugepages"_a = false,
+          "Allocate and map `size` bytes; `remote_read` lets peers read it (never write).")
+      .def_static(
+          "register",
+          [](nb::object context, uintptr_t address, size_t size, nb::object owner,
+             int memory_type) {
+            uintptr_t h = handle_of(context, "context");
+            return new MemoryRegion(std::move(context), h, address, size, std::move(owner),
+                                    memory_type);
+          },
+          "context"_a, "address"_a, "size"_a, "owner"_a, "memory_type"_a = 0,
+          nb::rv_policy::take_ownership,
+          "Map caller-owned memory (host, or CUDA with memory_type=1) as a local "
+          "destination; `owner` is kept alive.")
+      .def_prop_ro("address", &MemoryRegion::address)
+      .def_prop_ro("size", &MemoryRegion::size)
+      .def_prop_ro("hugepages", &MemoryRegion::hugepages)
+      .def_prop_ro("remote_read", &MemoryRegion::remote_read)
+      .def("pack_rkey", &MemoryRegion::pack_rkey, "Remote key bytes for peers.")
+      .def(
+          "view",
+          [](nb::handle_t<MemoryRegion> self) {
+            MemoryRegion& r = nb::cast<MemoryRegion&>(self);
+            return nb::ndarray<nb::numpy, uint8_t, nb::ndim<1>>(
+                reinterpret_cast<uint8_t*>(r.address()), {r.size()}, self);
+          },
+          "A writable uint8 numpy view of the whole region (keeps the region alive).");
+
+  nb::class_<RemoteKey>(m, "RemoteKey", "A peer's remote key unpacked on one endpoint.")
+      .def(
+          "__init__",
+          [](RemoteKey* self, nb::object endpoint, nb::bytes packed, uint64_t base,
+             uint64_t size, std::string peer) {
+            uintptr_t h = handle_of(endpoint, "endpoint");
+            new (self) RemoteKey(std::move(endpoint), h, std::move(packed), base, size,
+                                 std::move(peer));
+          },
+          "endpoint"_a, "packed"_a, "remote_base"_a, "remote_size"_a, "peer"_a = "")
+      .def_prop_ro("remote_base", &RemoteKey::remote_base)
+      .def_prop_ro("remote_size", &RemoteKey::remote_size)
+      .def_prop_ro("peer", &RemoteKey::peer);
+
+  m.def("gather", &gather_py, "worker"_a, "rkeys"_a, "key_index"_a, "remote_address"_a,
+        "length"_a, "dest"_a, "dest_offset"_a, "timeout"_a = 30.0,
+        "Read every item of a batch into `dest` with one-sided gets, in one call.\n\n"
+        "Returns the per-item ucs_status_t (0 = UCS_OK). Raises OutOfBoundsError or\n"
+        "InvalidArgument before posting anything if an item is malformed.");
+  m.def("scatter_rows", &scatter_rows, "dest"_a, "offsets"_a, "src"_a,
+        "Copy row i of the 2-D uint8 `src` to dest.address + offsets[i], GIL released.");
+}

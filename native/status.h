@@ -1,0 +1,39 @@
+// Errors that cross the native boundary.
+//
+// Every failure in native code is thrown as UcxError, carrying the UCX status
+// (or a distore-specific pseudo status below UCS_ERR_LAST) and the peer it
+// concerns. module.cc translates it, in one place, into the Python exception
+// class that distore_ucx.errors maps that status to.
+#pragma once
+
+#include <stdexcept>
+#include <string>
+
+#include <ucs/type/status.h>
+
+namespace distore {
+
+// Pseudo statuses for checks made by distore itself, not by UCX. They live
+// far below UCS_ERR_LAST so they never collide with a real UCX status.
+constexpr int kStatusOutOfBounds = -1000;  // address range outside a remote region
+constexpr int kStatusBadArgument = -1001;  // malformed batch arrays
+
+class UcxError : public std::runtime_error {
+ public:
+  UcxError(int status, std::string message, std::string peer = {})
+      : std::runtime_error(std::move(message)), status_(status), peer_(std::move(peer)) {}
+  int status() const { return status_; }
+  const std::string& peer() const { return peer_; }
+
+ private:
+  int status_;
+  std::string peer_;
+};
+
+// Name of a status, e.g. "UCS_ERR_UNREACHABLE".
+std::string status_name(int status);
+
+// Throws UcxError when status is an error; `what` says which call failed.
+void check(ucs_status_t status, const std::string& what, const std::string& peer = {});
+
+}  // namespace distore
