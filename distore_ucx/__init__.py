@@ -1,1 +1,54 @@
-"""distore-ucx: a distributed replay store with a one-sided UCX sample path."""
+"""distore-ucx: a distributed replay store with a one-sided UCX sample path.
+
+>>> import distore_ucx as ds
+>>> with ds.LocalCluster(nodes=2, arena_bytes=1 << 30) as cluster:
+...     client = ds.connect(cluster.address)
+...     client.create_table("replay", capacity=10_000,
+...                         spec={"obs": ((4, 84, 84), "uint8"), "reward": ((), "float32")})
+...     writer = client.writer()
+...     keys = writer.insert("replay", {"obs": obs, "reward": r}, priority=1.0)
+...     writer.flush()
+...     batch = client.learner("replay", batch_size=32).sample()
+"""
+
+from .client import Batch, Client, Learner, Writer, connect
+from .cluster import LocalCluster
+from .errors import (
+    ConfigError,
+    ConnectionFailed,
+    DistoreError,
+    NoData,
+    OutOfBoundsError,
+    RemoteError,
+    SpecMismatch,
+    StorageFull,
+    TableExists,
+    TableNotFound,
+    Timeout,
+    UcxError,
+)
+from .spec import TableSpec
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "connect",
+    "Client",
+    "Writer",
+    "Learner",
+    "Batch",
+    "LocalCluster",
+    "TableSpec",
+    "DistoreError",
+    "ConfigError",
+    "ConnectionFailed",
+    "NoData",
+    "OutOfBoundsError",
+    "RemoteError",
+    "SpecMismatch",
+    "StorageFull",
+    "TableExists",
+    "TableNotFound",
+    "Timeout",
+    "UcxError",
+]

@@ -1,0 +1,239 @@
+"""Learner: samples batches straight into a registered buffer, one-sided.
+
+For each batch the learner asks the control plane for n items (one round
+trip, which also releases the previous batch's lease), then makes one native
+call that posts a UCX get for every item, from every storage node, into one
+destination buffer. Each slot's header (key, generation) comes in the same
+read and is checked: an item whose slot was reused, or whose node failed
+mid-read, is dropped and resampled, never returned.
+
+Batches are views into a ring of `ring` destination buffers: a batch stays
+valid until `ring` more batches have been sampled (default: the next one
+may be sampled while you use this one). `batch.clone()` keeps a copy.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from .._native_loader import _native
+from ..errors import ConfigError, ConnectionFailed, DistoreError, UcxError
+from ..spec import SLOT_HEADER
+
+log = logging.getLogger(__name__)
+
+MAX_RESAMPLES = 20
+
+
+@dataclass
+class Batch:
+    """A sampled batch.
+
+    data: {field: array [n, ...]} (or one array for an unnamed spec), views
+    into the learner's buffer; keys: uint64 [n]; probabilities: float64 [n],
+    each item's probability when it was sampled; table_size: the table's
+    size at sampling time.
+    """
+
+    data: Any
+    keys: np.ndarray
+    probabilities: np.ndarray
+    table_size: int
+
+    def clone(self) -> "Batch":
+        """A copy that stays valid after the learner reuses its buffer."""
+        if isinstance(self.data, dict):
+            data = {k: v.copy() for k, v in self.data.items()}
+        else:
+            data = self.data.copy()
+        return Batch(data, self.keys.copy(), self.probabilities.copy(), self.table_size)
+
+    def __len__(self) -> int:
+        return len(self.keys)
+
+
+class _Peer:
+    """A storage node as the learner reads it: remote key on an endpoint."""
+
+    def __init__(self, runtime, desc: dict):
+        self.node_id = desc["node_id"]
+        self.name = f"node {desc['node_id']} ({desc['name']})"
+        self.worker_address = desc["worker_address"]
+        self.base = np.uint64(desc["arena_base"])
+        ep = runtime.endpoint(self.worker_address, self.name)
+        self.rkey = _native.RemoteKey(
+            ep, desc["rkey"], desc["arena_base"], desc["arena_size"], self.name
+        )
+
+
+class Learner:
+    """Samples batches of one table into host memory (device="cpu").
+
+    >>> learner = client.learner("replay", batch_size=32)
+    >>> batch = learner.sample()
+    >>> batch.data["obs"].shape
+    (32, 4, 84, 84)
+    """
+
+    def __init__(
+        self,
+        client,
+        table: str,
+        batch_size: int,
+        device: str = "cpu",
+        ring: int = 2,
+        timeout: float = 30.0,
+        transfer_timeout: float = 10.0,
+    ):
+        if device != "cpu":
+            raise ConfigError(
+                f"device {device!r}: this version samples into host memory only (device='cpu')"
+            )
+        if batch_size < 1 or ring < 1:
+            raise ConfigError("batch_size and ring must be positive")
+        self.table = table
+        self.batch_size = batch_size
+        self.device = device
+        self.path = "host"
+        self.timeout = timeout
+        self.transfer_timeout = transfer_timeout
+        self._client = client
+        self._rpc = client.connection()
+        self.spec = client.spec(table)
+        self._slot = self.spec.slot_size
+        self._read = SLOT_HEADER + self.spec.item_bytes
+        runtime = client.runtime
+        self._runtime = runtime
+        self._ring = [runtime.map_region(batch_size * self._slot) for _ in range(ring)]
+        self._ring_views = [r.view() for r in self._ring]
+        self._next = 0
+        self._peers: dict[int, _Peer] = {}
+        self._rkeys: list = []
+        self._release: list[int] = []
+        self._rows = np.arange(batch_size, dtype=np.uint64) * np.uint64(self._slot)
+        self.resampled = 0
+        log.info("learner on table %r: path=%s, UCX %s, UCX_TLS=%s", table, self.path,
+                 _native.ucx_version(), runtime.transports)
+
+    def sample(self, timeout: float | None = None) -> Batch:
+        """The next batch; waits up to `timeout` s for the table to have items."""
+        slot = self._next
+        self._next = (self._next + 1) % len(self._ring)
+        dest, view = self._ring[slot], self._ring_views[slot]
+        n = self.batch_size
+        keys = np.empty(n, np.uint64)
+        probs = np.empty(n, np.float64)
+        rows = np.arange(n)
+        table_size = 0
+        for attempt in range(MAX_RESAMPLES):
+            wait = float(self.timeout if timeout is None else timeout)
+            reply = self._rpc.call(
+                "sample",
+                reply_timeout=wait + 10.0,
+                table=self.table,
+                n=len(rows),
+                release=self._release,
+                timeout=wait,
+            )
+            self._release = [reply["lease"]]
+            table_size = reply["table_size"]
+            got = self._gather(reply, rows, dest, view)
+            keys[rows[got]] = np.frombuffer(reply["keys"], np.uint64)[got]
+            probs[rows[got]] = np.frombuffer(reply["probabilities"], np.float64)[got]
+            rows = rows[~got]
+            if len(rows) == 0:
+                break
+            self.resampled += len(rows)
+            if attempt:
+                time.sleep(min(0.05 * attempt, 0.5))  # let the control plane drop a dead node
+        else:
+            raise ConnectionFailed(
+                f"table {self.table!r}: {len(rows)} of {n} items still unreadable after "
+                f"{MAX_RESAMPLES} resamples; storage nodes may be failing (see distore status)"
+            )
+        data = self.spec.views(view, n, self._slot)
+        return Batch(data, keys, probs, table_size)
+
+    def _gather(self, reply: dict, rows: np.ndarray, dest, view) -> np.ndarray:
+        """Read the sampled items into `rows` of dest; mask of rows that are good."""
+        nodes = np.frombuffer(reply["nodes"], np.uint32)
+        offsets = np.frombuffer(reply["offsets"], np.uint64)
+        gens = np.frombuffer(reply["generations"], np.uint64)
+        keys = np.frombuffer(reply["keys"], np.uint64)
+        uniq, inverse = np.unique(nodes, return_inverse=True)
+        lut = np.full(len(uniq), -1, np.int64)
+        bases = np.zeros(len(uniq), np.uint64)
+        for i, node_id in enumerate(uniq):  # once per node, not per item
+            peer = self._peer(int(node_id))
+            if peer is not None:
+                lut[i] = self._rkeys.index(peer.rkey)
+                bases[i] = peer.base
+        index = lut[inverse]
+        known = index >= 0
+        statuses = np.full(len(rows), -6, np.int32)  # UCS_ERR_UNREACHABLE for unknown nodes
+        if known.any():
+            statuses[known] = _native.gather(
+                self._runtime.worker,
+                self._rkeys,
+                index[known].astype(np.uint32),
+                bases[inverse[known]] + offsets[known],
+                np.full(int(known.sum()), self._read, np.uint64),
+                dest,
+                self._rows[rows[known]],
+                self.transfer_timeout,
+            )
+        header = view[: self.batch_size * self._slot].reshape(self.batch_size, self._slot)
+        header = header[rows, :SLOT_HEADER].copy().view(np.uint64)
+        good = (statuses == 0) & (header[:, 0] == keys) & (header[:, 1] == gens)
+        failed = np.unique(nodes[statuses != 0])
+        for node_id in failed:  # once per failed node
+            self._forget(int(node_id))
+        return good
+
+    def _peer(self, node_id: int) -> _Peer | None:
+        peer = self._peers.get(node_id)
+        if peer is not None:
+            return peer
+        for desc in self._client.nodes():
+            if desc["node_id"] == node_id:
+                try:
+                    peer = _Peer(self._runtime, desc)
+                except (UcxError, DistoreError) as exc:
+                    log.warning("cannot reach %s: %s", desc["name"], exc)
+                    return None
+                self._peers[node_id] = peer
+                self._rkeys.append(peer.rkey)
+                return peer
+        return None  # the node is gone; its items are being dropped
+
+    def _forget(self, node_id: int) -> None:
+        peer = self._peers.pop(node_id, None)
+        if peer is None:
+            return
+        log.warning("reads from %s failed; dropping it and resampling", peer.name)
+        self._rkeys.remove(peer.rkey)
+        del peer.rkey  # the remote key goes before its endpoint
+        self._runtime.drop_endpoint(peer.worker_address)
+
+    def close(self) -> None:
+        """Release the last lease and the learner's buffers and remote keys."""
+        try:
+            if self._release:
+                self._rpc.call("release", leases=self._release)
+        except DistoreError:
+            pass  # the lease will expire
+        self._release = []
+        self._rkeys.clear()
+        self._peers.clear()
+        self._rpc.close()
+
+    def __enter__(self) -> "Learner":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

@@ -1,0 +1,189 @@
+"""Writer: inserts items (actor side), batched under the hood.
+
+`insert` packs items by the table's spec and returns their keys at once;
+items are sent to storage nodes in batches (round robin over live nodes),
+with a bounded number of batches in flight. They are sampleable once the
+node has acknowledged them: `flush()` sends what is buffered and waits for
+every acknowledgement, and raises if any insert failed. Nothing is dropped
+silently: a failed batch raises from `insert` or `flush`.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+from collections import deque
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..errors import ConnectionFailed, ConfigError, StorageFull
+from ..transport import rpc
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class _Batch:
+    table: str
+    rows: np.ndarray  # (n, item_bytes) uint8
+    keys: np.ndarray
+    priorities: np.ndarray
+
+
+class Writer:
+    """Inserts items into tables; one per actor thread.
+
+    >>> keys = writer.insert("replay", {"obs": obs, "action": a, "reward": r}, priority=1.0)
+    >>> writer.flush()
+    """
+
+    def __init__(
+        self,
+        client,
+        batch_bytes: int = 4 << 20,
+        max_items: int = 1024,
+        max_in_flight: int = 2,
+        timeout: float = 60.0,
+    ):
+        if batch_bytes < 1 or max_items < 1 or max_in_flight < 1:
+            raise ConfigError("batch_bytes, max_items and max_in_flight must be positive")
+        self._client = client
+        self.batch_bytes = batch_bytes
+        self.max_items = max_items
+        self.max_in_flight = max_in_flight
+        self.timeout = timeout
+        reply = client.call("register_writer")
+        self.writer_id = reply["writer_id"]
+        self._key_base = np.uint64(self.writer_id << reply["key_bits"])
+        self._seq = 0
+        self._pending: dict[str, list[_Batch]] = {}
+        self._pending_bytes: dict[str, int] = {}
+        self._in_flight: deque[tuple[rpc.Client, _Batch, int, set[int]]] = deque()
+        self._conns: dict[int, rpc.Client] = {}
+        self._nodes: list[dict] = []
+        self._rr = itertools.count()
+        self.inserted = 0
+        self._closed = False
+
+    def insert(self, table: str, data, priority=1.0) -> np.ndarray:
+        """Insert one item or a batch (leading dimension); returns the new keys.
+
+        `priority` is a scalar or one value per item. Keys are uint64, unique
+        across the control plane.
+        """
+        if self._closed:
+            raise ConfigError("this writer is closed")
+        spec = self._client.spec(table)
+        rows = spec.pack(data)
+        n = len(rows)
+        prio = np.broadcast_to(np.asarray(priority, dtype=np.float64), (n,)).copy()
+        if not np.isfinite(prio).all() or (prio < 0).any():
+            raise ValueError("priorities must be finite and non-negative")
+        keys = self._key_base + np.uint64(self._seq) + np.arange(n, dtype=np.uint64)
+        self._seq += n
+        self._pending.setdefault(table, []).append(_Batch(table, rows, keys, prio))
+        self._pending_bytes[table] = self._pending_bytes.get(table, 0) + rows.nbytes
+        pending_items = sum(len(b.keys) for b in self._pending[table])
+        if self._pending_bytes[table] >= self.batch_bytes or pending_items >= self.max_items:
+            self._send_pending(table)
+        return keys
+
+    def flush(self) -> None:
+        """Send everything buffered and wait until every item is stored."""
+        for table in list(self._pending):
+            self._send_pending(table)
+        while self._in_flight:
+            self._complete_oldest()
+
+    def close(self) -> None:
+        """Flush, then close the connections to storage nodes."""
+        if self._closed:
+            return
+        try:
+            self.flush()
+        finally:
+            self._closed = True
+            for conn in self._conns.values():
+                conn.close()
+            self._conns.clear()
+
+    def __enter__(self) -> "Writer":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # -- internals -------------------------------------------------------
+    def _send_pending(self, table: str) -> None:
+        batches = self._pending.pop(table, [])
+        self._pending_bytes.pop(table, None)
+        if not batches:
+            return
+        batch = batches[0] if len(batches) == 1 else _Batch(
+            table,
+            np.concatenate([b.rows for b in batches]),
+            np.concatenate([b.keys for b in batches]),
+            np.concatenate([b.priorities for b in batches]),
+        )
+        while len(self._in_flight) >= self.max_in_flight:
+            self._complete_oldest()
+        self._send(batch, exclude=set())
+
+    def _send(self, batch: _Batch, exclude: set[int]) -> None:
+        spec = self._client.spec(batch.table)
+        while True:
+            node_id, conn = self._next_node(exclude)
+            try:
+                conn.send(
+                    "insert",
+                    table=batch.table,
+                    slot_size=spec.slot_size,
+                    item_bytes=spec.item_bytes,
+                    keys=batch.keys,
+                    priorities=batch.priorities,
+                    payload=batch.rows.tobytes(),
+                )
+            except ConnectionFailed as exc:
+                log.warning("storage node %d unreachable (%s); trying another", node_id, exc)
+                self._drop(node_id)
+                exclude.add(node_id)
+                continue
+            self._in_flight.append((conn, batch, node_id, exclude))
+            return
+
+    def _complete_oldest(self) -> None:
+        conn, batch, node_id, exclude = self._in_flight.popleft()
+        try:
+            conn.receive(self.timeout)
+        except ConnectionFailed as exc:
+            # The node died; the control plane drops whatever it had stored.
+            log.warning("lost storage node %d during an insert (%s); resending", node_id, exc)
+            self._drop(node_id)
+            self._send(batch, exclude | {node_id})  # acknowledged later, like the rest
+            return
+        self.inserted += len(batch.keys)
+
+    def _next_node(self, exclude: set[int]) -> tuple[int, rpc.Client]:
+        nodes = [n for n in self._nodes if n["node_id"] not in exclude]
+        if not nodes:
+            self._nodes = self._client.nodes()
+            nodes = [n for n in self._nodes if n["node_id"] not in exclude]
+        if not nodes:
+            raise StorageFull(
+                "no live storage node to insert into"
+                + (f" (tried nodes {sorted(exclude)})" if exclude else "")
+                + ": start storage nodes (distore node --control ...)"
+            )
+        node = nodes[next(self._rr) % len(nodes)]
+        conn = self._conns.get(node["node_id"])
+        if conn is None:
+            conn = rpc.Client(node["address"], self.timeout, name=f"storage node {node['name']}")
+            self._conns[node["node_id"]] = conn
+        return node["node_id"], conn
+
+    def _drop(self, node_id: int) -> None:
+        conn = self._conns.pop(node_id, None)
+        if conn is not None:
+            conn.close()
+        self._nodes = [n for n in self._nodes if n["node_id"] != node_id]

@@ -1,0 +1,199 @@
+"""LocalCluster: a control plane and storage nodes as real local processes.
+
+For tests, the demo, benchmarks and trying things out. Every process it
+starts is stopped when the cluster is closed (SIGTERM, then SIGKILL), and
+also if the parent dies (PR_SET_PDEATHSIG), so a failed test leaves nothing
+running. The environment, including UCX settings such as UCX_TLS, reaches
+every process.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import logging
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+
+from .config import parse_size
+from .errors import ConnectionFailed, Timeout
+
+log = logging.getLogger(__name__)
+
+
+def _die_with_parent() -> None:
+    # Runs in the child before exec: SIGKILL it if the parent goes away.
+    PR_SET_PDEATHSIG = 1
+    try:
+        ctypes.CDLL(None).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    except (OSError, AttributeError):
+        pass
+
+
+@dataclass
+class Process:
+    """One process of the cluster."""
+
+    role: str
+    popen: subprocess.Popen
+    log_path: str
+    ready_file: str
+    info: dict | None = None
+
+    @property
+    def pid(self) -> int:
+        return self.popen.pid
+
+    def alive(self) -> bool:
+        return self.popen.poll() is None
+
+    def log_tail(self, lines: int = 30) -> str:
+        try:
+            with open(self.log_path, errors="replace") as fh:
+                return "".join(fh.readlines()[-lines:])
+        except OSError:
+            return ""
+
+
+class LocalCluster:
+    """A control plane and `nodes` storage nodes on this machine.
+
+    >>> with ds.LocalCluster(nodes=2, arena_bytes=1 << 30) as cluster:
+    ...     client = ds.connect(cluster.address)
+    """
+
+    def __init__(
+        self,
+        nodes: int = 2,
+        arena_bytes: int | str = 1 << 30,
+        host: str = "127.0.0.1",
+        env: dict | None = None,
+        log_dir: str | None = None,
+        startup_timeout: float = 60.0,
+        hugepages: bool = False,
+        heartbeat_timeout: float = 2.0,
+        log_level: str = "INFO",
+    ):
+        self.n_nodes = nodes
+        self.arena_bytes = parse_size(arena_bytes)
+        self.host = host
+        self.env = dict(os.environ, **(env or {}))
+        self.env.setdefault("UCX_WARN_UNUSED_ENV_VARS", "n")
+        self.env["PYTHONUNBUFFERED"] = "1"
+        self._own_log_dir = log_dir is None
+        self.log_dir = log_dir or tempfile.mkdtemp(prefix="distore-cluster-")
+        self.startup_timeout = startup_timeout
+        self.hugepages = hugepages
+        self.heartbeat_timeout = heartbeat_timeout
+        self.log_level = log_level
+        self.control: Process | None = None
+        self.nodes: list[Process] = []
+        self.address: str | None = None
+
+    # -- lifecycle -------------------------------------------------------
+    def start(self) -> "LocalCluster":
+        """Start the control plane, then the nodes; wait until all are serving."""
+        try:
+            self.control = self._spawn(
+                "control",
+                ["control", "--host", self.host, "--port", "0",
+                 "--heartbeat-timeout", str(self.heartbeat_timeout)],
+            )
+            self.address = self._wait_ready(self.control)["address"]
+            for _ in range(self.n_nodes):
+                self.add_node()
+        except BaseException:
+            self.stop()
+            raise
+        log.info("local cluster up: control plane %s, %d nodes, logs in %s",
+                 self.address, self.n_nodes, self.log_dir)
+        return self
+
+    def add_node(self, arena_bytes: int | None = None) -> Process:
+        """Start one more storage node and wait until it has registered."""
+        args = ["node", "--control", self.address, "--host", self.host,
+                "--arena", str(arena_bytes or self.arena_bytes)]
+        if not self.hugepages:
+            args.append("--no-hugepages")
+        proc = self._spawn(f"node{len(self.nodes)}", args)
+        self.nodes.append(proc)
+        proc.info = self._wait_ready(proc)
+        return proc
+
+    def kill_node(self, index: int, sig: int = signal.SIGKILL) -> None:
+        """Send `sig` to storage node `index` (default SIGKILL) and reap it."""
+        proc = self.nodes[index]
+        if proc.alive():
+            proc.popen.send_signal(sig)
+            proc.popen.wait(timeout=30)
+
+    def stop(self) -> None:
+        """Stop every process: SIGTERM, then SIGKILL after 5 s. Idempotent."""
+        procs = [p for p in self.nodes + ([self.control] if self.control else []) if p]
+        for p in procs:
+            if p.alive():
+                p.popen.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + 5.0
+        for p in procs:
+            try:
+                p.popen.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                log.warning("%s (pid %d) ignored SIGTERM; killing it", p.role, p.pid)
+                p.popen.kill()
+                p.popen.wait()
+        if self._own_log_dir and os.environ.get("DISTORE_KEEP_LOGS") != "1":
+            shutil.rmtree(self.log_dir, ignore_errors=True)
+
+    def __enter__(self) -> "LocalCluster":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    def pids(self) -> list[int]:
+        """Process ids of the control plane and nodes still running."""
+        procs = ([self.control] if self.control else []) + self.nodes
+        return [p.pid for p in procs if p.alive()]
+
+    # -- internals -------------------------------------------------------
+    def _spawn(self, role: str, args: list[str]) -> Process:
+        log_path = os.path.join(self.log_dir, f"{role}.log")
+        ready = os.path.join(self.log_dir, f"{role}.ready")
+        cmd = [sys.executable, "-m", "distore_ucx", "--log-level", self.log_level, *args,
+               "--ready-file", ready]
+        with open(log_path, "wb") as out:
+            popen = subprocess.Popen(
+                cmd,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env=self.env,
+                cwd=self.log_dir,  # never import distore_ucx from a source checkout
+                preexec_fn=_die_with_parent,
+            )
+        return Process(role, popen, log_path, ready)
+
+    def _wait_ready(self, proc: Process) -> dict:
+        deadline = time.monotonic() + self.startup_timeout
+        delay = 0.005
+        while time.monotonic() < deadline:
+            if os.path.exists(proc.ready_file):
+                with open(proc.ready_file) as fh:
+                    return json.load(fh)
+            if not proc.alive():
+                raise ConnectionFailed(
+                    f"{proc.role} exited with code {proc.popen.returncode} while starting; "
+                    f"its log ({proc.log_path}):\n{proc.log_tail()}"
+                )
+            time.sleep(delay)  # polling a file with a deadline; backs off to 50 ms
+            delay = min(delay * 2, 0.05)
+        raise Timeout(
+            f"{proc.role} did not become ready within {self.startup_timeout} s; its log:\n"
+            f"{proc.log_tail()}"
+        )

@@ -1,0 +1,1 @@
+"""Control plane: tables, samplers, removers, leases and node membership."""

@@ -1,0 +1,85 @@
+"""The control plane's item records: columns of numpy arrays, grown by doubling.
+
+About 60 bytes an item. A record is LIVE (sampleable), RETIRED (out of the
+table but its slot still leased by a learner) or FREE (reusable). Record
+ids are never reused while a lease covers them.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+FREE, LIVE, RETIRED = 0, 1, 2
+
+_COLUMNS = {
+    "key": np.uint64,
+    "node": np.uint32,
+    "offset": np.uint64,
+    "generation": np.uint64,
+    "priority": np.float64,
+    "times_sampled": np.uint32,
+    "leases": np.uint32,
+    "state": np.uint8,
+    "seq": np.uint64,
+    "live_pos": np.int64,  # position in the table's live array, -1 if not live
+}
+
+
+class ItemStore:
+    """Columns of item records; `alloc` and `release` take whole batches."""
+
+    def __init__(self, initial: int = 1024):
+        self.cols: dict[str, np.ndarray] = {
+            name: np.zeros(initial, dtype=dt) for name, dt in _COLUMNS.items()
+        }
+        self.cols["live_pos"][:] = -1
+        self._free = np.arange(initial - 1, -1, -1, dtype=np.int64)
+        self._nfree = initial
+
+    def __getattr__(self, name: str) -> np.ndarray:
+        try:
+            return self.__dict__["cols"][name]
+        except KeyError:
+            raise AttributeError(name) from None
+
+    @property
+    def capacity(self) -> int:
+        """Records allocated (used or free)."""
+        return len(self.cols["key"])
+
+    def alloc(self, k: int) -> np.ndarray:
+        """Ids of k FREE records (grows the columns if needed)."""
+        if k > self._nfree:
+            self._grow(self.capacity + k)
+        self._nfree -= k
+        return self._free[self._nfree : self._nfree + k][::-1].copy()
+
+    def release(self, ids: np.ndarray) -> None:
+        """Mark records FREE and reusable."""
+        if len(ids) == 0:
+            return
+        self.cols["state"][ids] = FREE
+        self.cols["live_pos"][ids] = -1
+        need = self._nfree + len(ids)
+        if need > len(self._free):
+            grown = np.empty(max(need, 2 * len(self._free)), dtype=np.int64)
+            grown[: self._nfree] = self._free[: self._nfree]
+            self._free = grown
+        self._free[self._nfree : need] = ids
+        self._nfree = need
+
+    def _grow(self, at_least: int) -> None:
+        old = self.capacity
+        new = max(at_least, 2 * old)
+        for name, col in self.cols.items():
+            grown = np.zeros(new, dtype=col.dtype)
+            grown[:old] = col
+            if name == "live_pos":
+                grown[old:] = -1
+            self.cols[name] = grown
+        fresh = np.arange(new - 1, old - 1, -1, dtype=np.int64)
+        free = np.empty(max(len(self._free), self._nfree + len(fresh)), dtype=np.int64)
+        free[: len(fresh)] = fresh
+        free[len(fresh) : len(fresh) + self._nfree] = self._free[: self._nfree]
+        self._free = free
+        self._nfree += len(fresh)

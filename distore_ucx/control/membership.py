@@ -1,0 +1,92 @@
+"""Storage-node membership: registration, heartbeats, and declaring death.
+
+A node is dead when its control connection closes (a killed process's
+socket is reset at once) or when it misses heartbeats for
+`heartbeat_timeout` seconds (a hung node or a cut link). Node ids are never
+reused: a restarted node registers anew.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Node:
+    """What the control plane knows of one storage node."""
+
+    node_id: int
+    name: str
+    host: str
+    port: int
+    worker_address: bytes
+    rkey: bytes
+    arena_base: int
+    arena_size: int
+    pid: int
+    peer: Any = field(repr=False, default=None)
+    last_seen: float = 0.0
+    used_bytes: int = 0
+    alive: bool = True
+
+    def describe(self, with_keys: bool = True) -> dict:
+        """The node as clients see it (with UCX address and remote key)."""
+        d = {
+            "node_id": self.node_id,
+            "name": self.name,
+            "address": f"{self.host}:{self.port}",
+            "arena_base": self.arena_base,
+            "arena_size": self.arena_size,
+            "used_bytes": self.used_bytes,
+            "alive": self.alive,
+        }
+        if with_keys:
+            d["worker_address"] = self.worker_address
+            d["rkey"] = self.rkey
+        return d
+
+
+class Membership:
+    """Live and dead storage nodes."""
+
+    def __init__(self, heartbeat_timeout: float):
+        self.heartbeat_timeout = heartbeat_timeout
+        self.nodes: dict[int, Node] = {}
+        self._ids = itertools.count(1)
+
+    def register(self, peer, fields: dict) -> Node:
+        """Add a node from its register_node message."""
+        node = Node(node_id=next(self._ids), peer=peer, last_seen=time.monotonic(), **fields)
+        self.nodes[node.node_id] = node
+        peer.state["node_id"] = node.node_id
+        log.info("node %d (%s) joined: %d-byte arena at %s:%d", node.node_id, node.name,
+                 node.arena_size, node.host, node.port)
+        return node
+
+    def heartbeat(self, node_id: int, used_bytes: int) -> None:
+        """Record a heartbeat (ignored for unknown or dead nodes)."""
+        node = self.nodes.get(node_id)
+        if node is not None and node.alive:
+            node.last_seen = time.monotonic()
+            node.used_bytes = used_bytes
+
+    def silent(self, now: float | None = None) -> list[Node]:
+        """Live nodes that missed heartbeats for longer than the timeout."""
+        now = now or time.monotonic()
+        return [
+            n for n in self.nodes.values() if n.alive and now - n.last_seen > self.heartbeat_timeout
+        ]
+
+    def alive(self) -> list[Node]:
+        """Nodes currently alive."""
+        return [n for n in self.nodes.values() if n.alive]
+
+    def is_alive(self, node_id: int) -> bool:
+        node = self.nodes.get(node_id)
+        return node is not None and node.alive

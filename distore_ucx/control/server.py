@@ -1,0 +1,238 @@
+"""The control plane process: `distore control --port P`.
+
+Holds tables, leases and node membership; answers writers, learners and
+storage nodes on the control channel. It never touches payload bytes. All
+state lives in one asyncio thread, so handlers need no locks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import logging
+import os
+import signal
+import time
+
+import numpy as np
+
+from ..config import ControlConfig
+from ..errors import ConfigError, NoData, TableExists, TableNotFound
+from ..spec import TableSpec
+from ..transport.rpc import Peer, serve
+from .leases import Leases
+from .membership import Membership
+from .tables import Freed, Table
+
+log = logging.getLogger(__name__)
+
+MAX_WRITERS = 1 << 24
+KEY_BITS = 40  # a key is writer_id << 40 | the writer's sequence number
+
+
+class ControlPlane:
+    """Tables, leases and membership, served over the control channel."""
+
+    def __init__(self, config: ControlConfig):
+        self.config = config
+        self.tables: dict[str, Table] = {}
+        self.members = Membership(config.heartbeat_timeout)
+        self.leases = Leases(config.lease_timeout)
+        self._writer_ids = itertools.count(1)
+        self._data = asyncio.Event()  # set whenever items are added
+        self._seed = itertools.count(config.seed) if config.seed is not None else None
+        self._stop = asyncio.Event()
+        self.port = None
+
+    # -- lifecycle -------------------------------------------------------
+    async def run(self, ready_file: str | None = None) -> int:
+        """Serve until SIGTERM/SIGINT."""
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, self._stop.set)
+        server = await self.start()
+        if ready_file:
+            tmp = ready_file + ".tmp"
+            with open(tmp, "w") as fh:
+                json.dump({"address": f"{self.config.host}:{self.port}", "pid": os.getpid()}, fh)
+            os.replace(tmp, ready_file)
+        await self._stop.wait()
+        server.close()
+        log.info("control plane stopped")
+        return 0
+
+    async def start(self):
+        """Start serving and the housekeeping task; returns the server."""
+        server = await serve(self.config.host, self.config.port, self.handle, self._on_close)
+        self.port = server.sockets[0].getsockname()[1]
+        asyncio.get_running_loop().create_task(self._housekeeping())
+        log.info("control plane listening on %s:%d", self.config.host, self.port)
+        return server
+
+    async def _housekeeping(self) -> None:
+        """Drop silent nodes and expire leases, a few times a second."""
+        period = min(self.config.heartbeat_interval, self.config.heartbeat_timeout / 4)
+        while True:
+            await asyncio.sleep(period)
+            now = time.monotonic()
+            for node in self.members.silent(now):
+                self._node_died(node.node_id, f"no heartbeat for {now - node.last_seen:.1f} s")
+            expired = self.leases.expired(now)
+            if expired:
+                log.warning("%d leases expired unreleased (learner gone?)", len(expired))
+                self._release(expired)
+
+    def _on_close(self, peer: Peer) -> None:
+        node_id = peer.state.get("node_id")
+        if node_id is not None and self.members.is_alive(node_id):
+            self._node_died(node_id, "its control connection closed")
+
+    def _node_died(self, node_id: int, why: str) -> None:
+        node = self.members.nodes[node_id]
+        node.alive = False
+        dropped = sum(t.drop_node(node_id) for t in self.tables.values())
+        log.warning("node %d (%s) dropped: %s; %d items removed from sampling",
+                    node_id, node.name, why, dropped)
+        if node.peer is not None:
+            node.peer.close()
+
+    # -- helpers ---------------------------------------------------------
+    def _table(self, name: str) -> Table:
+        table = self.tables.get(name)
+        if table is None:
+            raise TableNotFound(
+                f"no table {name!r} on this control plane (tables: {sorted(self.tables)}); "
+                "create it with client.create_table"
+            )
+        return table
+
+    def _free(self, table: str, freed: Freed) -> None:
+        """Tell the owning nodes to reuse these slots (dead nodes are skipped)."""
+        if len(freed.nodes) == 0:
+            return
+        for node_id in np.unique(freed.nodes):
+            node = self.members.nodes.get(int(node_id))
+            if node is None or not node.alive:
+                continue
+            node.peer.push("free", table=table, offsets=freed.offsets[freed.nodes == node_id])
+
+    def _release(self, leases) -> None:
+        for lease in leases:
+            table = self.tables.get(lease.table)
+            if table is not None:
+                self._free(table.name, table.unlease(lease.recs))
+
+    # -- requests --------------------------------------------------------
+    async def handle(self, peer: Peer, op: str, f: dict):
+        """Answer one request (the dispatcher given to rpc.serve)."""
+        method = getattr(self, "op_" + op, None)
+        if method is None:
+            raise ConfigError(f"the control plane does not serve {op!r}")
+        return await method(peer, f) if op == "sample" else method(peer, f)
+
+    def op_register_node(self, peer: Peer, f: dict) -> dict:
+        node = self.members.register(peer, f)
+        return {"node_id": node.node_id, "heartbeat_interval": self.config.heartbeat_interval}
+
+    def op_heartbeat(self, peer: Peer, f: dict) -> None:
+        self.members.heartbeat(f["node_id"], f["used_bytes"])
+
+    def op_register_writer(self, peer: Peer, f: dict) -> dict:
+        wid = next(self._writer_ids)
+        if wid >= MAX_WRITERS:
+            raise ConfigError("this control plane ran out of writer ids; restart it")
+        return {"writer_id": wid, "key_bits": KEY_BITS}
+
+    def op_create_table(self, peer: Peer, f: dict) -> dict:
+        spec = TableSpec.from_wire(f["spec"])
+        name = f["name"]
+        sampler = f.get("sampler", "uniform")
+        remover = f.get("remover", "fifo")
+        existing = self.tables.get(name)
+        if existing is not None:
+            same = (
+                existing.capacity == f["capacity"]
+                and existing.spec == spec
+                and existing.sampler == sampler
+                and existing.remover == remover
+            )
+            if not same:
+                raise TableExists(
+                    f"table {name!r} exists with capacity {existing.capacity}, sampler "
+                    f"{existing.sampler}, remover {existing.remover} and another spec or "
+                    "settings: use another name"
+                )
+            return existing.info()
+        seed = next(self._seed) if self._seed is not None else None
+        table = Table(name, f["capacity"], spec, sampler, remover, seed=seed)
+        self.tables[name] = table
+        log.info("table %r created: capacity %d, %d-byte items", name, table.capacity,
+                 spec.item_bytes)
+        return table.info()
+
+    def op_table_info(self, peer: Peer, f: dict) -> dict:
+        return self._table(f["name"]).info()
+
+    def op_list_tables(self, peer: Peer, f: dict) -> dict:
+        return {"tables": [t.info() for t in self.tables.values()]}
+
+    def op_nodes(self, peer: Peer, f: dict) -> dict:
+        return {"nodes": [n.describe() for n in self.members.alive()]}
+
+    def op_status(self, peer: Peer, f: dict) -> dict:
+        return {
+            "nodes": [n.describe(with_keys=False) for n in self.members.nodes.values()],
+            "tables": [t.info() for t in self.tables.values()],
+            "leases": len(self.leases),
+        }
+
+    def op_items_added(self, peer: Peer, f: dict) -> dict:
+        node_id = f["node_id"]
+        if peer.state.get("node_id") != node_id or not self.members.is_alive(node_id):
+            raise ConfigError(f"items_added for node {node_id} from a connection that is not it")
+        table = self._table(f["table"])
+        freed = table.add(node_id, f["keys"], f["offsets"], f["generations"], f["priorities"])
+        self._free(table.name, freed)
+        self._data.set()
+        return {"evicted": int(len(freed.nodes))}
+
+    async def op_sample(self, peer: Peer, f: dict) -> dict:
+        if "release" in f:
+            self._release(self.leases.take(f["release"]))
+        table = self._table(f["table"])
+        deadline = time.monotonic() + f.get("timeout", 0.0)
+        while table.size == 0:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise NoData(
+                    f"table {table.name!r} has no items to sample yet (inserts so far: "
+                    f"{table.inserts}); insert and flush first, or pass a longer timeout"
+                )
+            self._data.clear()
+            try:
+                await asyncio.wait_for(self._data.wait(), left)
+            except asyncio.TimeoutError:
+                pass
+        recs, probs = table.sample(f["n"])
+        table.lease(recs)
+        lease = self.leases.grant(table.name, recs)
+        s = table.store
+        return {
+            "lease": lease,
+            "table_size": table.size,
+            "nodes": s.node[recs],
+            "offsets": s.offset[recs],
+            "generations": s.generation[recs],
+            "keys": s.key[recs],
+            "probabilities": probs,
+        }
+
+    def op_release(self, peer: Peer, f: dict) -> dict:
+        self._release(self.leases.take(f["leases"]))
+        return {}
+
+
+def main(config: ControlConfig, ready_file: str | None = None) -> int:
+    """Run the control plane in this process until stopped."""
+    return asyncio.run(ControlPlane(config).run(ready_file))

@@ -1,0 +1,224 @@
+"""Every control message, declared once: fields, types, limits, version.
+
+Frames on the control channel (TCP) are a 4-byte little-endian length and a
+msgpack map. A request is ``{"v": VERSION, "op": name, "id": n, ...fields}``;
+its reply is ``{"id": n, "ok": True, ...}`` or ``{"id": n, "ok": False,
+"error": class_name, "message": text}``. A push (``id`` 0) gets no reply.
+Arrays travel as raw little-endian bytes of a declared dtype. Encoding,
+decoding and validation live here and nowhere else; the payload bytes of
+items never pass through the control plane.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+from typing import Any
+
+import msgpack
+import numpy as np
+
+VERSION = 1
+MAX_FRAME = 1 << 30  # 1 GiB: one insert batch at most
+MAX_NAME = 128
+MAX_ITEMS = 1 << 24  # per message
+HEADER = struct.Struct("<I")
+
+
+class ProtocolError(ValueError):
+    """A frame or message is malformed; the connection that sent it is closed."""
+
+
+@dataclass(frozen=True)
+class F:
+    """One field of a message: name, kind and bounds.
+
+    kind: "int", "float", "str", "bytes", "bool", "list", "dict", or an
+    array kind "u64[]", "u32[]", "f64[]" (raw bytes of that dtype).
+    """
+
+    name: str
+    kind: str
+    required: bool = True
+    lo: float | None = None
+    hi: float | None = None
+    max_len: int | None = None
+
+
+_ARRAY_DTYPES = {"u64[]": np.uint64, "u32[]": np.uint32, "f64[]": np.float64}
+
+_NAME = dict(max_len=MAX_NAME)
+
+# op -> fields of the request. Replies are validated by the side that uses them.
+MESSAGES: dict[str, tuple[F, ...]] = {
+    # control plane
+    "register_node": (
+        F("name", "str", **_NAME),
+        F("host", "str", max_len=255),
+        F("port", "int", lo=0, hi=65535),
+        F("worker_address", "bytes", max_len=1 << 16),
+        F("rkey", "bytes", max_len=1 << 16),
+        F("arena_base", "int", lo=0, hi=2**64 - 1),
+        F("arena_size", "int", lo=1, hi=2**64 - 1),
+        F("pid", "int", lo=0, hi=2**31),
+    ),
+    "heartbeat": (F("node_id", "int", lo=0, hi=2**32), F("used_bytes", "int", lo=0)),
+    "items_added": (
+        F("node_id", "int", lo=0, hi=2**32),
+        F("table", "str", **_NAME),
+        F("keys", "u64[]"),
+        F("offsets", "u64[]"),
+        F("generations", "u64[]"),
+        F("priorities", "f64[]"),
+    ),
+    "register_writer": (),
+    "create_table": (
+        F("name", "str", **_NAME),
+        F("capacity", "int", lo=1, hi=2**40),
+        F("spec", "list", max_len=256),
+        F("sampler", "str", required=False, max_len=32),
+        F("remover", "str", required=False, max_len=32),
+    ),
+    "table_info": (F("name", "str", **_NAME),),
+    "list_tables": (),
+    "nodes": (),
+    "sample": (
+        F("table", "str", **_NAME),
+        F("n", "int", lo=1, hi=MAX_ITEMS),
+        F("release", "list", required=False, max_len=1024),
+        F("timeout", "float", required=False, lo=0, hi=86400),
+    ),
+    "release": (F("leases", "list", max_len=1 << 16),),
+    "status": (),
+    # storage node
+    "insert": (
+        F("table", "str", **_NAME),
+        F("slot_size", "int", lo=1, hi=1 << 34),
+        F("item_bytes", "int", lo=1, hi=1 << 34),
+        F("keys", "u64[]"),
+        F("priorities", "f64[]"),
+        F("payload", "bytes", max_len=MAX_FRAME),
+    ),
+    "free": (
+        F("table", "str", **_NAME),
+        F("offsets", "u64[]"),
+    ),
+    "node_info": (),
+}
+
+
+def encode(msg: dict[str, Any]) -> bytes:
+    """One frame: length prefix and msgpack body."""
+    body = msgpack.packb(msg, use_bin_type=True)
+    if len(body) > MAX_FRAME:
+        raise ProtocolError(f"message of {len(body)} bytes exceeds the {MAX_FRAME}-byte limit")
+    return HEADER.pack(len(body)) + body
+
+
+def frame_length(header: bytes) -> int:
+    """Length of the body that follows a 4-byte header; validated."""
+    (n,) = HEADER.unpack(header)
+    if n == 0 or n > MAX_FRAME:
+        raise ProtocolError(f"frame length {n} outside 1..{MAX_FRAME}")
+    return n
+
+
+def decode(body: bytes) -> dict[str, Any]:
+    """Decode a frame body into a message map (not yet validated)."""
+    try:
+        msg = msgpack.unpackb(body, raw=False, strict_map_key=True)
+    except Exception as exc:
+        raise ProtocolError(f"undecodable frame: {exc}") from None
+    if not isinstance(msg, dict):
+        raise ProtocolError("a message must be a map")
+    mid = msg.get("id")
+    if not isinstance(mid, int) or isinstance(mid, bool) or not 0 <= mid < 2**63:
+        raise ProtocolError("message id missing or not a non-negative integer")
+    return msg
+
+
+def request(op: str, mid: int, **fields: Any) -> dict[str, Any]:
+    """Build a request map (arrays given as numpy are turned into bytes)."""
+    msg: dict[str, Any] = {"v": VERSION, "op": op, "id": mid}
+    for k, v in fields.items():
+        msg[k] = v.tobytes() if isinstance(v, np.ndarray) else v
+    return msg
+
+
+def reply(mid: int, **fields: Any) -> dict[str, Any]:
+    """A success reply to request `mid`."""
+    msg: dict[str, Any] = {"id": mid, "ok": True}
+    for k, v in fields.items():
+        msg[k] = v.tobytes() if isinstance(v, np.ndarray) else v
+    return msg
+
+
+def error_reply(mid: int, exc: BaseException) -> dict[str, Any]:
+    """An error reply carrying the exception's class name and message."""
+    return {"id": mid, "ok": False, "error": type(exc).__name__, "message": str(exc)}
+
+
+def validate_request(msg: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+    """Check a request against its declaration; returns (op, fields).
+
+    Array fields are returned as read-only numpy arrays of their dtype; all
+    arrays of one message must have the same length.
+    """
+    if msg.get("v") != VERSION:
+        raise ProtocolError(f"protocol version {msg.get('v')!r} is not {VERSION}: upgrade the peer")
+    op = msg.get("op")
+    if not isinstance(op, str) or op not in MESSAGES:
+        raise ProtocolError(f"unknown operation {op!r}")
+    out: dict[str, Any] = {}
+    n_items = None
+    for f in MESSAGES[op]:
+        if f.name not in msg:
+            if f.required:
+                raise ProtocolError(f"{op}: missing field {f.name!r}")
+            continue
+        v = msg[f.name]
+        out[f.name] = v = _check(op, f, v)
+        if f.kind in _ARRAY_DTYPES:
+            if n_items is None:
+                n_items = len(v)
+            elif len(v) != n_items:
+                raise ProtocolError(f"{op}: array {f.name!r} has {len(v)} items, expected {n_items}")
+    return op, out
+
+
+def _check(op: str, f: F, v: Any) -> Any:
+    where = f"{op}.{f.name}"
+    if f.kind in _ARRAY_DTYPES:
+        if not isinstance(v, bytes):
+            raise ProtocolError(f"{where}: expected bytes of {f.kind}")
+        dt = np.dtype(_ARRAY_DTYPES[f.kind])
+        if len(v) % dt.itemsize:
+            raise ProtocolError(f"{where}: {len(v)} bytes is not a whole number of {f.kind}")
+        if len(v) // dt.itemsize > MAX_ITEMS:
+            raise ProtocolError(f"{where}: more than {MAX_ITEMS} items")
+        arr = np.frombuffer(v, dtype=dt.newbyteorder("<"))
+        if f.kind == "f64[]" and not np.isfinite(arr).all():
+            raise ProtocolError(f"{where}: values must be finite")
+        return arr
+    types = {
+        "int": int,
+        "float": (int, float),
+        "str": str,
+        "bytes": bytes,
+        "bool": bool,
+        "list": list,
+        "dict": dict,
+    }[f.kind]
+    if not isinstance(v, types) or (f.kind in ("int", "float") and isinstance(v, bool)):
+        raise ProtocolError(f"{where}: expected {f.kind}, got {type(v).__name__}")
+    if f.lo is not None and v < f.lo or f.hi is not None and v > f.hi:
+        raise ProtocolError(f"{where}: {v} outside [{f.lo}, {f.hi}]")
+    if f.max_len is not None and len(v) > f.max_len:
+        raise ProtocolError(f"{where}: longer than {f.max_len}")
+    if f.kind == "str" and f.max_len == MAX_NAME and not _valid_name(v):
+        raise ProtocolError(f"{where}: {v!r} is not a valid name (1-128 printable characters)")
+    return v
+
+
+def _valid_name(s: str) -> bool:
+    return 0 < len(s) <= MAX_NAME and s.isprintable()

@@ -1,0 +1,186 @@
+"""Table specs: what one item holds and how it is laid out in a slot.
+
+A slot is a 16-byte header (key, generation; both uint64) followed by the
+item's fields packed in spec order, each aligned to 8 bytes; slots are
+padded to 64 bytes. Learners gather whole slots into one buffer and expose
+each field as a strided view of it, never a copy.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+import numpy as np
+
+from .errors import ConfigError, SpecMismatch
+
+SLOT_HEADER = 16
+SLOT_ALIGN = 64
+FIELD_ALIGN = 8
+UNNAMED = ""  # the field name of a spec that is a single array
+
+
+def _align(n: int, to: int) -> int:
+    return (n + to - 1) // to * to
+
+
+@dataclass(frozen=True)
+class Field:
+    """One array of an item: name, shape, dtype and offset inside the item."""
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: np.dtype
+    offset: int
+
+    @property
+    def nbytes(self) -> int:
+        return int(np.prod(self.shape, dtype=np.int64)) * self.dtype.itemsize
+
+
+@dataclass(frozen=True)
+class TableSpec:
+    """The layout of a table's items.
+
+    >>> s = TableSpec.parse({"obs": ((4, 84, 84), "uint8"), "reward": ((), "float32")})
+    >>> s.item_bytes, s.slot_size
+    (28228, 28288)
+    """
+
+    fields: tuple[Field, ...]
+
+    @classmethod
+    def parse(cls, spec: Any) -> "TableSpec":
+        """From the user's form: {name: (shape, dtype)} or a single (shape, dtype)."""
+        if isinstance(spec, Mapping):
+            items = list(spec.items())
+            if not items:
+                raise ConfigError("a table spec needs at least one field")
+        elif isinstance(spec, (tuple, list)) and len(spec) == 2:
+            items = [(UNNAMED, spec)]
+        else:
+            raise ConfigError(
+                "spec must be {name: (shape, dtype), ...} or a single (shape, dtype), "
+                f"got {spec!r}"
+            )
+        fields = []
+        offset = 0
+        for name, entry in items:
+            if not isinstance(name, str) or len(name) > 64:
+                raise ConfigError(f"field name {name!r} must be a string of at most 64 characters")
+            try:
+                shape, dtype = entry
+                shape = (shape,) if isinstance(shape, int) else tuple(int(d) for d in shape)
+                dtype = np.dtype(dtype)
+            except (TypeError, ValueError) as exc:
+                raise ConfigError(f"field {name!r}: expected (shape, dtype), got {entry!r} ({exc})")
+            if any(d < 0 for d in shape) or dtype.hasobject or dtype.itemsize == 0:
+                raise ConfigError(f"field {name!r}: shape {shape} / dtype {dtype} not storable")
+            offset = _align(offset, FIELD_ALIGN)
+            fields.append(Field(name, shape, dtype, offset))
+            offset += fields[-1].nbytes
+        if offset == 0:
+            raise ConfigError("a table's items must hold at least one byte")
+        return cls(tuple(fields))
+
+    @classmethod
+    def from_wire(cls, wire: list) -> "TableSpec":
+        """From the control plane's form: [[name, [dims], dtype_str], ...]."""
+        try:
+            if len(wire) == 1 and wire[0][0] == UNNAMED:
+                return cls.parse((tuple(wire[0][1]), wire[0][2]))
+            return cls.parse({name: (tuple(shape), dt) for name, shape, dt in wire})
+        except (TypeError, ValueError) as exc:
+            raise ConfigError(f"malformed table spec {wire!r}: {exc}") from None
+
+    def to_wire(self) -> list:
+        """The form sent over the control channel."""
+        return [[f.name, list(f.shape), f.dtype.str] for f in self.fields]
+
+    @property
+    def unnamed(self) -> bool:
+        """True for a spec that is one array with no name."""
+        return len(self.fields) == 1 and self.fields[0].name == UNNAMED
+
+    @property
+    def item_bytes(self) -> int:
+        """Bytes of one item's packed fields (without the slot header)."""
+        last = self.fields[-1]
+        return last.offset + last.nbytes
+
+    @property
+    def slot_size(self) -> int:
+        """Bytes one item takes in an arena, header and padding included."""
+        return _align(SLOT_HEADER + self.item_bytes, SLOT_ALIGN)
+
+    def pack(self, data: Any) -> np.ndarray:
+        """Pack one item or a batch into an (n, item_bytes) uint8 array.
+
+        A field given with the spec's shape is one item; with an extra leading
+        dimension it is a batch. Every field must agree on the batch size.
+        """
+        if self.unnamed:
+            data = {UNNAMED: data}
+        elif not isinstance(data, Mapping):
+            raise SpecMismatch(
+                f"this table's items are {{{', '.join(f.name for f in self.fields)}}}: "
+                f"pass a dict, got {type(data).__name__}"
+            )
+        missing = [f.name for f in self.fields if f.name not in data]
+        extra = [k for k in data if k not in {f.name for f in self.fields}]
+        if missing or extra:
+            raise SpecMismatch(f"fields missing: {missing}, unknown fields: {extra}")
+        arrays = []
+        n = None
+        for f in self.fields:
+            a = np.asarray(data[f.name])
+            if a.shape == f.shape:
+                k, a = None, a.reshape((1,) + f.shape)
+            elif a.shape[1:] == f.shape and a.ndim == len(f.shape) + 1:
+                k = a.shape[0]
+            else:
+                raise SpecMismatch(
+                    f"field {f.name or '<array>'!r}: shape {a.shape} is neither {f.shape} "
+                    f"(one item) nor (n, *{f.shape}) (a batch)"
+                )
+            if a.dtype != f.dtype:
+                if not np.can_cast(a.dtype, f.dtype, casting="same_kind"):
+                    raise SpecMismatch(
+                        f"field {f.name or '<array>'!r}: dtype {a.dtype} cannot be stored as {f.dtype}"
+                    )
+                a = a.astype(f.dtype)
+            count = 1 if k is None else k
+            if n is None:
+                n = count
+            elif n != count:
+                raise SpecMismatch(f"fields disagree on the batch size ({n} vs {count})")
+            arrays.append(a)
+        out = np.zeros((n, self.item_bytes), dtype=np.uint8)
+        for f, a in zip(self.fields, arrays):
+            out[:, f.offset : f.offset + f.nbytes] = np.ascontiguousarray(a).reshape(n, -1).view(
+                np.uint8
+            )
+        return out
+
+    def views(self, buffer: np.ndarray, n: int, stride: int, base: int = SLOT_HEADER):
+        """Per-field views of n items laid out every `stride` bytes in `buffer`.
+
+        Returns a dict (or the array itself for an unnamed spec). The views
+        share `buffer`'s memory.
+        """
+        out = {}
+        for f in self.fields:
+            inner = []
+            step = f.dtype.itemsize
+            for d in reversed(f.shape):
+                inner.append(step)
+                step *= d
+            out[f.name] = np.ndarray(
+                shape=(n,) + f.shape,
+                dtype=f.dtype,
+                buffer=buffer,
+                offset=base + f.offset,
+                strides=(stride,) + tuple(reversed(inner)),
+            )
+        return out[UNNAMED] if self.unnamed else out

@@ -1,0 +1,1 @@
+"""Storage node: one registered arena, slots written on insert, read one-sided."""

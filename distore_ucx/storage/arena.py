@@ -1,0 +1,102 @@
+"""The storage node's arena: one registered region carved into slots.
+
+Each table gets slots of its own fixed size, taken from a shared bump
+pointer and recycled through a per-table free list; a slot is freed only
+when the control plane says so, which it does only once no lease covers it.
+Thread safety: one asyncio thread uses an Arena.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .._native_loader import _native
+from ..errors import StorageFull
+from ..spec import SLOT_HEADER
+
+
+class _FreeList:
+    """A stack of free slot offsets, grown by doubling."""
+
+    def __init__(self):
+        self.items = np.empty(1024, dtype=np.uint64)
+        self.n = 0
+
+    def push(self, offsets: np.ndarray) -> None:
+        need = self.n + len(offsets)
+        if need > len(self.items):
+            grown = np.empty(max(need, 2 * len(self.items)), dtype=np.uint64)
+            grown[: self.n] = self.items[: self.n]
+            self.items = grown
+        self.items[self.n : need] = offsets
+        self.n = need
+
+    def pop(self, k: int) -> np.ndarray:
+        k = min(k, self.n)
+        self.n -= k
+        return self.items[self.n : self.n + k].copy()
+
+
+class Arena:
+    """Slots in one UCX-registered region, remote READ only."""
+
+    def __init__(self, runtime, size: int, hugepages: bool = True, node_name: str = "node"):
+        self.region = runtime.map_region(size, remote_read=True, hugepages=hugepages)
+        self.size = size
+        self.node_name = node_name
+        self._bump = 0
+        self._free: dict[str, tuple[int, _FreeList]] = {}
+        self._generation = 0
+        self.used_bytes = 0
+
+    @property
+    def base(self) -> int:
+        """Virtual address of the region (what remote reads are relative to)."""
+        return self.region.address
+
+    def allocate(self, table: str, slot_size: int, k: int) -> np.ndarray:
+        """Offsets of k free slots of `slot_size` bytes for `table`; all or nothing."""
+        size, free = self._free.setdefault(table, (slot_size, _FreeList()))
+        if size != slot_size:
+            raise StorageFull(
+                f"table {table!r} changed its slot size ({size} -> {slot_size}) on node "
+                f"{self.node_name}: recreate it under a new name"
+            )
+        reused = free.pop(k)
+        rest = k - len(reused)
+        if self._bump + rest * slot_size > self.size:
+            free.push(reused)
+            raise StorageFull(
+                f"node {self.node_name}: arena full ({self.used_bytes} of {self.size} bytes "
+                f"used) while inserting {k} items of {slot_size} bytes into table {table!r}. "
+                "Lower the table's capacity, start more storage nodes, or give nodes a larger "
+                "--arena"
+            )
+        fresh = self._bump + np.arange(rest, dtype=np.uint64) * np.uint64(slot_size)
+        self._bump += rest * slot_size
+        self.used_bytes += k * slot_size
+        return np.concatenate([reused, fresh]) if len(reused) else fresh
+
+    def free(self, table: str, offsets: np.ndarray) -> None:
+        """Return slots to the table's free list (the control plane released them)."""
+        entry = self._free.get(table)
+        if entry is None or len(offsets) == 0:
+            return
+        slot_size, free = entry
+        if (offsets >= np.uint64(self._bump)).any():
+            raise ValueError(f"node {self.node_name}: free of slots never allocated")
+        free.push(offsets)
+        self.used_bytes -= len(offsets) * slot_size
+
+    def write(self, offsets: np.ndarray, keys: np.ndarray, rows: np.ndarray) -> np.ndarray:
+        """Write items (header + packed rows) into slots; returns their generations."""
+        k = len(offsets)
+        gens = self._generation + 1 + np.arange(k, dtype=np.uint64)
+        self._generation += k
+        header = np.empty((k, 2), dtype=np.uint64)
+        header[:, 0] = keys
+        header[:, 1] = gens
+        # Payload first, header last: two batched copies, no staging copy.
+        _native.scatter_rows(self.region, offsets + np.uint64(SLOT_HEADER), rows)
+        _native.scatter_rows(self.region, offsets, header.view(np.uint8))
+        return gens

@@ -1,0 +1,339 @@
+"""The control channel: framed msgpack requests over TCP.
+
+Control traffic (placement, locations, leases, inserts) is small next to the
+sample path and must work whatever UCX transports are loaded: UCX cannot
+make sockaddr (listener) connections when only shared memory is enabled, so
+this channel is plain TCP, and UCX carries the one-sided reads.
+
+`Client` is a blocking connection for user threads (writers, learners, the
+CLI); `serve` runs an asyncio server whose handler answers each request;
+`AsyncClient` is the asyncio side used by storage nodes towards the control
+plane, and also receives the control plane's pushes on the same socket.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import socket
+import threading
+from typing import Any, Awaitable, Callable
+
+from .. import errors, protocol
+
+log = logging.getLogger(__name__)
+
+Handler = Callable[["Peer", str, dict[str, Any]], Awaitable[dict[str, Any] | None]]
+
+
+def parse_address(address: str, default_host: str = "127.0.0.1") -> tuple[str, int]:
+    """'host:port' (or ':port') -> (host, port), with a clear error."""
+    host, sep, port = address.rpartition(":")
+    if not sep or not port.isdigit() or not 0 < int(port) < 65536:
+        raise errors.ConfigError(f"address {address!r} is not HOST:PORT (e.g. 127.0.0.1:7700)")
+    return host.strip("[]") or default_host, int(port)
+
+
+def raise_remote(msg: dict[str, Any], peer: str) -> None:
+    """Turn an error reply into the matching local exception."""
+    kind = msg.get("error", "RemoteError")
+    text = f"{msg.get('message', 'unknown error')} (from {peer})"
+    cls = getattr(errors, kind, None)
+    if isinstance(cls, type) and issubclass(cls, errors.DistoreError) and kind != "UcxError":
+        raise cls(text)
+    if kind in ("ProtocolError", "ValueError"):
+        raise errors.RemoteError(text, kind)
+    raise errors.RemoteError(text, kind)
+
+
+class Client:
+    """A blocking request/reply connection; thread safe (one request at a time).
+
+    `send` and `receive` let a caller keep several requests in flight on one
+    connection: replies come back in order.
+    """
+
+    def __init__(self, address: str, timeout: float = 30.0, name: str = "control plane"):
+        self.address = address
+        self.name = f"{name} at {address}"
+        self.timeout = timeout
+        host, port = parse_address(address)
+        try:
+            self._sock = socket.create_connection((host, port), timeout=timeout)
+        except OSError as exc:
+            raise errors.ConnectionFailed(
+                f"cannot connect to the {self.name}: {exc}. Is it running, and is the "
+                "address right?"
+            ) from None
+        self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self._ids = itertools.count(1)
+        self._lock = threading.Lock()
+        self._pending: list[int] = []
+
+    def call(self, op: str, reply_timeout: float | None = None, **fields: Any) -> dict[str, Any]:
+        """Send one request and wait for its reply; raises the peer's error.
+
+        `reply_timeout` overrides the connection's timeout for this reply.
+        """
+        with self._lock:
+            if self._pending:
+                raise RuntimeError("call() while pipelined requests are outstanding")
+            self._send(op, fields)
+            return self._receive(reply_timeout)
+
+    def send(self, op: str, **fields: Any) -> int:
+        """Send a request without waiting; `receive` returns its reply later."""
+        with self._lock:
+            return self._send(op, fields)
+
+    def receive(self, timeout: float | None = None) -> dict[str, Any]:
+        """The reply to the oldest request sent with `send`."""
+        with self._lock:
+            return self._receive(timeout)
+
+    @property
+    def in_flight(self) -> int:
+        """Requests sent with `send` whose replies were not yet received."""
+        return len(self._pending)
+
+    def _send(self, op: str, fields: dict[str, Any]) -> int:
+        mid = next(self._ids)
+        frame = protocol.encode(protocol.request(op, mid, **fields))
+        try:
+            self._sock.sendall(frame)
+        except OSError as exc:
+            raise errors.ConnectionFailed(f"lost the connection to the {self.name}: {exc}") from None
+        self._pending.append(mid)
+        return mid
+
+    def _receive(self, timeout: float | None) -> dict[str, Any]:
+        if not self._pending:
+            raise RuntimeError("no request outstanding")
+        self._sock.settimeout(self.timeout if timeout is None else timeout)
+        try:
+            n = protocol.frame_length(self._recv_exact(4))
+            msg = protocol.decode(self._recv_exact(n))
+        except socket.timeout:
+            self.close()
+            waited = self.timeout if timeout is None else timeout
+            raise errors.Timeout(
+                f"no reply from the {self.name} within {waited} s; the connection was closed"
+            ) from None
+        except OSError as exc:
+            self.close()
+            raise errors.ConnectionFailed(f"lost the connection to the {self.name}: {exc}") from None
+        mid = self._pending.pop(0)
+        if msg.get("id") != mid:
+            self.close()
+            raise errors.ConnectionFailed(f"{self.name} answered out of order; connection closed")
+        if not msg.get("ok"):
+            raise_remote(msg, self.name)
+        return msg
+
+    def _recv_exact(self, n: int) -> bytes:
+        buf = bytearray(n)
+        view = memoryview(buf)
+        got = 0
+        while got < n:
+            k = self._sock.recv_into(view[got:])
+            if k == 0:
+                raise ConnectionResetError("peer closed the connection")
+            got += k
+        return bytes(buf)
+
+    def close(self) -> None:
+        """Close the socket (idempotent)."""
+        try:
+            self._sock.close()
+        except OSError:
+            pass
+
+    def __enter__(self) -> "Client":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+class Peer:
+    """One accepted connection on a server: where it came from, how to push."""
+
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter):
+        self.reader = reader
+        self.writer = writer
+        addr = writer.get_extra_info("peername")
+        self.address = f"{addr[0]}:{addr[1]}" if addr else "?"
+        self.state: dict[str, Any] = {}
+        self.closed = asyncio.Event()
+
+    def push(self, op: str, **fields: Any) -> None:
+        """Send a message that expects no reply (id 0)."""
+        if not self.writer.is_closing():
+            self.writer.write(protocol.encode(protocol.request(op, 0, **fields)))
+
+    def close(self) -> None:
+        """Close the connection; the serving task then ends."""
+        if not self.writer.is_closing():
+            self.writer.close()
+
+
+async def read_frame(reader: asyncio.StreamReader) -> dict[str, Any] | None:
+    """Next message, or None at a clean end of stream."""
+    try:
+        header = await reader.readexactly(4)
+    except asyncio.IncompleteReadError as exc:
+        if exc.partial:
+            raise protocol.ProtocolError("connection closed inside a frame header") from None
+        return None
+    body = await reader.readexactly(protocol.frame_length(header))
+    return protocol.decode(body)
+
+
+async def serve(
+    host: str,
+    port: int,
+    handler: Handler,
+    on_close: Callable[[Peer], None] | None = None,
+) -> asyncio.base_events.Server:
+    """Start a server; `handler(peer, op, fields)` returns the reply fields.
+
+    Requests on one connection are answered in order. A malformed message
+    gets an error reply and its connection is closed; other connections go on.
+    """
+
+    async def connection(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        sock = writer.get_extra_info("socket")
+        if sock is not None:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        peer = Peer(reader, writer)
+        try:
+            while True:
+                try:
+                    msg = await read_frame(reader)
+                except protocol.ProtocolError as exc:
+                    log.warning("closing %s: %s", peer.address, exc)
+                    writer.write(protocol.encode(protocol.error_reply(0, exc)))
+                    break
+                if msg is None:
+                    break
+                mid = msg["id"]
+                try:
+                    op, fields = protocol.validate_request(msg)
+                except protocol.ProtocolError as exc:
+                    log.warning("closing %s: %s", peer.address, exc)
+                    writer.write(protocol.encode(protocol.error_reply(mid, exc)))
+                    break
+                try:
+                    result = await handler(peer, op, fields)
+                except errors.DistoreError as exc:
+                    result = exc
+                except Exception as exc:  # a bug here must not take the server down
+                    log.exception("error handling %s from %s", op, peer.address)
+                    result = exc
+                if mid == 0:  # push: no reply
+                    continue
+                if isinstance(result, BaseException):
+                    writer.write(protocol.encode(protocol.error_reply(mid, result)))
+                else:
+                    writer.write(protocol.encode(protocol.reply(mid, **(result or {}))))
+                if writer.transport.get_write_buffer_size() > 1 << 20:
+                    await writer.drain()
+        except (ConnectionError, asyncio.IncompleteReadError):
+            pass
+        finally:
+            peer.closed.set()
+            if on_close is not None:
+                on_close(peer)
+            writer.close()
+
+    return await asyncio.start_server(connection, host, port, limit=1 << 20)
+
+
+class AsyncClient:
+    """asyncio request/reply connection that also dispatches pushes (id 0)."""
+
+    def __init__(self, reader, writer, name: str, on_push=None):
+        self._reader = reader
+        self._writer = writer
+        self.name = name
+        self._ids = itertools.count(1)
+        self._waiting: dict[int, asyncio.Future] = {}
+        self._on_push = on_push
+        self._task = asyncio.get_running_loop().create_task(self._read_loop())
+        self.closed = asyncio.Event()
+
+    @classmethod
+    async def connect(cls, address: str, name: str, on_push=None, timeout: float = 10.0):
+        """Connect to `address` ('host:port')."""
+        host, port = parse_address(address)
+        try:
+            reader, writer = await asyncio.wait_for(
+                asyncio.open_connection(host, port, limit=1 << 20), timeout
+            )
+        except (OSError, asyncio.TimeoutError) as exc:
+            raise errors.ConnectionFailed(f"cannot connect to the {name} at {address}: {exc}") from None
+        writer.get_extra_info("socket").setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        return cls(reader, writer, f"{name} at {address}", on_push)
+
+    async def call(self, op: str, reply_timeout: float = 30.0, **fields: Any) -> dict[str, Any]:
+        """Send a request and await its reply; raises the peer's error."""
+        if self.closed.is_set():
+            raise errors.ConnectionFailed(f"the connection to the {self.name} is closed")
+        mid = next(self._ids)
+        fut = asyncio.get_running_loop().create_future()
+        self._waiting[mid] = fut
+        self._writer.write(protocol.encode(protocol.request(op, mid, **fields)))
+        try:
+            msg = await asyncio.wait_for(fut, reply_timeout)
+        except asyncio.TimeoutError:
+            raise errors.Timeout(
+                f"no reply to {op} from the {self.name} within {reply_timeout} s"
+            ) from None
+        finally:
+            self._waiting.pop(mid, None)
+        if not msg.get("ok"):
+            raise_remote(msg, self.name)
+        return msg
+
+    def push(self, op: str, **fields: Any) -> None:
+        """Send a message that expects no reply."""
+        if not self.closed.is_set():
+            self._writer.write(protocol.encode(protocol.request(op, 0, **fields)))
+
+    async def _read_loop(self) -> None:
+        try:
+            while True:
+                msg = await read_frame(self._reader)
+                if msg is None:
+                    break
+                if msg["id"] == 0 and "op" in msg:
+                    op, fields = protocol.validate_request(msg)
+                    if self._on_push is not None:
+                        await self._on_push(op, fields)
+                    continue
+                fut = self._waiting.get(msg["id"])
+                if fut is not None and not fut.done():
+                    fut.set_result(msg)
+        except (ConnectionError, asyncio.IncompleteReadError, protocol.ProtocolError) as exc:
+            log.warning("connection to the %s failed: %s", self.name, exc)
+        finally:
+            self.closed.set()
+            for fut in self._waiting.values():
+                if not fut.done():
+                    fut.set_exception(
+                        errors.ConnectionFailed(f"lost the connection to the {self.name}")
+                    )
+
+    async def close(self) -> None:
+        """Close the connection and wait for the reader task to end."""
+        self._writer.close()
+        try:
+            await self._writer.wait_closed()
+        except OSError:
+            pass
+        self._task.cancel()
+        try:
+            await self._task
+        except (asyncio.CancelledError, Exception):
+            pass
