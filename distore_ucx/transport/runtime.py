@@ -52,7 +52,7 @@ class UcxRuntime:
             # polling_mode=False: the thread sleeps in epoll until UCX has work.
             self.worker.start_progress_thread(polling_mode=False)
         self._closed = False
-        self._error_handling = True
+        self._error_handling = not _shared_memory_only(self.transports)
         log.debug("UCX %s runtime started (tls=%s)", _native.ucx_version(), self.transports)
 
     @property
@@ -129,6 +129,17 @@ class UcxRuntime:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+# UCX transports that cannot detect a peer's failure (no
+# UCP_ERR_HANDLING_MODE_PEER). Only used to skip an attempt that would fail
+# and log an error; any other failure falls back at run time.
+_NO_PEER_FAILURE = {"sm", "shm", "posix", "sysv", "cma", "knem", "xpmem", "self"}
+
+
+def _shared_memory_only(tls: str) -> bool:
+    names = {t.strip() for t in tls.split(",") if t.strip()}
+    return bool(names) and names <= _NO_PEER_FAILURE
 
 
 def _close_endpoint(ep) -> None:
