@@ -70,6 +70,7 @@ MESSAGES: dict[str, tuple[F, ...]] = {
         F("offsets", "u64[]"),
         F("generations", "u64[]"),
         F("priorities", "f64[]"),
+        F("used_bytes", "int", required=False, lo=0),
     ),
     "register_writer": (),
     "create_table": (

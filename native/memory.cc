@@ -5,6 +5,7 @@
 
 #include <cerrno>
 #include <cstring>
+#include <string>
 
 #include "status.h"
 
@@ -90,9 +91,15 @@ nb::bytes MemoryRegion::pack_rkey() const {
   void* buf = nullptr;
   size_t len = 0;
   check(ucp_rkey_pack(context_handle_, memh_, &buf, &len), "ucp_rkey_pack");
-  nb::bytes out(static_cast<const char*>(buf), len);
+  // Sealed: magic, length, CRC-32C, then UCX's bytes (see RemoteKey).
+  std::string sealed(kRkeyHeader + len, '\0');
+  const uint32_t magic = kRkeyMagic, n = static_cast<uint32_t>(len), crc = crc32c(buf, len);
+  std::memcpy(&sealed[0], &magic, 4);
+  std::memcpy(&sealed[4], &n, 4);
+  std::memcpy(&sealed[8], &crc, 4);
+  std::memcpy(&sealed[kRkeyHeader], buf, len);
   ucp_rkey_buffer_release(buf);
-  return out;
+  return nb::bytes(sealed.data(), sealed.size());
 }
 
 }  // namespace distore

@@ -18,6 +18,11 @@
 
 namespace distore {
 
+// A packed remote key travels sealed: "DSRK", uint32 length, uint32 CRC-32C
+// of UCX's packed bytes, then those bytes.
+constexpr uint32_t kRkeyMagic = 0x4B525344;  // "DSRK" little-endian
+constexpr size_t kRkeyHeader = 12;
+
 class MemoryRegion {
  public:
   // Allocates `size` bytes, page aligned (2 MiB hugepages when `hugepages`

@@ -1,5 +1,9 @@
 #include "remote_key.h"
 
+#include <cstring>
+#include <string>
+
+#include "memory.h"
 #include "status.h"
 
 namespace nb = nanobind;
@@ -15,7 +19,21 @@ RemoteKey::RemoteKey(nb::object endpoint, uintptr_t endpoint_handle, nb::bytes p
       peer_(std::move(peer)) {
   if (ep_ == nullptr) throw UcxError(kStatusBadArgument, "null endpoint handle", peer_);
   if (packed.size() == 0) throw UcxError(UCS_ERR_INVALID_PARAM, "empty remote key", peer_);
-  check(ucp_ep_rkey_unpack(ep_, packed.c_str(), &rkey_), "ucp_ep_rkey_unpack", peer_);
+  const char* p = packed.c_str();
+  uint32_t magic = 0, n = 0, crc = 0;
+  if (packed.size() >= kRkeyHeader) {
+    std::memcpy(&magic, p, 4);
+    std::memcpy(&n, p + 4, 4);
+    std::memcpy(&crc, p + 8, 4);
+  }
+  if (packed.size() < kRkeyHeader || magic != kRkeyMagic || n != packed.size() - kRkeyHeader ||
+      crc != crc32c(p + kRkeyHeader, n)) {
+    throw UcxError(UCS_ERR_INVALID_PARAM,
+                   "remote key rejected: not a sealed distore key or corrupt (" +
+                       std::to_string(packed.size()) + " bytes); ask the node for a fresh one",
+                   peer_);
+  }
+  check(ucp_ep_rkey_unpack(ep_, p + kRkeyHeader, &rkey_), "ucp_ep_rkey_unpack", peer_);
 }
 
 RemoteKey::~RemoteKey() {

@@ -40,6 +40,23 @@ std::string status_name(int status) {
   }
 }
 
+uint32_t crc32c(const void* data, size_t size) {
+  static uint32_t table[256];
+  static bool ready = [] {
+    for (uint32_t i = 0; i < 256; ++i) {
+      uint32_t c = i;
+      for (int k = 0; k < 8; ++k) c = (c & 1) ? 0x82F63B78u ^ (c >> 1) : c >> 1;
+      table[i] = c;
+    }
+    return true;
+  }();
+  (void)ready;
+  uint32_t crc = 0xFFFFFFFFu;
+  const auto* p = static_cast<const uint8_t*>(data);
+  for (size_t i = 0; i < size; ++i) crc = table[(crc ^ p[i]) & 0xFF] ^ (crc >> 8);
+  return crc ^ 0xFFFFFFFFu;
+}
+
 void check(ucs_status_t status, const std::string& what, const std::string& peer) {
   if (status == UCS_OK || status == UCS_INPROGRESS) return;
   std::string msg = what + " failed: " + ucs_status_string(status);

@@ -6,6 +6,8 @@
 // class that distore_ucx.errors maps that status to.
 #pragma once
 
+#include <cstddef>
+#include <cstdint>
 #include <stdexcept>
 #include <string>
 
@@ -29,6 +31,10 @@ class UcxError : public std::runtime_error {
   int status_;
   std::string peer_;
 };
+
+// CRC-32C of a byte range, used to seal packed remote keys: UCX trusts the
+// bytes it unpacks, so a corrupt key must be caught before it gets there.
+uint32_t crc32c(const void* data, size_t size);
 
 // Name of a status, e.g. "UCS_ERR_UNREACHABLE".
 std::string status_name(int status);

@@ -125,12 +125,18 @@ class Client:
     def close(self) -> None:
         """Close writers (flushing them), learners, the UCX runtime, the connection."""
         children, self._children = self._children, []
+        first_error = None
         for child in reversed(children):
-            child.close()
+            try:
+                child.close()
+            except Exception as exc:  # close everything, then report
+                first_error = first_error or exc
         if self._runtime is not None:
             self._runtime.close()
             self._runtime = None
         self._rpc.close()
+        if first_error is not None:
+            raise first_error
 
     def __enter__(self) -> "Client":
         return self

@@ -120,15 +120,20 @@ class Writer:
         self._pending_bytes.pop(table, None)
         if not batches:
             return
-        batch = batches[0] if len(batches) == 1 else _Batch(
-            table,
-            np.concatenate([b.rows for b in batches]),
-            np.concatenate([b.keys for b in batches]),
-            np.concatenate([b.priorities for b in batches]),
+        rows = np.concatenate([b.rows for b in batches]) if len(batches) > 1 else batches[0].rows
+        keys = np.concatenate([b.keys for b in batches]) if len(batches) > 1 else batches[0].keys
+        prio = (
+            np.concatenate([b.priorities for b in batches])
+            if len(batches) > 1
+            else batches[0].priorities
         )
-        while len(self._in_flight) >= self.max_in_flight:
-            self._complete_oldest()
-        self._send(batch, exclude=set())
+        # Messages stay bounded and large inserts spread over the nodes.
+        step = max(1, min(self.max_items, self.batch_bytes // max(1, rows.shape[1])))
+        for i in range(0, len(keys), step):
+            while len(self._in_flight) >= self.max_in_flight:
+                self._complete_oldest()
+            chunk = _Batch(table, rows[i : i + step], keys[i : i + step], prio[i : i + step])
+            self._send(chunk, exclude=set())
 
     def _send(self, batch: _Batch, exclude: set[int]) -> None:
         spec = self._client.spec(batch.table)
@@ -162,6 +167,19 @@ class Writer:
             self._drop(node_id)
             self._send(batch, exclude | {node_id})  # acknowledged later, like the rest
             return
+        except Exception as exc:
+            # Settle every other batch in flight, so that after the error the
+            # writer is in a known state, and say how many items were lost.
+            lost = len(batch.keys)
+            while self._in_flight:
+                other = self._in_flight.popleft()
+                try:
+                    other[0].receive(self.timeout)
+                    self.inserted += len(other[1].keys)
+                except Exception:
+                    lost += len(other[1].keys)
+            exc.args = (f"{exc.args[0] if exc.args else exc} [{lost} items not stored]",)
+            raise
         self.inserted += len(batch.keys)
 
     def _next_node(self, exclude: set[int]) -> tuple[int, rpc.Client]:

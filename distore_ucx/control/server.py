@@ -192,6 +192,8 @@ class ControlPlane:
         if peer.state.get("node_id") != node_id or not self.members.is_alive(node_id):
             raise ConfigError(f"items_added for node {node_id} from a connection that is not it")
         table = self._table(f["table"])
+        if "used_bytes" in f:
+            self.members.nodes[node_id].used_bytes = f["used_bytes"]
         freed = table.add(node_id, f["keys"], f["offsets"], f["generations"], f["priorities"])
         self._free(table.name, freed)
         self._data.set()

@@ -157,6 +157,7 @@ class StorageNode:
                 offsets=offsets,
                 generations=gens,
                 priorities=f["priorities"],
+                used_bytes=self.arena.used_bytes,
             )
         except BaseException:
             self.arena.free(f["table"], offsets)

@@ -35,10 +35,14 @@ class UcxRuntime:
     ...     region = rt.map_region(1 << 20, remote_read=True)
     """
 
-    def __init__(self, progress_thread: bool = True):
+    def __init__(self, progress_thread: bool = True, config: dict[str, str] | None = None):
+        """`config`: UCX options without the UCX_ prefix (e.g. {"TLS": "tcp"}),
+        overriding the environment for this runtime only."""
         self._lock = threading.Lock()
         self._endpoints: dict[bytes, object] = {}
+        self._config = dict(config or {})
         self.context = _ucxx.UCXContext(
+            config_dict=self._config,
             feature_flags=(
                 _ucxx.Feature.TAG,
                 _ucxx.Feature.WAKEUP,
@@ -58,7 +62,7 @@ class UcxRuntime:
     @property
     def transports(self) -> str:
         """The transports UCX was allowed to use (UCX_TLS), 'all' when unset."""
-        return os.environ.get("UCX_TLS", "all")
+        return self._config.get("TLS") or os.environ.get("UCX_TLS", "all")
 
     @property
     def address(self) -> bytes:
@@ -143,6 +147,10 @@ def _shared_memory_only(tls: str) -> bool:
 
 
 def _close_endpoint(ep) -> None:
+    # ucxx crashes closing an endpoint that its error callback already tore
+    # down (peer died): only close live ones, and let the rest be released.
+    if not ep.alive:
+        return
     try:
         ep.close()
     except Exception as exc:  # a dead peer's endpoint may refuse a clean close

@@ -1,0 +1,75 @@
+"""Shared fixtures: real local clusters over tcp and shared memory.
+
+Every cluster a test starts is stopped by the fixture, also when the test
+fails; LocalCluster's children also die with the test process.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+
+import pytest
+
+os.environ.setdefault("UCX_WARN_UNUSED_ENV_VARS", "n")
+os.environ.setdefault("UCX_LOG_LEVEL", "error")
+
+TRANSPORTS = ["tcp", "sm"]
+
+
+def _has_cuda() -> bool:
+    return shutil.which("nvidia-smi") is not None or os.path.exists("/dev/nvidia0")
+
+
+def pytest_collection_modifyitems(config, items):
+    no_gpu = pytest.mark.skip(reason="needs a CUDA GPU; none on this machine")
+    no_rdma = pytest.mark.skip(reason="needs RDMA hardware (InfiniBand/RoCE); none here")
+    has_rdma = os.path.isdir("/sys/class/infiniband") and os.listdir("/sys/class/infiniband")
+    for item in items:
+        if "gpu" in item.keywords and not _has_cuda():
+            item.add_marker(no_gpu)
+        if "rdma" in item.keywords and not has_rdma:
+            item.add_marker(no_rdma)
+
+
+@pytest.fixture(params=TRANSPORTS)
+def tls(request, monkeypatch):
+    """UCX_TLS for the test and every process it starts."""
+    monkeypatch.setenv("UCX_TLS", request.param)
+    return request.param
+
+
+@pytest.fixture
+def make_cluster(tls):
+    """Factory of LocalClusters over `tls`; all are stopped after the test."""
+    import distore_ucx as ds
+
+    clusters = []
+
+    def make(**kwargs):
+        kwargs.setdefault("nodes", 2)
+        kwargs.setdefault("arena_bytes", 64 << 20)
+        kwargs.setdefault("log_level", "WARNING")
+        cluster = ds.LocalCluster(env={"UCX_TLS": tls}, **kwargs)
+        clusters.append(cluster)
+        return cluster.start()
+
+    yield make
+    for cluster in clusters:
+        cluster.stop()
+
+
+@pytest.fixture
+def cluster(make_cluster):
+    """A running two-node LocalCluster."""
+    return make_cluster()
+
+
+@pytest.fixture
+def client(cluster):
+    """A client connected to `cluster`, closed after the test."""
+    import distore_ucx as ds
+
+    c = ds.connect(cluster.address)
+    yield c
+    c.close()

@@ -1,0 +1,107 @@
+"""Node failures, process lifetimes and idle CPU, over tcp and sm."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import numpy as np
+import pytest
+
+import distore_ucx as ds
+
+SPEC = {"obs": ((1024,), "uint8"), "key": ((), "uint64")}
+
+
+def items(keys_from: int, n: int) -> dict:
+    k = np.arange(keys_from, keys_from + n, dtype=np.uint64)
+    return {"obs": (k[:, None] + np.arange(1024)).astype(np.uint8), "key": k}
+
+
+def check(batch) -> None:
+    expect = (batch.data["key"][:, None] + np.arange(1024)).astype(np.uint8)
+    assert np.array_equal(batch.data["obs"], expect)
+
+
+def test_killed_node_is_dropped_within_3s_and_sampling_continues(cluster, client, tls):
+    client.create_table("t", capacity=10_000, spec=SPEC)
+    with client.writer(max_items=100) as writer:
+        for i in range(10):
+            writer.insert("t", items(i * 100, 100))
+    assert client.table_info("t")["size"] == 1000
+    learner = client.learner("t", batch_size=64)
+    for _ in range(5):
+        check(learner.sample())
+
+    cluster.kill_node(0)  # SIGKILL
+    t0 = time.monotonic()
+    while True:
+        alive = [n for n in client.status()["nodes"] if n["alive"]]
+        if len(alive) == 1:
+            break
+        assert time.monotonic() - t0 < 3.0, "control plane still lists the killed node"
+        time.sleep(0.02)
+    dropped_after = time.monotonic() - t0
+    assert dropped_after < 3.0
+    size = client.table_info("t")["size"]
+    assert 0 < size < 1000  # the survivor's items remain
+    survivor = alive[0]["node_id"]
+    for _ in range(50):
+        batch = learner.sample()
+        check(batch)
+    st = client.status()
+    assert [n["node_id"] for n in st["nodes"] if n["alive"]] == [survivor]
+
+
+def test_reads_in_flight_when_a_node_dies_are_resampled(cluster, client, tls):
+    client.create_table("t", capacity=10_000, spec=SPEC)
+    with client.writer(max_items=50) as writer:
+        for i in range(8):
+            writer.insert("t", items(i * 50, 50))
+    learner = client.learner("t", batch_size=32)
+    check(learner.sample())
+    cluster.kill_node(1)
+    # No wait: the first samples may still name the dead node's items.
+    for _ in range(30):
+        check(learner.sample())
+
+
+def test_every_process_is_stopped_even_when_the_test_body_fails(tls):
+    cluster = ds.LocalCluster(nodes=2, arena_bytes=16 << 20, env={"UCX_TLS": tls},
+                              log_level="WARNING")
+    with pytest.raises(RuntimeError, match="boom"):
+        with cluster:
+            pids = cluster.pids()
+            assert len(pids) == 3
+            raise RuntimeError("boom")
+    for pid in pids:
+        assert not _running(pid), pid
+
+
+def test_idle_cluster_uses_under_5_percent_of_a_core(cluster, client, tls):
+    client.create_table("t", capacity=100, spec=SPEC)
+    with client.writer() as writer:
+        writer.insert("t", items(0, 10))
+    client.learner("t", batch_size=4).sample()  # endpoints made, progress threads armed
+    pids = cluster.pids()
+    time.sleep(0.5)  # let start-up work finish before measuring
+    before = sum(_cpu_seconds(p) for p in pids)
+    t0 = time.monotonic()
+    time.sleep(3.0)  # measuring idle CPU needs idle wall time
+    used = sum(_cpu_seconds(p) for p in pids) - before
+    share = used / (time.monotonic() - t0)
+    assert share < 0.05, f"idle cluster used {share:.1%} of a core"
+
+
+def _running(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().split()[2] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def _cpu_seconds(pid: int) -> float:
+    with open(f"/proc/{pid}/stat") as fh:
+        fields = fh.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")

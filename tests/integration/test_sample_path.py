@@ -1,0 +1,139 @@
+"""End to end over real processes, with UCX_TLS=tcp and with UCX_TLS=sm."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import distore_ucx as ds
+
+SPEC = {"obs": ((4, 21, 21), "uint8"), "action": ((), "int64"), "reward": ((), "float32")}
+
+
+def make_items(n: int, seed: int) -> dict:
+    rng = np.random.default_rng(seed)
+    return {
+        "obs": rng.integers(0, 256, (n, 4, 21, 21), dtype=np.uint8),
+        "action": rng.integers(0, 18, n),
+        "reward": rng.standard_normal(n).astype(np.float32),
+    }
+
+
+def test_sampled_bytes_equal_inserted_bytes(client, tls):
+    client.create_table("replay", capacity=10_000, spec=SPEC)
+    items = make_items(2000, seed=1)
+    with client.writer(max_items=256) as writer:
+        keys = writer.insert("replay", items, priority=np.linspace(0.1, 1, 2000))
+    assert keys.dtype == np.uint64 and len(np.unique(keys)) == 2000
+    info = client.table_info("replay")
+    assert info["size"] == 2000 and info["inserts"] == 2000
+    order = np.argsort(keys)
+    learner = client.learner("replay", batch_size=64)
+    seen = set()
+    for _ in range(60):  # 3840 random samples
+        batch = learner.sample()
+        idx = order[np.searchsorted(keys, batch.keys, sorter=order)]
+        assert np.array_equal(keys[idx], batch.keys)
+        for name in SPEC:
+            assert np.array_equal(batch.data[name], items[name][idx]), name
+        assert np.allclose(batch.probabilities, 1 / 2000)
+        assert batch.table_size == 2000
+        seen.update(batch.keys.tolist())
+    assert len(seen) > 1500  # uniform over the whole table
+    assert learner.path == "host"
+    # Both nodes hold items: inserts are spread round robin.
+    used = [n["used_bytes"] for n in client.status()["nodes"]]
+    assert all(u > 0 for u in used), used
+
+
+def test_single_items_and_unnamed_spec(client, tls):
+    client.create_table("frames", capacity=100, spec=((3, 5), "float32"))
+    writer = client.writer()
+    k1 = writer.insert("frames", np.full((3, 5), 1.5, np.float32))
+    k2 = writer.insert("frames", np.full((3, 5), 2.5, np.float32))
+    assert len(k1) == 1 and len(k2) == 1
+    writer.flush()
+    batch = client.learner("frames", batch_size=16).sample()
+    assert batch.data.shape == (16, 3, 5)
+    for key, row in zip(batch.keys, batch.data):
+        assert np.all(row == (1.5 if key == k1[0] else 2.5))
+
+
+def test_fifo_eviction_at_capacity(client, tls):
+    client.create_table("small", capacity=100, spec=SPEC)
+    items = make_items(250, seed=2)
+    with client.writer(max_items=32) as writer:
+        keys = writer.insert("small", items)
+    info = client.table_info("small")
+    assert info["size"] == 100 and info["deletes"] == 150
+    learner = client.learner("small", batch_size=50)
+    newest = set(keys[-100:].tolist())
+    sampled = set()
+    for _ in range(20):
+        sampled.update(learner.sample().keys.tolist())
+    assert sampled <= newest and len(sampled) > 90
+    # Freed slots are reused: arenas do not grow past capacity plus batches in flight.
+    slot = client.table_info("small")["slot_size"]
+    used = sum(n["used_bytes"] for n in client.status()["nodes"])
+    assert used <= (100 + 2 * 32) * slot
+
+
+def test_batch_views_share_one_buffer_and_clone_copies(client, tls):
+    client.create_table("t", capacity=100, spec=SPEC)
+    with client.writer() as writer:
+        writer.insert("t", make_items(50, seed=3))
+    learner = client.learner("t", batch_size=8, ring=1)
+    batch = learner.sample()
+    # Every field is a view of the same gathered buffer.
+    assert batch.data["obs"].base is batch.data["reward"].base is batch.data["action"].base
+    kept = batch.clone()
+    assert not np.shares_memory(kept.data["obs"], batch.data["obs"])
+    learner.sample()  # ring of 1: the old views now show the new batch
+    assert np.array_equal(kept.keys, batch.keys)
+
+
+def test_errors_users_can_hit(client, tls):
+    with pytest.raises(ds.TableNotFound, match="no table 'missing'"):
+        client.table_info("missing")
+    client.create_table("t", capacity=10, spec=SPEC)
+    client.create_table("t", capacity=10, spec=SPEC)  # identical: fine
+    with pytest.raises(ds.TableExists, match="exists"):
+        client.create_table("t", capacity=11, spec=SPEC)
+    with pytest.raises(ds.SpecMismatch):
+        client.writer().insert("t", {"obs": np.zeros((2, 2), np.uint8)})
+    with pytest.raises(ValueError, match="priorities"):
+        client.writer().insert("t", make_items(2, 0), priority=[1.0, float("nan")])
+    learner = client.learner("t", batch_size=4)
+    with pytest.raises(ds.NoData, match="no items to sample"):
+        learner.sample(timeout=0.2)
+
+
+def test_learner_waits_for_the_first_insert(client, cluster, tls):
+    import threading
+
+    client.create_table("t", capacity=10, spec=SPEC)
+    learner = client.learner("t", batch_size=4)
+
+    def insert_later():
+        with ds.connect(cluster.address) as c2, c2.writer() as w:
+            w.insert("t", make_items(4, 9))
+
+    th = threading.Timer(0.3, insert_later)
+    th.start()
+    batch = learner.sample(timeout=30)
+    th.join()
+    assert len(batch) == 4
+
+
+def test_storage_full_fails_loudly(make_cluster, tls):
+    cluster = make_cluster(nodes=1, arena_bytes=1 << 20)
+    with ds.connect(cluster.address) as client:
+        client.create_table("big", capacity=1000, spec={"x": ((64 << 10,), "uint8")})
+        writer = client.writer(max_items=4)
+        with pytest.raises(ds.StorageFull, match=r"arena full.*items not stored"):
+            for _ in range(10):
+                writer.insert("big", {"x": np.zeros((4, 64 << 10), np.uint8)})
+            writer.flush()
+        stored = client.table_info("big")["size"]
+        assert stored == writer.inserted and 0 < stored < 40  # none lost silently
+        writer.close()  # nothing left in flight: closes cleanly

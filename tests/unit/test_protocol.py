@@ -1,0 +1,79 @@
+"""Control messages: framing, decoding and validation against declarations."""
+
+from __future__ import annotations
+
+import msgpack
+import numpy as np
+import pytest
+
+from distore_ucx import protocol
+from distore_ucx.protocol import ProtocolError
+
+
+def roundtrip(msg):
+    frame = protocol.encode(msg)
+    n = protocol.frame_length(frame[:4])
+    assert n == len(frame) - 4
+    return protocol.decode(frame[4:])
+
+
+def test_request_round_trip_with_arrays():
+    keys = np.arange(5, dtype=np.uint64)
+    msg = protocol.request("free", 3, table="t", offsets=keys)
+    op, fields = protocol.validate_request(roundtrip(msg))
+    assert op == "free" and fields["table"] == "t"
+    assert np.array_equal(fields["offsets"], keys)
+
+
+@pytest.mark.parametrize(
+    "msg, message",
+    [
+        ({"v": 99, "op": "nodes", "id": 1}, "protocol version"),
+        ({"v": 1, "op": "nope", "id": 1}, "unknown operation"),
+        ({"v": 1, "op": "table_info", "id": 1}, "missing field"),
+        ({"v": 1, "op": "table_info", "id": 1, "name": 5}, "expected str"),
+        ({"v": 1, "op": "table_info", "id": 1, "name": "x" * 200}, "longer than"),
+        ({"v": 1, "op": "table_info", "id": 1, "name": "bad\nname"}, "not a valid name"),
+        ({"v": 1, "op": "sample", "id": 1, "table": "t", "n": 0}, "outside"),
+        ({"v": 1, "op": "sample", "id": 1, "table": "t", "n": True}, "expected int"),
+        ({"v": 1, "op": "free", "id": 1, "table": "t", "offsets": b"123"}, "whole number"),
+        (
+            {
+                "v": 1, "op": "items_added", "id": 1, "node_id": 1, "table": "t",
+                "keys": b"\0" * 16, "offsets": b"\0" * 8, "generations": b"\0" * 16,
+                "priorities": b"\0" * 16,
+            },
+            "expected 2",
+        ),
+        (
+            {
+                "v": 1, "op": "items_added", "id": 1, "node_id": 1, "table": "t",
+                "keys": b"\0" * 8, "offsets": b"\0" * 8, "generations": b"\0" * 8,
+                "priorities": np.array([np.nan]).tobytes(),
+            },
+            "finite",
+        ),
+    ],
+)
+def test_invalid_requests_are_rejected(msg, message):
+    with pytest.raises(ProtocolError, match=message):
+        protocol.validate_request(msg)
+
+
+def test_undecodable_and_oversized_frames():
+    with pytest.raises(ProtocolError, match="undecodable"):
+        protocol.decode(b"\xc1\xc1\xc1")
+    with pytest.raises(ProtocolError, match="must be a map"):
+        protocol.decode(msgpack.packb([1, 2]))
+    with pytest.raises(ProtocolError, match="id"):
+        protocol.decode(msgpack.packb({"op": "x"}))
+    with pytest.raises(ProtocolError, match="frame length"):
+        protocol.frame_length((protocol.MAX_FRAME + 1).to_bytes(4, "little"))
+    with pytest.raises(ProtocolError, match="frame length"):
+        protocol.frame_length(b"\0\0\0\0")
+
+
+def test_every_declared_operation_has_only_known_kinds():
+    kinds = {"int", "float", "str", "bytes", "bool", "list", "dict", "u64[]", "u32[]", "f64[]"}
+    for op, fields in protocol.MESSAGES.items():
+        assert all(f.kind in kinds for f in fields), op

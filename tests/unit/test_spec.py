@@ -1,0 +1,80 @@
+"""Table specs: parsing, packing one item or a batch, strided views."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from distore_ucx.errors import ConfigError, SpecMismatch
+from distore_ucx.spec import SLOT_HEADER, TableSpec
+
+SPEC = {"obs": ((4, 84, 84), "uint8"), "action": ((), "int64"), "reward": ((), "float32")}
+
+
+def test_layout_is_packed_aligned_and_padded():
+    s = TableSpec.parse(SPEC)
+    assert [f.offset for f in s.fields] == [0, 28224, 28232]
+    assert s.item_bytes == 28236
+    assert s.slot_size % 64 == 0 and s.slot_size >= SLOT_HEADER + s.item_bytes
+
+
+def test_wire_round_trip():
+    s = TableSpec.parse(SPEC)
+    assert TableSpec.from_wire(s.to_wire()) == s
+    u = TableSpec.parse(((3, 2), "float64"))
+    assert u.unnamed and TableSpec.from_wire(u.to_wire()) == u
+
+
+def test_pack_one_item_and_a_batch_then_view_them_back():
+    s = TableSpec.parse(SPEC)
+    rng = np.random.default_rng(0)
+    batch = {
+        "obs": rng.integers(0, 255, (5, 4, 84, 84), dtype=np.uint8),
+        "action": np.arange(5),
+        "reward": np.linspace(0, 1, 5, dtype=np.float32),
+    }
+    rows = s.pack(batch)
+    assert rows.shape == (5, s.item_bytes)
+    one = s.pack({k: v[2] for k, v in batch.items()})
+    assert np.array_equal(one[0], rows[2])
+    buf = np.zeros(5 * s.slot_size, np.uint8)
+    for i in range(5):
+        buf[i * s.slot_size + SLOT_HEADER : i * s.slot_size + SLOT_HEADER + s.item_bytes] = rows[i]
+    views = s.views(buf, 5, s.slot_size)
+    for k, v in batch.items():
+        assert np.array_equal(views[k], v)
+        assert np.shares_memory(views[k], buf)  # views, not copies
+
+
+def test_unnamed_spec_packs_plain_arrays():
+    s = TableSpec.parse(((2, 3), "float32"))
+    rows = s.pack(np.ones((4, 2, 3), np.float32))
+    assert rows.shape == (4, 24)
+    buf = np.zeros(4 * s.slot_size, np.uint8)
+    buf.reshape(4, s.slot_size)[:, SLOT_HEADER : SLOT_HEADER + 24] = rows
+    assert np.array_equal(s.views(buf, 4, s.slot_size), np.ones((4, 2, 3), np.float32))
+
+
+@pytest.mark.parametrize(
+    "data, message",
+    [
+        ({"obs": np.zeros((4, 84, 84), np.uint8), "action": 1}, "fields missing"),
+        ({**{k: 0 for k in SPEC}, "extra": 1}, "unknown fields"),
+        ({"obs": np.zeros((3, 84, 84), np.uint8), "action": 1, "reward": 0.0}, "shape"),
+        (
+            {"obs": np.zeros((2, 4, 84, 84), np.uint8), "action": [1, 2, 3], "reward": [0, 0]},
+            "disagree",
+        ),
+        ({"obs": np.zeros((4, 84, 84), np.float64), "action": 1, "reward": 0.0}, "cannot be stored"),
+        ([1, 2], "pass a dict"),
+    ],
+)
+def test_mismatched_data_is_refused_with_a_clear_message(data, message):
+    with pytest.raises(SpecMismatch, match=message):
+        TableSpec.parse(SPEC).pack(data)
+
+
+@pytest.mark.parametrize("bad", [{}, 5, {"x": ((-1,), "uint8")}, {"x": ((), "object")}, {"x": 3}])
+def test_bad_specs_are_config_errors(bad):
+    with pytest.raises(ConfigError):
+        TableSpec.parse(bad)
