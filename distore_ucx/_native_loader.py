@@ -15,6 +15,13 @@ import libucx  # noqa: E402
 
 libucx.load_library()
 
-from . import _native  # noqa: E402
+try:
+    from . import _native  # noqa: E402
+except ImportError as exc:  # pragma: no cover - depends on how it was installed
+    raise ImportError(
+        f"distore_ucx's native extension could not be loaded ({exc}). If you are running "
+        "from a source checkout, install the package (pip install .) and run from another "
+        "directory; if UCX failed to load, check RAPIDS_LIBUCX_PREFER_SYSTEM_LIBRARY"
+    ) from exc
 
 __all__ = ["_native"]

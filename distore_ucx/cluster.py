@@ -85,6 +85,10 @@ class LocalCluster:
         self.host = host
         self.env = dict(os.environ, **(env or {}))
         self.env.setdefault("UCX_WARN_UNUSED_ENV_VARS", "n")
+        if host.startswith("127.") or host == "localhost":
+            # Keep UCX's TCP traffic on the loopback device too (it would
+            # otherwise also open lanes over every other interface).
+            self.env.setdefault("UCX_NET_DEVICES", "lo")
         self.env["PYTHONUNBUFFERED"] = "1"
         self._own_log_dir = log_dir is None
         self.log_dir = log_dir or tempfile.mkdtemp(prefix="distore-cluster-")

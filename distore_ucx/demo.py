@@ -68,8 +68,12 @@ def _writer(address: str, rate: float, stop, counter, errors) -> None:
 
 def run_demo(args) -> int:
     """Run the demo described in the module docstring; returns the exit code."""
+    import os
+
     import distore_ucx as ds
 
+    # Everything runs on this host: keep UCX's TCP lanes on loopback.
+    os.environ.setdefault("UCX_NET_DEVICES", "lo")
     out = sys.stdout
     tty = out.isatty()
     print(f"distore demo: starting a control plane and {args.nodes} storage nodes "

@@ -61,6 +61,7 @@ MESSAGES: dict[str, tuple[F, ...]] = {
         F("arena_base", "int", lo=0, hi=2**64 - 1),
         F("arena_size", "int", lo=1, hi=2**64 - 1),
         F("pid", "int", lo=0, hi=2**31),
+        F("host_id", "str", required=False, max_len=128),
     ),
     "heartbeat": (F("node_id", "int", lo=0, hi=2**32), F("used_bytes", "int", lo=0)),
     "items_added": (

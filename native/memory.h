@@ -25,8 +25,9 @@ constexpr size_t kRkeyHeader = 12;
 
 class MemoryRegion {
  public:
-  // Allocates `size` bytes, page aligned (2 MiB hugepages when `hugepages`
-  // and the kernel has them, else 4 KiB pages), and maps them with UCX.
+  // Allocates `size` bytes, page aligned, and maps them with UCX. Pages:
+  // reserved 2 MiB hugepages when `hugepages` and the kernel has them, else
+  // transparent hugepages (madvise) for regions of 2 MiB or more, else 4 KiB.
   // `remote_read`: peers may read the region with a packed remote key.
   // Remote write is never granted.
   MemoryRegion(nanobind::object context, uintptr_t context_handle, size_t size,
@@ -41,7 +42,7 @@ class MemoryRegion {
 
   uintptr_t address() const { return reinterpret_cast<uintptr_t>(base_); }
   size_t size() const { return size_; }
-  bool hugepages() const { return hugepages_; }
+  bool hugepages() const { return hugepages_; }  // reserved or transparent
   bool remote_read() const { return remote_read_; }
   ucp_mem_h memh() const { return memh_; }
   // Packs a remote key a peer unpacks with RemoteKey. Raises if the region

@@ -13,6 +13,7 @@ import pytest
 
 os.environ.setdefault("UCX_WARN_UNUSED_ENV_VARS", "n")
 os.environ.setdefault("UCX_LOG_LEVEL", "error")
+os.environ.setdefault("UCX_NET_DEVICES", "lo")
 
 TRANSPORTS = ["tcp", "sm"]
 
@@ -36,6 +37,7 @@ def pytest_collection_modifyitems(config, items):
 def tls(request, monkeypatch):
     """UCX_TLS for the test and every process it starts."""
     monkeypatch.setenv("UCX_TLS", request.param)
+    monkeypatch.setenv("UCX_NET_DEVICES", "lo")  # loopback only, never another interface
     return request.param
 
 

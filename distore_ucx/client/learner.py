@@ -24,6 +24,7 @@ import numpy as np
 from .._native_loader import _native
 from ..errors import ConfigError, ConnectionFailed, DistoreError, UcxError
 from ..spec import SLOT_HEADER
+from ..transport.runtime import host_id, pid_alive
 
 log = logging.getLogger(__name__)
 
@@ -65,6 +66,9 @@ class _Peer:
         self.name = f"node {desc['node_id']} ({desc['name']})"
         self.worker_address = desc["worker_address"]
         self.base = np.uint64(desc["arena_base"])
+        # Same host and pid namespace: the pid can be checked before a read.
+        same_host = desc.get("host_id") and desc["host_id"] == host_id()
+        self.local_pid = desc.get("pid") if same_host else None
         ep = runtime.endpoint(self.worker_address, self.name)
         self.rkey = _native.RemoteKey(
             ep, desc["rkey"], desc["arena_base"], desc["arena_size"], self.name
@@ -114,14 +118,22 @@ class Learner:
         self._next = 0
         self._peers: dict[int, _Peer] = {}
         self._rkeys: list = []
-        self._release: list[int] = []
+        self._done_leases: list[int] = []  # leases of batches already read
+        self._outstanding = False  # a request for the next batch is in flight
+        self._prefetched: dict | None = None  # its reply, if already received
         self._rows = np.arange(batch_size, dtype=np.uint64) * np.uint64(self._slot)
         self.resampled = 0
         log.info("learner on table %r: path=%s, UCX %s, UCX_TLS=%s", table, self.path,
                  _native.ucx_version(), runtime.transports)
 
     def sample(self, timeout: float | None = None) -> Batch:
-        """The next batch; waits up to `timeout` s for the table to have items."""
+        """The next batch; waits up to `timeout` s for the table to have items.
+
+        While this batch is being read, the request for the next batch's
+        locations is already with the control plane, so its round trip
+        overlaps the transfer.
+        """
+        wait = float(self.timeout if timeout is None else timeout)
         slot = self._next
         self._next = (self._next + 1) % len(self._ring)
         dest, view = self._ring[slot], self._ring_views[slot]
@@ -129,18 +141,11 @@ class Learner:
         keys = np.empty(n, np.uint64)
         probs = np.empty(n, np.float64)
         rows = np.arange(n)
-        table_size = 0
+        reply = self._next_reply(wait)
+        self._prefetch(wait)
+        leases = []
         for attempt in range(MAX_RESAMPLES):
-            wait = float(self.timeout if timeout is None else timeout)
-            reply = self._rpc.call(
-                "sample",
-                reply_timeout=wait + 10.0,
-                table=self.table,
-                n=len(rows),
-                release=self._release,
-                timeout=wait,
-            )
-            self._release = [reply["lease"]]
+            leases.append(reply["lease"])
             table_size = reply["table_size"]
             got = self._gather(reply, rows, dest, view)
             keys[rows[got]] = np.frombuffer(reply["keys"], np.uint64)[got]
@@ -151,13 +156,41 @@ class Learner:
             self.resampled += len(rows)
             if attempt:
                 time.sleep(min(0.05 * attempt, 0.5))  # let the control plane drop a dead node
+            reply = self._resample(len(rows), wait)
         else:
+            self._done_leases.extend(leases)
             raise ConnectionFailed(
                 f"table {self.table!r}: {len(rows)} of {n} items still unreadable after "
                 f"{MAX_RESAMPLES} resamples; storage nodes may be failing (see distore status)"
             )
+        self._done_leases.extend(leases)  # read: released with the next request
         data = self.spec.views(view, n, self._slot)
         return Batch(data, keys, probs, table_size)
+
+    # -- control-plane requests (one connection, replies in order) --------
+    def _sample_fields(self, n: int, wait: float) -> dict:
+        release, self._done_leases = self._done_leases, []
+        return {"table": self.table, "n": n, "release": release, "timeout": wait}
+
+    def _next_reply(self, wait: float) -> dict:
+        if self._prefetched is not None:
+            reply, self._prefetched = self._prefetched, None
+            return reply
+        if self._outstanding:
+            self._outstanding = False
+            return self._rpc.receive(wait + 10.0)
+        return self._rpc.call("sample", reply_timeout=wait + 10.0,
+                              **self._sample_fields(self.batch_size, wait))
+
+    def _prefetch(self, wait: float) -> None:
+        self._rpc.send("sample", **self._sample_fields(self.batch_size, wait))
+        self._outstanding = True
+
+    def _resample(self, n: int, wait: float) -> dict:
+        if self._outstanding:  # its reply comes first: keep it for the next batch
+            self._outstanding = False
+            self._prefetched = self._rpc.receive(wait + 10.0)
+        return self._rpc.call("sample", reply_timeout=wait + 10.0, **self._sample_fields(n, wait))
 
     def _gather(self, reply: dict, rows: np.ndarray, dest, view) -> np.ndarray:
         """Read the sampled items into `rows` of dest; mask of rows that are good."""
@@ -168,8 +201,14 @@ class Learner:
         uniq, inverse = np.unique(nodes, return_inverse=True)
         lut = np.full(len(uniq), -1, np.int64)
         bases = np.zeros(len(uniq), np.uint64)
+        check_pids = not self._runtime.peer_failure_detection
         for i, node_id in enumerate(uniq):  # once per node, not per item
             peer = self._peer(int(node_id))
+            if peer is not None and check_pids and peer.local_pid and not pid_alive(peer.local_pid):
+                # Without peer-failure handling (shared memory only) UCX aborts
+                # the process on a read from a dead peer: never post one.
+                self._forget(peer.node_id, "its process is gone")
+                peer = None
             if peer is not None:
                 lut[i] = self._rkeys.index(peer.rkey)
                 bases[i] = peer.base
@@ -192,7 +231,7 @@ class Learner:
         good = (statuses == 0) & (header[:, 0] == keys) & (header[:, 1] == gens)
         failed = np.unique(nodes[statuses != 0])
         for node_id in failed:  # once per failed node
-            self._forget(int(node_id))
+            self._forget(int(node_id), "reads from it failed")
         return good
 
     def _peer(self, node_id: int) -> _Peer | None:
@@ -211,11 +250,11 @@ class Learner:
                 return peer
         return None  # the node is gone; its items are being dropped
 
-    def _forget(self, node_id: int) -> None:
+    def _forget(self, node_id: int, why: str) -> None:
         peer = self._peers.pop(node_id, None)
         if peer is None:
             return
-        log.warning("reads from %s failed; dropping it and resampling", peer.name)
+        log.warning("%s: %s; dropping it and resampling its items", peer.name, why)
         self._rkeys.remove(peer.rkey)
         del peer.rkey  # the remote key goes before its endpoint
         self._runtime.drop_endpoint(peer.worker_address)
@@ -223,11 +262,17 @@ class Learner:
     def close(self) -> None:
         """Release the last lease and the learner's buffers and remote keys."""
         try:
-            if self._release:
-                self._rpc.call("release", leases=self._release)
+            if self._outstanding:
+                self._outstanding = False
+                self._prefetched = self._rpc.receive(self.timeout + 10.0)
+            if self._prefetched is not None:
+                self._done_leases.append(self._prefetched["lease"])
+                self._prefetched = None
+            if self._done_leases:
+                self._rpc.call("release", leases=self._done_leases)
         except DistoreError:
-            pass  # the lease will expire
-        self._release = []
+            pass  # the leases will expire
+        self._done_leases = []
         self._rkeys.clear()
         self._peers.clear()
         self._rpc.close()

@@ -30,6 +30,7 @@ class Node:
     arena_base: int
     arena_size: int
     pid: int
+    host_id: str = ""
     peer: Any = field(repr=False, default=None)
     last_seen: float = 0.0
     used_bytes: int = 0
@@ -45,6 +46,8 @@ class Node:
             "arena_size": self.arena_size,
             "used_bytes": self.used_bytes,
             "alive": self.alive,
+            "pid": self.pid,
+            "host_id": self.host_id,
         }
         if with_keys:
             d["worker_address"] = self.worker_address

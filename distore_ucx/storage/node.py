@@ -24,6 +24,7 @@ from ..config import NodeConfig
 from ..errors import ConnectionFailed, SpecMismatch
 from ..spec import SLOT_HEADER
 from ..transport import UcxRuntime
+from ..transport.runtime import host_id
 from ..transport.rpc import AsyncClient, parse_address, serve
 from .arena import Arena
 
@@ -79,6 +80,7 @@ class StorageNode:
                 arena_base=self.arena.base,
                 arena_size=self.arena.size,
                 pid=os.getpid(),
+                host_id=host_id(),
             )
             self.node_id = reply["node_id"]
             interval = reply["heartbeat_interval"]

@@ -65,6 +65,12 @@ class UcxRuntime:
         return self._config.get("TLS") or os.environ.get("UCX_TLS", "all")
 
     @property
+    def peer_failure_detection(self) -> bool:
+        """Whether UCX turns a dead peer into an error (False under shared memory
+        only, where UCX aborts the process on a read from a dead peer)."""
+        return self._error_handling
+
+    @property
     def address(self) -> bytes:
         """This worker's UCX address, which peers use to make endpoints."""
         addr = self.worker.address
@@ -144,6 +150,27 @@ _NO_PEER_FAILURE = {"sm", "shm", "posix", "sysv", "cma", "knem", "xpmem", "self"
 def _shared_memory_only(tls: str) -> bool:
     names = {t.strip() for t in tls.split(",") if t.strip()}
     return bool(names) and names <= _NO_PEER_FAILURE
+
+
+def host_id() -> str:
+    """Identifies this host and pid namespace: peers with the same id can
+    check each other's processes by pid."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as fh:
+            boot = fh.read().strip()
+        return f"{boot}:{os.stat('/proc/self/ns/pid').st_ino}"
+    except OSError:
+        return ""
+
+
+def pid_alive(pid: int) -> bool:
+    """True while process `pid` exists and is not a zombie."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            state = fh.read().rsplit(b")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state not in (b"Z", b"X")
 
 
 def _close_endpoint(ep) -> None:

@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 
 import numpy as np
 
@@ -13,9 +14,11 @@ import distore_ucx as ds
 
 
 def run_cli(*args, timeout=120, env=None, cwd=None):
+    # Never from the repository root: that would import the uncompiled sources.
     return subprocess.run(
         [sys.executable, "-m", "distore_ucx", *args],
-        capture_output=True, text=True, timeout=timeout, env=env, cwd=cwd,
+        capture_output=True, text=True, timeout=timeout, env=env,
+        cwd=cwd or tempfile.gettempdir(),
     )
 
 
