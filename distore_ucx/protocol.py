@@ -1,7 +1,9 @@
 """Every control message, declared once: fields, types, limits, version.
 
-Frames on the control channel (TCP) are a 4-byte little-endian length and a
-msgpack map. A request is ``{"v": VERSION, "op": name, "id": n, ...fields}``;
+Frames on the control channel (TCP) are an 8-byte header (body length,
+metadata length; little-endian uint32), a msgpack map, and optionally a raw
+binary payload (the items of an insert), which is never copied into or out
+of msgpack. A request is ``{"v": VERSION, "op": name, "id": n, ...fields}``;
 its reply is ``{"id": n, "ok": True, ...}`` or ``{"id": n, "ok": False,
 "error": class_name, "message": text}``. A push (``id`` 0) gets no reply.
 Arrays travel as raw little-endian bytes of a declared dtype. Encoding,
@@ -22,7 +24,9 @@ VERSION = 1
 MAX_FRAME = 1 << 30  # 1 GiB: one insert batch at most
 MAX_NAME = 128
 MAX_ITEMS = 1 << 24  # per message
-HEADER = struct.Struct("<I")
+HEADER = struct.Struct("<II")  # body length, metadata length
+HEADER_SIZE = HEADER.size
+PAYLOAD = "payload"  # the one field that travels raw, after the metadata
 
 
 class ProtocolError(ValueError):
@@ -109,26 +113,42 @@ MESSAGES: dict[str, tuple[F, ...]] = {
 }
 
 
-def encode(msg: dict[str, Any]) -> bytes:
-    """One frame: length prefix and msgpack body."""
-    body = msgpack.packb(msg, use_bin_type=True)
-    if len(body) > MAX_FRAME:
-        raise ProtocolError(f"message of {len(body)} bytes exceeds the {MAX_FRAME}-byte limit")
-    return HEADER.pack(len(body)) + body
+def encode(msg: dict[str, Any]) -> list:
+    """One frame as a list of buffers: header, msgpack metadata, raw payload.
+
+    A ``payload`` field (bytes or a contiguous array) is sent as is, after
+    the metadata; the receiver finds it in the decoded message.
+    """
+    payload = msg.get(PAYLOAD)
+    if payload is not None and not isinstance(payload, str):
+        msg = {k: v for k, v in msg.items() if k != PAYLOAD}
+        payload = memoryview(payload).cast("B")
+    else:
+        payload = None
+    meta = msgpack.packb(msg, use_bin_type=True)
+    n = len(meta) + (payload.nbytes if payload is not None else 0)
+    if n > MAX_FRAME:
+        raise ProtocolError(f"message of {n} bytes exceeds the {MAX_FRAME}-byte limit")
+    head = HEADER.pack(n, len(meta))
+    return [head, meta] if payload is None else [head, meta, payload]
 
 
-def frame_length(header: bytes) -> int:
-    """Length of the body that follows a 4-byte header; validated."""
-    (n,) = HEADER.unpack(header)
+def read_header(header: bytes) -> tuple[int, int]:
+    """(body length, metadata length) of a frame; validated."""
+    n, meta = HEADER.unpack(header)
     if n == 0 or n > MAX_FRAME:
         raise ProtocolError(f"frame length {n} outside 1..{MAX_FRAME}")
-    return n
+    if meta == 0 or meta > n:
+        raise ProtocolError(f"metadata length {meta} outside 1..{n}")
+    return n, meta
 
 
-def decode(body: bytes) -> dict[str, Any]:
+def decode(body: bytes, meta_len: int | None = None) -> dict[str, Any]:
     """Decode a frame body into a message map (not yet validated)."""
+    meta_len = len(body) if meta_len is None else meta_len
+    view = memoryview(body)
     try:
-        msg = msgpack.unpackb(body, raw=False, strict_map_key=True)
+        msg = msgpack.unpackb(view[:meta_len], raw=False, strict_map_key=True)
     except Exception as exc:
         raise ProtocolError(f"undecodable frame: {exc}") from None
     if not isinstance(msg, dict):
@@ -136,6 +156,10 @@ def decode(body: bytes) -> dict[str, Any]:
     mid = msg.get("id")
     if not isinstance(mid, int) or isinstance(mid, bool) or not 0 <= mid < 2**63:
         raise ProtocolError("message id missing or not a non-negative integer")
+    if PAYLOAD in msg:
+        raise ProtocolError("the payload travels after the metadata, not inside it")
+    if meta_len < len(body):
+        msg[PAYLOAD] = view[meta_len:]
     return msg
 
 
@@ -143,7 +167,7 @@ def request(op: str, mid: int, **fields: Any) -> dict[str, Any]:
     """Build a request map (arrays given as numpy are turned into bytes)."""
     msg: dict[str, Any] = {"v": VERSION, "op": op, "id": mid}
     for k, v in fields.items():
-        msg[k] = v.tobytes() if isinstance(v, np.ndarray) else v
+        msg[k] = v.tobytes() if isinstance(v, np.ndarray) and k != PAYLOAD else v
     return msg
 
 
@@ -206,7 +230,7 @@ def _check(op: str, f: F, v: Any) -> Any:
         "int": int,
         "float": (int, float),
         "str": str,
-        "bytes": bytes,
+        "bytes": (bytes, memoryview),
         "bool": bool,
         "list": list,
         "dict": dict,

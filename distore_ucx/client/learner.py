@@ -66,10 +66,12 @@ class _Peer:
         self.name = f"node {desc['node_id']} ({desc['name']})"
         self.worker_address = desc["worker_address"]
         self.base = np.uint64(desc["arena_base"])
-        # Same host and pid namespace: the pid can be checked before a read.
-        same_host = desc.get("host_id") and desc["host_id"] == host_id()
+        # Same host and pid namespace: read through shared memory (CMA), where
+        # UCX has no peer-failure handling and aborts a reader whose peer died;
+        # the node's pid is checked before every batch of reads instead.
+        same_host = bool(desc.get("host_id")) and desc["host_id"] == host_id()
         self.local_pid = desc.get("pid") if same_host else None
-        ep = runtime.endpoint(self.worker_address, self.name)
+        ep = runtime.endpoint(self.worker_address, self.name, detect_failures=not same_host)
         self.rkey = _native.RemoteKey(
             ep, desc["rkey"], desc["arena_base"], desc["arena_size"], self.name
         )
@@ -201,12 +203,11 @@ class Learner:
         uniq, inverse = np.unique(nodes, return_inverse=True)
         lut = np.full(len(uniq), -1, np.int64)
         bases = np.zeros(len(uniq), np.uint64)
-        check_pids = not self._runtime.peer_failure_detection
         for i, node_id in enumerate(uniq):  # once per node, not per item
             peer = self._peer(int(node_id))
-            if peer is not None and check_pids and peer.local_pid and not pid_alive(peer.local_pid):
-                # Without peer-failure handling (shared memory only) UCX aborts
-                # the process on a read from a dead peer: never post one.
+            if peer is not None and peer.local_pid and not pid_alive(peer.local_pid):
+                # Without peer-failure handling UCX aborts the process on a
+                # read from a dead peer: never post one.
                 self._forget(peer.node_id, "its process is gone")
                 peer = None
             if peer is not None:

@@ -6,6 +6,11 @@ with a bounded number of batches in flight. They are sampleable once the
 node has acknowledged them: `flush()` sends what is buffered and waits for
 every acknowledgement, and raises if any insert failed. Nothing is dropped
 silently: a failed batch raises from `insert` or `flush`.
+
+Order: a table's FIFO order is the order in which the control plane
+registers batches. With `max_in_flight` > 1, two batches of one writer sent
+to different nodes may be registered in either order; `max_in_flight=1`
+keeps a writer's items in insertion order, at some cost in insert rate.
 """
 
 from __future__ import annotations
@@ -147,7 +152,7 @@ class Writer:
                     item_bytes=spec.item_bytes,
                     keys=batch.keys,
                     priorities=batch.priorities,
-                    payload=batch.rows.tobytes(),
+                    payload=batch.rows,
                 )
             except ConnectionFailed as exc:
                 log.warning("storage node %d unreachable (%s); trying another", node_id, exc)

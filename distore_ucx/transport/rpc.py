@@ -101,7 +101,9 @@ class Client:
         mid = next(self._ids)
         frame = protocol.encode(protocol.request(op, mid, **fields))
         try:
-            self._sock.sendall(frame)
+            self._sock.sendall(frame[0] + frame[1])
+            if len(frame) == 3:  # a payload goes as is, never copied into one buffer
+                self._sock.sendall(frame[2])
         except OSError as exc:
             raise errors.ConnectionFailed(f"lost the connection to the {self.name}: {exc}") from None
         self._pending.append(mid)
@@ -112,8 +114,8 @@ class Client:
             raise RuntimeError("no request outstanding")
         self._sock.settimeout(self.timeout if timeout is None else timeout)
         try:
-            n = protocol.frame_length(self._recv_exact(4))
-            msg = protocol.decode(self._recv_exact(n))
+            n, meta = protocol.read_header(self._recv_exact(protocol.HEADER_SIZE))
+            msg = protocol.decode(self._recv_exact(n), meta)
         except socket.timeout:
             self.close()
             waited = self.timeout if timeout is None else timeout
@@ -170,7 +172,7 @@ class Peer:
     def push(self, op: str, **fields: Any) -> None:
         """Send a message that expects no reply (id 0)."""
         if not self.writer.is_closing():
-            self.writer.write(protocol.encode(protocol.request(op, 0, **fields)))
+            self.writer.writelines(protocol.encode(protocol.request(op, 0, **fields)))
 
     def close(self) -> None:
         """Close the connection; the serving task then ends."""
@@ -181,13 +183,13 @@ class Peer:
 async def read_frame(reader: asyncio.StreamReader) -> dict[str, Any] | None:
     """Next message, or None at a clean end of stream."""
     try:
-        header = await reader.readexactly(4)
+        header = await reader.readexactly(protocol.HEADER_SIZE)
     except asyncio.IncompleteReadError as exc:
         if exc.partial:
             raise protocol.ProtocolError("connection closed inside a frame header") from None
         return None
-    body = await reader.readexactly(protocol.frame_length(header))
-    return protocol.decode(body)
+    n, meta = protocol.read_header(header)
+    return protocol.decode(await reader.readexactly(n), meta)
 
 
 async def serve(
@@ -213,7 +215,7 @@ async def serve(
                     msg = await read_frame(reader)
                 except protocol.ProtocolError as exc:
                     log.warning("closing %s: %s", peer.address, exc)
-                    writer.write(protocol.encode(protocol.error_reply(0, exc)))
+                    writer.writelines(protocol.encode(protocol.error_reply(0, exc)))
                     break
                 if msg is None:
                     break
@@ -222,7 +224,7 @@ async def serve(
                     op, fields = protocol.validate_request(msg)
                 except protocol.ProtocolError as exc:
                     log.warning("closing %s: %s", peer.address, exc)
-                    writer.write(protocol.encode(protocol.error_reply(mid, exc)))
+                    writer.writelines(protocol.encode(protocol.error_reply(mid, exc)))
                     break
                 try:
                     result = await handler(peer, op, fields)
@@ -234,9 +236,9 @@ async def serve(
                 if mid == 0:  # push: no reply
                     continue
                 if isinstance(result, BaseException):
-                    writer.write(protocol.encode(protocol.error_reply(mid, result)))
+                    writer.writelines(protocol.encode(protocol.error_reply(mid, result)))
                 else:
-                    writer.write(protocol.encode(protocol.reply(mid, **(result or {}))))
+                    writer.writelines(protocol.encode(protocol.reply(mid, **(result or {}))))
                 if writer.transport.get_write_buffer_size() > 1 << 20:
                     await writer.drain()
         except (ConnectionError, asyncio.IncompleteReadError):
@@ -283,7 +285,7 @@ class AsyncClient:
         mid = next(self._ids)
         fut = asyncio.get_running_loop().create_future()
         self._waiting[mid] = fut
-        self._writer.write(protocol.encode(protocol.request(op, mid, **fields)))
+        self._writer.writelines(protocol.encode(protocol.request(op, mid, **fields)))
         try:
             msg = await asyncio.wait_for(fut, reply_timeout)
         except asyncio.TimeoutError:
@@ -299,7 +301,7 @@ class AsyncClient:
     def push(self, op: str, **fields: Any) -> None:
         """Send a message that expects no reply."""
         if not self.closed.is_set():
-            self._writer.write(protocol.encode(protocol.request(op, 0, **fields)))
+            self._writer.writelines(protocol.encode(protocol.request(op, 0, **fields)))
 
     async def _read_loop(self) -> None:
         try:

@@ -80,15 +80,22 @@ class UcxRuntime:
         """Allocate and register `size` bytes (page aligned) with this context."""
         return _native.MemoryRegion(self.context, size, remote_read, hugepages)
 
-    def endpoint(self, worker_address: bytes, peer: str):
-        """The endpoint to a peer's worker, made once and reused."""
+    def endpoint(self, worker_address: bytes, peer: str, detect_failures: bool = True):
+        """The endpoint to a peer's worker, made once and reused.
+
+        `detect_failures` asks UCX for peer-failure handling, so that reads
+        from a dead peer fail instead of hang. UCX then leaves out the
+        shared-memory transports, which cannot detect failures: for a peer
+        on the same host pass False (and check its process yourself, see
+        `pid_alive`) to read through shared memory (CMA).
+        """
         with self._lock:
             ep = self._endpoints.get(worker_address)
             if ep is not None and ep.alive:
                 return ep
             addr = _ucxx.UCXAddress.create_from_buffer(worker_address)
             try:
-                ep = self._create_endpoint(addr)
+                ep = self._create_endpoint(addr, detect_failures)
             except Exception as exc:  # ucxx raises its own hierarchy
                 raise ConnectionFailed(
                     f"cannot create a UCX endpoint to {peer}: {exc}. Check that the peer "
@@ -97,11 +104,11 @@ class UcxRuntime:
             self._endpoints[worker_address] = ep
             return ep
 
-    def _create_endpoint(self, addr):
-        # Peer-failure detection (UCP_ERR_HANDLING_MODE_PEER) makes reads from
-        # a dead node fail instead of hang, but the shared-memory transports
-        # (posix, sysv) do not support it: fall back to plain endpoints there.
-        if self._error_handling:
+    def _create_endpoint(self, addr, detect_failures: bool):
+        # Peer-failure detection (UCP_ERR_HANDLING_MODE_PEER) is not supported
+        # by the shared-memory transports: fall back to plain endpoints when
+        # they are all UCX has.
+        if detect_failures and self._error_handling:
             try:
                 return _ucxx.UCXEndpoint.create_from_worker_address(self.worker, addr, True)
             except _ucxx.UCXError as exc:

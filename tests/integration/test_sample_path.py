@@ -62,7 +62,8 @@ def test_single_items_and_unnamed_spec(client, tls):
 def test_fifo_eviction_at_capacity(client, tls):
     client.create_table("small", capacity=100, spec=SPEC)
     items = make_items(250, seed=2)
-    with client.writer(max_items=32) as writer:
+    # One batch in flight: batches are registered in the order they were sent.
+    with client.writer(max_items=32, max_in_flight=1) as writer:
         keys = writer.insert("small", items)
     info = client.table_info("small")
     assert info["size"] == 100 and info["deletes"] == 150

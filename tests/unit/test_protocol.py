@@ -11,10 +11,10 @@ from distore_ucx.protocol import ProtocolError
 
 
 def roundtrip(msg):
-    frame = protocol.encode(msg)
-    n = protocol.frame_length(frame[:4])
-    assert n == len(frame) - 4
-    return protocol.decode(frame[4:])
+    frame = b"".join(bytes(b) for b in protocol.encode(msg))
+    n, meta = protocol.read_header(frame[: protocol.HEADER_SIZE])
+    assert n == len(frame) - protocol.HEADER_SIZE
+    return protocol.decode(frame[protocol.HEADER_SIZE :], meta)
 
 
 def test_request_round_trip_with_arrays():
@@ -60,6 +60,20 @@ def test_invalid_requests_are_rejected(msg, message):
         protocol.validate_request(msg)
 
 
+def test_payload_travels_raw_after_the_metadata():
+    rows = np.arange(24, dtype=np.uint8).reshape(4, 6)
+    msg = protocol.request(
+        "insert", 5, table="t", slot_size=64, item_bytes=6, keys=np.arange(4, dtype=np.uint64),
+        priorities=np.ones(4), payload=rows,
+    )
+    parts = protocol.encode(msg)
+    assert len(parts) == 3 and bytes(parts[2]) == rows.tobytes()
+    op, fields = protocol.validate_request(roundtrip(msg))
+    assert bytes(fields["payload"]) == rows.tobytes() and op == "insert"
+    with pytest.raises(ProtocolError, match="after the metadata"):
+        protocol.decode(msgpack.packb({"id": 1, "payload": b"x"}))
+
+
 def test_undecodable_and_oversized_frames():
     with pytest.raises(ProtocolError, match="undecodable"):
         protocol.decode(b"\xc1\xc1\xc1")
@@ -68,9 +82,11 @@ def test_undecodable_and_oversized_frames():
     with pytest.raises(ProtocolError, match="id"):
         protocol.decode(msgpack.packb({"op": "x"}))
     with pytest.raises(ProtocolError, match="frame length"):
-        protocol.frame_length((protocol.MAX_FRAME + 1).to_bytes(4, "little"))
+        protocol.read_header(protocol.HEADER.pack(protocol.MAX_FRAME + 1, 1))
     with pytest.raises(ProtocolError, match="frame length"):
-        protocol.frame_length(b"\0\0\0\0")
+        protocol.read_header(protocol.HEADER.pack(0, 0))
+    with pytest.raises(ProtocolError, match="metadata length"):
+        protocol.read_header(protocol.HEADER.pack(10, 11))
 
 
 def test_every_declared_operation_has_only_known_kinds():
