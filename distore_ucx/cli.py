@@ -65,8 +65,8 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--arena", default="1GiB", help="arena per node (default 1GiB)")
     d.add_argument("--batch-size", type=int, default=32, help="items per batch (default 32)")
     d.add_argument("--capacity", type=int, default=8000, help="table capacity (default 8000)")
-    d.add_argument("--insert-rate", type=float, default=1000.0,
-                   help="writer items/s (default 1000; 0 = flat out)")
+    d.add_argument("--insert-rate", type=float, default=400.0,
+                   help="writer items/s (default 400, DQN on Atari's rate; 0 = flat out)")
     d.add_argument("--json", action="store_true", help="print the summary as JSON")
     return p
 

@@ -24,7 +24,7 @@ import numpy as np
 from .._native_loader import _native
 from ..errors import ConfigError, ConnectionFailed, DistoreError, UcxError
 from ..spec import SLOT_HEADER
-from ..transport.runtime import host_id, pid_alive
+from ..transport.runtime import ProcessWatch, host_id
 
 log = logging.getLogger(__name__)
 
@@ -70,7 +70,7 @@ class _Peer:
         # UCX has no peer-failure handling and aborts a reader whose peer died;
         # the node's pid is checked before every batch of reads instead.
         same_host = bool(desc.get("host_id")) and desc["host_id"] == host_id()
-        self.local_pid = desc.get("pid") if same_host else None
+        self.watch = ProcessWatch(desc["pid"]) if same_host and desc.get("pid") else None
         ep = runtime.endpoint(self.worker_address, self.name, detect_failures=not same_host)
         self.rkey = _native.RemoteKey(
             ep, desc["rkey"], desc["arena_base"], desc["arena_size"], self.name
@@ -205,7 +205,7 @@ class Learner:
         bases = np.zeros(len(uniq), np.uint64)
         for i, node_id in enumerate(uniq):  # once per node, not per item
             peer = self._peer(int(node_id))
-            if peer is not None and peer.local_pid and not pid_alive(peer.local_pid):
+            if peer is not None and peer.watch is not None and not peer.watch.alive():
                 # Without peer-failure handling UCX aborts the process on a
                 # read from a dead peer: never post one.
                 self._forget(peer.node_id, "its process is gone")
@@ -230,9 +230,9 @@ class Learner:
         header = view[: self.batch_size * self._slot].reshape(self.batch_size, self._slot)
         header = header[rows, :SLOT_HEADER].copy().view(np.uint64)
         good = (statuses == 0) & (header[:, 0] == keys) & (header[:, 1] == gens)
-        failed = np.unique(nodes[statuses != 0])
-        for node_id in failed:  # once per failed node
-            self._forget(int(node_id), "reads from it failed")
+        if not good.all():
+            for node_id in np.unique(nodes[statuses != 0]):  # once per failed node
+                self._forget(int(node_id), "reads from it failed")
         return good
 
     def _peer(self, node_id: int) -> _Peer | None:

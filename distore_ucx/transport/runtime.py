@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import os
+import select
 import threading
 
 from .._native_loader import _native
@@ -87,7 +88,7 @@ class UcxRuntime:
         from a dead peer fail instead of hang. UCX then leaves out the
         shared-memory transports, which cannot detect failures: for a peer
         on the same host pass False (and check its process yourself, see
-        `pid_alive`) to read through shared memory (CMA).
+        `ProcessWatch`) to read through shared memory (CMA).
         """
         with self._lock:
             ep = self._endpoints.get(worker_address)
@@ -170,14 +171,43 @@ def host_id() -> str:
         return ""
 
 
-def pid_alive(pid: int) -> bool:
-    """True while process `pid` exists and is not a zombie."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as fh:
-            state = fh.read().rsplit(b")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return False
-    return state not in (b"Z", b"X")
+class ProcessWatch:
+    """Tells whether a local process still runs, cheaply enough to ask per batch.
+
+    Uses a pidfd (readable once the process has exited, zombie or reaped)
+    where the kernel has them, else /proc/PID/stat.
+    """
+
+    def __init__(self, pid: int):
+        self.pid = pid
+        self._fd = None
+        self._poll = None
+        try:
+            self._fd = os.pidfd_open(pid)
+            self._poll = select.poll()
+            self._poll.register(self._fd, select.POLLIN)
+        except (AttributeError, OSError):  # old kernel or Python, or already gone
+            self._fd = None
+
+    def alive(self) -> bool:
+        """True while the process exists and has not exited."""
+        if self._fd is not None:
+            return not self._poll.poll(0)
+        try:
+            with open(f"/proc/{self.pid}/stat", "rb") as fh:
+                state = fh.read().rsplit(b")", 1)[1].split()[0]
+        except (OSError, IndexError):
+            return False
+        return state not in (b"Z", b"X")
+
+    def close(self) -> None:
+        """Release the pidfd."""
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+    def __del__(self):
+        self.close()
 
 
 def _close_endpoint(ep) -> None:
