@@ -120,6 +120,14 @@ class Learner:
         self._next = 0
         self._peers: dict[int, _Peer] = {}
         self._rkeys: list = []
+        self._key_lut = np.full(0, -1, np.int64)
+        self._base_lut = np.zeros(0, np.uint64)
+        self._lengths = np.full(batch_size, self._read, np.uint64)
+        # Per ring buffer: a (batch, 2) uint64 view of every slot's header.
+        self._headers = {
+            r.address: np.ndarray((batch_size, 2), np.uint64, buffer=v, strides=(self._slot, 8))
+            for r, v in zip(self._ring, self._ring_views)
+        }
         self._done_leases: list[int] = []  # leases of batches already read
         self._outstanding = False  # a request for the next batch is in flight
         self._prefetched: dict | None = None  # its reply, if already received
@@ -200,45 +208,46 @@ class Learner:
         offsets = np.frombuffer(reply["offsets"], np.uint64)
         gens = np.frombuffer(reply["generations"], np.uint64)
         keys = np.frombuffer(reply["keys"], np.uint64)
-        uniq, inverse = np.unique(nodes, return_inverse=True)
-        lut = np.full(len(uniq), -1, np.int64)
-        bases = np.zeros(len(uniq), np.uint64)
-        for i, node_id in enumerate(uniq):  # once per node, not per item
-            peer = self._peer(int(node_id))
-            if peer is not None and peer.watch is not None and not peer.watch.alive():
-                # Without peer-failure handling UCX aborts the process on a
-                # read from a dead peer: never post one.
-                self._forget(peer.node_id, "its process is gone")
-                peer = None
-            if peer is not None:
-                lut[i] = self._rkeys.index(peer.rkey)
-                bases[i] = peer.base
-        index = lut[inverse]
+        for node_id in np.flatnonzero(np.bincount(nodes)):  # once per node, not per item
+            self._check_peer(int(node_id))
+        index = self._key_lut[nodes]
         known = index >= 0
-        statuses = np.full(len(rows), -6, np.int32)  # UCS_ERR_UNREACHABLE for unknown nodes
-        if known.any():
-            statuses[known] = _native.gather(
-                self._runtime.worker,
-                self._rkeys,
-                index[known].astype(np.uint32),
-                bases[inverse[known]] + offsets[known],
-                np.full(int(known.sum()), self._read, np.uint64),
-                dest,
-                self._rows[rows[known]],
+        n = len(rows)
+        if known.all():
+            statuses = _native.gather(
+                self._runtime.worker, self._rkeys, index.astype(np.uint32),
+                self._base_lut[nodes] + offsets, self._lengths[:n], dest, self._rows[rows],
                 self.transfer_timeout,
             )
-        header = view[: self.batch_size * self._slot].reshape(self.batch_size, self._slot)
-        header = header[rows, :SLOT_HEADER].copy().view(np.uint64)
+        else:
+            statuses = np.full(n, -6, np.int32)  # UCS_ERR_UNREACHABLE: node gone
+            if known.any():
+                statuses[known] = _native.gather(
+                    self._runtime.worker, self._rkeys, index[known].astype(np.uint32),
+                    self._base_lut[nodes[known]] + offsets[known],
+                    self._lengths[: int(known.sum())], dest, self._rows[rows[known]],
+                    self.transfer_timeout,
+                )
+        header = self._headers[dest.address][rows]  # (n, 2): key, generation
         good = (statuses == 0) & (header[:, 0] == keys) & (header[:, 1] == gens)
         if not good.all():
             for node_id in np.unique(nodes[statuses != 0]):  # once per failed node
                 self._forget(int(node_id), "reads from it failed")
         return good
 
-    def _peer(self, node_id: int) -> _Peer | None:
+    def _check_peer(self, node_id: int) -> None:
+        """Make sure the lookup tables know `node_id`, and that it still runs."""
         peer = self._peers.get(node_id)
-        if peer is not None:
-            return peer
+        if peer is None:
+            peer = self._peer(node_id)
+        if peer is not None and peer.watch is not None and not peer.watch.alive():
+            # Without peer-failure handling UCX aborts the process on a read
+            # from a dead peer: never post one.
+            self._forget(node_id, "its process is gone")
+
+    def _peer(self, node_id: int) -> _Peer | None:
+        if node_id >= len(self._key_lut):
+            self._rebuild_luts(node_id + 1)
         for desc in self._client.nodes():
             if desc["node_id"] == node_id:
                 try:
@@ -247,16 +256,26 @@ class Learner:
                     log.warning("cannot reach %s: %s", desc["name"], exc)
                     return None
                 self._peers[node_id] = peer
-                self._rkeys.append(peer.rkey)
+                self._rebuild_luts()
                 return peer
         return None  # the node is gone; its items are being dropped
+
+    def _rebuild_luts(self, size: int | None = None) -> None:
+        """node id -> index into the remote keys, and -> arena base."""
+        size = max(size or 0, len(self._key_lut), max(self._peers, default=0) + 1)
+        self._rkeys = [peer.rkey for peer in self._peers.values()]
+        self._key_lut = np.full(size, -1, np.int64)
+        self._base_lut = np.zeros(size, np.uint64)
+        for i, peer in enumerate(self._peers.values()):
+            self._key_lut[peer.node_id] = i
+            self._base_lut[peer.node_id] = peer.base
 
     def _forget(self, node_id: int, why: str) -> None:
         peer = self._peers.pop(node_id, None)
         if peer is None:
             return
         log.warning("%s: %s; dropping it and resampling its items", peer.name, why)
-        self._rkeys.remove(peer.rkey)
+        self._rebuild_luts()
         del peer.rkey  # the remote key goes before its endpoint
         self._runtime.drop_endpoint(peer.worker_address)
 
