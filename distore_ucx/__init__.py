@@ -13,12 +13,15 @@
 
 from .client import Batch, Client, Learner, Writer, connect
 from .cluster import LocalCluster
+from .control.rate_limiters import MinSize, Queue, RateLimiter, SampleToInsertRatio
+from .control.selectors import Fifo, Lifo, MaxHeap, MinHeap, Prioritized, Selector, Uniform
 from .errors import (
     ConfigError,
     ConnectionFailed,
     DistoreError,
     NoData,
     OutOfBoundsError,
+    RateLimiterTimeout,
     RemoteError,
     SpecMismatch,
     StorageFull,
@@ -39,6 +42,18 @@ __all__ = [
     "Batch",
     "LocalCluster",
     "TableSpec",
+    "Selector",
+    "Uniform",
+    "Prioritized",
+    "Fifo",
+    "Lifo",
+    "MinHeap",
+    "MaxHeap",
+    "RateLimiter",
+    "MinSize",
+    "SampleToInsertRatio",
+    "Queue",
+    "RateLimiterTimeout",
     "DistoreError",
     "ConfigError",
     "ConnectionFailed",

@@ -51,8 +51,12 @@ class StorageFull(DistoreError):
     """No storage node has room for the insert: add nodes or lower capacity."""
 
 
-class NoData(DistoreError):
-    """The table has no sampleable items (yet)."""
+class RateLimiterTimeout(Timeout):
+    """A rate limiter kept a call blocked past its timeout; the message has the counts."""
+
+
+class NoData(RateLimiterTimeout):
+    """The table had too few items to sample before the timeout."""
 
 
 class UcxError(DistoreError):
@@ -130,7 +134,3 @@ def raise_for_statuses(statuses, peers: list[str]) -> None:
         f"{bad.size} of {len(statuses)} reads failed; first: item {i} from {peers[i]}",
         peers[i],
     )
-
-
-class RateLimiterTimeout(Timeout):
-    """A rate limiter kept a call blocked past its timeout."""

@@ -76,14 +76,17 @@ MESSAGES: dict[str, tuple[F, ...]] = {
         F("generations", "u64[]"),
         F("priorities", "f64[]"),
         F("used_bytes", "int", required=False, lo=0),
+        F("timeout", "float", required=False, lo=0, hi=86400),
     ),
     "register_writer": (),
     "create_table": (
         F("name", "str", **_NAME),
         F("capacity", "int", lo=1, hi=2**40),
         F("spec", "list", max_len=256),
-        F("sampler", "str", required=False, max_len=32),
-        F("remover", "str", required=False, max_len=32),
+        F("sampler", "dict", required=False, max_len=8),
+        F("remover", "dict", required=False, max_len=8),
+        F("rate_limiter", "dict", required=False, max_len=8),
+        F("max_times_sampled", "int", required=False, lo=0, hi=2**31 - 1),
     ),
     "table_info": (F("name", "str", **_NAME),),
     "list_tables": (),
@@ -95,6 +98,11 @@ MESSAGES: dict[str, tuple[F, ...]] = {
         F("timeout", "float", required=False, lo=0, hi=86400),
     ),
     "release": (F("leases", "list", max_len=1 << 16),),
+    "update_priorities": (
+        F("table", "str", **_NAME),
+        F("keys", "u64[]"),
+        F("priorities", "f64[]"),
+    ),
     "status": (),
     # storage node
     "insert": (
@@ -104,6 +112,7 @@ MESSAGES: dict[str, tuple[F, ...]] = {
         F("keys", "u64[]"),
         F("priorities", "f64[]"),
         F("payload", "bytes", max_len=MAX_FRAME),
+        F("timeout", "float", required=False, lo=0, hi=86400),
     ),
     "free": (
         F("table", "str", **_NAME),

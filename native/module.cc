@@ -7,6 +7,7 @@
 #include <nanobind/stl/vector.h>
 
 #include <cstdint>
+#include <cmath>
 #include <cstring>
 #include <vector>
 
@@ -16,6 +17,8 @@
 #include "memory.h"
 #include "remote_key.h"
 #include "status.h"
+#include "sum_tree.h"
+#include "table_core.h"
 
 namespace nb = nanobind;
 using namespace nb::literals;
@@ -76,6 +79,155 @@ void scatter_rows(MemoryRegion& dest, Vec<uint64_t> offsets,
   const uint8_t* s = src.data();
   nb::gil_scoped_release release;
   for (size_t i = 0; i < n; ++i) std::memcpy(base + offsets(i), s + i * row, row);
+}
+
+template <typename T>
+nb::ndarray<nb::numpy, T, nb::ndim<1>> to_numpy(std::vector<T>&& v) {
+  auto* heap = new std::vector<T>(std::move(v));
+  nb::capsule owner(heap, [](void* p) noexcept { delete static_cast<std::vector<T>*>(p); });
+  return nb::ndarray<nb::numpy, T, nb::ndim<1>>(heap->data(), {heap->size()}, owner);
+}
+
+template <typename A, typename B>
+void same_length(const A& a, const B& b, const char* what) {
+  if (a.shape(0) != b.shape(0)) {
+    throw UcxError(kStatusBadArgument, std::string(what) + ": arrays differ in length");
+  }
+}
+
+void bind_tables(nb::module_& m) {
+  nb::class_<SumTree>(m, "SumTree", "Sum tree over non-negative weights (O(log n)).")
+      .def(nb::init<size_t>(), "capacity"_a)
+      .def_prop_ro("capacity", &SumTree::capacity)
+      .def_prop_ro("total", &SumTree::total)
+      .def(
+          "set",
+          [](SumTree& t, Vec<int64_t> idx, Vec<double> values) {
+            same_length(idx, values, "SumTree.set");
+            for (size_t i = 0; i < idx.shape(0); ++i) {
+              if (idx(i) < 0 || static_cast<size_t>(idx(i)) >= t.capacity() ||
+                  !(values(i) >= 0.0) || std::isinf(values(i))) {
+                throw UcxError(kStatusBadArgument,
+                               "SumTree.set: index out of range or weight not finite >= 0");
+              }
+            }
+            nb::gil_scoped_release release;
+            for (size_t i = 0; i < idx.shape(0); ++i) t.set(idx(i), values(i));
+          },
+          "indices"_a, "values"_a, "Set a batch of weights.")
+      .def(
+          "get",
+          [](const SumTree& t, Vec<int64_t> idx) {
+            std::vector<double> out(idx.shape(0));
+            for (size_t i = 0; i < out.size(); ++i) {
+              if (idx(i) < 0 || static_cast<size_t>(idx(i)) >= t.capacity()) {
+                throw UcxError(kStatusBadArgument, "SumTree.get: index out of range");
+              }
+              out[i] = t.get(idx(i));
+            }
+            return to_numpy(std::move(out));
+          },
+          "indices"_a)
+      .def(
+          "find",
+          [](const SumTree& t, Vec<double> prefixes) {
+            std::vector<int64_t> out(prefixes.shape(0));
+            for (size_t i = 0; i < out.size(); ++i) out[i] = t.find(prefixes(i));
+            return to_numpy(std::move(out));
+          },
+          "prefixes"_a, "The leaf of each running-sum prefix in [0, total).");
+
+  nb::class_<TableCore>(m, "TableCore",
+                        "Reverb-style selection core of a table: sampler, remover, "
+                        "max_times_sampled, priorities. Batch operations only.")
+      .def(
+          "__init__",
+          [](TableCore* self, const std::string& sampler, double sampler_alpha,
+             const std::string& remover, double remover_alpha, uint64_t capacity,
+             uint32_t max_times_sampled, uint64_t seed) {
+            new (self) TableCore(selector_kind(sampler), sampler_alpha, selector_kind(remover),
+                                 remover_alpha, capacity, max_times_sampled, seed);
+          },
+          "sampler"_a, "sampler_alpha"_a, "remover"_a, "remover_alpha"_a, "capacity"_a,
+          "max_times_sampled"_a, "seed"_a)
+      .def_prop_ro("size", &TableCore::size)
+      .def_prop_ro("capacity", &TableCore::capacity)
+      .def_prop_ro("max_times_sampled", &TableCore::max_times_sampled)
+      .def_prop_ro("remaining_uses", &TableCore::remaining_uses)
+      .def(
+          "insert",
+          [](TableCore& t, Vec<int64_t> ids, Vec<uint64_t> keys, Vec<double> prios) {
+            same_length(ids, keys, "insert");
+            same_length(ids, prios, "insert");
+            std::vector<int64_t> evicted;
+            t.insert(ids.data(), keys.data(), prios.data(), ids.shape(0), &evicted);
+            return to_numpy(std::move(evicted));
+          },
+          "ids"_a, "keys"_a, "priorities"_a, "Insert a batch; returns the evicted ids.")
+      .def(
+          "sample",
+          [](TableCore& t, size_t n) {
+            std::vector<int64_t> ids, exhausted;
+            std::vector<double> probs;
+            ids.reserve(n);
+            probs.reserve(n);
+            t.sample(n, &ids, &probs, &exhausted);
+            return nb::make_tuple(to_numpy(std::move(ids)), to_numpy(std::move(probs)),
+                                  to_numpy(std::move(exhausted)));
+          },
+          "n"_a, "Draw n items: (ids, probabilities, ids that reached max_times_sampled).")
+      .def(
+          "update_priorities",
+          [](TableCore& t, Vec<uint64_t> keys, Vec<double> prios) {
+            same_length(keys, prios, "update_priorities");
+            return t.update_priorities(keys.data(), prios.data(), keys.shape(0));
+          },
+          "keys"_a, "priorities"_a, "Set priorities by key; returns how many keys were found.")
+      .def(
+          "remove",
+          [](TableCore& t, Vec<int64_t> ids) { return t.remove(ids.data(), ids.shape(0)); },
+          "ids"_a, "Remove items by id; returns how many were in the table.")
+      .def(
+          "lookup",
+          [](const TableCore& t, Vec<uint64_t> keys) {
+            std::vector<int64_t> ids(keys.shape(0));
+            t.lookup(keys.data(), ids.size(), ids.data());
+            return to_numpy(std::move(ids));
+          },
+          "keys"_a, "Ids of items by key (-1 when not in the table).")
+      .def(
+          "probabilities",
+          [](const TableCore& t, Vec<int64_t> ids) {
+            std::vector<double> out(ids.shape(0));
+            for (size_t i = 0; i < out.size(); ++i) {
+              if (!t.contains(ids(i))) throw UcxError(kStatusBadArgument, "probabilities: id not in the table");
+              out[i] = t.probability(ids(i));
+            }
+            return to_numpy(std::move(out));
+          },
+          "ids"_a, "The probability that the next draw returns each (live) id.")
+      .def(
+          "priorities",
+          [](const TableCore& t, Vec<int64_t> ids) {
+            std::vector<double> out(ids.shape(0));
+            for (size_t i = 0; i < out.size(); ++i) {
+              if (!t.contains(ids(i))) throw UcxError(kStatusBadArgument, "priorities: id not in the table");
+              out[i] = t.priority(ids(i));
+            }
+            return to_numpy(std::move(out));
+          },
+          "ids"_a)
+      .def(
+          "times_sampled",
+          [](const TableCore& t, Vec<int64_t> ids) {
+            std::vector<uint32_t> out(ids.shape(0));
+            for (size_t i = 0; i < out.size(); ++i) {
+              if (!t.contains(ids(i))) throw UcxError(kStatusBadArgument, "times_sampled: id not in the table");
+              out[i] = t.times_sampled(ids(i));
+            }
+            return to_numpy(std::move(out));
+          },
+          "ids"_a);
 }
 
 }  // namespace
@@ -156,6 +308,8 @@ NB_MODULE(_native, m) {
         "Read every item of a batch into `dest` with one-sided gets, in one call.\n\n"
         "Returns the per-item ucs_status_t (0 = UCS_OK). Raises OutOfBoundsError or\n"
         "InvalidArgument before posting anything if an item is malformed.");
+  bind_tables(m);
+
   m.def("scatter_rows", &scatter_rows, "dest"_a, "offsets"_a, "src"_a,
         "Copy row i of the 2-D uint8 `src` to dest.address + offsets[i], GIL released.");
 }

@@ -5,6 +5,8 @@ from __future__ import annotations
 import threading
 from typing import Any
 
+from ..control.rate_limiters import RateLimiter
+from ..control.selectors import Selector
 from ..errors import ConfigError
 from ..spec import TableSpec
 from ..transport import rpc
@@ -40,25 +42,39 @@ class Client:
         name: str,
         capacity: int,
         spec: Any,
-        sampler: str = "uniform",
-        remover: str = "fifo",
+        sampler: Selector | str | None = None,
+        remover: Selector | str | None = None,
+        rate_limiter: RateLimiter | None = None,
+        max_times_sampled: int = 0,
     ) -> dict:
         """Create a table (idempotent for identical definitions); returns its info.
 
         `spec` is {field: (shape, dtype), ...} or one (shape, dtype).
+        `sampler` (default ds.Uniform()) picks what a sample returns,
+        `remover` (default ds.Fifo()) what leaves at capacity; `rate_limiter`
+        (default ds.MinSize(1)) decides when inserts and samples wait; an item
+        leaves after its `max_times_sampled`-th sample (0: never).
+
         >>> client.create_table("replay", capacity=10_000,
-        ...                     spec={"obs": ((4, 84, 84), "uint8"), "reward": ((), "float32")})
+        ...                     spec={"obs": ((4, 84, 84), "uint8"), "reward": ((), "float32")},
+        ...                     sampler=ds.Prioritized(0.6), remover=ds.Fifo())
         """
         parsed = TableSpec.parse(spec)
         if not isinstance(capacity, int) or capacity < 1:
             raise ConfigError(f"capacity must be a positive integer, got {capacity!r}")
+        if not isinstance(max_times_sampled, int) or max_times_sampled < 0:
+            raise ConfigError(f"max_times_sampled must be an integer >= 0, got {max_times_sampled!r}")
+        fields: dict[str, Any] = {"max_times_sampled": max_times_sampled}
+        if sampler is not None:
+            fields["sampler"] = Selector.from_wire(sampler, "sampler").to_wire()
+        if remover is not None:
+            fields["remover"] = Selector.from_wire(remover, "remover").to_wire()
+        if rate_limiter is not None:
+            if not isinstance(rate_limiter, RateLimiter):
+                raise ConfigError("rate_limiter must be ds.MinSize, ds.SampleToInsertRatio or ds.Queue")
+            fields["rate_limiter"] = rate_limiter.to_wire()
         info = self.call(
-            "create_table",
-            name=name,
-            capacity=capacity,
-            spec=parsed.to_wire(),
-            sampler=sampler,
-            remover=remover,
+            "create_table", name=name, capacity=capacity, spec=parsed.to_wire(), **fields
         )
         self._specs[name] = parsed
         return _strip(info)

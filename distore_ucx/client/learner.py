@@ -38,13 +38,15 @@ class Batch:
     data: {field: array [n, ...]} (or one array for an unnamed spec), views
     into the learner's buffer; keys: uint64 [n]; probabilities: float64 [n],
     each item's probability when it was sampled; table_size: the table's
-    size at sampling time.
+    size at sampling time; weights: importance weights
+    (N * P(i))^-beta / max_j w_j when the learner was given `beta`, else None.
     """
 
     data: Any
     keys: np.ndarray
     probabilities: np.ndarray
     table_size: int
+    weights: np.ndarray | None = None
 
     def clone(self) -> "Batch":
         """A copy that stays valid after the learner reuses its buffer."""
@@ -52,7 +54,8 @@ class Batch:
             data = {k: v.copy() for k, v in self.data.items()}
         else:
             data = self.data.copy()
-        return Batch(data, self.keys.copy(), self.probabilities.copy(), self.table_size)
+        weights = None if self.weights is None else self.weights.copy()
+        return Batch(data, self.keys.copy(), self.probabilities.copy(), self.table_size, weights)
 
     def __len__(self) -> int:
         return len(self.keys)
@@ -95,7 +98,12 @@ class Learner:
         ring: int = 2,
         timeout: float = 30.0,
         transfer_timeout: float = 10.0,
+        beta: float | None = None,
     ):
+        """See Client.learner. `beta`: importance-sampling exponent for
+        prioritized tables (batch.weights); None leaves weights out."""
+        if beta is not None and not (np.isfinite(beta) and beta >= 0):
+            raise ConfigError(f"beta must be a finite number >= 0, got {beta!r}")
         if device != "cpu":
             raise ConfigError(
                 f"device {device!r}: this version samples into host memory only (device='cpu')"
@@ -110,7 +118,16 @@ class Learner:
         self.transfer_timeout = transfer_timeout
         self._client = client
         self._rpc = client.connection()
+        self.beta = beta
+        info = client.table_info(table)
         self.spec = client.spec(table)
+        # Only tables where sampling is free are sampled ahead: with
+        # max_times_sampled or a Queue a batch fetched but never used would be
+        # lost, and a ratio limiter would count it before it was asked for.
+        self._consuming = (
+            info["max_times_sampled"] > 0 or info["rate_limiter"]["kind"] != "min_size"
+        )
+        self.priority_updates_missing = 0
         self._slot = self.spec.slot_size
         self._read = SLOT_HEADER + self.spec.item_bytes
         runtime = client.runtime
@@ -152,7 +169,8 @@ class Learner:
         probs = np.empty(n, np.float64)
         rows = np.arange(n)
         reply = self._next_reply(wait)
-        self._prefetch(wait)
+        if not self._consuming:
+            self._prefetch(wait)
         leases = []
         for attempt in range(MAX_RESAMPLES):
             leases.append(reply["lease"])
@@ -175,7 +193,33 @@ class Learner:
             )
         self._done_leases.extend(leases)  # read: released with the next request
         data = self.spec.views(view, n, self._slot)
-        return Batch(data, keys, probs, table_size)
+        weights = None
+        if self.beta is not None:
+            w = (table_size * probs) ** -self.beta
+            weights = w / w.max()
+        return Batch(data, keys, probs, table_size, weights)
+
+    def update_priorities(self, keys, priorities) -> dict:
+        """Set new priorities for sampled items, in one batched request.
+
+        Keys that were evicted meanwhile are skipped and counted (returned as
+        "missing", summed in `priority_updates_missing`), never an error.
+        >>> learner.update_priorities(batch.keys, np.abs(td_errors) + 1e-6)
+        """
+        keys = np.ascontiguousarray(keys, dtype=np.uint64).reshape(-1)
+        prios = np.ascontiguousarray(priorities, dtype=np.float64).reshape(-1)
+        if len(keys) != len(prios):
+            raise ValueError(f"{len(keys)} keys but {len(prios)} priorities")
+        if not np.isfinite(prios).all() or (prios < 0).any():
+            bad = prios[~(np.isfinite(prios) & (prios >= 0))][:3]
+            raise ValueError(f"priorities must be finite and >= 0; got {bad.tolist()}")
+        if len(keys) == 0:
+            return {"updated": 0, "missing": 0}
+        reply = self._client.call(
+            "update_priorities", table=self.table, keys=keys, priorities=prios
+        )
+        self.priority_updates_missing += reply["missing"]
+        return {"updated": reply["updated"], "missing": reply["missing"]}
 
     # -- control-plane requests (one connection, replies in order) --------
     def _sample_fields(self, n: int, wait: float) -> dict:

@@ -51,6 +51,8 @@ class Writer:
         max_in_flight: int = 2,
         timeout: float = 60.0,
     ):
+        """`timeout`: how long an insert may wait for a rate limiter (or a node)
+        before failing with RateLimiterTimeout (or Timeout)."""
         if batch_bytes < 1 or max_items < 1 or max_in_flight < 1:
             raise ConfigError("batch_bytes, max_items and max_in_flight must be positive")
         self._client = client
@@ -153,6 +155,7 @@ class Writer:
                     keys=batch.keys,
                     priorities=batch.priorities,
                     payload=batch.rows,
+                    timeout=float(self.timeout),
                 )
             except ConnectionFailed as exc:
                 log.warning("storage node %d unreachable (%s); trying another", node_id, exc)
@@ -165,7 +168,7 @@ class Writer:
     def _complete_oldest(self) -> None:
         conn, batch, node_id, exclude = self._in_flight.popleft()
         try:
-            conn.receive(self.timeout)
+            conn.receive(self.timeout + 15.0)  # the node's own deadline comes first
         except ConnectionFailed as exc:
             # The node died; the control plane drops whatever it had stored.
             log.warning("lost storage node %d during an insert (%s); resending", node_id, exc)
@@ -179,7 +182,7 @@ class Writer:
             while self._in_flight:
                 other = self._in_flight.popleft()
                 try:
-                    other[0].receive(self.timeout)
+                    other[0].receive(self.timeout + 15.0)
                     self.inserted += len(other[1].keys)
                 except Exception:
                     lost += len(other[1].keys)

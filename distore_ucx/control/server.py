@@ -18,11 +18,13 @@ import time
 import numpy as np
 
 from ..config import ControlConfig
-from ..errors import ConfigError, NoData, TableExists, TableNotFound
+from ..errors import ConfigError, NoData, RateLimiterTimeout, TableExists, TableNotFound
 from ..spec import TableSpec
 from ..transport.rpc import Peer, serve
 from .leases import Leases
 from .membership import Membership
+from .rate_limiters import RateLimiter
+from .selectors import Selector
 from .tables import Freed, Table
 
 log = logging.getLogger(__name__)
@@ -40,7 +42,7 @@ class ControlPlane:
         self.members = Membership(config.heartbeat_timeout)
         self.leases = Leases(config.lease_timeout)
         self._writer_ids = itertools.count(1)
-        self._data = asyncio.Event()  # set whenever items are added
+        self._changed: dict[str, asyncio.Event] = {}  # set when a table's counts change
         self._seed = itertools.count(config.seed) if config.seed is not None else None
         self._stop = asyncio.Event()
         self.port = None
@@ -64,7 +66,10 @@ class ControlPlane:
 
     async def start(self):
         """Start serving and the housekeeping task; returns the server."""
-        server = await serve(self.config.host, self.config.port, self.handle, self._on_close)
+        server = await serve(
+            self.config.host, self.config.port, self.handle, self._on_close,
+            concurrent=frozenset({"items_added"}),  # may wait on a rate limiter
+        )
         self.port = server.sockets[0].getsockname()[1]
         asyncio.get_running_loop().create_task(self._housekeeping())
         log.info("control plane listening on %s:%d", self.config.host, self.port)
@@ -107,6 +112,40 @@ class ControlPlane:
             )
         return table
 
+    def _touch(self, table: Table) -> None:
+        """Wake every call waiting on this table's rate limiter."""
+        event = self._changed.pop(table.name, None)
+        if event is not None:
+            event.set()
+
+    async def _wait(self, table: Table, ready, what: str, n: int, timeout: float) -> None:
+        """Wait until ready() holds, or raise RateLimiterTimeout (NoData when too few items)."""
+        deadline = time.monotonic() + timeout
+        while not ready():
+            left = deadline - time.monotonic()
+            if left <= 0:
+                state = table.limiter_state()
+                counts = (
+                    f"size {table.size}, inserts {table.inserts}, samples {table.samples}, "
+                    f"diff {state['diff']:g} (allowed {state['min_diff']:g}..{state['max_diff']:g})"
+                )
+                if what == "sample" and table.size < max(1, state["min_size_to_sample"]):
+                    raise NoData(
+                        f"table {table.name!r} has no items to sample yet ({counts}; needs "
+                        f"{state['min_size_to_sample']}); insert and flush first, or wait longer"
+                    )
+                raise RateLimiterTimeout(
+                    f"table {table.name!r}: the {state['kind']} rate limiter held a {what} of {n} "
+                    f"items for {timeout:g} s ({counts}). "
+                    + ("Sample more, or insert more slowly."
+                       if what == "insert" else "Insert more, or sample more slowly.")
+                )
+            event = self._changed.setdefault(table.name, asyncio.Event())
+            try:
+                await asyncio.wait_for(event.wait(), left)
+            except asyncio.TimeoutError:
+                pass
+
     def _free(self, table: str, freed: Freed) -> None:
         """Tell the owning nodes to reuse these slots (dead nodes are skipped)."""
         if len(freed.nodes) == 0:
@@ -122,6 +161,7 @@ class ControlPlane:
             table = self.tables.get(lease.table)
             if table is not None:
                 self._free(table.name, table.unlease(lease.recs))
+                self._touch(table)
 
     # -- requests --------------------------------------------------------
     async def handle(self, peer: Peer, op: str, f: dict):
@@ -129,7 +169,8 @@ class ControlPlane:
         method = getattr(self, "op_" + op, None)
         if method is None:
             raise ConfigError(f"the control plane does not serve {op!r}")
-        return await method(peer, f) if op == "sample" else method(peer, f)
+        result = method(peer, f)
+        return await result if asyncio.iscoroutine(result) else result
 
     def op_register_node(self, peer: Peer, f: dict) -> dict:
         node = self.members.register(peer, f)
@@ -147,28 +188,26 @@ class ControlPlane:
     def op_create_table(self, peer: Peer, f: dict) -> dict:
         spec = TableSpec.from_wire(f["spec"])
         name = f["name"]
-        sampler = f.get("sampler", "uniform")
-        remover = f.get("remover", "fifo")
+        sampler = Selector.from_wire(f["sampler"], "sampler") if "sampler" in f else None
+        remover = Selector.from_wire(f["remover"], "remover") if "remover" in f else None
+        limiter = RateLimiter.from_wire(f["rate_limiter"]) if "rate_limiter" in f else None
+        seed = next(self._seed) if self._seed is not None else None
+        table = Table(name, f["capacity"], spec, sampler, remover, limiter,
+                      f.get("max_times_sampled", 0), seed=seed)
         existing = self.tables.get(name)
         if existing is not None:
-            same = (
-                existing.capacity == f["capacity"]
-                and existing.spec == spec
-                and existing.sampler == sampler
-                and existing.remover == remover
-            )
-            if not same:
+            if existing.definition() != table.definition():
                 raise TableExists(
-                    f"table {name!r} exists with capacity {existing.capacity}, sampler "
-                    f"{existing.sampler}, remover {existing.remover} and another spec or "
-                    "settings: use another name"
+                    f"table {name!r} exists with another definition (capacity "
+                    f"{existing.capacity}, sampler {existing.sampler.kind}, remover "
+                    f"{existing.remover.kind}, rate limiter {existing.rate_limiter.kind}, "
+                    f"max_times_sampled {existing.max_times_sampled}): use another name"
                 )
             return existing.info()
-        seed = next(self._seed) if self._seed is not None else None
-        table = Table(name, f["capacity"], spec, sampler, remover, seed=seed)
         self.tables[name] = table
-        log.info("table %r created: capacity %d, %d-byte items", name, table.capacity,
-                 spec.item_bytes)
+        log.info("table %r created: capacity %d, %d-byte items, sampler %s, remover %s, %s",
+                 name, table.capacity, spec.item_bytes, table.sampler.kind, table.remover.kind,
+                 table.rate_limiter.kind)
         return table.info()
 
     def op_table_info(self, peer: Peer, f: dict) -> dict:
@@ -187,48 +226,59 @@ class ControlPlane:
             "leases": len(self.leases),
         }
 
-    def op_items_added(self, peer: Peer, f: dict) -> dict:
+    async def op_items_added(self, peer: Peer, f: dict) -> dict:
         node_id = f["node_id"]
         if peer.state.get("node_id") != node_id or not self.members.is_alive(node_id):
             raise ConfigError(f"items_added for node {node_id} from a connection that is not it")
         table = self._table(f["table"])
+        n = len(f["keys"])
+        if (f["priorities"] < 0).any():
+            raise ConfigError("priorities must be >= 0")
+        if not table.rate_limiter.admits_insert_batch(n):
+            raise ConfigError(
+                f"table {table.name!r}: its {table.rate_limiter.kind} rate limiter can never "
+                f"admit a batch of {n} inserts at once; send smaller batches "
+                "(client.writer(max_items=...))"
+            )
+        await self._wait(table, lambda: table.can_insert(n), "insert", n, f.get("timeout", 60.0))
+        if not self.members.is_alive(node_id):
+            raise ConfigError(f"node {node_id} was dropped while its insert waited")
         if "used_bytes" in f:
             self.members.nodes[node_id].used_bytes = f["used_bytes"]
         freed = table.add(node_id, f["keys"], f["offsets"], f["generations"], f["priorities"])
         self._free(table.name, freed)
-        self._data.set()
+        self._touch(table)
         return {"evicted": int(len(freed.nodes))}
 
     async def op_sample(self, peer: Peer, f: dict) -> dict:
         if "release" in f:
             self._release(self.leases.take(f["release"]))
         table = self._table(f["table"])
-        deadline = time.monotonic() + f.get("timeout", 0.0)
-        while table.size == 0:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise NoData(
-                    f"table {table.name!r} has no items to sample yet (inserts so far: "
-                    f"{table.inserts}); insert and flush first, or pass a longer timeout"
-                )
-            self._data.clear()
-            try:
-                await asyncio.wait_for(self._data.wait(), left)
-            except asyncio.TimeoutError:
-                pass
-        recs, probs = table.sample(f["n"])
-        table.lease(recs)
+        n = f["n"]
+        await self._wait(table, lambda: table.can_sample(n), "sample", n, f.get("timeout", 0.0))
+        size = table.size  # the size the probabilities refer to
+        recs, probs, freed = table.sample(n)
+        self._free(table.name, freed)
+        self._touch(table)
         lease = self.leases.grant(table.name, recs)
         s = table.store
         return {
             "lease": lease,
-            "table_size": table.size,
+            "table_size": size,
             "nodes": s.node[recs],
             "offsets": s.offset[recs],
             "generations": s.generation[recs],
             "keys": s.key[recs],
             "probabilities": probs,
         }
+
+    def op_update_priorities(self, peer: Peer, f: dict) -> dict:
+        if (f["priorities"] < 0).any():
+            raise ConfigError("priorities must be >= 0")
+        table = self._table(f["table"])
+        updated = table.update_priorities(f["keys"], f["priorities"])
+        self._touch(table)
+        return {"updated": updated, "missing": len(f["keys"]) - updated}
 
     def op_release(self, peer: Peer, f: dict) -> dict:
         self._release(self.leases.take(f["leases"]))

@@ -1,25 +1,26 @@
-"""A replay table on the control plane: item records, sampler, remover.
+"""A replay table on the control plane: item records, selectors, limits.
 
-This first version samples uniformly (with replacement, probability 1/size)
-and evicts in FIFO order at capacity, as Reverb's Uniform sampler and Fifo
-remover do. Every operation takes a whole batch and runs as numpy array
-operations: no Python loop per item. Leases are counted per record: an
-evicted record whose slot a learner is still reading stays RETIRED until its
-last lease is released or expires, and only then is its slot freed.
+Which item a sample returns and which leaves at capacity is decided by the
+native TableCore (Reverb's selectors: uniform, prioritized with a sum tree,
+FIFO, LIFO, min/max heap; `max_times_sampled`), one call per batch. This
+module keeps where each item's bytes are and the leases on them: an item
+evicted while a learner still reads its slot stays RETIRED until its last
+lease is released or expires, and only then is its slot freed.
 """
 
 from __future__ import annotations
 
+import secrets
 from dataclasses import dataclass
 
 import numpy as np
 
+from .._native_loader import _native
 from ..errors import ConfigError
 from ..spec import TableSpec
 from .items import FREE, LIVE, RETIRED, ItemStore
-
-SAMPLERS = ("uniform",)
-REMOVERS = ("fifo",)
+from .rate_limiters import MinSize, RateLimiter
+from .selectors import Fifo, Selector, Uniform
 
 
 @dataclass
@@ -39,120 +40,79 @@ class Freed:
         )
 
 
-class _Fifo:
-    """Record ids in insertion order; stale entries are skipped when popped."""
-
-    def __init__(self, size: int):
-        self.recs = np.empty(size, dtype=np.int64)
-        self.seqs = np.empty(size, dtype=np.uint64)
-        self.head = 0
-        self.tail = 0
-
-    def push(self, recs: np.ndarray, seqs: np.ndarray, store: ItemStore) -> None:
-        if self.tail - self.head + len(recs) > len(self.recs):
-            self._compact(store, len(recs))
-        idx = (self.tail + np.arange(len(recs))) % len(self.recs)
-        self.recs[idx] = recs
-        self.seqs[idx] = seqs
-        self.tail += len(recs)
-
-    def pop_oldest(self, k: int, store: ItemStore) -> np.ndarray:
-        out = []
-        while k > 0 and self.head < self.tail:
-            m = min(self.tail - self.head, 2 * k + 64)
-            idx = (self.head + np.arange(m)) % len(self.recs)
-            recs = self.recs[idx]
-            valid = (store.state[recs] == LIVE) & (store.seq[recs] == self.seqs[idx])
-            cum = np.cumsum(valid)
-            if cum[-1] >= k:
-                consumed = int(np.searchsorted(cum, k)) + 1
-            else:
-                consumed = m
-            taken = recs[:consumed][valid[:consumed]]
-            self.head += consumed
-            out.append(taken)
-            k -= len(taken)
-        return np.concatenate(out) if out else np.empty(0, np.int64)
-
-    def _compact(self, store: ItemStore, extra: int) -> None:
-        idx = (self.head + np.arange(self.tail - self.head)) % len(self.recs)
-        recs, seqs = self.recs[idx], self.seqs[idx]
-        keep = (store.state[recs] == LIVE) & (store.seq[recs] == seqs)
-        recs, seqs = recs[keep], seqs[keep]
-        size = max(len(self.recs), 2 * (len(recs) + extra))
-        self.recs = np.empty(size, dtype=np.int64)
-        self.seqs = np.empty(size, dtype=np.uint64)
-        self.recs[: len(recs)] = recs
-        self.seqs[: len(seqs)] = seqs
-        self.head, self.tail = 0, len(recs)
-
-
 class Table:
-    """One table: its spec, capacity, live items, sampler and remover."""
+    """One table: spec, capacity, selectors, rate limiter, item records."""
 
     def __init__(
         self,
         name: str,
         capacity: int,
         spec: TableSpec,
-        sampler: str = "uniform",
-        remover: str = "fifo",
+        sampler: Selector | None = None,
+        remover: Selector | None = None,
+        rate_limiter: RateLimiter | None = None,
+        max_times_sampled: int = 0,
         seed: int | None = None,
     ):
-        if sampler not in SAMPLERS:
-            raise ConfigError(f"table {name!r}: sampler {sampler!r} unknown (have {SAMPLERS})")
-        if remover not in REMOVERS:
-            raise ConfigError(f"table {name!r}: remover {remover!r} unknown (have {REMOVERS})")
         self.name = name
         self.capacity = capacity
         self.spec = spec
-        self.sampler = sampler
-        self.remover = remover
+        limiter = rate_limiter or MinSize(1)
+        if limiter.kind == "queue":
+            # A queue hands out each item once, oldest first.
+            sampler, remover = sampler or Fifo(), remover or Fifo()
+            if sampler.kind != "fifo" or remover.kind != "fifo" or max_times_sampled not in (0, 1):
+                raise ConfigError(
+                    f"table {name!r}: a Queue rate limiter needs the Fifo sampler and remover "
+                    "and max_times_sampled=1 (leave them unset)"
+                )
+            max_times_sampled = 1
+            if capacity < limiter.max_diff:
+                raise ConfigError(
+                    f"table {name!r}: capacity {capacity} is smaller than the queue size "
+                    f"{int(limiter.max_diff)}: items would be evicted before being sampled"
+                )
+        self.sampler = sampler or Uniform()
+        self.remover = remover or Fifo()
+        self.rate_limiter = limiter
+        if not isinstance(max_times_sampled, int) or max_times_sampled < 0:
+            raise ConfigError(f"max_times_sampled must be an integer >= 0, got {max_times_sampled}")
+        self.max_times_sampled = max_times_sampled
+        self.core = _native.TableCore(
+            self.sampler.kind, self.sampler.alpha, self.remover.kind, self.remover.alpha,
+            capacity, max_times_sampled, secrets.randbits(63) if seed is None else seed,
+        )
         self.store = ItemStore(min(capacity, 1 << 16) + 1024)
-        self.live = np.empty(self.store.capacity, dtype=np.int64)
-        self.size = 0
-        self._fifo = _Fifo(min(capacity, 1 << 16) * 2 + 1024)
-        self._seq = 0
-        self._rng = np.random.default_rng(seed)
         self.inserts = 0
         self.samples = 0
         self.deletes = 0
 
+    @property
+    def size(self) -> int:
+        """Items in the table (sampleable)."""
+        return self.core.size
+
     # -- inserts and evictions -------------------------------------------
     def add(self, node: int, keys, offsets, generations, priorities) -> Freed:
-        """Make a batch of stored items sampleable; evict FIFO past capacity."""
-        k = len(keys)
-        recs = self.store.alloc(k)
-        if len(self.live) < self.store.capacity:
-            grown = np.empty(self.store.capacity, dtype=np.int64)
-            grown[: self.size] = self.live[: self.size]
-            self.live = grown
+        """Make a batch of stored items sampleable; evicts by the remover at capacity."""
+        recs = self.store.alloc(len(keys))
         s = self.store
         s.key[recs] = keys
         s.node[recs] = node
         s.offset[recs] = offsets
         s.generation[recs] = generations
-        s.priority[recs] = priorities
-        s.times_sampled[recs] = 0
         s.leases[recs] = 0
         s.state[recs] = LIVE
-        seqs = self._seq + np.arange(k, dtype=np.uint64)
-        self._seq += k
-        s.seq[recs] = seqs
-        s.live_pos[recs] = self.size + np.arange(k)
-        self.live[self.size : self.size + k] = recs
-        self.size += k
-        self._fifo.push(recs, seqs, s)
-        self.inserts += k
-        excess = self.size - self.capacity
-        if excess <= 0:
-            return Freed.empty()
-        return self._retire(self._fifo.pop_oldest(excess, s))
+        evicted = self.core.insert(recs, np.ascontiguousarray(keys, np.uint64),
+                                   np.ascontiguousarray(priorities, np.float64))
+        self.inserts += len(keys)
+        return self._retire(evicted)
 
     def drop_node(self, node: int) -> int:
         """Take every item stored on `node` out of the table (the node died)."""
         s = self.store
-        recs = self.live[: self.size][s.node[self.live[: self.size]] == node]
+        recs = np.flatnonzero((s.state == LIVE) & (s.node == node))
+        self.core.remove(recs)
         self._retire(recs, count_as_delete=False)
         # Slots of a dead node are never freed there; forget them once unleased.
         dead = np.flatnonzero((s.state == RETIRED) & (s.node == node) & (s.leases == 0))
@@ -160,19 +120,10 @@ class Table:
         return len(recs)
 
     def _retire(self, recs: np.ndarray, count_as_delete: bool = True) -> Freed:
-        """Take live records out of the table; free the unleased ones."""
+        """Records that left the core: free the unleased, keep the leased RETIRED."""
         if len(recs) == 0:
             return Freed.empty()
         s = self.store
-        pos = s.live_pos[recs]
-        new_size = self.size - len(recs)
-        s.live_pos[recs] = -1
-        tail = self.live[new_size : self.size]
-        movers = tail[s.live_pos[tail] >= 0]
-        holes = pos[pos < new_size]
-        self.live[holes] = movers
-        s.live_pos[movers] = holes
-        self.size = new_size
         if count_as_delete:
             self.deletes += len(recs)
         leased = s.leases[recs] > 0
@@ -182,15 +133,23 @@ class Table:
         s.release(unleased)
         return freed
 
-    # -- sampling and leases ---------------------------------------------
-    def sample(self, n: int) -> tuple[np.ndarray, np.ndarray]:
-        """n records drawn uniformly with replacement, and their probabilities."""
-        if self.size == 0:
-            return np.empty(0, np.int64), np.empty(0, np.float64)
-        recs = self.live[self._rng.integers(0, self.size, n)]
-        np.add.at(self.store.times_sampled, recs, 1)
-        self.samples += n
-        return recs, np.full(n, 1.0 / self.size)
+    # -- sampling, priorities and leases ---------------------------------
+    def sample(self, n: int) -> tuple[np.ndarray, np.ndarray, Freed]:
+        """Draw n records under leases: (records, probabilities, slots freed).
+
+        Items that reach max_times_sampled leave the table; their slots are
+        freed once the learner releases this lease.
+        """
+        recs, probs, exhausted = self.core.sample(n)
+        self.samples += len(recs)
+        self.lease(recs)
+        return recs, probs, self._retire(exhausted)
+
+    def update_priorities(self, keys: np.ndarray, priorities: np.ndarray) -> int:
+        """Set priorities by key; returns how many keys were still in the table."""
+        return self.core.update_priorities(
+            np.ascontiguousarray(keys, np.uint64), np.ascontiguousarray(priorities, np.float64)
+        )
 
     def lease(self, recs: np.ndarray) -> None:
         """Protect the records' slots from reuse until `unlease`."""
@@ -209,6 +168,23 @@ class Table:
         """Records currently under at least one lease."""
         return int(np.count_nonzero(self.store.leases))
 
+    # -- rate limiting ---------------------------------------------------
+    def can_insert(self, n: int) -> bool:
+        """May a batch of n items be inserted now?"""
+        return self.rate_limiter.can_insert(self.size, self.inserts, self.samples, n)
+
+    def can_sample(self, n: int) -> bool:
+        """May n items be sampled now (rate limiter, and enough uses left)?"""
+        if self.size == 0:
+            return False
+        if self.max_times_sampled and self.core.remaining_uses < n:
+            return False
+        return self.rate_limiter.can_sample(self.size, self.inserts, self.samples, n)
+
+    def limiter_state(self) -> dict:
+        """The rate limiter's counters and thresholds."""
+        return self.rate_limiter.state(self.size, self.inserts, self.samples)
+
     def info(self) -> dict:
         """The table's state, as `client.table_info` returns it."""
         return {
@@ -218,13 +194,21 @@ class Table:
             "spec": self.spec.to_wire(),
             "item_bytes": self.spec.item_bytes,
             "slot_size": self.spec.slot_size,
-            "sampler": self.sampler,
-            "remover": self.remover,
+            "sampler": self.sampler.to_wire(),
+            "remover": self.remover.to_wire(),
+            "rate_limiter": self.rate_limiter.to_wire(),
+            "rate_limiter_state": self.limiter_state(),
+            "max_times_sampled": self.max_times_sampled,
             "inserts": self.inserts,
             "samples": self.samples,
             "deletes": self.deletes,
             "leased": self.leased(),
         }
 
+    def definition(self) -> tuple:
+        """What create_table must match for an existing table to be reused."""
+        return (self.capacity, self.spec, self.sampler, self.remover, self.rate_limiter,
+                self.max_times_sampled)
 
-__all__ = ["Table", "Freed", "SAMPLERS", "REMOVERS", "FREE", "LIVE", "RETIRED"]
+
+__all__ = ["Table", "Freed", "FREE", "LIVE", "RETIRED"]

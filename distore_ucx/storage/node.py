@@ -151,8 +151,11 @@ class StorageNode:
         offsets = self.arena.allocate(f["table"], slot_size, k)
         try:
             gens = self.arena.write(offsets, keys, rows)
+            wait = f.get("timeout", 60.0)  # a rate limiter may hold the insert
             reply = await self.control.call(
                 "items_added",
+                reply_timeout=wait + 10.0,
+                timeout=wait,
                 node_id=self.node_id,
                 table=f["table"],
                 keys=keys,

@@ -168,6 +168,7 @@ class Peer:
         self.address = f"{addr[0]}:{addr[1]}" if addr else "?"
         self.state: dict[str, Any] = {}
         self.closed = asyncio.Event()
+        self.tasks: set[asyncio.Task] = set()  # requests being answered concurrently
 
     def push(self, op: str, **fields: Any) -> None:
         """Send a message that expects no reply (id 0)."""
@@ -197,12 +198,31 @@ async def serve(
     port: int,
     handler: Handler,
     on_close: Callable[[Peer], None] | None = None,
+    concurrent: frozenset[str] = frozenset(),
 ) -> asyncio.base_events.Server:
     """Start a server; `handler(peer, op, fields)` returns the reply fields.
 
-    Requests on one connection are answered in order. A malformed message
-    gets an error reply and its connection is closed; other connections go on.
+    Requests on one connection are answered in order, except operations in
+    `concurrent`, which may wait (a rate limiter holding an insert) and are
+    answered when done while the connection goes on; their senders match
+    replies by id. A malformed message gets an error reply and its
+    connection is closed; other connections go on.
     """
+
+    async def answer(peer: Peer, writer, mid: int, op: str, fields: dict) -> None:
+        try:
+            result = await handler(peer, op, fields)
+        except errors.DistoreError as exc:
+            result = exc
+        except Exception as exc:  # a bug here must not take the server down
+            log.exception("error handling %s from %s", op, peer.address)
+            result = exc
+        if mid == 0 or writer.is_closing():  # push: no reply
+            return
+        if isinstance(result, BaseException):
+            writer.writelines(protocol.encode(protocol.error_reply(mid, result)))
+        else:
+            writer.writelines(protocol.encode(protocol.reply(mid, **(result or {}))))
 
     async def connection(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         sock = writer.get_extra_info("socket")
@@ -226,25 +246,22 @@ async def serve(
                     log.warning("closing %s: %s", peer.address, exc)
                     writer.writelines(protocol.encode(protocol.error_reply(mid, exc)))
                     break
-                try:
-                    result = await handler(peer, op, fields)
-                except errors.DistoreError as exc:
-                    result = exc
-                except Exception as exc:  # a bug here must not take the server down
-                    log.exception("error handling %s from %s", op, peer.address)
-                    result = exc
-                if mid == 0:  # push: no reply
+                if op in concurrent:
+                    task = asyncio.get_running_loop().create_task(
+                        answer(peer, writer, mid, op, fields)
+                    )
+                    peer.tasks.add(task)
+                    task.add_done_callback(peer.tasks.discard)
                     continue
-                if isinstance(result, BaseException):
-                    writer.writelines(protocol.encode(protocol.error_reply(mid, result)))
-                else:
-                    writer.writelines(protocol.encode(protocol.reply(mid, **(result or {}))))
+                await answer(peer, writer, mid, op, fields)
                 if writer.transport.get_write_buffer_size() > 1 << 20:
                     await writer.drain()
         except (ConnectionError, asyncio.IncompleteReadError):
             pass
         finally:
             peer.closed.set()
+            for task in list(peer.tasks):
+                task.cancel()
             if on_close is not None:
                 on_close(peer)
             writer.close()

@@ -1,10 +1,11 @@
-"""The control plane's table: FIFO eviction, uniform sampling, leases, node loss."""
+"""The control plane's table: eviction, sampling, leases, node loss."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
+import distore_ucx as ds
 from distore_ucx.control.items import FREE, LIVE, RETIRED
 from distore_ucx.control.leases import Leases
 from distore_ucx.control.tables import Table
@@ -14,13 +15,15 @@ from distore_ucx.spec import TableSpec
 SPEC = TableSpec.parse(((8,), "uint8"))
 
 
-def add(table, keys, node=1):
+def add(table, keys, node=1, priorities=None):
     keys = np.asarray(keys, np.uint64)
-    return table.add(node, keys, keys * np.uint64(64), keys + np.uint64(1000), np.ones(len(keys)))
+    prios = np.ones(len(keys)) if priorities is None else np.asarray(priorities, np.float64)
+    return table.add(node, keys, keys * np.uint64(64), keys + np.uint64(1000), prios)
 
 
 def live_keys(table):
-    return set(table.store.key[table.live[: table.size]].tolist())
+    s = table.store
+    return set(s.key[s.state == LIVE].tolist())
 
 
 def test_fifo_evicts_oldest_first_and_frees_their_slots():
@@ -49,29 +52,14 @@ def test_eviction_order_is_fifo_over_many_batches():
         assert live_keys(t) == set(range(max(0, next_key - 100), next_key))
 
 
-def test_uniform_sampling_is_uniform_chi_square():
-    t = Table("t", 50, SPEC, seed=11)
-    add(t, range(50))
-    recs, probs = t.sample(100_000)
-    assert np.allclose(probs, 1 / 50)
-    counts = np.bincount(t.store.key[recs].astype(np.int64), minlength=50)
-    expected = 100_000 / 50
-    chi2 = float(((counts - expected) ** 2 / expected).sum())
-    # 49 degrees of freedom: P(chi2 > 85.4) = 0.001
-    assert chi2 < 85.4, chi2
-    assert t.samples == 100_000
-
-
 def test_leased_items_are_retired_not_freed_until_released():
     t = Table("t", 4, SPEC, seed=1)
     add(t, range(4))
-    recs, _ = t.sample(64)
-    t.lease(recs)
+    recs, _, _ = t.sample(64)  # leases every sampled record
     freed = add(t, range(4, 8))  # evicts every sampled item
-    assert len(freed.nodes) == 0  # all leased: nothing freed yet
+    assert len(freed.nodes) == 4 - len(np.unique(recs))
     assert (t.store.state[np.unique(recs)] == RETIRED).all()
     freed = t.unlease(recs)
-    assert sorted(freed.offsets.tolist()) == [0, 64, 128, 192][: len(freed.offsets)]
     assert len(freed.offsets) == len(np.unique(recs))
     assert (t.store.state[np.unique(recs)] == FREE).all()
 
@@ -79,8 +67,7 @@ def test_leased_items_are_retired_not_freed_until_released():
 def test_unlease_of_live_items_frees_nothing():
     t = Table("t", 4, SPEC)
     add(t, range(4))
-    recs, _ = t.sample(8)
-    t.lease(recs)
+    recs, _, _ = t.sample(8)
     assert len(t.unlease(recs).nodes) == 0
     assert (t.store.state[recs] == LIVE).all()
     assert t.leased() == 0
@@ -92,10 +79,23 @@ def test_dropping_a_node_removes_only_its_items():
     add(t, range(30, 60), node=2)
     assert t.drop_node(1) == 30
     assert live_keys(t) == set(range(30, 60))
-    recs, _ = t.sample(1000)
+    recs, _, _ = t.sample(1000)
     assert (t.store.node[recs] == 2).all()
+    t.unlease(recs)
     add(t, range(60, 130), node=2)  # FIFO skips the dropped records
     assert live_keys(t) == set(range(30, 130))
+
+
+def test_max_times_sampled_retires_items_after_their_last_use():
+    t = Table("t", 100, SPEC, sampler=ds.Fifo(), max_times_sampled=2, seed=0)
+    add(t, range(3))
+    recs, probs, freed = t.sample(5)
+    assert t.store.key[recs].tolist() == [0, 0, 1, 1, 2]
+    assert np.all(probs == 1.0)
+    assert live_keys(t) == {2}
+    assert len(freed.nodes) == 0  # leased by this very sample
+    assert len(t.unlease(recs).nodes) == 2  # keys 0 and 1 freed once released
+    assert not t.can_sample(2) and t.can_sample(1)
 
 
 def test_store_grows_past_its_initial_size():
@@ -105,11 +105,30 @@ def test_store_grows_past_its_initial_size():
     assert t.size == 5000 and live_keys(t) == set(range(1000, 6000))
 
 
-def test_unknown_sampler_or_remover():
-    with pytest.raises(ConfigError, match="sampler"):
-        Table("t", 1, SPEC, sampler="magic")
-    with pytest.raises(ConfigError, match="remover"):
-        Table("t", 1, SPEC, remover="magic")
+def test_priority_updates_skip_evicted_keys():
+    t = Table("t", 10, SPEC, sampler=ds.MaxHeap())
+    add(t, range(20))  # keys 0..9 evicted
+    assert t.update_priorities(np.array([5, 15], np.uint64), np.array([9.0, 7.0])) == 1
+    recs, _, _ = t.sample(1)
+    assert t.store.key[recs].tolist() == [15]
+
+
+def test_queue_forces_fifo_exactly_once_and_checks_capacity():
+    t = Table("q", 10, SPEC, rate_limiter=ds.Queue(10))
+    assert (t.sampler.kind, t.remover.kind, t.max_times_sampled) == ("fifo", "fifo", 1)
+    with pytest.raises(ConfigError, match="Fifo sampler"):
+        Table("q", 10, SPEC, sampler=ds.Uniform(), rate_limiter=ds.Queue(10))
+    with pytest.raises(ConfigError, match="smaller than the queue size"):
+        Table("q", 5, SPEC, rate_limiter=ds.Queue(10))
+
+
+def test_bad_settings_are_config_errors():
+    with pytest.raises(ConfigError):
+        ds.Selector.from_wire("magic", "sampler")
+    with pytest.raises(ConfigError, match="alpha"):
+        ds.Prioritized(-1)
+    with pytest.raises(ConfigError, match="max_times_sampled"):
+        Table("t", 1, SPEC, max_times_sampled=-1)
 
 
 def test_leases_expire():

@@ -1,0 +1,35 @@
+// A sum tree over non-negative weights: O(log n) update and proportional
+// sampling. Internal nodes are recomputed from their children on every
+// update (never adjusted by deltas), so totals do not drift.
+//
+// Ownership: owns its storage. Thread safety: none; the caller serialises
+// (the control plane uses one thread).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+namespace distore {
+
+class SumTree {
+ public:
+  explicit SumTree(size_t capacity = 0) { resize(capacity); }
+
+  // Grows (never shrinks) to hold at least `capacity` leaves; keeps values.
+  void resize(size_t capacity);
+  size_t capacity() const { return leaves_; }
+
+  void set(size_t index, double value);
+  double get(size_t index) const { return tree_[leaves_ + index]; }
+  double total() const { return leaves_ ? tree_[1] : 0.0; }
+
+  // The leaf where the running sum first exceeds `prefix` (0 <= prefix < total).
+  size_t find(double prefix) const;
+
+ private:
+  size_t leaves_ = 0;         // a power of two
+  std::vector<double> tree_;  // 1-based heap layout: node i has children 2i, 2i+1
+};
+
+}  // namespace distore

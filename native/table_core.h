@@ -1,0 +1,111 @@
+// The selection core of a replay table: which item a sample returns and
+// which item leaves at capacity, following Reverb's selectors.
+//
+// TableCore knows items by id (assigned by the caller, reused only after
+// the caller has seen them leave), their key, priority, insertion sequence
+// and times sampled. Every operation takes a whole batch. The caller keeps
+// everything else (node, slot, generation, leases).
+//
+// Ownership: owns its storage. Thread safety: none; the control plane
+// calls it from one thread.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <random>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "heap.h"
+#include "sum_tree.h"
+
+namespace distore {
+
+enum class SelectorKind { kUniform, kPrioritized, kFifo, kLifo, kMinHeap, kMaxHeap };
+
+SelectorKind selector_kind(const std::string& name);  // throws UcxError(bad argument)
+
+// One selection policy over the table's items.
+class Selector {
+ public:
+  Selector(SelectorKind kind, double alpha);
+  void insert(int64_t id, double priority, uint64_t seq);
+  void remove(int64_t id);
+  void update(int64_t id, double priority);
+  // The next item and its probability (1 for the deterministic kinds).
+  // Requires size() > 0.
+  int64_t select(std::mt19937_64& rng, double* probability);
+  size_t size() const { return size_; }
+  // Probability that select() returns `id` now (for tests and reporting).
+  double probability(int64_t id) const;
+
+ private:
+  double weight(double priority) const;
+  void grow(int64_t id);
+
+  SelectorKind kind_;
+  double alpha_;
+  size_t size_ = 0;
+  // uniform (also the fallback of prioritized when every weight is 0)
+  std::vector<int64_t> items_;
+  std::vector<int64_t> pos_;
+  // prioritized
+  SumTree tree_;
+  // fifo, lifo, min/max heap
+  IndexedHeap heap_;
+};
+
+class TableCore {
+ public:
+  TableCore(SelectorKind sampler, double sampler_alpha, SelectorKind remover,
+            double remover_alpha, uint64_t capacity, uint32_t max_times_sampled, uint64_t seed);
+
+  // Inserts items; an item arriving at capacity first evicts the remover's
+  // choice (as Reverb does). Appends the evicted ids to `evicted`.
+  void insert(const int64_t* ids, const uint64_t* keys, const double* priorities, size_t n,
+              std::vector<int64_t>* evicted);
+  // Draws up to n items one after another (an item that reaches
+  // max_times_sampled leaves before the next draw). Stops early only if the
+  // table empties.
+  void sample(size_t n, std::vector<int64_t>* ids, std::vector<double>* probabilities,
+              std::vector<int64_t>* exhausted);
+  // Sets priorities by key; unknown keys are skipped. Returns how many were set.
+  size_t update_priorities(const uint64_t* keys, const double* priorities, size_t n);
+  // Removes items by id (unknown ids skipped); returns how many were removed.
+  size_t remove(const int64_t* ids, size_t n);
+  // Ids of items by key (-1 for unknown keys).
+  void lookup(const uint64_t* keys, size_t n, int64_t* ids) const;
+
+  size_t size() const { return sampler_.size(); }
+  bool contains(int64_t id) const { return live(id); }
+  uint64_t capacity() const { return capacity_; }
+  uint32_t max_times_sampled() const { return max_times_; }
+  // Samples the table can still give before items run out (max_times_sampled > 0).
+  uint64_t remaining_uses() const { return remaining_; }
+  double priority(int64_t id) const { return priority_[id]; }
+  uint32_t times_sampled(int64_t id) const { return times_[id]; }
+  double probability(int64_t id) const { return sampler_.probability(id); }
+
+ private:
+  void add(int64_t id, uint64_t key, double priority);
+  void drop(int64_t id);
+  bool live(int64_t id) const {
+    return id >= 0 && static_cast<size_t>(id) < live_.size() && live_[id];
+  }
+
+  Selector sampler_;
+  Selector remover_;
+  uint64_t capacity_;
+  uint32_t max_times_;
+  uint64_t remaining_ = 0;
+  uint64_t seq_ = 0;
+  std::mt19937_64 rng_;
+  std::vector<uint64_t> key_;
+  std::vector<double> priority_;
+  std::vector<uint32_t> times_;
+  std::vector<uint8_t> live_;
+  std::unordered_map<uint64_t, int64_t> by_key_;
+};
+
+}  // namespace distore

@@ -1,0 +1,175 @@
+"""Samplers, priorities, rate limiters and use counts through a live cluster."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import numpy as np
+import pytest
+
+import distore_ucx as ds
+
+SPEC = {"x": ((16,), "float32"), "i": ((), "int64")}
+
+
+@pytest.fixture(scope="module")
+def store():
+    with ds.LocalCluster(nodes=2, arena_bytes=64 << 20, log_level="WARNING") as cluster:
+        yield cluster
+
+
+@pytest.fixture
+def client(store):
+    c = ds.connect(store.address)
+    yield c
+    c.close()
+
+
+def items(start, n):
+    i = np.arange(start, start + n)
+    return {"x": np.repeat(i[:, None], 16, axis=1).astype(np.float32), "i": i}
+
+
+def test_prioritized_probabilities_weights_and_updates(client):
+    client.create_table("prio", capacity=100, spec=SPEC, sampler=ds.Prioritized(1.0))
+    prios = np.arange(1, 21, dtype=np.float64)
+    with client.writer() as w:
+        keys = w.insert("prio", items(0, 20), priority=prios)
+    learner = client.learner("prio", batch_size=64, beta=0.5)
+    counts = np.zeros(20)
+    for _ in range(40):
+        b = learner.sample()
+        idx = b.data["i"]
+        assert np.array_equal(b.data["x"][:, 0], idx.astype(np.float32))  # right bytes
+        assert np.allclose(b.probabilities, prios[idx] / prios.sum())
+        w = (20 * b.probabilities) ** -0.5
+        assert np.allclose(b.weights, w / w.max())
+        counts += np.bincount(idx, minlength=20)
+    exact = prios / prios.sum()
+    chi2 = ((counts - exact * counts.sum()) ** 2 / (exact * counts.sum())).sum()
+    assert chi2 < 50.0  # 19 dof: P(chi2 > 50) < 1e-4
+    # Make item 3 dominant; evicted or unknown keys are skipped and counted.
+    new = np.full(20, 1e-3)
+    new[3] = 1e6
+    res = learner.update_priorities(np.append(keys, np.uint64(12345)), np.append(new, 1.0))
+    assert res == {"updated": 20, "missing": 1}
+    assert learner.priority_updates_missing == 1
+    learner.sample()  # the batch requested ahead was drawn before the update
+    b = learner.sample()
+    assert np.mean(b.data["i"] == 3) > 0.95
+
+
+def test_update_priorities_validates_on_the_client(client):
+    client.create_table("v", capacity=10, spec=SPEC, sampler=ds.Prioritized(0.6))
+    learner = client.learner("v", batch_size=2)
+    for bad in ([float("nan")], [-1.0], [float("inf")]):
+        with pytest.raises(ValueError, match="finite and >= 0"):
+            learner.update_priorities(np.array([1], np.uint64), bad)
+    with pytest.raises(ValueError, match="2 keys but 1 priorities"):
+        learner.update_priorities(np.array([1, 2], np.uint64), [1.0])
+
+
+def test_sample_to_insert_ratio_blocks_both_ways(client):
+    rl = ds.SampleToInsertRatio(samples_per_insert=1.0, min_size_to_sample=2, error_buffer=8.0)
+    client.create_table("ratio", capacity=1000, spec=SPEC, rate_limiter=rl)  # diff in [-6, 10]
+    writer = client.writer(max_items=1, max_in_flight=1, timeout=0.5)
+    writer.insert("ratio", items(0, 10))  # diff 10
+    writer.flush()
+    with pytest.raises(ds.RateLimiterTimeout, match=r"insert of 1 items.*inserts 10, samples 0"):
+        writer.insert("ratio", items(10, 1))
+        writer.flush()
+    learner = client.learner("ratio", batch_size=4)
+    for _ in range(4):
+        learner.sample()  # 16 samples: diff -6
+    with pytest.raises(ds.RateLimiterTimeout, match="sample of 4 items") as ei:
+        learner.sample(timeout=0.3)
+    assert not isinstance(ei.value, ds.NoData)
+    # A blocked writer is released by samples, and a blocked learner by inserts.
+    done = threading.Event()
+    writer2 = client.writer(max_items=1, timeout=10)
+
+    def insert_more():
+        writer2.insert("ratio", items(20, 8))
+        writer2.flush()
+        done.set()
+
+    th = threading.Thread(target=insert_more)
+    th.start()
+    batch = learner.sample(timeout=10)  # waits for the inserts
+    assert len(batch) == 4
+    th.join(15)
+    assert done.is_set()
+    info = client.table_info("ratio")
+    assert info["rate_limiter"]["kind"] == "sample_to_insert_ratio"
+    assert info["rate_limiter_state"]["min_diff"] == -6
+
+
+def test_queue_gives_every_item_once_in_order(client):
+    client.create_table("queue", capacity=20, spec=SPEC, rate_limiter=ds.Queue(20))
+    info = client.table_info("queue")
+    assert info["sampler"]["kind"] == info["remover"]["kind"] == "fifo"
+    assert info["max_times_sampled"] == 1
+
+    def produce():
+        with ds.connect(client.address) as c2:
+            w = c2.writer(max_items=5, max_in_flight=1, timeout=30)
+            for start in range(0, 100, 5):
+                w.insert("queue", items(start, 5))
+            w.close()
+
+    th = threading.Thread(target=produce)
+    th.start()
+    learner = client.learner("queue", batch_size=5)
+    got = []
+    for _ in range(20):
+        got.extend(learner.sample(timeout=30).data["i"].tolist())
+    th.join(30)
+    assert got == list(range(100))
+    with pytest.raises(ds.NoData):
+        learner.sample(timeout=0.2)
+
+
+def test_max_times_sampled_uses_each_item_exactly_k_times(client):
+    client.create_table("k", capacity=100, spec=SPEC, max_times_sampled=3)
+    with client.writer() as w:
+        w.insert("k", items(0, 10))
+    learner = client.learner("k", batch_size=5)
+    seen = []
+    for _ in range(6):
+        seen.extend(learner.sample().data["i"].tolist())
+    assert sorted(seen) == sorted(list(range(10)) * 3)
+    assert client.table_info("k")["size"] == 0
+    with pytest.raises(ds.NoData):
+        learner.sample(timeout=0.2)
+
+
+def test_lifo_and_heap_samplers_through_the_store(client):
+    client.create_table("lifo", capacity=50, spec=SPEC, sampler=ds.Lifo())
+    client.create_table("maxh", capacity=50, spec=SPEC, sampler=ds.MaxHeap(),
+                        remover=ds.MinHeap())
+    with client.writer(max_in_flight=1) as w:
+        w.insert("lifo", items(0, 10))
+        w.insert("maxh", items(0, 10), priority=np.array([5, 1, 9, 3, 9, 0, 2, 2, 8, 7.0]))
+    assert set(client.learner("lifo", batch_size=3).sample().data["i"]) == {9}
+    assert set(client.learner("maxh", batch_size=3).sample().data["i"]) == {2}
+
+
+def test_existing_table_with_another_definition(client):
+    client.create_table("dup", capacity=10, spec=SPEC, sampler=ds.Prioritized(0.6))
+    client.create_table("dup", capacity=10, spec=SPEC, sampler=ds.Prioritized(0.6))
+    with pytest.raises(ds.TableExists, match="another definition"):
+        client.create_table("dup", capacity=10, spec=SPEC, sampler=ds.Prioritized(0.7))
+    with pytest.raises(ds.ConfigError, match="Queue rate limiter"):
+        client.create_table("q2", capacity=10, spec=SPEC, sampler=ds.Uniform(),
+                            rate_limiter=ds.Queue(5))
+
+
+def test_a_batch_the_limiter_can_never_admit_is_refused(client):
+    client.create_table("tiny_q", capacity=4, spec=SPEC, rate_limiter=ds.Queue(4))
+    w = client.writer(max_items=8, timeout=5)
+    t0 = time.monotonic()
+    with pytest.raises(ds.ConfigError, match="never admit a batch of 8"):
+        w.insert("tiny_q", items(0, 8))
+        w.flush()
+    assert time.monotonic() - t0 < 4  # refused at once, not after the timeout
