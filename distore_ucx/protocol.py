@@ -29,6 +29,13 @@ HEADER_SIZE = HEADER.size
 PAYLOAD = "payload"  # the one field that travels raw, after the metadata
 
 
+# Where a sampled item is, as the sample reply's "items" field carries it:
+# one 32-byte record per item, little-endian.
+ITEM_LOCATION = np.dtype(
+    [("node", "<u4"), ("pad", "<u4"), ("offset", "<u8"), ("generation", "<u8"), ("key", "<u8")]
+)
+
+
 class ProtocolError(ValueError):
     """A frame or message is malformed; the connection that sent it is closed."""
 

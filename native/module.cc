@@ -95,7 +95,44 @@ void same_length(const A& a, const B& b, const char* what) {
   }
 }
 
+// Lease counting for the control plane's item records, batch-shaped:
+// np.add.at / np.subtract.at cost ~8 us a call at batch sizes of 32.
+void lease_add(nb::ndarray<uint32_t, nb::ndim<1>, nb::c_contig, nb::device::cpu> counts,
+               Vec<int64_t> ids) {
+  const size_t n = counts.shape(0);
+  for (size_t i = 0; i < ids.shape(0); ++i) {
+    if (ids(i) < 0 || static_cast<size_t>(ids(i)) >= n) {
+      throw UcxError(kStatusBadArgument, "lease_add: record id out of range");
+    }
+  }
+  for (size_t i = 0; i < ids.shape(0); ++i) ++counts(ids(i));
+}
+
+// Drops one lease per id; returns, once each, the ids whose count reached 0
+// while their state equals `retired`.
+nb::ndarray<nb::numpy, int64_t, nb::ndim<1>> lease_release(
+    nb::ndarray<uint32_t, nb::ndim<1>, nb::c_contig, nb::device::cpu> counts,
+    nb::ndarray<const uint8_t, nb::ndim<1>, nb::c_contig, nb::device::cpu> state,
+    Vec<int64_t> ids, uint8_t retired) {
+  const size_t n = counts.shape(0);
+  if (state.shape(0) != n) throw UcxError(kStatusBadArgument, "lease_release: shapes differ");
+  for (size_t i = 0; i < ids.shape(0); ++i) {
+    if (ids(i) < 0 || static_cast<size_t>(ids(i)) >= n || counts(ids(i)) == 0) {
+      throw UcxError(kStatusBadArgument, "lease_release: id out of range or not leased");
+    }
+  }
+  std::vector<int64_t> done;
+  for (size_t i = 0; i < ids.shape(0); ++i) {
+    const int64_t id = ids(i);
+    if (--counts(id) == 0 && state(id) == retired) done.push_back(id);
+  }
+  return to_numpy(std::move(done));
+}
+
 void bind_tables(nb::module_& m) {
+  m.def("lease_add", &lease_add, "counts"_a, "ids"_a, "counts[ids] += 1, duplicates counted.");
+  m.def("lease_release", &lease_release, "counts"_a, "state"_a, "ids"_a, "retired"_a,
+        "counts[ids] -= 1; the ids that reached 0 in state `retired`, once each.");
   nb::class_<SumTree>(m, "SumTree", "Sum tree over non-negative weights (O(log n)).")
       .def(nb::init<size_t>(), "capacity"_a)
       .def_prop_ro("capacity", &SumTree::capacity)

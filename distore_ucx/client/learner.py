@@ -23,6 +23,7 @@ import numpy as np
 
 from .._native_loader import _native
 from ..errors import ConfigError, ConnectionFailed, DistoreError, UcxError
+from ..protocol import ITEM_LOCATION
 from ..spec import SLOT_HEADER
 from ..transport.runtime import ProcessWatch, host_id
 
@@ -176,7 +177,7 @@ class Learner:
             leases.append(reply["lease"])
             table_size = reply["table_size"]
             got = self._gather(reply, rows, dest, view)
-            keys[rows[got]] = np.frombuffer(reply["keys"], np.uint64)[got]
+            keys[rows[got]] = np.frombuffer(reply["items"], ITEM_LOCATION)["key"][got]
             probs[rows[got]] = np.frombuffer(reply["probabilities"], np.float64)[got]
             rows = rows[~got]
             if len(rows) == 0:
@@ -248,10 +249,9 @@ class Learner:
 
     def _gather(self, reply: dict, rows: np.ndarray, dest, view) -> np.ndarray:
         """Read the sampled items into `rows` of dest; mask of rows that are good."""
-        nodes = np.frombuffer(reply["nodes"], np.uint32)
-        offsets = np.frombuffer(reply["offsets"], np.uint64)
-        gens = np.frombuffer(reply["generations"], np.uint64)
-        keys = np.frombuffer(reply["keys"], np.uint64)
+        items = np.frombuffer(reply["items"], ITEM_LOCATION)
+        nodes, offsets = items["node"], items["offset"]
+        gens, keys = items["generation"], items["key"]
         for node_id in np.flatnonzero(np.bincount(nodes)):  # once per node, not per item
             self._check_peer(int(node_id))
         index = self._key_lut[nodes]

@@ -12,16 +12,18 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..protocol import ITEM_LOCATION
+
 FREE, LIVE, RETIRED = 0, 1, 2
 
+# Location fields share one structured column, so that a sample reply
+# gathers them with one fancy index and sends them as one buffer.
 _COLUMNS = {
-    "key": np.uint64,
-    "node": np.uint32,
-    "offset": np.uint64,
-    "generation": np.uint64,
+    "location": ITEM_LOCATION,
     "leases": np.uint32,
     "state": np.uint8,
 }
+_LOCATION_FIELDS = ("node", "offset", "generation", "key")
 
 
 class ItemStore:
@@ -35,15 +37,18 @@ class ItemStore:
         self._nfree = initial
 
     def __getattr__(self, name: str) -> np.ndarray:
+        cols = self.__dict__["cols"]
+        if name in _LOCATION_FIELDS:
+            return cols["location"][name]  # a view: assignments write through
         try:
-            return self.__dict__["cols"][name]
+            return cols[name]
         except KeyError:
             raise AttributeError(name) from None
 
     @property
     def capacity(self) -> int:
         """Records allocated (used or free)."""
-        return len(self.cols["key"])
+        return len(self.cols["state"])
 
     def alloc(self, k: int) -> np.ndarray:
         """Ids of k FREE records (grows the columns if needed)."""

@@ -261,14 +261,10 @@ class ControlPlane:
         self._free(table.name, freed)
         self._touch(table)
         lease = self.leases.grant(table.name, recs)
-        s = table.store
         return {
             "lease": lease,
             "table_size": size,
-            "nodes": s.node[recs],
-            "offsets": s.offset[recs],
-            "generations": s.generation[recs],
-            "keys": s.key[recs],
+            "items": table.store.location[recs],  # protocol.ITEM_LOCATION records
             "probabilities": probs,
         }
 

@@ -153,13 +153,14 @@ class Table:
 
     def lease(self, recs: np.ndarray) -> None:
         """Protect the records' slots from reuse until `unlease`."""
-        np.add.at(self.store.leases, recs, 1)
+        _native.lease_add(self.store.leases, recs)
 
     def unlease(self, recs: np.ndarray) -> Freed:
         """Drop one lease per record; frees RETIRED records left unleased."""
         s = self.store
-        np.subtract.at(s.leases, recs, 1)
-        done = np.unique(recs[(s.leases[recs] == 0) & (s.state[recs] == RETIRED)])
+        done = _native.lease_release(s.leases, s.state, recs, RETIRED)
+        if len(done) == 0:
+            return Freed.empty()
         freed = Freed(s.node[done].copy(), s.offset[done].copy())
         s.release(done)
         return freed
