@@ -35,4 +35,31 @@ size_t SumTree::find(double prefix) const {
   return i - leaves_;
 }
 
+void SumTree::find_many(const double* prefixes, size_t n, int64_t* out) const {
+  constexpr size_t kLanes = 16;
+  for (size_t base = 0; base < n; base += kLanes) {
+    const size_t lanes = n - base < kLanes ? n - base : kLanes;
+    size_t node[kLanes];
+    double rest[kLanes];
+    for (size_t j = 0; j < lanes; ++j) {
+      node[j] = 1;
+      rest[j] = prefixes[base + j];
+    }
+    for (size_t width = 1; width < leaves_; width <<= 1) {
+      for (size_t j = 0; j < lanes; ++j) {
+        const size_t i = node[j];
+        const double left = tree_[2 * i];
+        if (rest[j] < left) {
+          node[j] = 2 * i;
+        } else {
+          rest[j] -= left;
+          node[j] = (tree_[2 * i + 1] > 0.0 || left <= 0.0) ? 2 * i + 1 : 2 * i;
+        }
+        __builtin_prefetch(&tree_[2 * node[j]]);
+      }
+    }
+    for (size_t j = 0; j < lanes; ++j) out[base + j] = static_cast<int64_t>(node[j] - leaves_);
+  }
+}
+
 }  // namespace distore

@@ -26,6 +26,9 @@ class SumTree {
 
   // The leaf where the running sum first exceeds `prefix` (0 <= prefix < total).
   size_t find(double prefix) const;
+  // find() for many prefixes at once: walks 16 paths in lockstep so their
+  // cache misses overlap (the lower levels of a large tree miss every time).
+  void find_many(const double* prefixes, size_t n, int64_t* out) const;
 
  private:
   size_t leaves_ = 0;         // a power of two

@@ -111,6 +111,19 @@ int64_t Selector::select(std::mt19937_64& rng, double* probability) {
   }
 }
 
+void Selector::select_many(std::mt19937_64& rng, size_t n, int64_t* ids, double* probabilities) {
+  const double total = tree_.total();
+  if (kind_ != SelectorKind::kPrioritized || total <= 0.0) {
+    for (size_t i = 0; i < n; ++i) ids[i] = select(rng, &probabilities[i]);
+    return;
+  }
+  std::uniform_real_distribution<double> u(0.0, total);
+  std::vector<double> prefixes(n);
+  for (auto& p : prefixes) p = u(rng);
+  tree_.find_many(prefixes.data(), n, ids);
+  for (size_t i = 0; i < n; ++i) probabilities[i] = tree_.get(static_cast<size_t>(ids[i])) / total;
+}
+
 double Selector::probability(int64_t id) const {
   switch (kind_) {
     case SelectorKind::kPrioritized: {
@@ -188,6 +201,15 @@ void TableCore::insert(const int64_t* ids, const uint64_t* keys, const double* p
 
 void TableCore::sample(size_t n, std::vector<int64_t>* ids, std::vector<double>* probabilities,
                        std::vector<int64_t>* exhausted) {
+  if (max_times_ == 0 && size() > 0) {
+    // Draws are independent when sampling removes nothing: do them together.
+    const size_t start = ids->size();
+    ids->resize(start + n);
+    probabilities->resize(start + n);
+    sampler_.select_many(rng_, n, ids->data() + start, probabilities->data() + start);
+    for (size_t i = start; i < start + n; ++i) ++times_[(*ids)[i]];
+    return;
+  }
   for (size_t i = 0; i < n && size() > 0; ++i) {
     double p;
     const int64_t id = sampler_.select(rng_, &p);

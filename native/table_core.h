@@ -39,6 +39,8 @@ class Selector {
   size_t size() const { return size_; }
   // Probability that select() returns `id` now (for tests and reporting).
   double probability(int64_t id) const;
+  // n independent draws at once (no removal between them).
+  void select_many(std::mt19937_64& rng, size_t n, int64_t* ids, double* probabilities);
 
  private:
   double weight(double priority) const;
