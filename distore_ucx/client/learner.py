@@ -143,7 +143,6 @@ class Learner:
         self.timeout = timeout
         self.transfer_timeout = transfer_timeout
         self._client = client
-        self._rpc = client.connection()
         self.spec = client.spec(table)
         self._slot = self.spec.slot_size
         self._read = SLOT_HEADER + self.spec.item_bytes
@@ -151,12 +150,9 @@ class Learner:
         self._runtime = runtime
         caps = capabilities.query(runtime.context) if dev.is_cuda else None
         self.path = choose_path(dev, caps, path)
-        try:
-            self._ring = Ring(runtime, self.spec, batch_size, prefetch + 1, dev,
-                              self.framework, self.path)
-        except BaseException:
-            self._rpc.close()
-            raise
+        self._ring = Ring(runtime, self.spec, batch_size, prefetch + 1, dev, self.framework,
+                          self.path)
+        self._rpc = client.connection()
         self._next = 0
         self._prefetcher: Prefetcher | None = None
         self._held: int | None = None  # ring slot of the batch the caller holds (GPU fences)
@@ -185,6 +181,9 @@ class Learner:
         wait = float(self.timeout if timeout is None else timeout)
         if self._prefetcher is not None:
             return self._take(wait)
+        # GPU paths: the slot about to be refilled may hold a batch the
+        # caller's stream still reads; fence all work enqueued so far.
+        self._ring.release(self._next)
         slot, batch = self._sample(wait)
         return self._hand_out(slot, batch)
 
@@ -195,6 +194,8 @@ class Learner:
             while True:
                 yield self.sample()
         if self._prefetcher is None:
+            self._ring.release_all()  # batches from sample() may still be in use
+            self._held = None
             self._prefetcher = Prefetcher(self._produce, self.prefetch,
                                           name=f"distore-prefetch-{self.table}")
         while True:
@@ -202,6 +203,11 @@ class Learner:
 
     def _take(self, wait: float) -> Batch:
         """The next batch from the prefetch thread, its errors re-raised here."""
+        if self._held is not None:
+            # Taking the next batch frees the held one's slot for the thread to
+            # refill: fence the caller's GPU work on it first.
+            self._ring.release(self._held)
+            self._held = None
         try:
             slot, batch = self._prefetcher.next(wait + self.transfer_timeout + 10.0)
         except TimeoutError:
@@ -227,13 +233,8 @@ class Learner:
                     raise
 
     def _hand_out(self, slot: int, batch: Batch) -> Batch:
-        # The previously held batch's slot is free again: fence the caller's
-        # GPU work on it before it is refilled; then order this one's use
-        # after its staging copy.
-        if self._held is not None:
-            self._ring.release(self._held)
         self._held = slot
-        batch.data = self._ring.hand_out(slot)
+        batch.data = self._ring.hand_out(slot)  # ordered after its staging copy
         return batch
 
     def _sample(self, wait: float) -> tuple[int, Batch]:

@@ -16,7 +16,8 @@ batch must be done (a "release" event recorded when the consumer takes its
 next batch); the consumer's stream waits for the staging copy before it
 uses a batch. Thread safety: the ring is driven by one producer thread and
 one consumer thread; `acquire`/`fill`/`headers` are the producer's,
-`hand_out`/`release` the consumer's.
+`hand_out`/`release` the consumer's, and
+a slot is released before the producer may refill it.
 """
 
 from __future__ import annotations
@@ -142,9 +143,17 @@ class Ring:
         return dict(s.data) if isinstance(s.data, dict) else s.data
 
     def release(self, i: int) -> None:
-        """The consumer moved on from slot i's batch (GPU paths: fence its work)."""
+        """Slot i may be refilled after the work the consumer has enqueued so
+        far (GPU paths: an event on its current stream; host: nothing)."""
         if self.path != "host":
             self._slots[i].released = self._ops.record_current()
+
+    def release_all(self) -> None:
+        """release() every slot with one event."""
+        if self.path != "host":
+            event = self._ops.record_current()
+            for s in self._slots:
+                s.released = event
 
     def close(self) -> None:
         """Wait for copies in flight, unpin, and drop every buffer (unmapped when
