@@ -55,6 +55,7 @@ class Device:
 
     @property
     def is_cuda(self) -> bool:
+        """True for a GPU."""
         return self.kind == "cuda"
 
     def __str__(self) -> str:

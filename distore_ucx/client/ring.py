@@ -35,12 +35,14 @@ CUDA_MEMORY = 1  # ucs_memory_type_t UCS_MEMORY_TYPE_CUDA
 
 
 class _Slot:
-    __slots__ = ("dest", "host", "device", "data", "header", "copied", "released")
+    __slots__ = ("dest", "host", "device", "device_address", "data", "header", "copied",
+                 "released")
 
     def __init__(self):
         self.dest = None  # the MemoryRegion the gather writes
         self.host = None  # numpy uint8 view of the host region, if any
         self.device = None  # device buffer (torch tensor / cupy array), if any
+        self.device_address = 0
         self.data = None  # cached per-field views handed out as batch.data
         self.header = None  # (n, 2) header view (host numpy or device)
         self.copied = None  # event: staging copy done
@@ -63,6 +65,7 @@ class Ring:
         nbytes = batch_size * spec.slot_size
         self.nbytes = nbytes
         self._pinned: list[int] = []
+        self._pin_ok = True
         self._slots: list[_Slot] = []
         if path == "host":
             self._ops = host_cuda_ops(framework)
@@ -84,13 +87,19 @@ class Ring:
             region = runtime.map_region(nbytes)
             s.dest, s.host = region, region.view()
             s.header = host_header_view(s.host, n, slot)
-            if self._ops is not None:
-                self._ops.pin(region.address, region.size)
-                self._pinned.append(region.address)
+            if self._ops is not None and self._pin_ok:
+                try:
+                    self._ops.pin(region.address, region.size)
+                    self._pinned.append(region.address)
+                except Exception as exc:  # still correct unpinned, only slower
+                    self._pin_ok = False
+                    log.warning("cannot pin the learner's host ring (%s): host-to-device "
+                                "copies will not be asynchronous", exc)
         if self.path == "host":
             s.data = host_views(spec, s.host, n, slot, self.framework)
             return s
         s.device, address = self._ops.allocate(nbytes)
+        s.device_address = address
         s.data = self._ops.views(spec, s.device, n, slot, SLOT_HEADER)
         if self.path == "gpu-direct":
             from .._native_loader import _native
@@ -128,8 +137,8 @@ class Ring:
             return
         s = self._slots[i]
         nbytes = n * self.slot_size
-        s.copied = self._ops.copy_to_device(s.device, None, s.dest.address, s.host, nbytes,
-                                            wait_for=s.released)
+        s.copied = self._ops.copy_to_device(s.device, s.device_address, s.dest.address, s.host,
+                                            nbytes, wait_for=s.released)
         s.released = None
 
     # -- consumer side ----------------------------------------------------
