@@ -5,6 +5,7 @@ here, and only here, and passed down as typed configuration.
     distore node --control HOST:7700 --arena 4GiB
     distore status --control HOST:7700
     distore demo --seconds 20
+    distore doctor
 """
 
 from __future__ import annotations
@@ -68,6 +69,9 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--insert-rate", type=float, default=400.0,
                    help="writer items/s (default 400, DQN on Atari's rate; 0 = flat out)")
     d.add_argument("--json", action="store_true", help="print the summary as JSON")
+
+    doc = sub.add_parser("doctor", help="check UCX, GPUs, NICs and hugepages for the sample path")
+    doc.add_argument("--json", action="store_true", help="print JSON")
     return p
 
 
@@ -100,12 +104,25 @@ def main(argv: list[str] | None = None) -> int:
             from .demo import run_demo
 
             return run_demo(args)
+        if args.command == "doctor":
+            return _doctor(args)
     except DistoreError as exc:
         print(f"distore {args.command}: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130
     return 1
+
+
+def _doctor(args) -> int:
+    from .doctor import diagnose, format_report
+
+    report = diagnose()
+    if args.json:
+        print(json.dumps(report.to_dict(), indent=2, default=str))
+    else:
+        print("\n".join(format_report(report)))
+    return 0
 
 
 def _status(args) -> int:

@@ -7,9 +7,18 @@ destination buffer. Each slot's header (key, generation) comes in the same
 read and is checked: an item whose slot was reused, or whose node failed
 mid-read, is dropped and resampled, never returned.
 
-Batches are views into a ring of `ring` destination buffers: a batch stays
-valid until `ring` more batches have been sampled (default: the next one
-may be sampled while you use this one). `batch.clone()` keeps a copy.
+Batches land on the learner's device (client/device.py: "cpu" or
+"cuda:N"; numpy, torch or CuPy) through a ring of `prefetch + 1`
+destination buffers mapped once (client/ring.py). `batch.data` holds views
+into one ring slot: a batch from `sample()` stays valid until `prefetch + 1`
+more batches have been sampled; a batch from iterating the learner stays
+valid until the next one is taken (the background thread then refills its
+slot). `batch.clone()` keeps a copy.
+
+Iterating (`for batch in learner`) keeps `prefetch` batches in flight on a
+background thread (client/prefetch.py) that then does all of this
+learner's sampling: the control connection and the UCX gather are used
+from one thread only.
 """
 
 from __future__ import annotations
@@ -17,19 +26,33 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Iterator
 
 import numpy as np
 
 from .._native_loader import _native
-from ..errors import ConfigError, ConnectionFailed, DistoreError, UcxError
+from ..errors import (
+    ConfigError,
+    ConnectionFailed,
+    DistoreError,
+    NoData,
+    RateLimiterTimeout,
+    UcxError,
+)
 from ..protocol import ITEM_LOCATION
 from ..spec import SLOT_HEADER
+from ..transport import capabilities
 from ..transport.runtime import ProcessWatch, host_id
+from .device import Device, choose_path, resolve_framework
+from .prefetch import Prefetcher, Stopped
+from .ring import Ring
 
 log = logging.getLogger(__name__)
 
 MAX_RESAMPLES = 20
+# The prefetch thread asks the control plane in slices this long, so that
+# close() never waits long for a thread blocked on an empty table.
+PREFETCH_POLL = 0.5
 
 
 @dataclass
@@ -50,16 +73,22 @@ class Batch:
     weights: np.ndarray | None = None
 
     def clone(self) -> "Batch":
-        """A copy that stays valid after the learner reuses its buffer."""
+        """A copy that stays valid after the learner reuses its buffer (on the
+        same device, in the same framework)."""
         if isinstance(self.data, dict):
-            data = {k: v.copy() for k, v in self.data.items()}
+            data = {k: _copy(v) for k, v in self.data.items()}
         else:
-            data = self.data.copy()
+            data = _copy(self.data)
         weights = None if self.weights is None else self.weights.copy()
         return Batch(data, self.keys.copy(), self.probabilities.copy(), self.table_size, weights)
 
     def __len__(self) -> int:
         return len(self.keys)
+
+
+def _copy(x):
+    # numpy and CuPy arrays copy(); torch tensors clone().
+    return x.clone() if hasattr(x, "clone") else x.copy()
 
 
 class _Peer:
@@ -82,12 +111,21 @@ class _Peer:
 
 
 class Learner:
-    """Samples batches of one table into host memory (device="cpu").
+    """Samples batches of one table into host or GPU memory.
 
-    >>> learner = client.learner("replay", batch_size=32)
+    >>> learner = client.learner("replay", batch_size=32)              # numpy
     >>> batch = learner.sample()
     >>> batch.data["obs"].shape
     (32, 4, 84, 84)
+    >>> gpu = client.learner("replay", 32, device="cuda:0", prefetch=2)  # torch
+    >>> for batch in gpu:        # 2 batches in flight on a background thread
+    ...     train(batch.data["obs"])  # valid until the next batch is taken
+
+    Options: `prefetch` batches in flight while iterating (ring of
+    `prefetch + 1` buffers; `ring=` is the older spelling of the ring size,
+    `prefetch = ring - 1`); `framework` "numpy" (CPU default), "torch"
+    (GPU default; CPU tensors through DLPack, no copy) or "cupy"; `path`
+    "auto" (see `learner.path`) or a forced "gpu-direct" / "host-staged".
     """
 
     def __init__(
@@ -96,29 +134,31 @@ class Learner:
         table: str,
         batch_size: int,
         device: str = "cpu",
-        ring: int = 2,
+        prefetch: int = 2,
         timeout: float = 30.0,
         transfer_timeout: float = 10.0,
+        framework: str | None = None,
+        path: str = "auto",
+        ring: int | None = None,
         beta: float | None = None,
     ):
-        """See Client.learner. `beta`: importance-sampling exponent for
+        """See the class docstring. `beta`: importance-sampling exponent for
         prioritized tables (batch.weights); None leaves weights out."""
         if beta is not None and not (np.isfinite(beta) and beta >= 0):
             raise ConfigError(f"beta must be a finite number >= 0, got {beta!r}")
-        if device != "cpu":
-            raise ConfigError(
-                f"device {device!r}: this version samples into host memory only (device='cpu')"
-            )
-        if batch_size < 1 or ring < 1:
-            raise ConfigError("batch_size and ring must be positive")
+        if ring is not None:
+            prefetch = ring - 1
+        if batch_size < 1 or prefetch < 0:
+            raise ConfigError("batch_size must be positive and prefetch (ring - 1) not negative")
+        dev = Device.parse(device)
         self.table = table
         self.batch_size = batch_size
-        self.device = device
-        self.path = "host"
+        self.device = str(dev)
+        self.framework = resolve_framework(dev, framework)
+        self.prefetch = prefetch
         self.timeout = timeout
         self.transfer_timeout = transfer_timeout
         self._client = client
-        self._rpc = client.connection()
         self.beta = beta
         info = client.table_info(table)
         self.spec = client.spec(table)
@@ -133,25 +173,26 @@ class Learner:
         self._read = SLOT_HEADER + self.spec.item_bytes
         runtime = client.runtime
         self._runtime = runtime
-        self._ring = [runtime.map_region(batch_size * self._slot) for _ in range(ring)]
-        self._ring_views = [r.view() for r in self._ring]
+        caps = capabilities.query(runtime.context) if dev.is_cuda else None
+        self.path = choose_path(dev, caps, path)
+        self._ring = Ring(runtime, self.spec, batch_size, prefetch + 1, dev, self.framework,
+                          self.path)
+        self._rpc = client.connection()
         self._next = 0
+        self._prefetcher: Prefetcher | None = None
+        self._held: int | None = None  # ring slot of the batch the caller holds (GPU fences)
         self._peers: dict[int, _Peer] = {}
         self._rkeys: list = []
         self._key_lut = np.full(0, -1, np.int64)
         self._base_lut = np.zeros(0, np.uint64)
         self._lengths = np.full(batch_size, self._read, np.uint64)
-        # Per ring buffer: a (batch, 2) uint64 view of every slot's header.
-        self._headers = {
-            r.address: np.ndarray((batch_size, 2), np.uint64, buffer=v, strides=(self._slot, 8))
-            for r, v in zip(self._ring, self._ring_views)
-        }
         self._done_leases: list[int] = []  # leases of batches already read
         self._outstanding = False  # a request for the next batch is in flight
         self._prefetched: dict | None = None  # its reply, if already received
         self._rows = np.arange(batch_size, dtype=np.uint64) * np.uint64(self._slot)
         self.resampled = 0
-        log.info("learner on table %r: path=%s, UCX %s, UCX_TLS=%s", table, self.path,
+        log.info("learner on table %r: device=%s, path=%s, framework=%s, prefetch=%d, "
+                 "UCX %s, UCX_TLS=%s", table, self.device, self.path, self.framework, prefetch,
                  _native.ucx_version(), runtime.transports)
 
     def sample(self, timeout: float | None = None) -> Batch:
@@ -159,12 +200,76 @@ class Learner:
 
         While this batch is being read, the request for the next batch's
         locations is already with the control plane, so its round trip
-        overlaps the transfer.
+        overlaps the transfer. While the learner is being iterated, this
+        takes the next prefetched batch instead.
         """
         wait = float(self.timeout if timeout is None else timeout)
+        if self._prefetcher is not None:
+            return self._take(wait)
+        # GPU paths: the slot about to be refilled may hold a batch the
+        # caller's stream still reads; fence all work enqueued so far.
+        self._ring.release(self._next)
+        slot, batch = self._sample(wait)
+        return self._hand_out(slot, batch)
+
+    def __iter__(self) -> Iterator[Batch]:
+        """Batches forever, `prefetch` of them in flight on a background thread
+        (none with prefetch=0). Each stays valid until the next is taken."""
+        if self.prefetch == 0:
+            while True:
+                yield self.sample()
+        if self._prefetcher is None:
+            self._ring.release_all()  # batches from sample() may still be in use
+            self._held = None
+            self._prefetcher = Prefetcher(self._produce, self.prefetch,
+                                          name=f"distore-prefetch-{self.table}")
+        while True:
+            yield self._take(self.timeout)
+
+    def _take(self, wait: float) -> Batch:
+        """The next batch from the prefetch thread, its errors re-raised here."""
+        if self._held is not None:
+            # Taking the next batch frees the held one's slot for the thread to
+            # refill: fence the caller's GPU work on it first.
+            self._ring.release(self._held)
+            self._held = None
+        try:
+            slot, batch = self._prefetcher.next(wait + self.transfer_timeout + 10.0)
+        except DistoreError:  # raised on the thread (NoData included): as is
+            self._stop_prefetch()  # the thread has ended; the next iteration restarts it
+            raise
+        except TimeoutError:
+            raise NoData(f"table {self.table!r}: no batch within {wait:.1f} s from the "
+                         "prefetch thread; is anything inserting?") from None
+        except BaseException:
+            self._stop_prefetch()  # the thread has ended; the next iteration restarts it
+            raise
+        return self._hand_out(slot, batch)
+
+    def _produce(self, stopping) -> tuple[int, Batch]:
+        """One batch on the prefetch thread, asking in short slices until
+        `self.timeout` so that a closing learner is not kept waiting."""
+        deadline = time.monotonic() + self.timeout
+        while True:
+            remaining = deadline - time.monotonic()
+            try:
+                return self._sample(max(min(PREFETCH_POLL, remaining), 0.01))
+            except RateLimiterTimeout:  # NoData too: keep polling in slices
+                if stopping():
+                    raise Stopped() from None
+                if remaining <= PREFETCH_POLL:
+                    raise
+
+    def _hand_out(self, slot: int, batch: Batch) -> Batch:
+        self._held = slot
+        batch.data = self._ring.hand_out(slot)  # ordered after its staging copy
+        return batch
+
+    def _sample(self, wait: float) -> tuple[int, Batch]:
+        """Sample and read one batch into the next ring slot: (slot, batch)."""
         slot = self._next
         self._next = (self._next + 1) % len(self._ring)
-        dest, view = self._ring[slot], self._ring_views[slot]
+        dest = self._ring.acquire(slot)
         n = self.batch_size
         keys = np.empty(n, np.uint64)
         probs = np.empty(n, np.float64)
@@ -176,7 +281,7 @@ class Learner:
         for attempt in range(MAX_RESAMPLES):
             leases.append(reply["lease"])
             table_size = reply["table_size"]
-            got = self._gather(reply, rows, dest, view)
+            got = self._gather(reply, rows, dest, slot)
             keys[rows[got]] = np.frombuffer(reply["items"], ITEM_LOCATION)["key"][got]
             probs[rows[got]] = np.frombuffer(reply["probabilities"], np.float64)[got]
             rows = rows[~got]
@@ -193,18 +298,19 @@ class Learner:
                 f"{MAX_RESAMPLES} resamples; storage nodes may be failing (see distore status)"
             )
         self._done_leases.extend(leases)  # read: released with the next request
-        data = self.spec.views(view, n, self._slot)
+        self._ring.fill(slot, n)
         weights = None
         if self.beta is not None:
             w = (table_size * probs) ** -self.beta
             weights = w / w.max()
-        return Batch(data, keys, probs, table_size, weights)
+        return slot, Batch(None, keys, probs, table_size, weights)
 
     def update_priorities(self, keys, priorities) -> dict:
         """Set new priorities for sampled items, in one batched request.
 
         Keys that were evicted meanwhile are skipped and counted (returned as
         "missing", summed in `priority_updates_missing`), never an error.
+        Thread safe: it uses the client's connection, not the learner's.
         >>> learner.update_priorities(batch.keys, np.abs(td_errors) + 1e-6)
         """
         keys = np.ascontiguousarray(keys, dtype=np.uint64).reshape(-1)
@@ -247,7 +353,7 @@ class Learner:
             self._prefetched = self._rpc.receive(wait + 10.0)
         return self._rpc.call("sample", reply_timeout=wait + 10.0, **self._sample_fields(n, wait))
 
-    def _gather(self, reply: dict, rows: np.ndarray, dest, view) -> np.ndarray:
+    def _gather(self, reply: dict, rows: np.ndarray, dest, slot: int) -> np.ndarray:
         """Read the sampled items into `rows` of dest; mask of rows that are good."""
         items = np.frombuffer(reply["items"], ITEM_LOCATION)
         nodes, offsets = items["node"], items["offset"]
@@ -272,7 +378,7 @@ class Learner:
                     self._lengths[: int(known.sum())], dest, self._rows[rows[known]],
                     self.transfer_timeout,
                 )
-        header = self._headers[dest.address][rows]  # (n, 2): key, generation
+        header = self._ring.headers(slot)[rows]  # (n, 2): key, generation
         good = (statuses == 0) & (header[:, 0] == keys) & (header[:, 1] == gens)
         if not good.all():
             for node_id in np.unique(nodes[statuses != 0]):  # once per failed node
@@ -323,8 +429,15 @@ class Learner:
         del peer.rkey  # the remote key goes before its endpoint
         self._runtime.drop_endpoint(peer.worker_address)
 
+    def _stop_prefetch(self) -> None:
+        if self._prefetcher is not None:
+            self._prefetcher.close()
+            self._prefetcher = None
+
     def close(self) -> None:
-        """Release the last lease and the learner's buffers and remote keys."""
+        """Stop the prefetch thread; release the last lease, the learner's
+        buffers and remote keys."""
+        self._stop_prefetch()
         try:
             if self._outstanding:
                 self._outstanding = False
@@ -339,6 +452,7 @@ class Learner:
         self._done_leases = []
         self._rkeys.clear()
         self._peers.clear()
+        self._ring.close()
         self._rpc.close()
 
     def __enter__(self) -> "Learner":

@@ -1,0 +1,309 @@
+"""Where sampled batches land: device names, frameworks and the sample path.
+
+A learner's device is "cpu" or "cuda[:N]"; its framework is what
+`batch.data` holds: numpy arrays or torch tensors on the CPU, torch tensors
+or CuPy arrays on a GPU. torch and CuPy are imported only when asked for
+(or, for pinning host memory, when already imported): a CPU learner never
+pays for them.
+
+The sample path follows from the device and from what the loaded UCX can do
+(see transport/capabilities.py):
+
+- "host": device="cpu"; UCX reads into a page-aligned host ring.
+- "gpu-direct": UCX reads straight into GPU memory (it accepts CUDA memory
+  and has an RDMA transport: GPUDirect RDMA).
+- "host-staged": UCX reads into a pinned host ring; one asynchronous
+  host-to-device copy per batch on a CUDA stream moves it to the GPU.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..errors import ConfigError
+
+PATHS = ("host", "gpu-direct", "host-staged")
+FRAMEWORKS = ("numpy", "torch", "cupy")
+
+
+@dataclass(frozen=True)
+class Device:
+    """A parsed device name: kind "cpu" or "cuda", and the GPU index."""
+
+    kind: str
+    index: int = 0
+
+    @classmethod
+    def parse(cls, name: str) -> "Device":
+        """'cpu', 'cuda' or 'cuda:N'.
+
+        >>> Device.parse("cuda:1")
+        Device(kind='cuda', index=1)
+        """
+        text = str(name).strip().lower()
+        if text == "cpu":
+            return cls("cpu")
+        if text == "cuda" or text.startswith("cuda:"):
+            idx = text[5:] or "0"
+            if idx.isdigit():
+                return cls("cuda", int(idx))
+        raise ConfigError(f"device {name!r}: expected 'cpu', 'cuda' or 'cuda:N'")
+
+    @property
+    def is_cuda(self) -> bool:
+        """True for a GPU."""
+        return self.kind == "cuda"
+
+    def __str__(self) -> str:
+        return "cpu" if self.kind == "cpu" else f"cuda:{self.index}"
+
+
+def resolve_framework(device: Device, framework: str | None) -> str:
+    """The framework for `device`: the one asked for, checked, or the default
+    (numpy on the CPU; torch on a GPU if installed, else CuPy)."""
+    if framework is None:
+        if not device.is_cuda:
+            return "numpy"
+        framework = "torch" if _importable("torch") else "cupy"
+    if framework not in FRAMEWORKS:
+        raise ConfigError(f"framework {framework!r}: expected one of {', '.join(FRAMEWORKS)}")
+    if device.is_cuda and framework == "numpy":
+        raise ConfigError("framework 'numpy' holds host memory only: use device='cpu', "
+                          "or framework='torch' / 'cupy' for a GPU")
+    if not device.is_cuda and framework == "cupy":
+        raise ConfigError("framework 'cupy' holds GPU memory only: use device='cuda:N', "
+                          "or framework='numpy' / 'torch' for device='cpu'")
+    if framework != "numpy" and not _importable(framework):
+        extra = "torch" if framework == "torch" else "cupy"
+        raise ConfigError(f"framework {framework!r} is not installed: pip install "
+                          f"'distore-ucx[{extra}]'")
+    return framework
+
+
+def choose_path(device: Device, caps, forced: str = "auto") -> str:
+    """The sample path for `device` given UCX capabilities `caps`
+    (a transport.capabilities.UcxCapabilities); `forced` overrides "auto"."""
+    if forced not in ("auto",) + PATHS:
+        raise ConfigError(f"path {forced!r}: expected 'auto' or one of {', '.join(PATHS)}")
+    if not device.is_cuda:
+        if forced not in ("auto", "host"):
+            raise ConfigError(f"path {forced!r} needs a GPU device; device='cpu' uses 'host'")
+        return "host"
+    if forced == "host":
+        raise ConfigError("path 'host' is for device='cpu'; a GPU learner uses 'gpu-direct' "
+                          "or 'host-staged'")
+    if forced == "gpu-direct" and not caps.cuda:
+        raise ConfigError(
+            "path 'gpu-direct': the loaded UCX does not accept CUDA memory (no CUDA modules "
+            "loaded: NVIDIA driver missing, or a UCX built without CUDA); run `distore doctor`, "
+            "or use path='host-staged'"
+        )
+    if forced != "auto":
+        return forced
+    return "gpu-direct" if caps.gpu_direct else "host-staged"
+
+
+def cuda_present() -> bool:
+    """Cheap check for an NVIDIA driver with a GPU, without importing CUDA libraries."""
+    return os.path.exists("/dev/nvidia0") or os.path.exists("/proc/driver/nvidia/gpus")
+
+
+def _importable(name: str) -> bool:
+    try:
+        importlib.import_module(name)
+    except ImportError:
+        return False
+    return True
+
+
+# -- typed views of one gathered buffer -------------------------------------
+def _strides(shape: tuple[int, ...], itemsize: int) -> tuple[int, ...]:
+    out, step = [], itemsize
+    for d in reversed(shape):
+        out.append(step)
+        step *= d
+    return tuple(reversed(out))
+
+
+def host_views(spec, buffer: np.ndarray, n: int, slot: int, framework: str):
+    """Per-field views (numpy, or torch CPU tensors through DLPack: no copy)."""
+    views = spec.views(buffer, n, slot)
+    if framework == "numpy":
+        return views
+    import torch
+
+    if isinstance(views, dict):
+        return {k: torch.from_dlpack(v) for k, v in views.items()}
+    return torch.from_dlpack(views)
+
+
+def host_header_view(buffer: np.ndarray, n: int, slot: int) -> np.ndarray:
+    """(n, 2) uint64 view of every slot's header (key, generation)."""
+    return np.ndarray((n, 2), np.uint64, buffer=buffer, strides=(slot, 8))
+
+
+class CudaOps:
+    """The few CUDA operations a GPU ring needs, from torch or CuPy.
+
+    Allocation, typed strided views, a side stream for staging copies,
+    events, pinning host memory and small device-to-host reads.
+    """
+
+    def __init__(self, framework: str, device: Device):
+        if framework not in ("torch", "cupy"):
+            raise ConfigError(f"a GPU ring needs torch or cupy, not {framework!r}")
+        self.framework = framework
+        self.device = device
+        if framework == "torch":
+            import torch
+
+            if not torch.cuda.is_available():
+                raise ConfigError(
+                    f"device {device}: torch sees no CUDA GPU (torch "
+                    f"{torch.__version__}, CUDA build: {torch.version.cuda}); install a CUDA "
+                    "build of torch or run `distore doctor`"
+                )
+            self._torch = torch
+            self._dev = torch.device("cuda", device.index)
+            self.stream = torch.cuda.Stream(device=self._dev)
+        else:
+            import cupy
+
+            self._cupy = cupy
+            self._dev = cupy.cuda.Device(device.index)
+            with self._dev:
+                self.stream = cupy.cuda.Stream(non_blocking=True)
+
+    # memory
+    def allocate(self, nbytes: int):
+        """A device buffer of nbytes: (owner object, address)."""
+        if self.framework == "torch":
+            t = self._torch.empty(nbytes, dtype=self._torch.uint8, device=self._dev)
+            return t, t.data_ptr()
+        with self._dev:
+            a = self._cupy.empty(nbytes, self._cupy.uint8)
+        return a, a.data.ptr
+
+    def views(self, spec, buffer, n: int, slot: int, base: int):
+        """Per-field strided views of a device buffer laid out like host_views."""
+        out = {}
+        for f in spec.fields:
+            offset = base + f.offset
+            if offset % f.dtype.itemsize or slot % f.dtype.itemsize:
+                raise ConfigError(f"field {f.name!r}: dtype {f.dtype} is not aligned in the "
+                                  "slot layout; it cannot be viewed on a GPU")
+            out[f.name] = self._view(buffer, f.dtype, (n,) + f.shape,
+                                     (slot,) + _strides(f.shape, f.dtype.itemsize), offset)
+        return out[""] if spec.unnamed else out
+
+    def header_view(self, buffer, n: int, slot: int):
+        """(n, 2) int64 device view of the slot headers (read back with to_host)."""
+        return self._view(buffer, np.dtype(np.int64), (n, 2), (slot, 8), 0)
+
+    def _view(self, buffer, dtype: np.dtype, shape, byte_strides, byte_offset: int):
+        size = dtype.itemsize
+        if self.framework == "torch":
+            torch = self._torch
+            tdtype = torch.from_numpy(np.empty(0, dtype)).dtype
+            typed = buffer.view(tdtype)
+            return torch.as_strided(typed, shape, tuple(s // size for s in byte_strides),
+                                    byte_offset // size)
+        return self._cupy.ndarray(shape, dtype, memptr=buffer.data + byte_offset,
+                                  strides=byte_strides)
+
+    def to_host(self, x) -> np.ndarray:
+        """A small device array copied to a numpy array (synchronous)."""
+        if self.framework == "torch":
+            return x.cpu().numpy()
+        return x.get()
+
+    # host memory pinning (cudaHostRegister)
+    def pin(self, address: int, size: int) -> None:
+        """Page-lock host memory so copies from it are asynchronous DMA."""
+        if self.framework == "torch":
+            rc = self._torch.cuda.cudart().cudaHostRegister(address, size, 0)
+            if int(rc) != 0:
+                raise ConfigError(f"cudaHostRegister of {size} bytes failed ({rc}); "
+                                  "check the memlock limit (ulimit -l)")
+        else:
+            self._cupy.cuda.runtime.hostRegister(address, size, 0)
+
+    def unpin(self, address: int) -> None:
+        """Undo pin()."""
+        if self.framework == "torch":
+            self._torch.cuda.cudart().cudaHostUnregister(address)
+        else:
+            self._cupy.cuda.runtime.hostUnregister(address)
+
+    # streams and events
+    def copy_to_device(self, dst, dst_address: int, src_address: int, src_host: np.ndarray,
+                       nbytes: int, wait_for=None):
+        """Enqueue one host-to-device copy on the side stream after `wait_for`
+        (an event or None); returns an event recorded after it."""
+        if self.framework == "torch":
+            torch = self._torch
+            with torch.cuda.stream(self.stream):
+                if wait_for is not None:
+                    self.stream.wait_event(wait_for)
+                dst[:nbytes].copy_(torch.from_dlpack(src_host[:nbytes]), non_blocking=True)
+                ev = torch.cuda.Event()
+                ev.record(self.stream)
+            return ev
+        cupy = self._cupy
+        with self._dev:
+            if wait_for is not None:
+                self.stream.wait_event(wait_for)
+            cupy.cuda.runtime.memcpyAsync(dst_address, src_address, nbytes,
+                                          cupy.cuda.runtime.memcpyHostToDevice, self.stream.ptr)
+            ev = cupy.cuda.Event()
+            ev.record(self.stream)
+        return ev
+
+    def record_current(self):
+        """An event on the calling thread's current stream: everything the
+        caller has enqueued so far (its work on the batch it held)."""
+        if self.framework == "torch":
+            ev = self._torch.cuda.Event()
+            ev.record(self._torch.cuda.current_stream(self._dev))
+            return ev
+        with self._dev:
+            ev = self._cupy.cuda.Event()
+            ev.record(self._cupy.cuda.get_current_stream())
+        return ev
+
+    def wait_current(self, event) -> None:
+        """Make the calling thread's current stream wait for `event`."""
+        if self.framework == "torch":
+            self._torch.cuda.current_stream(self._dev).wait_event(event)
+        else:
+            with self._dev:
+                self._cupy.cuda.get_current_stream().wait_event(event)
+
+    @staticmethod
+    def synchronize(event) -> None:
+        """Block the calling thread until `event` has completed."""
+        event.synchronize()
+
+
+def host_cuda_ops(framework: str) -> CudaOps | None:
+    """CudaOps for pinning a host ring when CUDA is present, else None.
+
+    Only a framework the learner already uses (torch) or one already imported
+    by the program is used: a numpy learner on a GPU host does not import
+    torch just to pin its ring.
+    """
+    import sys
+
+    if not cuda_present():
+        return None
+    for name in ("torch", "cupy"):
+        if name == framework or name in sys.modules:
+            try:
+                return CudaOps(name, Device("cuda", 0))
+            except Exception:  # no usable CUDA in that framework: stay unpinned
+                continue
+    return None

@@ -1,0 +1,100 @@
+"""The learner's prefetching iterator, frameworks and path, over real processes."""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+
+import distore_ucx as ds
+
+SPEC = {"obs": ((4, 21, 21), "uint8"), "action": ((), "int64")}
+
+
+def make_items(n: int, seed: int) -> dict:
+    rng = np.random.default_rng(seed)
+    return {"obs": rng.integers(0, 256, (n, 4, 21, 21), dtype=np.uint8),
+            "action": np.arange(n, dtype=np.int64)}
+
+
+def prefetch_threads():
+    return [t for t in threading.enumerate() if t.name.startswith("distore-prefetch")]
+
+
+@pytest.fixture
+def filled(client):
+    client.create_table("replay", capacity=1000, spec=SPEC)
+    items = make_items(300, seed=5)
+    with client.writer() as writer:
+        keys = writer.insert("replay", items)
+    return client, items, keys
+
+
+def check(batch, items, keys):
+    idx = np.searchsorted(keys, batch.keys)
+    assert np.array_equal(keys[idx], batch.keys)
+    assert np.array_equal(np.asarray(batch.data["obs"]), items["obs"][idx])
+    assert np.array_equal(np.asarray(batch.data["action"]), items["action"][idx])
+
+
+def test_iterating_prefetches_correct_batches_and_close_stops_the_thread(filled, tls):
+    client, items, keys = filled
+    learner = client.learner("replay", batch_size=16, prefetch=2)
+    assert learner.path == "host" and len(learner._ring) == 3
+    for i, batch in enumerate(learner):
+        check(batch, items, keys)  # the held batch is intact while 2 more are in flight
+        if i == 30:
+            break
+    assert len(prefetch_threads()) == 1
+    held = batch.clone()
+    learner.sample()  # while iterating, sample() takes the next prefetched batch
+    learner.close()
+    assert not prefetch_threads()
+    check(held, items, keys)
+
+
+def test_context_manager_stops_the_thread(filled, tls):
+    client, items, keys = filled
+    with client.learner("replay", batch_size=8, prefetch=3) as learner:
+        it = iter(learner)
+        for _ in range(5):
+            check(next(it), items, keys)
+    assert not prefetch_threads()
+
+
+def test_errors_in_the_thread_reach_the_caller(client, tls):
+    client.create_table("empty", capacity=10, spec=SPEC)
+    learner = client.learner("empty", batch_size=4, prefetch=2, timeout=0.3)
+    with pytest.raises(ds.NoData, match="no items to sample"):
+        next(iter(learner))
+    assert not prefetch_threads()  # the failed thread is gone; iterating again restarts it
+    with client.writer() as writer:
+        writer.insert("empty", make_items(4, 1))
+    assert len(next(iter(learner))) == 4
+    learner.close()
+    assert not prefetch_threads()
+
+
+def test_torch_cpu_tensors_through_dlpack(filled, tls):
+    torch = pytest.importorskip("torch", reason="torch not installed (pip install '.[torch]')")
+    client, items, keys = filled
+    learner = client.learner("replay", batch_size=8, framework="torch")
+    batch = learner.sample()
+    assert learner.path == "host" and learner.framework == "torch"
+    assert isinstance(batch.data["obs"], torch.Tensor)
+    assert batch.data["obs"].data_ptr() == learner._ring.acquire(0).address + 16  # no copy
+    check(batch, items, keys)
+    kept = batch.clone()
+    assert isinstance(kept.data["obs"], torch.Tensor)
+    assert kept.data["obs"].data_ptr() != batch.data["obs"].data_ptr()
+
+
+def test_device_options_are_checked(filled, tls):
+    client, _, _ = filled
+    with pytest.raises(ds.ConfigError, match="expected 'cpu', 'cuda' or 'cuda:N'"):
+        client.learner("replay", batch_size=4, device="tpu")
+    with pytest.raises(ds.ConfigError, match="needs a GPU device"):
+        client.learner("replay", batch_size=4, path="gpu-direct")
+    with pytest.raises(ds.ConfigError, match="prefetch"):
+        client.learner("replay", batch_size=4, prefetch=-1)

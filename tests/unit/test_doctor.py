@@ -1,0 +1,45 @@
+"""`distore doctor` on this host, through the command line."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import tempfile
+
+from distore_ucx.client.device import cuda_present
+
+
+def doctor(*args):
+    # Never from the repository root: that would import the uncompiled sources.
+    return subprocess.run([sys.executable, "-m", "distore_ucx", "doctor", *args],
+                          capture_output=True, text=True, timeout=120,
+                          cwd=tempfile.gettempdir())
+
+
+def test_doctor_reports_ucx_and_what_is_missing():
+    out = doctor()
+    assert out.returncode == 0, out.stderr
+    text = out.stdout
+    assert text.startswith("UCX 1.") and "transports:" in text and "tcp/" in text
+    assert "CUDA support: cuda_copy=" in text and "hugepages:" in text
+    assert "learner paths: device='cpu' -> host" in text
+    if not cuda_present():
+        assert "GPUs: none found" in text
+        assert "MISSING GPU: no NVIDIA GPU or driver found" in text
+        assert "MISSING UCX CUDA support" in text
+        assert "device='cuda' -> unavailable (no GPU)" in text
+    for line in text.splitlines():
+        if line.startswith("MISSING "):
+            assert ": " in line and len(line) > 40, line  # says what to do
+
+
+def test_doctor_json():
+    out = doctor("--json")
+    assert out.returncode == 0, out.stderr
+    report = json.loads(out.stdout)
+    assert report["ucx"]["version"].startswith("1.")
+    assert report["ucx"]["origin"] in ("wheel", "system")
+    assert "host" in report["ucx"]["memory_types"]
+    assert report["paths"]["cpu"] == "host"
+    assert all(len(m) == 2 for m in report["missing"])
