@@ -16,6 +16,7 @@ from .cluster import LocalCluster
 from .control.rate_limiters import MinSize, Queue, RateLimiter, SampleToInsertRatio
 from .control.selectors import Fifo, Lifo, MaxHeap, MinHeap, Prioritized, Selector, Uniform
 from .errors import (
+    AuthenticationFailed,
     ConfigError,
     ConnectionFailed,
     DistoreError,
@@ -66,4 +67,5 @@ __all__ = [
     "TableNotFound",
     "Timeout",
     "UcxError",
+    "AuthenticationFailed",
 ]

@@ -40,6 +40,8 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--lease-timeout", type=float, default=30.0,
                    help="a sampled slot is protected this long at most (s)")
     c.add_argument("--seed", type=int, default=None, help="seed the samplers (tests)")
+    c.add_argument("--token-file", default=_env("TOKEN_FILE"),
+                   help="shared secret every connection must prove (env DISTORE_TOKEN_FILE)")
     c.add_argument("--ready-file", help=argparse.SUPPRESS)
 
     n = sub.add_parser("node", help="run a storage node")
@@ -53,12 +55,19 @@ def build_parser() -> argparse.ArgumentParser:
     n.add_argument("--port", type=int, default=0, help="insert port (0 = any free)")
     n.add_argument("--name", default="", help="node name in status output")
     n.add_argument("--no-hugepages", action="store_true", help="never use 2 MiB pages")
+    n.add_argument("--no-write-protect", action="store_true",
+                   help="register the arena through its writable mapping (lets transparent "
+                        "hugepages back it, but software transports then accept remote writes)")
+    n.add_argument("--token-file", default=_env("TOKEN_FILE"),
+                   help="shared secret of the store (env DISTORE_TOKEN_FILE)")
     n.add_argument("--ready-file", help=argparse.SUPPRESS)
 
     s = sub.add_parser("status", help="show nodes and tables of a running store")
     s.add_argument("--control", default=_env("CONTROL", "127.0.0.1:7700"),
                    help="control plane HOST:PORT (env DISTORE_CONTROL)")
     s.add_argument("--json", action="store_true", help="print JSON")
+    s.add_argument("--token-file", default=_env("TOKEN_FILE"),
+                   help="shared secret of the store (env DISTORE_TOKEN_FILE)")
 
     d = sub.add_parser("demo", help="run a local cluster with a writer and a verifying learner")
     d.add_argument("--seconds", type=float, default=20.0, help="how long to sample (default 20)")
@@ -89,14 +98,16 @@ def main(argv: list[str] | None = None) -> int:
             cfg = ControlConfig(host=args.host, port=args.port,
                                 heartbeat_timeout=args.heartbeat_timeout,
                                 heartbeat_interval=min(0.5, args.heartbeat_timeout / 4),
-                                lease_timeout=args.lease_timeout, seed=args.seed)
+                                lease_timeout=args.lease_timeout, seed=args.seed,
+                                token_file=args.token_file)
             return control_main(cfg, args.ready_file)
         if args.command == "node":
             from .storage.node import main as node_main
 
             cfg = NodeConfig(control=args.control, arena_bytes=parse_size(args.arena),
                              host=args.host, port=args.port, name=args.name,
-                             hugepages=not args.no_hugepages)
+                             hugepages=not args.no_hugepages, token_file=args.token_file,
+                             write_protect=not args.no_write_protect)
             return node_main(cfg, args.ready_file)
         if args.command == "status":
             return _status(args)
@@ -128,7 +139,7 @@ def _doctor(args) -> int:
 def _status(args) -> int:
     from .client import connect
 
-    with connect(args.control, timeout=10) as client:
+    with connect(args.control, timeout=10, token_file=args.token_file) as client:
         st = client.status()
     if args.json:
         print(json.dumps(st, indent=2, default=str))

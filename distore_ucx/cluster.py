@@ -79,6 +79,7 @@ class LocalCluster:
         hugepages: bool = False,
         heartbeat_timeout: float = 2.0,
         log_level: str = "INFO",
+        token_file: str | None = None,
     ):
         self.n_nodes = nodes
         self.arena_bytes = parse_size(arena_bytes)
@@ -96,6 +97,7 @@ class LocalCluster:
         self.hugepages = hugepages
         self.heartbeat_timeout = heartbeat_timeout
         self.log_level = log_level
+        self.token_file = token_file
         self.control: Process | None = None
         self.nodes: list[Process] = []
         self.address: str | None = None
@@ -171,6 +173,8 @@ class LocalCluster:
         ready = os.path.join(self.log_dir, f"{role}.ready")
         cmd = [sys.executable, "-m", "distore_ucx", "--log-level", self.log_level, *args,
                "--ready-file", ready]
+        if self.token_file:
+            cmd += ["--token-file", os.path.abspath(self.token_file)]
         with open(log_path, "wb") as out:
             popen = subprocess.Popen(
                 cmd,

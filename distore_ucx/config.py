@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass
 
@@ -27,6 +28,32 @@ def parse_size(text: str | int) -> int:
     return int(float(value) * mult)
 
 
+MIN_TOKEN_BYTES = 16
+
+
+def read_token(path: str | None) -> bytes | None:
+    """The shared secret in `path` (or in $DISTORE_TOKEN_FILE when path is
+    None); None when neither is set. Surrounding whitespace is ignored.
+
+    Besides cli.py this is the one place that reads the environment, so that
+    library users get the same token the command line would use.
+    """
+    path = path or os.environ.get("DISTORE_TOKEN_FILE") or None
+    if path is None:
+        return None
+    try:
+        with open(path, "rb") as fh:
+            token = fh.read().strip()
+    except OSError as exc:
+        raise ConfigError(f"cannot read the token file {path!r}: {exc.strerror}") from None
+    if len(token) < MIN_TOKEN_BYTES:
+        raise ConfigError(
+            f"the token in {path!r} is {len(token)} bytes; use at least {MIN_TOKEN_BYTES} "
+            "(e.g. head -c 32 /dev/urandom | base64 > FILE)"
+        )
+    return token
+
+
 @dataclass(frozen=True)
 class ControlConfig:
     """Settings of the control plane process."""
@@ -37,6 +64,7 @@ class ControlConfig:
     heartbeat_timeout: float = 2.0  # a node silent this long is dropped
     lease_timeout: float = 30.0  # a sampled item's slot is kept this long at most
     seed: int | None = None
+    token_file: str | None = None  # shared secret every connection must prove
 
 
 @dataclass(frozen=True)
@@ -49,6 +77,8 @@ class NodeConfig:
     port: int = 0
     name: str = ""
     hugepages: bool = True
+    token_file: str | None = None  # shared secret (control plane and writers)
+    write_protect: bool = True  # peers read through a read-only mapping
 
     def __post_init__(self):
         if self.arena_bytes < 1 << 20:

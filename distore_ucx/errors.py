@@ -20,6 +20,10 @@ class ConnectionFailed(DistoreError, ConnectionError):
     """A peer (control plane, storage node) could not be reached or went away."""
 
 
+class AuthenticationFailed(ConnectionFailed):
+    """The peer refused our token, or wants one and we have none."""
+
+
 class Timeout(DistoreError, TimeoutError):
     """A request did not complete in time."""
 

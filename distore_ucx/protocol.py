@@ -13,6 +13,8 @@ items never pass through the control plane.
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import struct
 from dataclasses import dataclass
 from typing import Any
@@ -24,6 +26,7 @@ VERSION = 1
 MAX_FRAME = 1 << 30  # 1 GiB: one insert batch at most
 MAX_NAME = 128
 MAX_ITEMS = 1 << 24  # per message
+MAX_SAMPLE = 1 << 16  # items in one sample request
 HEADER = struct.Struct("<II")  # body length, metadata length
 HEADER_SIZE = HEADER.size
 PAYLOAD = "payload"  # the one field that travels raw, after the metadata
@@ -62,6 +65,8 @@ _NAME = dict(max_len=MAX_NAME)
 
 # op -> fields of the request. Replies are validated by the side that uses them.
 MESSAGES: dict[str, tuple[F, ...]] = {
+    # every server: the answer to the hello's challenge (HMAC-SHA256)
+    "auth": (F("mac", "bytes", max_len=64),),
     # control plane
     "register_node": (
         F("name", "str", **_NAME),
@@ -100,7 +105,7 @@ MESSAGES: dict[str, tuple[F, ...]] = {
     "nodes": (),
     "sample": (
         F("table", "str", **_NAME),
-        F("n", "int", lo=1, hi=MAX_ITEMS),
+        F("n", "int", lo=1, hi=MAX_SAMPLE),
         F("release", "list", required=False, max_len=1024),
         F("timeout", "float", required=False, lo=0, hi=86400),
     ),
@@ -177,6 +182,31 @@ def decode(body: bytes, meta_len: int | None = None) -> dict[str, Any]:
     if meta_len < len(body):
         msg[PAYLOAD] = view[meta_len:]
     return msg
+
+
+AUTH_CONTEXT = b"distore-ucx auth v1"
+
+
+def auth_mac(token: bytes, nonce: bytes) -> bytes:
+    """The answer to a server's challenge: HMAC-SHA256(token, context + nonce)."""
+    return hmac.new(token, AUTH_CONTEXT + nonce, hashlib.sha256).digest()
+
+
+def hello(nonce: bytes | None) -> dict[str, Any]:
+    """The first frame a server sends: protocol version and, when it wants a
+    token, the challenge nonce."""
+    return {"id": 0, "hello": {"v": VERSION, "nonce": nonce}}
+
+
+def check_hello(msg: dict[str, Any]) -> bytes | None:
+    """Validate a server's hello; returns its nonce (None: no token needed)."""
+    h = msg.get("hello")
+    if not isinstance(h, dict) or h.get("v") != VERSION:
+        raise ProtocolError(f"unexpected greeting {msg!r}: not a distore-ucx v{VERSION} server")
+    nonce = h.get("nonce")
+    if nonce is not None and (not isinstance(nonce, bytes) or not 16 <= len(nonce) <= 64):
+        raise ProtocolError("malformed challenge in the server's greeting")
+    return nonce
 
 
 def request(op: str, mid: int, **fields: Any) -> dict[str, Any]:

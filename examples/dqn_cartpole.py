@@ -114,7 +114,8 @@ def train(args) -> dict:
         learner = client.learner(TABLE, batch_size=args.batch, beta=0.4, timeout=120)
         max_priority, step, solved_at = 1.0, 0, None
         try:
-            while time.monotonic() - t0 < args.minutes * 60:
+            max_steps = getattr(args, "max_steps", 0) or float("inf")
+            while time.monotonic() - t0 < args.minutes * 60 and step < max_steps:
                 batch = learner.sample()
                 d = batch.data
                 obs = torch.as_tensor(d["obs"])
@@ -180,6 +181,8 @@ def main(argv=None) -> int:
     p.add_argument("--target", type=float, default=195.0, help="mean return over 100 episodes")
     p.add_argument("--batch", type=int, default=64)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--max-steps", type=int, default=0, help="stop after this many training "
+                   "steps (0: no limit)")
     args = p.parse_args(argv)
     summary = train(args)
     solved = summary["solved_seconds"] is not None

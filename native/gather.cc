@@ -5,6 +5,7 @@
 #include <chrono>
 #include <cstring>
 #include <string>
+#include <thread>
 
 #include "status.h"
 
@@ -94,15 +95,57 @@ void gather(ucp_worker_h worker, const std::vector<const RemoteKey*>& rkeys,
       idle = 0;
       continue;
     }
-    if (++idle > 64) sched_yield();
+    // Nothing moved: yield, then sleep a little (a peer that answers over
+    // TCP needs the core we would spin on), and past the deadline only poll.
+    ++idle;
+    if (cancelled) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    } else if (idle > 1024) {
+      std::this_thread::sleep_for(std::chrono::microseconds(20));
+    } else if (idle > 64) {
+      sched_yield();
+    }
     if (!cancelled && (idle & 255) == 0 && clock::now() > deadline) {
-      // Cancelled requests complete with UCS_ERR_CANCELED on later progress.
+      // UCX completes cancelled requests with UCS_ERR_CANCELED on later
+      // progress, except RMA reads, which it cannot cancel: those finish when
+      // the endpoint fails (peer-failure handling, keepalive) or never.
       for (size_t i = 0; i < n; ++i) {
         if (requests[i] != nullptr) ucp_request_cancel(worker, requests[i]);
       }
       cancelled = true;
     }
   }
+}
+
+int32_t put(ucp_worker_h worker, const RemoteKey& key, uint64_t remote_address,
+            const MemoryRegion& src, uint64_t length, double timeout_s) {
+  if (!key.contains(remote_address, length) || length > src.size()) {
+    throw UcxError(kStatusOutOfBounds, "put: range outside the remote or local region",
+                   key.peer());
+  }
+  ucp_request_param_t param;
+  std::memset(&param, 0, sizeof(param));
+  param.op_attr_mask = UCP_OP_ATTR_FIELD_MEMH;
+  param.memh = src.memh();
+  ucs_status_ptr_t r = ucp_put_nbx(key.endpoint(), reinterpret_cast<void*>(src.address()), length,
+                                   remote_address, key.rkey(), &param);
+  if (r == nullptr) {
+    // Completed locally; flush to learn whether the peer accepted it.
+    r = ucp_ep_flush_nbx(key.endpoint(), &param);
+    if (r == nullptr) return UCS_OK;
+  }
+  if (UCS_PTR_IS_ERR(r)) return UCS_PTR_STATUS(r);
+  using clock = std::chrono::steady_clock;
+  const auto deadline = clock::now() + std::chrono::duration<double>(timeout_s);
+  ucs_status_t s;
+  while ((s = ucp_request_check_status(r)) == UCS_INPROGRESS) {
+    if (ucp_worker_progress(worker) == 0) sched_yield();
+    if (clock::now() > deadline) {
+      ucp_request_cancel(worker, r);
+    }
+  }
+  ucp_request_free(r);
+  return s;
 }
 
 }  // namespace distore

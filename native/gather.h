@@ -28,4 +28,10 @@ void gather(ucp_worker_h worker, const std::vector<const RemoteKey*>& rkeys,
             const GatherItem* items, size_t n, const MemoryRegion& dest, double timeout_s,
             int32_t* statuses);
 
+// One-sided write of `length` bytes from `src` to `remote_address` under
+// `key`; returns the final ucs_status_t. It exists to verify that storage
+// arenas refuse remote writes (they are mapped for remote READ only).
+int32_t put(ucp_worker_h worker, const RemoteKey& key, uint64_t remote_address,
+            const MemoryRegion& src, uint64_t length, double timeout_s);
+
 }  // namespace distore

@@ -84,6 +84,44 @@ MemoryRegion::MemoryRegion(nb::object context, uintptr_t context_handle, uintptr
   map(memory_type, UCP_MEM_MAP_PROT_LOCAL_READ | UCP_MEM_MAP_PROT_LOCAL_WRITE);
 }
 
+MemoryRegion* MemoryRegion::write_protected(nb::object context, uintptr_t context_handle,
+                                            size_t size) {
+  if (size == 0) throw UcxError(kStatusBadArgument, "memory region size must be > 0");
+  const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+  const size_t length = round_up(size, page);
+  int fd = memfd_create("distore-arena", MFD_CLOEXEC);
+  if (fd < 0 || ftruncate(fd, static_cast<off_t>(length)) != 0) {
+    std::string why = std::strerror(errno);
+    if (fd >= 0) close(fd);
+    throw UcxError(UCS_ERR_NO_MEMORY, "memfd for a " + std::to_string(size) +
+                                          "-byte arena failed: " + why);
+  }
+  void* rw = mmap(nullptr, length, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  void* ro = rw == MAP_FAILED ? MAP_FAILED : mmap(nullptr, length, PROT_READ, MAP_SHARED, fd, 0);
+  const int err = errno;
+  close(fd);  // the mappings keep the memory
+  if (ro == MAP_FAILED) {
+    if (rw != MAP_FAILED) munmap(rw, length);
+    throw UcxError(UCS_ERR_NO_MEMORY, "mmap of a " + std::to_string(size) +
+                                          "-byte arena failed: " + std::strerror(err));
+  }
+  auto* r = new MemoryRegion();
+  r->context_ = std::move(context);
+  r->context_handle_ = reinterpret_cast<ucp_context_h>(context_handle);
+  r->base_ = ro;
+  r->local_ = rw;
+  r->size_ = size;
+  r->mapped_size_ = length;
+  r->remote_read_ = true;
+  try {
+    r->map(UCS_MEMORY_TYPE_HOST, UCP_MEM_MAP_PROT_LOCAL_READ | UCP_MEM_MAP_PROT_REMOTE_READ);
+  } catch (...) {
+    delete r;
+    throw;
+  }
+  return r;
+}
+
 void MemoryRegion::map(int memory_type, unsigned prot) {
   ucp_mem_map_params_t params;
   std::memset(&params, 0, sizeof(params));
@@ -99,6 +137,7 @@ void MemoryRegion::map(int memory_type, unsigned prot) {
 MemoryRegion::~MemoryRegion() {
   if (memh_ != nullptr) ucp_mem_unmap(context_handle_, memh_);
   if (mapped_size_ != 0) munmap(base_, mapped_size_);
+  if (local_ != nullptr) munmap(local_, mapped_size_);
   // context_ and owner_ are released after this body: parents outlive us.
 }
 

@@ -32,6 +32,13 @@ class MemoryRegion {
   // Remote write is never granted.
   MemoryRegion(nanobind::object context, uintptr_t context_handle, size_t size,
                bool remote_read, bool hugepages);
+  // A write-protected region for remote reading: the same pages mapped
+  // twice from a memfd, read-only where UCX registers them (and peers read
+  // them) and writable at local_address() for the owner. UCX's software
+  // transports (TCP emulation, CMA) do not enforce a registration's access
+  // flags; this makes a remote write fault instead of changing data.
+  static MemoryRegion* write_protected(nanobind::object context, uintptr_t context_handle,
+                                       size_t size);
   // Registers caller-owned memory [address, address + size); `owner` keeps it
   // alive. `memory_type` is a ucs_memory_type_t (0 host, 1 cuda, ...).
   MemoryRegion(nanobind::object context, uintptr_t context_handle, uintptr_t address,
@@ -41,6 +48,11 @@ class MemoryRegion {
   MemoryRegion& operator=(const MemoryRegion&) = delete;
 
   uintptr_t address() const { return reinterpret_cast<uintptr_t>(base_); }
+  // Where the owner writes: address() unless the region is write-protected.
+  uintptr_t local_address() const {
+    return reinterpret_cast<uintptr_t>(local_ != nullptr ? local_ : base_);
+  }
+  bool is_write_protected() const { return local_ != nullptr; }
   size_t size() const { return size_; }
   bool hugepages() const { return hugepages_; }  // reserved or transparent
   bool remote_read() const { return remote_read_; }
@@ -50,12 +62,14 @@ class MemoryRegion {
   nanobind::bytes pack_rkey() const;
 
  private:
+  MemoryRegion() = default;
   void map(int memory_type, unsigned prot);
 
   nanobind::object context_;
   nanobind::object owner_;
-  ucp_context_h context_handle_;
+  ucp_context_h context_handle_ = nullptr;
   void* base_ = nullptr;
+  void* local_ = nullptr;  // writable alias of base_ (write-protected regions)
   size_t size_ = 0;
   size_t mapped_size_ = 0;  // bytes to munmap; 0 for borrowed memory
   bool hugepages_ = false;

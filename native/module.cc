@@ -75,7 +75,7 @@ void scatter_rows(MemoryRegion& dest, Vec<uint64_t> offsets,
                                              " exceeds the region");
     }
   }
-  auto* base = reinterpret_cast<uint8_t*>(dest.address());
+  auto* base = reinterpret_cast<uint8_t*>(dest.local_address());
   const uint8_t* s = src.data();
   nb::gil_scoped_release release;
   for (size_t i = 0; i < n; ++i) std::memcpy(base + offsets(i), s + i * row, row);
@@ -312,7 +312,17 @@ NB_MODULE(_native, m) {
           nb::rv_policy::take_ownership,
           "Map caller-owned memory (host, or CUDA with memory_type=1) as a local "
           "destination; `owner` is kept alive.")
+      .def_static(
+          "write_protected",
+          [](nb::object context, size_t size) {
+            uintptr_t h = handle_of(context, "context");
+            return MemoryRegion::write_protected(std::move(context), h, size);
+          },
+          "context"_a, "size"_a, nb::rv_policy::take_ownership,
+          "A region peers may read but never write: registered through a read-only "
+          "mapping, written by its owner through view().")
       .def_prop_ro("address", &MemoryRegion::address)
+      .def_prop_ro("is_write_protected", &MemoryRegion::is_write_protected)
       .def_prop_ro("size", &MemoryRegion::size)
       .def_prop_ro("hugepages", &MemoryRegion::hugepages)
       .def_prop_ro("remote_read", &MemoryRegion::remote_read)
@@ -322,7 +332,7 @@ NB_MODULE(_native, m) {
           [](nb::handle_t<MemoryRegion> self) {
             MemoryRegion& r = nb::cast<MemoryRegion&>(self);
             return nb::ndarray<nb::numpy, uint8_t, nb::ndim<1>>(
-                reinterpret_cast<uint8_t*>(r.address()), {r.size()}, self);
+                reinterpret_cast<uint8_t*>(r.local_address()), {r.size()}, self);
           },
           "A writable uint8 numpy view of the whole region (keeps the region alive).");
 
@@ -346,6 +356,17 @@ NB_MODULE(_native, m) {
         "Returns the per-item ucs_status_t (0 = UCS_OK). Raises OutOfBoundsError or\n"
         "InvalidArgument before posting anything if an item is malformed.");
   bind_tables(m);
+
+  m.def(
+      "put",
+      [](nb::object worker, const RemoteKey& key, uint64_t remote_address,
+         const MemoryRegion& src, uint64_t length, double timeout_s) {
+        auto w = reinterpret_cast<ucp_worker_h>(handle_of(worker, "worker"));
+        nb::gil_scoped_release release;
+        return put(w, key, remote_address, src, length, timeout_s);
+      },
+      "worker"_a, "key"_a, "remote_address"_a, "src"_a, "length"_a, "timeout"_a = 10.0,
+      "One-sided write (returns the ucs_status_t); arenas must refuse it.");
 
   m.def("scatter_rows", &scatter_rows, "dest"_a, "offsets"_a, "src"_a,
         "Copy row i of the 2-D uint8 `src` to dest.address + offsets[i], GIL released.");

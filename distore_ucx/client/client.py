@@ -7,17 +7,20 @@ from typing import Any
 
 from ..control.rate_limiters import RateLimiter
 from ..control.selectors import Selector
+from ..config import read_token
 from ..errors import ConfigError
 from ..spec import TableSpec
 from ..transport import rpc
 
 
-def connect(address: str, timeout: float = 30.0) -> "Client":
+def connect(address: str, timeout: float = 30.0, token_file: str | None = None) -> "Client":
     """Connect to a control plane at 'host:port'.
 
+    `token_file` (default: $DISTORE_TOKEN_FILE) holds the store's shared
+    secret when it requires one.
     >>> client = ds.connect("127.0.0.1:7700")
     """
-    return Client(address, timeout)
+    return Client(address, timeout, token_file)
 
 
 class Client:
@@ -27,10 +30,11 @@ class Client:
     close the client (or use it as a context manager) to close them all.
     """
 
-    def __init__(self, address: str, timeout: float = 30.0):
+    def __init__(self, address: str, timeout: float = 30.0, token_file: str | None = None):
         self.address = address
         self.timeout = timeout
-        self._rpc = rpc.Client(address, timeout)
+        self.token = read_token(token_file)
+        self._rpc = rpc.Client(address, timeout, token=self.token)
         self._lock = threading.Lock()
         self._runtime = None
         self._children: list[Any] = []
@@ -136,7 +140,7 @@ class Client:
 
     def connection(self) -> rpc.Client:
         """A new, separate connection to the control plane."""
-        return rpc.Client(self.address, self.timeout)
+        return rpc.Client(self.address, self.timeout, token=self.token)
 
     def close(self) -> None:
         """Close writers (flushing them), learners, the UCX runtime, the connection."""

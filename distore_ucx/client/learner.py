@@ -104,7 +104,10 @@ class _Peer:
         # the node's pid is checked before every batch of reads instead.
         same_host = bool(desc.get("host_id")) and desc["host_id"] == host_id()
         self.watch = ProcessWatch(desc["pid"]) if same_host and desc.get("pid") else None
-        ep = runtime.endpoint(self.worker_address, self.name, detect_failures=not same_host)
+        # Without shared-memory transports nothing is gained by giving up
+        # peer-failure handling: keep it (a dead peer then fails reads).
+        shm = same_host and runtime.shared_memory
+        ep = runtime.endpoint(self.worker_address, self.name, detect_failures=not shm)
         self.rkey = _native.RemoteKey(
             ep, desc["rkey"], desc["arena_base"], desc["arena_size"], self.name
         )

@@ -204,7 +204,8 @@ class Writer:
         node = nodes[next(self._rr) % len(nodes)]
         conn = self._conns.get(node["node_id"])
         if conn is None:
-            conn = rpc.Client(node["address"], self.timeout, name=f"storage node {node['name']}")
+            conn = rpc.Client(node["address"], self.timeout, name=f"storage node {node['name']}",
+                              token=self._client.token)
             self._conns[node["node_id"]] = conn
         return node["node_id"], conn
 

@@ -17,7 +17,7 @@ import time
 
 import numpy as np
 
-from ..config import ControlConfig
+from ..config import ControlConfig, read_token
 from ..errors import ConfigError, NoData, RateLimiterTimeout, TableExists, TableNotFound
 from ..spec import TableSpec
 from ..transport.rpc import Peer, serve
@@ -69,6 +69,7 @@ class ControlPlane:
         server = await serve(
             self.config.host, self.config.port, self.handle, self._on_close,
             concurrent=frozenset({"items_added"}),  # may wait on a rate limiter
+            token=read_token(self.config.token_file),
         )
         self.port = server.sockets[0].getsockname()[1]
         asyncio.get_running_loop().create_task(self._housekeeping())

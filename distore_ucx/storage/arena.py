@@ -40,8 +40,15 @@ class _FreeList:
 class Arena:
     """Slots in one UCX-registered region, remote READ only."""
 
-    def __init__(self, runtime, size: int, hugepages: bool = True, node_name: str = "node"):
-        self.region = runtime.map_region(size, remote_read=True, hugepages=hugepages)
+    def __init__(self, runtime, size: int, hugepages: bool = True, node_name: str = "node",
+                 write_protect: bool = True):
+        if write_protect:
+            # Peers read through a read-only mapping: UCX's software
+            # transports ignore registration access flags, so only this turns
+            # a remote write into a fault instead of changed data.
+            self.region = _native.MemoryRegion.write_protected(runtime.context, size)
+        else:
+            self.region = runtime.map_region(size, remote_read=True, hugepages=hugepages)
         self.size = size
         self.node_name = node_name
         self._bump = 0

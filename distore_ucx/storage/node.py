@@ -20,7 +20,7 @@ import socket
 
 import numpy as np
 
-from ..config import NodeConfig
+from ..config import NodeConfig, read_token
 from ..errors import ConnectionFailed, SpecMismatch
 from ..spec import SLOT_HEADER
 from ..transport import UcxRuntime
@@ -64,11 +64,13 @@ class StorageNode:
         host = cfg.host or route_address(control_host)
         with UcxRuntime() as runtime:
             self.runtime = runtime
-            self.arena = Arena(runtime, cfg.arena_bytes, cfg.hugepages, self.name)
-            server = await serve(host, cfg.port, self._handle)
+            self.arena = Arena(runtime, cfg.arena_bytes, cfg.hugepages, self.name,
+                               write_protect=cfg.write_protect)
+            token = read_token(cfg.token_file)
+            server = await serve(host, cfg.port, self._handle, token=token)
             port = server.sockets[0].getsockname()[1]
             self.control = await AsyncClient.connect(
-                cfg.control, "control plane", on_push=self._on_push
+                cfg.control, "control plane", on_push=self._on_push, token=token
             )
             reply = await self.control.call(
                 "register_node",

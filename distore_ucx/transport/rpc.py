@@ -14,7 +14,9 @@ plane, and also receives the control plane's pushes on the same socket.
 from __future__ import annotations
 
 import asyncio
+import hmac
 import itertools
+import secrets
 import logging
 import socket
 import threading
@@ -54,7 +56,15 @@ class Client:
     connection: replies come back in order.
     """
 
-    def __init__(self, address: str, timeout: float = 30.0, name: str = "control plane"):
+    def __init__(
+        self,
+        address: str,
+        timeout: float = 30.0,
+        name: str = "control plane",
+        token: bytes | None = None,
+    ):
+        """Connect, read the server's greeting and answer its challenge with
+        `token` when it asks for one."""
         self.address = address
         self.name = f"{name} at {address}"
         self.timeout = timeout
@@ -70,6 +80,36 @@ class Client:
         self._ids = itertools.count(1)
         self._lock = threading.Lock()
         self._pending: list[int] = []
+        try:
+            self._authenticate(token)
+        except BaseException:
+            self.close()
+            raise
+
+    def _authenticate(self, token: bytes | None) -> None:
+        try:
+            n, meta = protocol.read_header(self._recv_exact(protocol.HEADER_SIZE))
+            nonce = protocol.check_hello(protocol.decode(self._recv_exact(n), meta))
+        except socket.timeout:
+            raise errors.Timeout(f"the {self.name} sent no greeting within {self.timeout} s")
+        except (OSError, protocol.ProtocolError) as exc:
+            raise errors.ConnectionFailed(f"bad greeting from the {self.name}: {exc}") from None
+        if nonce is None:
+            return
+        if token is None:
+            raise errors.AuthenticationFailed(
+                f"the {self.name} requires a token: pass token_file= (or set "
+                "DISTORE_TOKEN_FILE) to the file holding the store's shared secret"
+            )
+        with self._lock:
+            self._send("auth", {"mac": protocol.auth_mac(token, nonce)})
+            try:
+                self._receive(None)
+            except errors.DistoreError as exc:
+                raise errors.AuthenticationFailed(
+                    f"the {self.name} refused our token ({exc}); check that both sides use "
+                    "the same token file"
+                ) from None
 
     def call(self, op: str, reply_timeout: float | None = None, **fields: Any) -> dict[str, Any]:
         """Send one request and wait for its reply; raises the peer's error.
@@ -199,6 +239,7 @@ async def serve(
     handler: Handler,
     on_close: Callable[[Peer], None] | None = None,
     concurrent: frozenset[str] = frozenset(),
+    token: bytes | None = None,
 ) -> asyncio.base_events.Server:
     """Start a server; `handler(peer, op, fields)` returns the reply fields.
 
@@ -207,6 +248,11 @@ async def serve(
     answered when done while the connection goes on; their senders match
     replies by id. A malformed message gets an error reply and its
     connection is closed; other connections go on.
+
+    With a `token`, every connection must first answer the greeting's
+    challenge (HMAC-SHA256 of a fresh nonce); until it has, any other request
+    gets an error and the connection is closed, so an unauthenticated peer
+    learns nothing (no worker address, no remote key, no data).
     """
 
     async def answer(peer: Peer, writer, mid: int, op: str, fields: dict) -> None:
@@ -229,6 +275,9 @@ async def serve(
         if sock is not None:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         peer = Peer(reader, writer)
+        nonce = secrets.token_bytes(32) if token is not None else None
+        peer.state["authenticated"] = token is None
+        writer.writelines(protocol.encode(protocol.hello(nonce)))
         try:
             while True:
                 try:
@@ -244,6 +293,18 @@ async def serve(
                     op, fields = protocol.validate_request(msg)
                 except protocol.ProtocolError as exc:
                     log.warning("closing %s: %s", peer.address, exc)
+                    writer.writelines(protocol.encode(protocol.error_reply(mid, exc)))
+                    break
+                if not peer.state["authenticated"]:
+                    if op == "auth" and hmac.compare_digest(
+                        fields["mac"], protocol.auth_mac(token, nonce)
+                    ):
+                        peer.state["authenticated"] = True
+                        writer.writelines(protocol.encode(protocol.reply(mid)))
+                        continue
+                    reason = "wrong token" if op == "auth" else f"{op!r} before authenticating"
+                    log.warning("authentication failed for %s: %s", peer.address, reason)
+                    exc = errors.AuthenticationFailed(f"authentication failed: {reason}")
                     writer.writelines(protocol.encode(protocol.error_reply(mid, exc)))
                     break
                 if op in concurrent:
@@ -283,8 +344,11 @@ class AsyncClient:
         self.closed = asyncio.Event()
 
     @classmethod
-    async def connect(cls, address: str, name: str, on_push=None, timeout: float = 10.0):
-        """Connect to `address` ('host:port')."""
+    async def connect(
+        cls, address: str, name: str, on_push=None, timeout: float = 10.0,
+        token: bytes | None = None,
+    ):
+        """Connect to `address` ('host:port'), answering its challenge with `token`."""
         host, port = parse_address(address)
         try:
             reader, writer = await asyncio.wait_for(
@@ -293,7 +357,29 @@ class AsyncClient:
         except (OSError, asyncio.TimeoutError) as exc:
             raise errors.ConnectionFailed(f"cannot connect to the {name} at {address}: {exc}") from None
         writer.get_extra_info("socket").setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        return cls(reader, writer, f"{name} at {address}", on_push)
+        label = f"{name} at {address}"
+        try:
+            nonce = protocol.check_hello(await asyncio.wait_for(read_frame(reader), timeout))
+            if nonce is not None:
+                if token is None:
+                    raise errors.AuthenticationFailed(
+                        f"the {label} requires a token (--token-file / DISTORE_TOKEN_FILE)"
+                    )
+                writer.writelines(protocol.encode(
+                    protocol.request("auth", 1, mac=protocol.auth_mac(token, nonce))))
+                msg = await asyncio.wait_for(read_frame(reader), timeout)
+                if not msg or not msg.get("ok"):
+                    raise errors.AuthenticationFailed(
+                        f"the {label} refused our token; check that both sides use the same "
+                        "token file"
+                    )
+        except (asyncio.TimeoutError, protocol.ProtocolError, ConnectionError) as exc:
+            writer.close()
+            raise errors.ConnectionFailed(f"no valid greeting from the {label}: {exc}") from None
+        except BaseException:
+            writer.close()
+            raise
+        return cls(reader, writer, label, on_push)
 
     async def call(self, op: str, reply_timeout: float = 30.0, **fields: Any) -> dict[str, Any]:
         """Send a request and await its reply; raises the peer's error."""

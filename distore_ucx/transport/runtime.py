@@ -66,6 +66,14 @@ class UcxRuntime:
         return self._config.get("TLS") or os.environ.get("UCX_TLS", "all")
 
     @property
+    def shared_memory(self) -> bool:
+        """Whether UCX may use shared-memory transports (UCX_TLS allows them)."""
+        names = {t.strip().lstrip("^") for t in self.transports.split(",") if t.strip()}
+        if self.transports.startswith("^") or "all" in names:
+            return True
+        return bool(names & _NO_PEER_FAILURE - {"self"})
+
+    @property
     def peer_failure_detection(self) -> bool:
         """Whether UCX turns a dead peer into an error (False under shared memory
         only, where UCX aborts the process on a read from a dead peer)."""
@@ -161,12 +169,14 @@ def _shared_memory_only(tls: str) -> bool:
 
 
 def host_id() -> str:
-    """Identifies this host and pid namespace: peers with the same id can
-    check each other's processes by pid."""
+    """Identifies this host, pid namespace and network namespace: peers with
+    the same id share memory transports and can check each other's pids."""
     try:
         with open("/proc/sys/kernel/random/boot_id") as fh:
             boot = fh.read().strip()
-        return f"{boot}:{os.stat('/proc/self/ns/pid').st_ino}"
+        pid_ns = os.stat("/proc/self/ns/pid").st_ino
+        net_ns = os.stat("/proc/self/ns/net").st_ino
+        return f"{boot}:{pid_ns}:{net_ns}"
     except OSError:
         return ""
 
