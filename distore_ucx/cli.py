@@ -104,13 +104,33 @@ def settings_from(args: argparse.Namespace, environ=None) -> Settings:
     return resolve(flags, environ, path)
 
 
-def _apply_ucx(settings: Settings) -> None:
-    """Put the configured UCX settings into this process's environment, before
-    UCX loads (children inherit them)."""
-    for name, value in settings.ucx().environment().items():
+_PREFER_SYSTEM = "RAPIDS_LIBUCX_PREFER_SYSTEM_LIBRARY"
+
+
+def _apply_ucx(settings: Settings, argv: list[str] | None) -> None:
+    """Put the configured UCX settings into this process's environment before
+    UCX makes a context (children inherit them).
+
+    Which UCX library loads is decided when distore_ucx is imported, before
+    any configuration is read: when the configuration changes that choice,
+    the command runs itself again (same pid) with the variable set.
+    """
+    env = settings.ucx().environment()
+    for name, value in env.items():
         if os.environ.get(name) not in (None, value):
             log.info("%s=%s from the configuration replaces %s", name, value, os.environ[name])
-        os.environ[name] = value
+    reload = _PREFER_SYSTEM in env and os.environ.get(_PREFER_SYSTEM) != env[_PREFER_SYSTEM]
+    os.environ.update(env)
+    if reload and "libucx" in sys.modules:
+        if argv is not None:
+            log.warning("%s=%s takes effect only in a new process (UCX is already loaded)",
+                        _PREFER_SYSTEM, env[_PREFER_SYSTEM])
+            return
+        log.info("running again with %s=%s so that UCX loads from there", _PREFER_SYSTEM,
+                 env[_PREFER_SYSTEM])
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os.execv(sys.executable, [sys.executable, "-m", "distore_ucx", *sys.argv[1:]])
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -129,7 +149,7 @@ def main(argv: list[str] | None = None) -> int:
 
             return run_demo(args)
         settings = settings_from(args)
-        _apply_ucx(settings)
+        _apply_ucx(settings, argv)
         if settings["auth.token_file"]:
             log.warning("token file %s is set, but authentication is not enforced yet",
                         settings["auth.token_file"])

@@ -170,3 +170,25 @@ def test_status_table_has_memory_and_rate_columns(cluster, client, tls):
     assert out.returncode == 0, out.stderr
     assert "used%" in out.stdout and "inserts/s" in out.stdout and "samples/s" in out.stdout
     assert "2 of 2 nodes alive" in out.stdout
+
+
+def test_system_ucx_setting_reaches_the_process_before_ucx_loads(tmp_path, tls):
+    # No system UCX here: libucx falls back to the wheel's; the variable must
+    # still be in the environment the process runs with (same pid, re-executed).
+    ready = tmp_path / "control.ready"
+    env = {k: v for k, v in os.environ.items() if k != "RAPIDS_LIBUCX_PREFER_SYSTEM_LIBRARY"}
+    env["DISTORE_UCX_SYSTEM_LIBRARY"] = "true"
+    proc = spawn("control", "--host", "127.0.0.1", "--port", "0", "--ready-file", str(ready),
+                 env=env)
+    try:
+        info = wait_for(lambda: ready.exists() and json.loads(ready.read_text()), 60,
+                        "the control plane to start")
+        assert info["pid"] == proc.pid
+        with open(f"/proc/{proc.pid}/environ", "rb") as fh:
+            assert b"RAPIDS_LIBUCX_PREFER_SYSTEM_LIBRARY=true" in fh.read().split(b"\0")
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=10) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()

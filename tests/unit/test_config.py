@@ -186,3 +186,10 @@ def test_ucx_config_sets_only_what_was_given():
     assert UcxConfig().environment() == {}
     assert UcxConfig(system_library=False).environment() == {
         "RAPIDS_LIBUCX_PREFER_SYSTEM_LIBRARY": "false"}
+
+
+def test_the_example_distore_toml_is_valid():
+    import os
+
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    assert check_file(os.path.join(root, "cluster", "distore.toml")) == []
