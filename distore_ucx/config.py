@@ -242,7 +242,9 @@ def table_config(entry: Any) -> TableConfig:
     allowed = {"name", "capacity", "spec", "sampler", "remover"}
     unknown = sorted(set(entry) - allowed)
     if unknown:
-        raise ValueError(f"unknown key(s) {', '.join(unknown)} (allowed: {', '.join(sorted(allowed))})")
+        raise ValueError(
+            f"unknown key(s) {', '.join(unknown)} (allowed: {', '.join(sorted(allowed))})"
+        )
     for key in ("name", "capacity", "spec"):
         if key not in entry:
             raise ValueError(f"missing {key!r}")
@@ -443,9 +445,8 @@ def load_file(path: str) -> tuple[dict[str, Any], list[Problem]]:
             setting = BY_NAME.get(f"{section}.{key}")
             if setting is None:
                 hint = difflib.get_close_matches(key, keys, n=1)
-                problems.append(Problem(
-                    where(section, key), "unknown key" + (
-                        f"; did you mean {hint[0]!r}?" if hint else f" (known: {', '.join(keys)})")))
+                text = f"; did you mean {hint[0]!r}?" if hint else f" (known: {', '.join(keys)})"
+                problems.append(Problem(where(section, key), "unknown key" + text))
                 continue
             try:
                 values[setting.name] = setting.parse(raw)

@@ -151,7 +151,9 @@ class ControlPlane:
         """A node shutting down: drop its items from sampling now, not at its timeout."""
         node_id = f["node_id"]
         if peer.state.get("node_id") != node_id:
-            raise ConfigError(f"deregister_node for node {node_id} from a connection that is not it")
+            raise ConfigError(
+                f"deregister_node for node {node_id} from a connection that is not it"
+            )
         if self.members.is_alive(node_id):
             node = self.members.nodes[node_id]
             node.alive = False

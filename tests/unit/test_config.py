@@ -149,7 +149,8 @@ def test_syntax_errors_and_missing_files_are_reported(tmp_path):
 
 def test_bad_env_and_flags_name_their_source():
     with pytest.raises(ConfigError) as info:
-        resolve({"control.port": "seventy"}, {"DISTORE_ARENA": "huge", "DISTORE_NODE_HUGEPAGES": "maybe"})
+        resolve({"control.port": "seventy"},
+                {"DISTORE_ARENA": "huge", "DISTORE_NODE_HUGEPAGES": "maybe"})
     text = str(info.value)
     assert "--port: expected an integer, got 'seventy'" in text
     assert "DISTORE_ARENA: 'huge' is not a size" in text
