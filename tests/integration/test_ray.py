@@ -31,7 +31,8 @@ def ray_cluster(monkeypatch):
         yield cluster
     finally:
         try:
-            dray.shutdown()
+            if ray.is_initialized():
+                dray.shutdown()
         finally:
             ray.shutdown()
             cluster.shutdown()
