@@ -1,9 +1,11 @@
-"""The `distore` command. The command line and DISTORE_* variables are read
-here, and only here, and passed down as typed configuration.
+"""The `distore` command. The command line and the environment (DISTORE_*,
+DISTORE_CONFIG) are read here, and only here, resolved against distore.toml
+by config.resolve and passed down as typed configuration.
 
-    distore control --port 7700
+    distore control --config distore.toml
     distore node --control HOST:7700 --arena 4GiB
-    distore status --control HOST:7700
+    distore status --control HOST:7700 --watch
+    distore config check distore.toml
     distore demo --seconds 20
     distore doctor
 """
@@ -14,60 +16,80 @@ import argparse
 import json
 import logging
 import os
+import signal
 import sys
+import threading
+import time
 
-from .config import ControlConfig, NodeConfig, parse_size
+from .config import SETTINGS, Settings, check_file, resolve
 from .errors import DistoreError
 
+log = logging.getLogger(__name__)
 
-def _env(name: str, default: str | None = None) -> str | None:
-    return os.environ.get("DISTORE_" + name, default)
+_SERVICES = ("control", "node", "status")
+
+
+def _add_settings(parser: argparse.ArgumentParser, command: str) -> None:
+    """The flags of every setting this subcommand takes (default None = not given)."""
+    parser.add_argument("--config", metavar="FILE", default=None,
+                        help="distore.toml to read (env DISTORE_CONFIG)")
+    for s in SETTINGS:
+        if command not in s.commands:
+            continue
+        where = f"[{s.section}] {s.key}" if "." in s.name else "[[tables]]"
+        text = f"{s.help} (env {s.variable}; {where} in distore.toml)"
+        if s.name == "node.hugepages":
+            parser.add_argument("--hugepages", dest=s.name, action="store_const", const=True,
+                                default=None, help=text)
+            parser.add_argument("--no-hugepages", dest=s.name, action="store_const",
+                                const=False, help="never use 2 MiB pages")
+        elif s.name == "node.write_protect":
+            parser.add_argument("--write-protect", dest=s.name, action="store_const",
+                                const=True, default=None, help=text)
+            parser.add_argument("--no-write-protect", dest=s.name, action="store_const",
+                                const=False, help="register the arena through its writable "
+                                "mapping (transparent hugepages can back it, but software "
+                                "transports then accept remote writes)")
+        elif s.name == "ucx.system_library":
+            parser.add_argument(s.flag, dest=s.name, action="store_const", const=True,
+                                default=None, help=text)
+        else:
+            parser.add_argument(s.flag, dest=s.name, default=None, metavar="VALUE", help=text)
 
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of every subcommand."""
-    p = argparse.ArgumentParser(prog="distore", description="distore-ucx replay store")
-    p.add_argument("--log-level", default=_env("LOG_LEVEL", "INFO"),
-                   help="DEBUG, INFO, WARNING, ERROR (env DISTORE_LOG_LEVEL)")
+    p = argparse.ArgumentParser(
+        prog="distore", description="distore-ucx replay store",
+        epilog="Precedence of every setting: flag > DISTORE_* variable > distore.toml > default.",
+    )
+    p.add_argument("--log-level", dest="log.level", default=None,
+                   help="DEBUG, INFO, WARNING, ERROR (env DISTORE_LOG_LEVEL; [log] level)")
     sub = p.add_subparsers(dest="command", required=True)
 
     c = sub.add_parser("control", help="run the control plane")
-    c.add_argument("--host", default=_env("HOST", "0.0.0.0"), help="address to listen on")
-    c.add_argument("--port", type=int, default=int(_env("PORT", "7700")),
-                   help="port (0 = any free port; env DISTORE_PORT)")
-    c.add_argument("--heartbeat-timeout", type=float, default=2.0,
-                   help="drop a storage node silent this long (s)")
-    c.add_argument("--lease-timeout", type=float, default=30.0,
-                   help="a sampled slot is protected this long at most (s)")
-    c.add_argument("--seed", type=int, default=None, help="seed the samplers (tests)")
-    c.add_argument("--token-file", default=_env("TOKEN_FILE"),
-                   help="shared secret every connection must prove (env DISTORE_TOKEN_FILE)")
+    _add_settings(c, "control")
     c.add_argument("--ready-file", help=argparse.SUPPRESS)
 
     n = sub.add_parser("node", help="run a storage node")
-    n.add_argument("--control", default=_env("CONTROL"), required=_env("CONTROL") is None,
-                   help="control plane HOST:PORT (env DISTORE_CONTROL)")
-    n.add_argument("--arena", default=_env("ARENA", "4GiB"),
-                   help="arena size, e.g. 4GiB (env DISTORE_ARENA)")
-    n.add_argument("--host", default=_env("NODE_HOST", ""),
-                   help="address writers and learners reach this node at "
-                        "(default: the one that routes to the control plane)")
-    n.add_argument("--port", type=int, default=0, help="insert port (0 = any free)")
-    n.add_argument("--name", default="", help="node name in status output")
-    n.add_argument("--no-hugepages", action="store_true", help="never use 2 MiB pages")
-    n.add_argument("--no-write-protect", action="store_true",
-                   help="register the arena through its writable mapping (lets transparent "
-                        "hugepages back it, but software transports then accept remote writes)")
-    n.add_argument("--token-file", default=_env("TOKEN_FILE"),
-                   help="shared secret of the store (env DISTORE_TOKEN_FILE)")
+    _add_settings(n, "node")
     n.add_argument("--ready-file", help=argparse.SUPPRESS)
 
-    s = sub.add_parser("status", help="show nodes and tables of a running store")
-    s.add_argument("--control", default=_env("CONTROL", "127.0.0.1:7700"),
-                   help="control plane HOST:PORT (env DISTORE_CONTROL)")
+    s = sub.add_parser("status", help="show nodes, memory and tables with rates")
+    _add_settings(s, "status")
     s.add_argument("--json", action="store_true", help="print JSON")
-    s.add_argument("--token-file", default=_env("TOKEN_FILE"),
-                   help="shared secret of the store (env DISTORE_TOKEN_FILE)")
+    s.add_argument("--watch", action="store_true", help="refresh every --interval s until ^C")
+    s.add_argument("--interval", type=float, default=1.0,
+                   help="seconds between the two looks that rates come from (default 1; "
+                        "0 = no rates)")
+
+    cfg = sub.add_parser("config", help="check or show configuration")
+    csub = cfg.add_subparsers(dest="config_command", required=True)
+    chk = csub.add_parser("check", help="validate a distore.toml; say what is wrong and where")
+    chk.add_argument("file", help="the distore.toml to check")
+    show = csub.add_parser("show", help="print every setting's resolved value and its source")
+    show.add_argument("file", nargs="?", default=None,
+                      help="a distore.toml (default: DISTORE_CONFIG, if set)")
 
     d = sub.add_parser("demo", help="run a local cluster with a writer and a verifying learner")
     d.add_argument("--seconds", type=float, default=20.0, help="how long to sample (default 20)")
@@ -84,39 +106,74 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def settings_from(args: argparse.Namespace, environ=None) -> Settings:
+    """Resolve every setting from parsed flags, the environment and the config file."""
+    environ = os.environ if environ is None else environ
+    flags = {k: v for k, v in vars(args).items() if "." in k or k == "tables"}
+    path = getattr(args, "config", None) or getattr(args, "file", None) \
+        or environ.get("DISTORE_CONFIG") or None
+    return resolve(flags, environ, path)
+
+
+_PREFER_SYSTEM = "RAPIDS_LIBUCX_PREFER_SYSTEM_LIBRARY"
+
+
+def _apply_ucx(settings: Settings, argv: list[str] | None) -> None:
+    """Put the configured UCX settings into this process's environment before
+    UCX makes a context (children inherit them).
+
+    Which UCX library loads is decided when distore_ucx is imported, before
+    any configuration is read: when the configuration changes that choice,
+    the command runs itself again (same pid) with the variable set.
+    """
+    env = settings.ucx().environment()
+    for name, value in env.items():
+        if os.environ.get(name) not in (None, value):
+            log.info("%s=%s from the configuration replaces %s", name, value, os.environ[name])
+    reload = _PREFER_SYSTEM in env and os.environ.get(_PREFER_SYSTEM) != env[_PREFER_SYSTEM]
+    os.environ.update(env)
+    if reload and "libucx" in sys.modules:
+        if argv is not None:
+            log.warning("%s=%s takes effect only in a new process (UCX is already loaded)",
+                        _PREFER_SYSTEM, env[_PREFER_SYSTEM])
+            return
+        log.info("running again with %s=%s so that UCX loads from there", _PREFER_SYSTEM,
+                 env[_PREFER_SYSTEM])
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os.execv(sys.executable, [sys.executable, "-m", "distore_ucx", *sys.argv[1:]])
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the `distore` command; returns the exit code."""
     args = build_parser().parse_args(argv)
+    level = vars(args).get("log.level") or os.environ.get("DISTORE_LOG_LEVEL") or "INFO"
     logging.basicConfig(
-        level=getattr(logging, str(args.log_level).upper(), logging.INFO),
+        level=getattr(logging, str(level).upper(), logging.INFO),
         format="%(asctime)s %(levelname)s %(name)s[%(process)d]: %(message)s",
     )
     try:
-        if args.command == "control":
-            from .control.server import main as control_main
-
-            cfg = ControlConfig(host=args.host, port=args.port,
-                                heartbeat_timeout=args.heartbeat_timeout,
-                                heartbeat_interval=min(0.5, args.heartbeat_timeout / 4),
-                                lease_timeout=args.lease_timeout, seed=args.seed,
-                                token_file=args.token_file)
-            return control_main(cfg, args.ready_file)
-        if args.command == "node":
-            from .storage.node import main as node_main
-
-            cfg = NodeConfig(control=args.control, arena_bytes=parse_size(args.arena),
-                             host=args.host, port=args.port, name=args.name,
-                             hugepages=not args.no_hugepages, token_file=args.token_file,
-                             write_protect=not args.no_write_protect)
-            return node_main(cfg, args.ready_file)
-        if args.command == "status":
-            return _status(args)
+        if args.command == "config":
+            return _config(args)
         if args.command == "demo":
             from .demo import run_demo
 
             return run_demo(args)
         if args.command == "doctor":
             return _doctor(args)
+        settings = settings_from(args)
+        _apply_ucx(settings, argv)
+        if args.command == "control":
+            from .control.server import main as control_main
+
+            return control_main(settings.control(), args.ready_file)
+        if args.command == "node":
+            from .storage.node import main as node_main
+
+            return node_main(settings.node(), args.ready_file)
+        if args.command == "status":
+            address = settings["control.address"] or "127.0.0.1:7700"
+            return _status(address, args, settings["auth.token_file"] or None)
     except DistoreError as exc:
         print(f"distore {args.command}: {exc}", file=sys.stderr)
         return 2
@@ -136,22 +193,120 @@ def _doctor(args) -> int:
     return 0
 
 
-def _status(args) -> int:
-    from .client import connect
+# -- distore config ---------------------------------------------------------
 
-    with connect(args.control, timeout=10, token_file=args.token_file) as client:
-        st = client.status()
-    if args.json:
-        print(json.dumps(st, indent=2, default=str))
+def _config(args) -> int:
+    if args.config_command == "check":
+        problems = check_file(args.file)
+        if problems:
+            print(f"{args.file}: {len(problems)} problem(s)", file=sys.stderr)
+            for p in problems:
+                print(f"  {p}", file=sys.stderr)
+            return 1
+        print(f"{args.file}: ok")
         return 0
-    print(f"control plane {args.control}: {len(st['tables'])} tables, {st['leases']} leases")
-    print(f"{'node':>5} {'name':<28} {'address':<22} {'alive':<6} {'used':>12} {'arena':>12}")
-    for n in st["nodes"]:
-        print(f"{n['node_id']:>5} {n['name'][:28]:<28} {n['address']:<22} {str(n['alive']):<6} "
-              f"{n['used_bytes']:>12} {n['arena_size']:>12}")
-    print(f"{'table':<20} {'size':>10} {'capacity':>10} {'inserts':>10} {'samples':>10} "
-          f"{'deletes':>10}")
-    for t in st["tables"]:
-        print(f"{t['name'][:20]:<20} {t['size']:>10} {t['capacity']:>10} {t['inserts']:>10} "
-              f"{t['samples']:>10} {t['deletes']:>10}")
+    settings = settings_from(args)
+    shown = {}
+    for name, entry in settings.as_dict().items():
+        value = entry["value"]
+        if name == "tables":
+            value = [t.__dict__ for t in value]
+        shown[name] = {"value": value, "source": entry["source"]}
+    print(json.dumps(shown, indent=2, default=str))
     return 0
+
+
+# -- distore status ---------------------------------------------------------
+
+def _size(n: int) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return str(n)
+
+
+def _with_rates(before: dict | None, after: dict, seconds: float) -> dict:
+    """`after`, each table with inserts/s, samples/s and deletes/s since `before`."""
+    old = {t["name"]: t for t in (before or {}).get("tables", [])}
+    for t in after["tables"]:
+        prev = old.get(t["name"])
+        for counter in ("inserts", "samples", "deletes"):
+            rate = None
+            if prev is not None and seconds > 0:
+                rate = max(0.0, (t[counter] - prev[counter]) / seconds)
+            t[f"{counter}_per_s"] = rate
+    after["rate_interval_s"] = seconds if before is not None else None
+    return after
+
+
+def _format_status(address: str, st: dict) -> str:
+    def rate(v):
+        return "-" if v is None else f"{v:.1f}"
+
+    alive = sum(n["alive"] for n in st["nodes"])
+    out = [f"control plane {address}: {alive} of {len(st['nodes'])} nodes alive, "
+           f"{len(st['tables'])} tables, {st['leases']} leases"]
+    out.append(f"{'node':>5} {'name':<28} {'address':<22} {'alive':<6} {'used':>11} "
+               f"{'arena':>11} {'used%':>6}")
+    for n in st["nodes"]:
+        pct = 100.0 * n["used_bytes"] / n["arena_size"] if n["arena_size"] else 0.0
+        out.append(f"{n['node_id']:>5} {n['name'][:28]:<28} {n['address']:<22} "
+                   f"{str(n['alive']):<6} {_size(n['used_bytes']):>11} "
+                   f"{_size(n['arena_size']):>11} {pct:>5.1f}%")
+    out.append(f"{'table':<20} {'size':>10} {'capacity':>10} {'inserts/s':>10} "
+               f"{'samples/s':>10} {'inserts':>10} {'samples':>10} {'deletes':>10}")
+    for t in st["tables"]:
+        out.append(f"{t['name'][:20]:<20} {t['size']:>10} {t['capacity']:>10} "
+                   f"{rate(t.get('inserts_per_s')):>10} {rate(t.get('samples_per_s')):>10} "
+                   f"{t['inserts']:>10} {t['samples']:>10} {t['deletes']:>10}")
+    return "\n".join(out)
+
+
+def _status(address: str, args, token_file: str | None = None) -> int:
+    from .client import connect
+    from .errors import ConnectionFailed, Timeout
+
+    stop = threading.Event()
+    if args.watch:  # SIGTERM and ^C end the watch cleanly, at once
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, lambda *_: stop.set())
+    interval = max(0.0, args.interval)
+    client = None
+    before, t_before = None, 0.0
+    try:
+        while True:
+            try:
+                if client is None:
+                    client = connect(address, timeout=10, token_file=token_file)
+                st, now = client.status(), time.monotonic()
+                if before is None and interval > 0 and not args.watch:
+                    before, t_before = st, now  # a second look, for the rates
+                    if stop.wait(interval):
+                        return 0
+                    st, now = client.status(), time.monotonic()
+            except (ConnectionFailed, Timeout) as exc:
+                if not args.watch:
+                    raise
+                if client is not None:
+                    client.close()
+                client, before = None, None
+                print(f"{time.strftime('%H:%M:%S')} {exc}; retrying", flush=True)
+                if stop.wait(max(interval, 1.0)):
+                    return 0
+                continue
+            st = _with_rates(before, st, now - t_before)
+            before, t_before = st, now
+            if args.json:
+                print(json.dumps(st, default=str), flush=True)
+            else:
+                if args.watch and sys.stdout.isatty():
+                    print("\033[H\033[J", end="")
+                if args.watch:
+                    print(time.strftime("%Y-%m-%d %H:%M:%S"))
+                print(_format_status(address, st), flush=True)
+            if not args.watch or stop.wait(interval or 1.0):
+                return 0
+    finally:
+        if client is not None:
+            client.close()

@@ -188,20 +188,26 @@ class LocalCluster:
         return Process(role, popen, log_path, ready)
 
     def _wait_ready(self, proc: Process) -> dict:
-        deadline = time.monotonic() + self.startup_timeout
-        delay = 0.005
-        while time.monotonic() < deadline:
-            if os.path.exists(proc.ready_file):
-                with open(proc.ready_file) as fh:
-                    return json.load(fh)
-            if not proc.alive():
-                raise ConnectionFailed(
-                    f"{proc.role} exited with code {proc.popen.returncode} while starting; "
-                    f"its log ({proc.log_path}):\n{proc.log_tail()}"
-                )
-            time.sleep(delay)  # polling a file with a deadline; backs off to 50 ms
-            delay = min(delay * 2, 0.05)
-        raise Timeout(
-            f"{proc.role} did not become ready within {self.startup_timeout} s; its log:\n"
-            f"{proc.log_tail()}"
-        )
+        return wait_ready(proc, self.startup_timeout)
+
+
+def wait_ready(proc: Process, timeout: float) -> dict:
+    """Wait until `proc` writes its ready file; its contents. Raises with the
+    process's log if it exits first or `timeout` s pass."""
+    deadline = time.monotonic() + timeout
+    delay = 0.005
+    while time.monotonic() < deadline:
+        if os.path.exists(proc.ready_file):
+            with open(proc.ready_file) as fh:
+                return json.load(fh)
+        if not proc.alive():
+            raise ConnectionFailed(
+                f"{proc.role} exited with code {proc.popen.returncode} while starting; "
+                f"its log ({proc.log_path}):\n{proc.log_tail()}"
+            )
+        time.sleep(delay)  # polling a file with a deadline; backs off to 50 ms
+        delay = min(delay * 2, 0.05)
+    raise Timeout(
+        f"{proc.role} did not become ready within {timeout} s; its log:\n"
+        f"{proc.log_tail()}"
+    )

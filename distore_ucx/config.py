@@ -1,12 +1,24 @@
-"""Typed configuration. The CLI and the environment are read in one place
-(cli.py) and passed down as these dataclasses; nothing deeper reads either.
+"""Typed configuration, and the one description of every setting.
+
+A setting has one dotted name (``node.arena``), which is also its place in
+``distore.toml`` (section ``[node]``, key ``arena``), one CLI flag
+(``--arena``) and one environment variable (``DISTORE_ARENA``). Values are
+taken in this order: CLI flag, then ``DISTORE_*`` variable, then the TOML
+file, then the default. The CLI and the environment are read in one place
+(cli.py) and handed to :func:`resolve`; nothing deeper reads either, and
+processes get the typed dataclasses below.
 """
 
 from __future__ import annotations
 
+import difflib
+import json
 import os
 import re
-from dataclasses import dataclass
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Callable
 
 from .errors import ConfigError
 
@@ -64,7 +76,8 @@ class ControlConfig:
     heartbeat_timeout: float = 2.0  # a node silent this long is dropped
     lease_timeout: float = 30.0  # a sampled item's slot is kept this long at most
     seed: int | None = None
-    token_file: str | None = None  # shared secret every connection must prove
+    tables: tuple["TableConfig", ...] = ()  # created when the control plane starts
+    token_file: str = ""  # shared secret every connection must prove ("" = none)
 
 
 @dataclass(frozen=True)
@@ -77,9 +90,502 @@ class NodeConfig:
     port: int = 0
     name: str = ""
     hugepages: bool = True
-    token_file: str | None = None  # shared secret (control plane and writers)
+    drain_timeout: float = 2.0  # after deregistering, reads in flight get this long
+    token_file: str = ""  # shared secret every connection must prove ("" = none)
     write_protect: bool = True  # peers read through a read-only mapping
 
     def __post_init__(self):
         if self.arena_bytes < 1 << 20:
             raise ConfigError(f"arena of {self.arena_bytes} bytes is too small (at least 1MiB)")
+
+
+@dataclass(frozen=True)
+class TableConfig:
+    """A table the control plane creates when it starts (``[[tables]]``)."""
+
+    name: str
+    capacity: int
+    spec: Any  # {field: (shape, dtype)} or one (shape, dtype), as create_table takes it
+    sampler: str = "uniform"
+    remover: str = "fifo"
+
+
+@dataclass(frozen=True)
+class UcxConfig:
+    """UCX settings; each one set becomes a UCX_* variable of the process."""
+
+    tls: str | None = None  # UCX_TLS, e.g. "rc,sm,self" on InfiniBand, "tcp" elsewhere
+    net_devices: str | None = None  # UCX_NET_DEVICES, e.g. "mlx5_0:1"
+    system_library: bool | None = None  # prefer the system UCX (verbs) over the wheel's
+    options: Mapping[str, str] = field(default_factory=dict)  # more UCX_* (name without UCX_)
+
+    def environment(self) -> dict[str, str]:
+        """The environment variables these settings stand for.
+
+        >>> UcxConfig(tls="tcp", net_devices="eth0").environment()
+        {'UCX_TLS': 'tcp', 'UCX_NET_DEVICES': 'eth0'}
+        """
+        env = {f"UCX_{k.upper()}": str(v) for k, v in self.options.items()}
+        if self.tls is not None:
+            env["UCX_TLS"] = self.tls
+        if self.net_devices is not None:
+            env["UCX_NET_DEVICES"] = self.net_devices
+        if self.system_library is not None:
+            env["RAPIDS_LIBUCX_PREFER_SYSTEM_LIBRARY"] = "true" if self.system_library else "false"
+        return env
+
+
+# -- the settings --------------------------------------------------------------
+
+_LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+
+
+def _to_int(v: Any) -> int:
+    if isinstance(v, bool) or not isinstance(v, (int, str)):
+        raise ValueError(f"expected an integer, got {v!r}")
+    try:
+        return int(v)
+    except ValueError:
+        raise ValueError(f"expected an integer, got {v!r}") from None
+
+
+def _to_float(v: Any) -> float:
+    if isinstance(v, bool) or not isinstance(v, (int, float, str)):
+        raise ValueError(f"expected a number, got {v!r}")
+    try:
+        return float(v)
+    except ValueError:
+        raise ValueError(f"expected a number (seconds), got {v!r}") from None
+
+
+def _to_str(v: Any) -> str:
+    if not isinstance(v, str):
+        raise ValueError(f"expected a string, got {v!r}")
+    return v
+
+
+def _to_bool(v: Any) -> bool:
+    if isinstance(v, bool):
+        return v
+    if isinstance(v, str) and v.strip().lower() in ("1", "true", "yes", "on"):
+        return True
+    if isinstance(v, str) and v.strip().lower() in ("0", "false", "no", "off"):
+        return False
+    raise ValueError(f"expected true or false, got {v!r}")
+
+
+def _to_size(v: Any) -> int:
+    if isinstance(v, bool) or not isinstance(v, (int, str)):
+        raise ValueError(f"expected a size such as \"4GiB\", got {v!r}")
+    try:
+        return parse_size(v)
+    except ConfigError as exc:
+        raise ValueError(str(exc)) from None
+
+
+def _to_address(v: Any) -> str:
+    from .transport.rpc import parse_address
+
+    try:
+        parse_address(_to_str(v))
+    except ConfigError as exc:
+        raise ValueError(str(exc)) from None
+    return v
+
+
+def _to_level(v: Any) -> str:
+    level = _to_str(v).upper()
+    if level not in _LOG_LEVELS:
+        raise ValueError(f"{v!r} is not a log level (one of {', '.join(_LOG_LEVELS)})")
+    return level
+
+
+def _to_token_file(v: Any) -> str:
+    path = _to_str(v)
+    if path == "":
+        return path
+    try:
+        with open(path, "rb") as fh:
+            if not fh.read(4096).strip():
+                raise ValueError(f"token file {path} is empty: put the shared secret in it")
+    except OSError as exc:
+        raise ValueError(f"cannot read token file {path}: {exc.strerror}") from None
+    return path
+
+
+def _to_options(v: Any) -> dict[str, str]:
+    if isinstance(v, str):
+        try:
+            v = json.loads(v)
+        except ValueError:
+            raise ValueError(f"expected a JSON object of UCX options, got {v!r}") from None
+    if not isinstance(v, Mapping):
+        raise ValueError(f"expected a table of UCX options (NAME = \"value\"), got {v!r}")
+    out = {}
+    for k, val in v.items():
+        name = str(k).upper().removeprefix("UCX_")
+        if not re.fullmatch(r"[A-Z0-9_]+", name):
+            raise ValueError(f"{k!r} is not a UCX option name (e.g. RNDV_THRESH)")
+        if isinstance(val, (dict, list)):
+            raise ValueError(f"UCX option {k!r}: expected a string, got {val!r}")
+        out[name] = str(val).lower() if isinstance(val, bool) else str(val)
+    return out
+
+
+def _to_tables(v: Any) -> tuple[TableConfig, ...]:
+    if isinstance(v, str):
+        try:
+            v = json.loads(v)
+        except ValueError:
+            raise ValueError(f"expected a JSON list of tables, got {v!r}") from None
+    if not isinstance(v, list):
+        raise ValueError("expected a list of tables ([[tables]] entries)")
+    out, problems, seen = [], [], set()
+    for i, entry in enumerate(v):
+        try:
+            table = table_config(entry)
+        except ValueError as exc:
+            problems.append(f"[[tables]] #{i + 1}: {exc}")
+            continue
+        if table.name in seen:
+            problems.append(f"[[tables]] #{i + 1}: a second table named {table.name!r}")
+        seen.add(table.name)
+        out.append(table)
+    if problems:
+        raise ValueError("; ".join(problems))
+    return tuple(out)
+
+
+def _names(registry: Any) -> list[str]:
+    return [str(n) for n in registry]
+
+
+def table_config(entry: Any) -> TableConfig:
+    """One ``[[tables]]`` entry, checked: name, capacity, spec, sampler, remover."""
+    from .control.tables import REMOVERS, SAMPLERS
+    from .spec import TableSpec
+
+    if not isinstance(entry, Mapping):
+        raise ValueError(f"expected a table (name, capacity, spec, ...), got {entry!r}")
+    allowed = {"name", "capacity", "spec", "sampler", "remover"}
+    unknown = sorted(set(entry) - allowed)
+    if unknown:
+        raise ValueError(
+            f"unknown key(s) {', '.join(unknown)} (allowed: {', '.join(sorted(allowed))})"
+        )
+    for key in ("name", "capacity", "spec"):
+        if key not in entry:
+            raise ValueError(f"missing {key!r}")
+    name = entry["name"]
+    if not isinstance(name, str) or not 0 < len(name) <= 128 or not name.isprintable():
+        raise ValueError(f"name {name!r} must be 1-128 printable characters")
+    cap = entry["capacity"]
+    if isinstance(cap, bool) or not isinstance(cap, int) or cap < 1:
+        raise ValueError(f"table {name!r}: capacity must be a positive integer, got {cap!r}")
+    spec = _spec_from_toml(entry["spec"])
+    try:
+        TableSpec.parse(spec)
+    except ConfigError as exc:
+        raise ValueError(f"table {name!r}: spec: {exc}") from None
+    sampler = entry.get("sampler", "uniform")
+    remover = entry.get("remover", "fifo")
+    if sampler not in _names(SAMPLERS):
+        raise ValueError(f"table {name!r}: sampler {sampler!r} unknown (have {_names(SAMPLERS)})")
+    if remover not in _names(REMOVERS):
+        raise ValueError(f"table {name!r}: remover {remover!r} unknown (have {_names(REMOVERS)})")
+    return TableConfig(name, cap, spec, sampler, remover)
+
+
+def _spec_from_toml(spec: Any) -> Any:
+    # TOML has arrays, not tuples: [[4, 84, 84], "uint8"] -> ((4, 84, 84), "uint8").
+    def entry(e):
+        if isinstance(e, list) and len(e) == 2:
+            shape = tuple(e[0]) if isinstance(e[0], list) else e[0]
+            return (shape, e[1])
+        return e
+
+    if isinstance(spec, Mapping):
+        return {k: entry(v) for k, v in spec.items()}
+    return entry(spec)
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One setting: dotted name (= TOML place), parser, default, flag, variable."""
+
+    name: str
+    parse: Callable[[Any], Any]
+    default: Any
+    flag: str | None
+    commands: tuple[str, ...]  # subcommands that take the flag
+    help: str
+    env: str = ""
+
+    @property
+    def section(self) -> str:
+        return self.name.split(".")[0]
+
+    @property
+    def key(self) -> str:
+        return self.name.split(".", 1)[1]
+
+    @property
+    def variable(self) -> str:
+        return self.env or "DISTORE_" + self.name.replace(".", "_").upper()
+
+
+_NODE, _CTRL, _STATUS = ("node",), ("control",), ("status",)
+
+SETTINGS: tuple[Setting, ...] = (
+    Setting("control.address", _to_address, None, "--control", ("node", "status"),
+            "control plane HOST:PORT, as nodes and clients reach it", env="DISTORE_CONTROL"),
+    Setting("control.host", _to_str, "0.0.0.0", "--host", _CTRL,
+            "address the control plane listens on", env="DISTORE_HOST"),
+    Setting("control.port", _to_int, 7700, "--port", _CTRL,
+            "control plane port (0 = any free port)", env="DISTORE_PORT"),
+    Setting("control.heartbeat_timeout", _to_float, 2.0, "--heartbeat-timeout", _CTRL,
+            "drop a storage node silent this long (s)"),
+    Setting("control.lease_timeout", _to_float, 30.0, "--lease-timeout", _CTRL,
+            "a sampled slot is protected this long at most (s)"),
+    Setting("control.seed", _to_int, None, "--seed", _CTRL, "seed the samplers (tests)"),
+    Setting("auth.token_file", _to_token_file, "", "--token-file", ("control", "node", "status"),
+            "file holding the shared secret every connection must prove (HMAC challenge)",
+            env="DISTORE_TOKEN_FILE"),
+    Setting("node.arena", _to_size, 4 << 30, "--arena", _NODE, "arena size, e.g. 64GiB",
+            env="DISTORE_ARENA"),
+    Setting("node.host", _to_str, "", "--host", _NODE,
+            "address writers and learners reach this node at (default: the one that routes "
+            "to the control plane)"),
+    Setting("node.port", _to_int, 0, "--port", _NODE, "insert port (0 = any free)"),
+    Setting("node.name", _to_str, "", "--name", _NODE, "node name in status output"),
+    Setting("node.hugepages", _to_bool, True, "--hugepages", _NODE,
+            "back the arena with 2 MiB pages where possible (--no-hugepages: never)"),
+    Setting("node.write_protect", _to_bool, True, "--write-protect", _NODE,
+            "peers read the arena through a read-only mapping, so a remote write faults "
+            "(--no-write-protect: one writable mapping, transparent hugepages)"),
+    Setting("node.drain_timeout", _to_float, 2.0, "--drain-timeout", _NODE,
+            "on SIGTERM, after deregistering, reads in flight get this long (s)"),
+    Setting("ucx.tls", _to_str, None, "--ucx-tls", ("control", "node", "status"),
+            "UCX_TLS for this process, e.g. rc,sm,self (InfiniBand) or tcp"),
+    Setting("ucx.net_devices", _to_str, None, "--ucx-net-devices", ("control", "node", "status"),
+            "UCX_NET_DEVICES for this process, e.g. mlx5_0:1"),
+    Setting("ucx.system_library", _to_bool, None, "--ucx-system-library",
+            ("control", "node", "status"),
+            "load the system UCX (with verbs) instead of the wheel's "
+            "(sets RAPIDS_LIBUCX_PREFER_SYSTEM_LIBRARY)"),
+    Setting("ucx.options", _to_options, {}, "--ucx-options", ("control", "node", "status"),
+            "more UCX options as JSON, e.g. '{\"RNDV_THRESH\": \"8192\"}'"),
+    Setting("log.level", _to_level, "INFO", "--log-level", (), "DEBUG, INFO, WARNING, ERROR"),
+    Setting("tables", _to_tables, (), "--tables", _CTRL,
+            "tables to create at start, as a JSON list of {name, capacity, spec, ...}"),
+)
+
+BY_NAME = {s.name: s for s in SETTINGS}
+SECTIONS = sorted({s.section for s in SETTINGS if "." in s.name})
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One thing wrong with the configuration, and where it is."""
+
+    where: str  # "distore.toml:12 [node] arena", "DISTORE_ARENA", "--arena"
+    message: str
+
+    def __str__(self) -> str:
+        return f"{self.where}: {self.message}"
+
+
+def _toml_loads(text: str) -> dict:
+    if sys.version_info >= (3, 11):
+        import tomllib
+    else:  # pragma: no cover - exercised on 3.10 only
+        import tomli as tomllib
+    return tomllib.loads(text)
+
+
+def _locate(lines: list[str], section: str, key: str, index: int = 0) -> int | None:
+    """Line number (1-based) of `key` in `[section]` (or the index-th `[[section]]`)."""
+    current, seen = None, -1
+    head = re.compile(r"^\s*\[(\[)?\s*([^\]]+?)\s*\]\]?\s*(#.*)?$")
+    assign = re.compile(r"^\s*(\"?)" + re.escape(key) + r"\1\s*=")
+    for no, line in enumerate(lines, 1):
+        m = head.match(line)
+        if m:
+            current = m.group(2)
+            if current == section and m.group(1):
+                seen += 1
+            if current == section and not key and (not m.group(1) or seen == index):
+                return no
+            continue
+        if current == section and (not key or assign.match(line)) and seen in (index, -1):
+            return no
+    return None
+
+
+def load_file(path: str) -> tuple[dict[str, Any], list[Problem]]:
+    """Read and check a distore.toml: ({setting name: value}, problems).
+
+    Every problem is reported with the file, line and key, not only the first.
+    """
+    try:
+        with open(path, encoding="utf-8") as fh:
+            text = fh.read()
+    except OSError as exc:
+        return {}, [Problem(path, f"cannot read the configuration file: {exc.strerror}")]
+    try:
+        doc = _toml_loads(text)
+    except ValueError as exc:
+        return {}, [Problem(path, f"not valid TOML: {exc}")]
+    lines = text.splitlines()
+    values: dict[str, Any] = {}
+    problems: list[Problem] = []
+
+    def where(section: str, key: str = "", index: int = 0) -> str:
+        line = _locate(lines, section, key, index)
+        loc = f"{path}:{line}" if line else path
+        return f"{loc} [{section}]" + (f" {key}" if key else "")
+
+    for section, body in doc.items():
+        if section == "tables":
+            if not isinstance(body, list):
+                problems.append(Problem(path, "tables must be [[tables]] entries"))
+                continue
+            good = []
+            for i, entry in enumerate(body):
+                try:
+                    good.append(table_config(entry))
+                except ValueError as exc:
+                    line = _locate(lines, "tables", "", i)
+                    problems.append(Problem(f"{path}:{line or '?'} [[tables]] #{i + 1}", str(exc)))
+            names = [t.name for t in good]
+            for dup in sorted({n for n in names if names.count(n) > 1}):
+                problems.append(Problem(f"{path} [[tables]]", f"two tables named {dup!r}"))
+            values["tables"] = tuple(good)
+            continue
+        if section not in SECTIONS:
+            hint = difflib.get_close_matches(section, SECTIONS + ["tables"], n=1)
+            problems.append(Problem(
+                where(section), "unknown section" + (f"; did you mean [{hint[0]}]?" if hint else
+                                                     f" (known: {', '.join(SECTIONS)}, tables)")))
+            continue
+        if not isinstance(body, dict):
+            problems.append(Problem(path, f"{section} must be a [{section}] section"))
+            continue
+        keys = [s.key for s in SETTINGS if s.section == section]
+        for key, raw in body.items():
+            setting = BY_NAME.get(f"{section}.{key}")
+            if setting is None:
+                hint = difflib.get_close_matches(key, keys, n=1)
+                text = f"; did you mean {hint[0]!r}?" if hint else f" (known: {', '.join(keys)})"
+                problems.append(Problem(where(section, key), "unknown key" + text))
+                continue
+            try:
+                values[setting.name] = setting.parse(raw)
+            except ValueError as exc:
+                problems.append(Problem(where(section, key), str(exc)))
+    return values, problems
+
+
+class Settings:
+    """Resolved settings: value and source ("flag", "env", "file", "default")."""
+
+    def __init__(self, values: dict[str, tuple[Any, str]], path: str | None):
+        self._values = values
+        self.path = path
+
+    def __getitem__(self, name: str) -> Any:
+        return self._values[name][0]
+
+    def source(self, name: str) -> str:
+        """Where the value of `name` came from."""
+        return self._values[name][1]
+
+    def as_dict(self) -> dict[str, dict]:
+        """{name: {"value": v, "source": s}} (for `distore config show`)."""
+        return {k: {"value": v, "source": s} for k, (v, s) in sorted(self._values.items())}
+
+    def ucx(self) -> UcxConfig:
+        """The UCX settings."""
+        return UcxConfig(self["ucx.tls"], self["ucx.net_devices"], self["ucx.system_library"],
+                         dict(self["ucx.options"]))
+
+    def control(self) -> ControlConfig:
+        """The control plane's configuration."""
+        timeout = self["control.heartbeat_timeout"]
+        if timeout <= 0 or self["control.lease_timeout"] <= 0:
+            raise ConfigError("control.heartbeat_timeout and control.lease_timeout must be > 0")
+        return ControlConfig(
+            host=self["control.host"], port=self["control.port"],
+            heartbeat_timeout=timeout, heartbeat_interval=min(0.5, timeout / 4),
+            lease_timeout=self["control.lease_timeout"], seed=self["control.seed"],
+            tables=tuple(self["tables"]), token_file=self["auth.token_file"],
+        )
+
+    def control_address(self) -> str:
+        """The control plane's address, or a ConfigError saying how to give it."""
+        address = self["control.address"]
+        if not address:
+            raise ConfigError(
+                "no control plane address: pass --control HOST:PORT, set DISTORE_CONTROL, "
+                "or put address = \"HOST:PORT\" under [control] in distore.toml"
+            )
+        return address
+
+    def node(self) -> NodeConfig:
+        """A storage node's configuration."""
+        return NodeConfig(
+            control=self.control_address(), arena_bytes=self["node.arena"],
+            host=self["node.host"], port=self["node.port"], name=self["node.name"],
+            hugepages=self["node.hugepages"], drain_timeout=self["node.drain_timeout"],
+            token_file=self["auth.token_file"], write_protect=self["node.write_protect"],
+        )
+
+
+def resolve(flags: Mapping[str, Any], environ: Mapping[str, str],
+            path: str | None = None) -> Settings:
+    """Every setting's value: CLI flag > DISTORE_* variable > TOML file > default.
+
+    `flags` maps setting names to values given on the command line (None or
+    absent = not given); `environ` is the process environment, passed in by
+    the CLI. Raises ConfigError listing every problem, each with its place.
+
+    >>> s = resolve({"node.arena": "1GiB"}, {"DISTORE_CONTROL": "10.0.0.1:7700"})
+    >>> s.node().arena_bytes, s.node().control
+    (1073741824, '10.0.0.1:7700')
+    """
+    file_values, problems = load_file(path) if path else ({}, [])
+    values: dict[str, tuple[Any, str]] = {}
+    for s in SETTINGS:
+        raw = flags.get(s.name)
+        try:
+            if raw is not None:
+                values[s.name] = (s.parse(raw), "flag")
+                continue
+            if environ.get(s.variable, "") != "":
+                values[s.name] = (s.parse(environ[s.variable]), "env")
+                continue
+        except ValueError as exc:
+            where = s.flag if raw is not None else s.variable
+            problems.append(Problem(where, str(exc)))
+            continue
+        if s.name in file_values:
+            values[s.name] = (file_values[s.name], "file")
+        else:
+            values[s.name] = (s.default, "default")
+    if problems:
+        raise ConfigError(
+            f"{len(problems)} problem(s) in the configuration:\n"
+            + "\n".join(f"  {p}" for p in problems)
+        )
+    return Settings(values, path)
+
+
+def check_file(path: str) -> list[Problem]:
+    """Problems of a distore.toml (empty when it is valid); for `distore config check`."""
+    return load_file(path)[1]
+
+
+__all__ = [
+    "ControlConfig", "NodeConfig", "TableConfig", "UcxConfig", "Settings", "Setting",
+    "SETTINGS", "Problem", "resolve", "load_file", "check_file", "parse_size", "table_config",
+]

@@ -80,6 +80,8 @@ MESSAGES: dict[str, tuple[F, ...]] = {
         F("host_id", "str", required=False, max_len=128),
     ),
     "heartbeat": (F("node_id", "int", lo=0, hi=2**32), F("used_bytes", "int", lo=0)),
+    # A node shutting down (SIGTERM): its items leave sampling at once.
+    "deregister_node": (F("node_id", "int", lo=0, hi=2**32),),
     "items_added": (
         F("node_id", "int", lo=0, hi=2**32),
         F("table", "str", **_NAME),

@@ -54,6 +54,7 @@ class ControlPlane:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self._stop.set)
         server = await self.start()
+        self._create_configured_tables()
         if ready_file:
             tmp = ready_file + ".tmp"
             with open(tmp, "w") as fh:
@@ -63,6 +64,14 @@ class ControlPlane:
         server.close()
         log.info("control plane stopped")
         return 0
+
+    def _create_configured_tables(self) -> None:
+        """Create the tables named in the configuration ([[tables]] in distore.toml)."""
+        for t in self.config.tables:
+            self.op_create_table(None, {
+                "name": t.name, "capacity": t.capacity, "spec": TableSpec.parse(t.spec).to_wire(),
+                "sampler": t.sampler, "remover": t.remover,
+            })
 
     async def start(self):
         """Start serving and the housekeeping task; returns the server."""
@@ -179,6 +188,24 @@ class ControlPlane:
 
     def op_heartbeat(self, peer: Peer, f: dict) -> None:
         self.members.heartbeat(f["node_id"], f["used_bytes"])
+
+    def op_deregister_node(self, peer: Peer, f: dict) -> dict:
+        """A node shutting down: drop its items from sampling now, not at its timeout."""
+        node_id = f["node_id"]
+        if peer.state.get("node_id") != node_id:
+            raise ConfigError(
+                f"deregister_node for node {node_id} from a connection that is not it"
+            )
+        if self.members.is_alive(node_id):
+            node = self.members.nodes[node_id]
+            node.alive = False
+            dropped = sum(t.drop_node(node_id) for t in self.tables.values())
+            log.info("node %d (%s) left: %d items removed from sampling", node_id, node.name,
+                     dropped)
+        # Slots of this node that learners hold leases on: reads that may be in flight.
+        leased = sum(int(np.count_nonzero((t.store.node == node_id) & (t.store.leases > 0)))
+                     for t in self.tables.values())
+        return {"leased": leased}
 
     def op_register_writer(self, peer: Peer, f: dict) -> dict:
         wid = next(self._writer_ids)

@@ -20,7 +20,10 @@ from ..errors import ConfigError
 from ..spec import TableSpec
 from .items import FREE, LIVE, RETIRED, ItemStore
 from .rate_limiters import MinSize, RateLimiter
-from .selectors import Fifo, Selector, Uniform
+from .selectors import KINDS, Fifo, Selector, Uniform
+
+# Selector names a table accepts, as sampler or as remover (config checks).
+SAMPLERS = REMOVERS = KINDS
 
 
 @dataclass
@@ -212,4 +215,4 @@ class Table:
                 self.max_times_sampled)
 
 
-__all__ = ["Table", "Freed", "FREE", "LIVE", "RETIRED"]
+__all__ = ["Table", "Freed", "FREE", "LIVE", "RETIRED", "SAMPLERS", "REMOVERS"]

@@ -21,7 +21,7 @@ import socket
 import numpy as np
 
 from ..config import NodeConfig, read_token
-from ..errors import ConnectionFailed, SpecMismatch
+from ..errors import ConnectionFailed, SpecMismatch, Timeout
 from ..spec import SLOT_HEADER
 from ..transport import UcxRuntime
 from ..transport.runtime import host_id
@@ -53,13 +53,15 @@ class StorageNode:
         self.control: AsyncClient | None = None
         self.inserted = 0
         self._stop = asyncio.Event()
+        self._now = asyncio.Event()  # a second SIGTERM: skip the drain
+        self._leaving = False
 
     async def run(self, ready_file: str | None = None) -> int:
         """Serve until SIGTERM/SIGINT or loss of the control plane; exit code."""
         cfg = self.config
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, self._stop.set)
+            loop.add_signal_handler(sig, self._on_signal)
         control_host, _ = parse_address(cfg.control)
         host = cfg.host or route_address(control_host)
         with UcxRuntime() as runtime:
@@ -108,12 +110,52 @@ class StorageNode:
                 code = 3
             for t in (beat, lost, stop):
                 t.cancel()
+            if code == 0 and not self.control.closed.is_set():
+                await self._leave()
             server.close()
             await self.control.close()
             del self.arena  # unmap before the runtime closes
             self.arena = None
         log.info("node %s stopped", self.name)
         return code
+
+    def _on_signal(self) -> None:
+        if self._stop.is_set():
+            self._now.set()
+        self._stop.set()
+
+    async def _leave(self) -> None:
+        """Graceful exit: refuse new inserts, deregister (the control plane takes
+        this node's items out of sampling at once), then give reads that learners
+        may still have in flight up to `drain_timeout` s, until their leases are
+        released, before the arena goes away."""
+        loop_time = asyncio.get_running_loop().time
+        self._leaving = True
+        try:
+            reply = await self.control.call("deregister_node", reply_timeout=5.0,
+                                            node_id=self.node_id)
+        except (ConnectionFailed, Timeout) as exc:
+            log.warning("could not deregister from the control plane (%s); exiting anyway", exc)
+            return
+        leased = reply.get("leased", 0)
+        log.info("node %s deregistered; %d of its slots under lease", self.name, leased)
+        deadline = loop_time() + self.config.drain_timeout
+        while leased and loop_time() < deadline and not self._now.is_set():
+            # Learners release leases with their next request; asking again
+            # (deregistering is idempotent) tells when the last one went.
+            try:
+                await asyncio.wait_for(self._now.wait(), min(0.1, deadline - loop_time()))
+            except asyncio.TimeoutError:
+                pass
+            try:
+                reply = await self.control.call("deregister_node", reply_timeout=2.0,
+                                                node_id=self.node_id)
+            except (ConnectionFailed, Timeout):
+                return
+            leased = reply.get("leased", 0)
+        if leased:
+            log.warning("node %s exits with %d slots still leased; those reads fail and "
+                        "learners resample", self.name, leased)
 
     async def _heartbeat(self, interval: float) -> None:
         while True:
@@ -140,6 +182,8 @@ class StorageNode:
         raise ConnectionFailed(f"storage node does not serve {op!r}")
 
     async def _insert(self, f: dict) -> dict:
+        if self._leaving:  # the writer resends to another node on this error
+            raise ConnectionFailed(f"storage node {self.name} is shutting down")
         keys = f["keys"]
         k = len(keys)
         item_bytes, slot_size = f["item_bytes"], f["slot_size"]
@@ -168,6 +212,8 @@ class StorageNode:
             )
         except BaseException:
             self.arena.free(f["table"], offsets)
+            if self._leaving:
+                raise ConnectionFailed(f"storage node {self.name} is shutting down") from None
             raise
         self.inserted += k
         return {"n": k, "evicted": reply.get("evicted", 0)}

@@ -319,6 +319,10 @@ async def serve(
                     await writer.drain()
         except (ConnectionError, asyncio.IncompleteReadError):
             pass
+        except asyncio.CancelledError:
+            # The server is shutting down. Ending quietly keeps Python 3.11's
+            # stream callback from logging a traceback for the cancelled task.
+            pass
         finally:
             peer.closed.set()
             for task in list(peer.tasks):

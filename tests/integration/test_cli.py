@@ -64,3 +64,134 @@ def test_environment_reaches_every_process(tls):
                 )
             assert env[b"UCX_TLS"] == tls.encode()
     assert os.environ["UCX_TLS"] == tls
+
+
+# -- configuration, status --watch, SIGTERM -------------------------------------
+
+import signal  # noqa: E402
+import time  # noqa: E402
+
+
+def wait_for(predicate, timeout, what):
+    """Poll `predicate` until it returns a truthy value or `timeout` s pass."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        assert time.monotonic() < deadline, f"timed out after {timeout} s waiting for {what}"
+        time.sleep(0.02)
+
+
+def spawn(*args, env=None, cwd=None):
+    return subprocess.Popen(
+        [sys.executable, "-m", "distore_ucx", *args], stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT, text=True, env=env, cwd=cwd or tempfile.gettempdir(),
+    )
+
+
+def test_config_check_says_what_is_wrong_and_where(tmp_path):
+    bad = tmp_path / "distore.toml"
+    bad.write_text('[node]\narena = "lots"\nhugepage = true\n')
+    out = run_cli("config", "check", str(bad))
+    assert out.returncode == 1
+    assert f"{bad}:2 [node] arena: 'lots' is not a size" in out.stderr
+    assert f"{bad}:3 [node] hugepage: unknown key; did you mean 'hugepages'?" in out.stderr
+    good = tmp_path / "good.toml"
+    good.write_text('[control]\naddress = "127.0.0.1:7700"\n')
+    out = run_cli("config", "check", str(good))
+    assert out.returncode == 0 and "ok" in out.stdout
+
+
+def test_config_show_tells_each_value_and_its_source(tmp_path):
+    cfg = tmp_path / "distore.toml"
+    cfg.write_text('[node]\narena = "2GiB"\nname = "from-file"\n')
+    env = dict(os.environ, DISTORE_CONFIG=str(cfg), DISTORE_NODE_NAME="from-env")
+    shown = json.loads(run_cli("config", "show", env=env).stdout)
+    assert shown["node.arena"] == {"value": 2 << 30, "source": "file"}
+    assert shown["node.name"] == {"value": "from-env", "source": "env"}
+    assert shown["control.lease_timeout"]["source"] == "default"
+
+
+def test_control_plane_creates_configured_tables_and_stops_on_sigterm(tmp_path, tls):
+    cfg = tmp_path / "distore.toml"
+    cfg.write_text(
+        '[control]\nhost = "127.0.0.1"\nport = 7700\n\n'
+        '[[tables]]\nname = "replay"\ncapacity = 500\n'
+        'spec = { obs = [[8, 8], "uint8"], reward = [[], "float32"] }\n\n'
+        '[[tables]]\nname = "flat"\ncapacity = 7\nspec = [[16], "uint8"]\n'
+    )
+    ready = tmp_path / "control.ready"
+    # The flag (port 0) wins over the file's port 7700.
+    proc = spawn("control", "--config", str(cfg), "--port", "0", "--ready-file", str(ready))
+    try:
+        wait_for(ready.exists, 60, "the control plane to start")
+        address = json.loads(ready.read_text())["address"]
+        assert not address.endswith(":7700")
+        with ds.connect(address) as client:
+            tables = {t["name"]: t for t in client.tables()}
+            assert tables["replay"]["capacity"] == 500 and tables["flat"]["capacity"] == 7
+            assert tables["replay"]["sampler"]["kind"] == "uniform"
+            assert client.spec("replay").item_bytes >= 8 * 8 + 4
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=10) == 0
+        assert "Traceback" not in proc.stdout.read()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def test_status_watch_shows_rates_and_stops_on_sigterm(cluster, client, tls):
+    client.create_table("replay", capacity=1000, spec=((64,), "uint8"))
+    proc = spawn("status", "--control", cluster.address, "--watch", "--json",
+                 "--interval", "0.2")
+    try:
+        with client.writer() as w:
+            w.insert("replay", np.zeros((50, 64), np.uint8))
+        first = json.loads(proc.stdout.readline())
+        assert first["tables"][0]["inserts_per_s"] is None  # no earlier look yet
+        for _ in range(200):  # a refresh every 0.2 s; the inserts show up in one of them
+            later = json.loads(proc.stdout.readline())
+            table = later["tables"][0]
+            assert table["inserts_per_s"] is not None and later["rate_interval_s"] > 0
+            if table["size"] == 50:
+                break
+        assert table["size"] == 50
+        assert all("used_bytes" in n and "arena_size" in n for n in later["nodes"])
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=5) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def test_status_table_has_memory_and_rate_columns(cluster, client, tls):
+    client.create_table("replay", capacity=100, spec=((16,), "uint8"))
+    out = run_cli("status", "--control", cluster.address, "--interval", "0.1")
+    assert out.returncode == 0, out.stderr
+    assert "used%" in out.stdout and "inserts/s" in out.stdout and "samples/s" in out.stdout
+    assert "2 of 2 nodes alive" in out.stdout
+
+
+def test_system_ucx_setting_reaches_the_process_before_ucx_loads(tmp_path, tls):
+    # No system UCX here: libucx falls back to the wheel's; the variable must
+    # still be in the environment the process runs with (same pid, re-executed).
+    ready = tmp_path / "control.ready"
+    env = {k: v for k, v in os.environ.items() if k != "RAPIDS_LIBUCX_PREFER_SYSTEM_LIBRARY"}
+    env["DISTORE_UCX_SYSTEM_LIBRARY"] = "true"
+    proc = spawn("control", "--host", "127.0.0.1", "--port", "0", "--ready-file", str(ready),
+                 env=env)
+    try:
+        info = wait_for(lambda: ready.exists() and json.loads(ready.read_text()), 60,
+                        "the control plane to start")
+        assert info["pid"] == proc.pid
+        with open(f"/proc/{proc.pid}/environ", "rb") as fh:
+            assert b"RAPIDS_LIBUCX_PREFER_SYSTEM_LIBRARY=true" in fh.read().split(b"\0")
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=10) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()

@@ -24,3 +24,173 @@ def test_bad_sizes_say_what_is_expected(bad):
 def test_tiny_arena_is_refused():
     with pytest.raises(ConfigError, match="too small"):
         NodeConfig(control="127.0.0.1:1", arena_bytes=1000)
+
+
+# -- distore.toml, DISTORE_* and flags ---------------------------------------
+
+from distore_ucx.config import UcxConfig, check_file, resolve  # noqa: E402
+
+GOOD = """
+[control]
+address = "10.1.2.3:7700"
+port = 7711
+heartbeat_timeout = 1.5
+
+[node]
+arena = "2GiB"
+hugepages = false
+
+[ucx]
+tls = "rc,sm,self"
+net_devices = "mlx5_0:1"
+system_library = true
+options = { RNDV_THRESH = "65536" }
+
+[[tables]]
+name = "replay"
+capacity = 100000
+spec = { obs = [[4, 84, 84], "uint8"], reward = [[], "float32"] }
+
+[[tables]]
+name = "flat"
+capacity = 10
+spec = [[16], "uint8"]
+sampler = "uniform"
+remover = "fifo"
+"""
+
+
+def write(tmp_path, text, name="distore.toml"):
+    path = tmp_path / name
+    path.write_text(text)
+    return str(path)
+
+
+def test_a_good_file_checks_clean_and_gives_typed_configs(tmp_path):
+    path = write(tmp_path, GOOD)
+    assert check_file(path) == []
+    s = resolve({}, {}, path)
+    node = s.node()
+    assert node.control == "10.1.2.3:7700" and node.arena_bytes == 2 << 30
+    assert node.hugepages is False
+    ctl = s.control()
+    assert ctl.port == 7711 and ctl.heartbeat_timeout == 1.5 and ctl.heartbeat_interval == 0.375
+    assert [t.name for t in ctl.tables] == ["replay", "flat"]
+    assert ctl.tables[0].spec == {"obs": ((4, 84, 84), "uint8"), "reward": ((), "float32")}
+    assert ctl.tables[1].spec == ((16,), "uint8")
+    assert s.ucx().environment() == {
+        "UCX_RNDV_THRESH": "65536", "UCX_TLS": "rc,sm,self", "UCX_NET_DEVICES": "mlx5_0:1",
+        "RAPIDS_LIBUCX_PREFER_SYSTEM_LIBRARY": "true",
+    }
+    assert s.source("node.arena") == "file" and s.source("control.lease_timeout") == "default"
+
+
+def test_precedence_is_flag_then_env_then_file_then_default(tmp_path):
+    path = write(tmp_path, GOOD)
+    env = {"DISTORE_ARENA": "3GiB", "DISTORE_PORT": "7722", "DISTORE_UCX_TLS": "tcp"}
+    s = resolve({"node.arena": "1GiB"}, env, path)
+    assert s["node.arena"] == 1 << 30 and s.source("node.arena") == "flag"
+    assert s["control.port"] == 7722 and s.source("control.port") == "env"
+    assert s["ucx.tls"] == "tcp" and s.source("ucx.tls") == "env"
+    assert s["control.heartbeat_timeout"] == 1.5 and s.source("control.heartbeat_timeout") == "file"
+    assert s["control.lease_timeout"] == 30.0
+    # An empty variable counts as not set.
+    assert resolve({}, {"DISTORE_ARENA": ""}, path)["node.arena"] == 2 << 30
+
+
+def test_every_problem_is_reported_with_file_line_and_key(tmp_path):
+    path = write(tmp_path, """[control]
+address = "nowhere"
+prot = 7700
+heartbeat_timeout = "soon"
+
+[node]
+arena = "lots"
+
+[nodes]
+x = 1
+
+[[tables]]
+name = "ok"
+capacity = 5
+spec = [[4], "uint8"]
+
+[[tables]]
+name = "bad"
+capacity = -1
+spec = [[4], "uint8"]
+
+[[tables]]
+name = "ok"
+capacity = 5
+spec = [[4], "uint8"]
+sampler = "psychic"
+""")
+    problems = [str(p) for p in check_file(path)]
+    assert f"{path}:2 [control] address: address 'nowhere' is not HOST:PORT" in problems[0]
+    assert problems[1] == f"{path}:3 [control] prot: unknown key; did you mean 'port'?"
+    assert problems[2].startswith(f"{path}:4 [control] heartbeat_timeout: expected a number")
+    assert problems[3].startswith(f"{path}:7 [node] arena: 'lots' is not a size")
+    assert problems[4] == f"{path}:9 [nodes]: unknown section; did you mean [node]?"
+    assert problems[5].startswith(f"{path}:17 [[tables]] #2: table 'bad': capacity must be")
+    assert problems[6].startswith(f"{path}:22 [[tables]] #3: table 'ok': sampler 'psychic'")
+    assert len(problems) == 7
+    with pytest.raises(ConfigError, match="7 problem"):
+        resolve({}, {}, path)
+
+
+def test_syntax_errors_and_missing_files_are_reported(tmp_path):
+    path = write(tmp_path, "[node]\narena = \n")
+    (problem,) = check_file(path)
+    assert "not valid TOML" in str(problem) and "line 2" in str(problem)
+    (problem,) = check_file(str(tmp_path / "missing.toml"))
+    assert "cannot read the configuration file" in str(problem)
+
+
+def test_bad_env_and_flags_name_their_source():
+    with pytest.raises(ConfigError) as info:
+        resolve({"control.port": "seventy"},
+                {"DISTORE_ARENA": "huge", "DISTORE_NODE_HUGEPAGES": "maybe"})
+    text = str(info.value)
+    assert "--port: expected an integer, got 'seventy'" in text
+    assert "DISTORE_ARENA: 'huge' is not a size" in text
+    assert "DISTORE_NODE_HUGEPAGES: expected true or false" in text
+
+
+def test_token_file_must_be_readable_and_not_empty(tmp_path):
+    empty = tmp_path / "empty"
+    empty.write_text("  \n")
+    with pytest.raises(ConfigError, match="is empty"):
+        resolve({"auth.token_file": str(empty)}, {})
+    with pytest.raises(ConfigError, match="cannot read token file"):
+        resolve({}, {"DISTORE_TOKEN_FILE": str(tmp_path / "nope")})
+    good = tmp_path / "token"
+    good.write_text("s3cret\n")
+    s = resolve({}, {"DISTORE_TOKEN_FILE": str(good), "DISTORE_CONTROL": "h:1"})
+    assert s.node().token_file == str(good) and s.control().token_file == str(good)
+
+
+def test_node_without_a_control_address_says_how_to_give_one():
+    with pytest.raises(ConfigError, match="--control HOST:PORT, set DISTORE_CONTROL"):
+        resolve({}, {}).node()
+
+
+def test_tables_from_json_in_a_flag_or_variable():
+    tables = '[{"name": "r", "capacity": 8, "spec": [[2, 3], "float32"]}]'
+    (t,) = resolve({}, {"DISTORE_TABLES": tables}).control().tables
+    assert (t.name, t.capacity, t.spec, t.sampler) == ("r", 8, ((2, 3), "float32"), "uniform")
+    with pytest.raises(ConfigError, match=r"--tables: \[\[tables\]\] #1: missing 'capacity'"):
+        resolve({"tables": '[{"name": "r", "spec": [[2], "uint8"]}]'}, {})
+
+
+def test_ucx_config_sets_only_what_was_given():
+    assert UcxConfig().environment() == {}
+    assert UcxConfig(system_library=False).environment() == {
+        "RAPIDS_LIBUCX_PREFER_SYSTEM_LIBRARY": "false"}
+
+
+def test_the_example_distore_toml_is_valid():
+    import os
+
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    assert check_file(os.path.join(root, "cluster", "distore.toml")) == []

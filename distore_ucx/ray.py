@@ -1,0 +1,291 @@
+"""Deploy a store on a Ray cluster: `distore_ucx.ray.deploy(...)` (extra `ray`).
+
+The control plane runs as a detached, named actor; each chosen Ray node gets
+one storage node actor pinned to it (node affinity, not soft). Each actor
+runs the ordinary `distore control` / `distore node` process beside itself,
+so signals, logs and graceful shutdown are those of the CLI, and the process
+dies with its actor. Ray schedules; distore does not.
+
+>>> import ray, distore_ucx.ray as dray
+>>> ray.init(address="auto")
+>>> address = dray.deploy(arena="64GiB")          # one storage node per Ray node
+>>> client = distore_ucx.connect(address)
+>>> dray.shutdown()                               # nodes deregister, then stop
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+from collections.abc import Mapping, Sequence
+
+from .config import check_file, parse_size
+from .errors import ConfigError, ConnectionFailed, DistoreError
+
+log = logging.getLogger(__name__)
+
+DEFAULT_NAME = "distore"
+
+
+def _ray():
+    try:
+        import ray
+    except ImportError:
+        raise ConfigError(
+            "distore_ucx.ray needs Ray: pip install 'distore-ucx[ray]'"
+        ) from None
+    return ray
+
+
+class _Service:
+    """One `distore` process run by an actor; stopped with SIGTERM when asked,
+    and killed by the kernel if the actor's worker dies (PR_SET_PDEATHSIG)."""
+
+    def __init__(self, role: str, args: list[str], env: Mapping[str, str], timeout: float):
+        from .cluster import Process, _die_with_parent, wait_ready
+
+        self.role = role
+        self.dir = tempfile.mkdtemp(prefix=f"distore-ray-{role}-")
+        self.log_path = os.path.join(self.dir, f"{role}.log")
+        ready = os.path.join(self.dir, f"{role}.ready")
+        full_env = dict(os.environ, **env)
+        full_env.setdefault("UCX_WARN_UNUSED_ENV_VARS", "n")
+        full_env["PYTHONUNBUFFERED"] = "1"
+        with open(self.log_path, "wb") as out:
+            popen = subprocess.Popen(
+                [sys.executable, "-m", "distore_ucx", *args, "--ready-file", ready],
+                stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                env=full_env, cwd=self.dir, preexec_fn=_die_with_parent,
+            )
+        self.process = Process(role, popen, self.log_path, ready)
+        self.info = wait_ready(self.process, timeout)
+
+    def stop(self, timeout: float = 30.0) -> int | None:
+        """SIGTERM (a node deregisters first), then SIGKILL after `timeout` s."""
+        popen = self.process.popen
+        if popen.poll() is None:
+            popen.send_signal(signal.SIGTERM)
+            try:
+                popen.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                popen.kill()
+                popen.wait()
+        return popen.returncode
+
+
+class ControlPlaneActor:
+    """Ray actor running `distore control` on its node."""
+
+    def __init__(self, args: list[str], env: dict, timeout: float):
+        ray = _ray()
+        self.service = _Service("control", ["control", *args], env, timeout)
+        port = self.service.info["address"].rsplit(":", 1)[1]
+        self._address = f"{ray.util.get_node_ip_address()}:{port}"
+
+    def address(self) -> str:
+        """HOST:PORT that nodes, writers and learners use."""
+        return self._address
+
+    def pid(self) -> int:
+        """Process id of the control plane process."""
+        return self.service.process.pid
+
+    def log_tail(self, lines: int = 50) -> str:
+        """The last lines of the control plane's log."""
+        return self.service.process.log_tail(lines)
+
+    def stop(self) -> int | None:
+        """Stop the control plane (SIGTERM); its exit code."""
+        return self.service.stop()
+
+
+class StorageNodeActor:
+    """Ray actor running `distore node` on the Ray node it is pinned to."""
+
+    def __init__(self, control: str, args: list[str], env: dict, timeout: float):
+        ray = _ray()
+        self.ray_node_id = ray.get_runtime_context().get_node_id()
+        host = ray.util.get_node_ip_address()
+        self.service = _Service(
+            "node",
+            ["node", "--control", control, "--host", host,
+             "--name", f"ray-{self.ray_node_id[:12]}", *args],
+            env, timeout,
+        )
+
+    def describe(self) -> dict:
+        """Ray node id, distore node id, address and pid of this storage node."""
+        return {"ray_node_id": self.ray_node_id, "pid": self.service.process.pid,
+                **self.service.info}
+
+    def log_tail(self, lines: int = 50) -> str:
+        """The last lines of the storage node's log."""
+        return self.service.process.log_tail(lines)
+
+    def stop(self) -> int | None:
+        """Stop the storage node (SIGTERM: it deregisters, drains, exits)."""
+        return self.service.stop()
+
+
+def _alive_nodes(ray) -> list[str]:
+    return [n["NodeID"] for n in ray.nodes() if n.get("Alive")]
+
+
+def _choose(ray, nodes: int | Sequence[str] | None) -> list[str]:
+    alive = _alive_nodes(ray)
+    if nodes is None:
+        return alive
+    if isinstance(nodes, int):
+        if not 0 < nodes <= len(alive):
+            raise ConfigError(f"asked for {nodes} storage nodes, but the Ray cluster has "
+                              f"{len(alive)} live nodes")
+        return alive[:nodes]
+    chosen = list(nodes)
+    missing = [n for n in chosen if n not in alive]
+    if missing:
+        raise ConfigError(f"Ray nodes {missing} are not alive members of this cluster "
+                          f"(alive: {alive})")
+    if len(set(chosen)) != len(chosen):
+        raise ConfigError("each Ray node can hold one storage node; the list has duplicates")
+    return chosen
+
+
+def deploy(
+    nodes: int | Sequence[str] | None = None,
+    *,
+    arena: int | str = "4GiB",
+    name: str = DEFAULT_NAME,
+    namespace: str | None = None,
+    control_node: str | None = None,
+    port: int = 0,
+    config_file: str | None = None,
+    env: Mapping[str, str] | None = None,
+    hugepages: bool = True,
+    heartbeat_timeout: float | None = None,
+    startup_timeout: float = 120.0,
+) -> str:
+    """Start a store on the connected Ray cluster; returns the control plane address.
+
+    nodes: None (every live Ray node), a count (that many of them) or a list
+    of Ray node ids; each gets one storage node with an `arena`-sized arena.
+    control_node: the Ray node id for the control plane (default: any).
+    config_file: a distore.toml present at that path on every Ray node; flags
+    given here win over it. env: extra environment (UCX_TLS, UCX_NET_DEVICES,
+    ...) for every process. Actors are detached and named `{name}-control`,
+    `{name}-node-{i}`: they outlive the driver until `shutdown(name)`.
+
+    >>> address = deploy(nodes=4, arena="64GiB", env={"UCX_TLS": "rc,sm,self"})
+    """
+    ray = _ray()
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    if not ray.is_initialized():
+        raise ConfigError("connect to a Ray cluster first: ray.init(address=...)")
+    parse_size(arena)
+    if config_file:
+        problems = check_file(config_file)
+        if problems:
+            raise ConfigError(f"{config_file}: " + "; ".join(map(str, problems)))
+    chosen = _choose(ray, nodes)
+    try:
+        existing = ray.get_actor(f"{name}-control", namespace=namespace)
+    except ValueError:
+        existing = None
+    if existing is not None:
+        raise ConfigError(
+            f"a store named {name!r} is already deployed at "
+            f"{ray.get(existing.address.remote())}: use address({name!r}) or "
+            f"shutdown({name!r}) first"
+        )
+    env = dict(env or {})
+    common = ["--config", config_file] if config_file else []
+    control_args = [*common, "--host", "0.0.0.0", "--port", str(port)]
+    if heartbeat_timeout is not None:
+        control_args += ["--heartbeat-timeout", str(heartbeat_timeout)]
+    node_args = [*common, "--arena", str(arena)] + ([] if hugepages else ["--no-hugepages"])
+
+    def pinned(ray_node: str | None) -> dict:
+        opts = {"lifetime": "detached", "num_cpus": 0, "max_restarts": 0,
+                "namespace": namespace}
+        if ray_node is not None:
+            opts["scheduling_strategy"] = NodeAffinitySchedulingStrategy(ray_node, soft=False)
+        return opts
+
+    control = ray.remote(ControlPlaneActor).options(
+        name=f"{name}-control", **pinned(control_node)
+    ).remote(control_args, env, startup_timeout)
+    started = [control]
+    try:
+        address = ray.get(control.address.remote(), timeout=startup_timeout + 30)
+        actors = [
+            ray.remote(StorageNodeActor).options(name=f"{name}-node-{i}", **pinned(node))
+            .remote(address, node_args, env, startup_timeout)
+            for i, node in enumerate(chosen)
+        ]
+        started += actors
+        ray.get([a.describe.remote() for a in actors], timeout=startup_timeout + 30)
+    except BaseException as exc:
+        for actor in reversed(started):
+            ray.kill(actor, no_restart=True)
+        if isinstance(exc, ray.exceptions.RayError):
+            raise ConnectionFailed(f"deploying store {name!r} on Ray failed: {exc}") from exc
+        raise
+    log.info("store %r deployed on Ray: control plane %s, %d storage nodes", name, address,
+             len(chosen))
+    return address
+
+
+def address(name: str = DEFAULT_NAME, namespace: str | None = None) -> str:
+    """The control plane address of a store deployed with `deploy(name=...)`."""
+    ray = _ray()
+    try:
+        control = ray.get_actor(f"{name}-control", namespace=namespace)
+    except ValueError:
+        raise ConfigError(f"no store named {name!r} is deployed on this Ray cluster") from None
+    return ray.get(control.address.remote())
+
+
+def storage_nodes(name: str = DEFAULT_NAME, namespace: str | None = None) -> list[dict]:
+    """Ray node id, distore node id, address and pid of each storage node of `name`."""
+    ray = _ray()
+    return ray.get([a.describe.remote() for a in _node_actors(ray, name, namespace)])
+
+
+def _node_actors(ray, name: str, namespace: str | None) -> list:
+    actors, i = [], 0
+    while True:
+        try:
+            actors.append(ray.get_actor(f"{name}-node-{i}", namespace=namespace))
+        except ValueError:
+            return actors
+        i += 1
+
+
+def shutdown(name: str = DEFAULT_NAME, namespace: str | None = None) -> None:
+    """Stop a deployed store: storage nodes first (they deregister), then the
+    control plane; the actors are removed. Safe to call twice."""
+    ray = _ray()
+    nodes = _node_actors(ray, name, namespace)
+    try:
+        control = ray.get_actor(f"{name}-control", namespace=namespace)
+    except ValueError:
+        control = None
+    errors = []
+    for group in (nodes, [control] if control is not None else []):
+        try:
+            ray.get([a.stop.remote() for a in group], timeout=60)
+        except ray.exceptions.RayError as exc:  # an actor already gone: kill the rest anyway
+            errors.append(exc)
+        for actor in group:
+            ray.kill(actor, no_restart=True)
+    if errors:
+        log.warning("store %r: %d actors failed to stop cleanly: %s", name, len(errors),
+                    errors[0])
+
+
+__all__ = ["deploy", "address", "storage_nodes", "shutdown", "ControlPlaneActor",
+           "StorageNodeActor", "DistoreError"]

@@ -1,0 +1,203 @@
+"""Several hosts, made of network namespaces on this machine.
+
+A control plane, two storage nodes and a learner each run in a namespace of
+their own, joined by veth pairs to a bridge in a fifth namespace, on a
+private 10.x network that exists only inside them; UCX goes over tcp on the
+veth devices. After inserting and sampling with verified bytes, one storage
+node's link is taken down: the learner must go on sampling from the other
+within 3 s and never receive a wrong byte. Needs root (CI is root); skips
+with the reason elsewhere.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+
+import pytest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+SUBNET = "10.211.77"  # private, and only inside the namespaces made here
+ROLES = {"ctl": 1, "n1": 2, "n2": 3, "lrn": 4}
+
+
+def _ip(*args: str, check: bool = True) -> subprocess.CompletedProcess:
+    return subprocess.run(["ip", *args], capture_output=True, text=True, timeout=30, check=check)
+
+
+def _cannot_make_namespaces() -> str | None:
+    if shutil.which("ip") is None:
+        return "the ip command (iproute2) is not installed"
+    if shutil.which("unshare") is None:
+        return "the unshare command (util-linux) is not installed"
+    if os.geteuid() != 0:
+        return "making network namespaces needs root (CI runs as root)"
+    probe = f"dsprobe{os.getpid()}"
+    made = _ip("netns", "add", probe, check=False)
+    if made.returncode != 0:
+        return f"cannot make a network namespace here: {made.stderr.strip()}"
+    _ip("netns", "del", probe, check=False)
+    return None
+
+
+@dataclass
+class Hosts:
+    """Namespaces, one per role, on one bridge; processes started in them."""
+
+    tag: str
+    tmp: str
+    procs: list[tuple[str, subprocess.Popen, str]] = field(default_factory=list)
+    made: list[str] = field(default_factory=list)
+
+    def ns(self, role: str) -> str:
+        return f"ds{self.tag}{role}"
+
+    def addr(self, role: str) -> str:
+        return f"{SUBNET}.{ROLES[role]}"
+
+    def build(self) -> None:
+        bridge = self.ns("br")
+        for name in [bridge] + [self.ns(r) for r in ROLES]:
+            _ip("netns", "add", name)
+            self.made.append(name)
+            _ip("-n", name, "link", "set", "lo", "up")
+        _ip("-n", bridge, "link", "add", "br0", "type", "bridge")
+        _ip("-n", bridge, "link", "set", "br0", "up")
+        for role in ROLES:
+            # One end, "eth0", in the host's namespace; the other on the bridge.
+            _ip("-n", bridge, "link", "add", f"p{role}", "type", "veth",
+                "peer", "name", "eth0", "netns", self.ns(role))
+            _ip("-n", bridge, "link", "set", f"p{role}", "master", "br0", "up")
+            _ip("-n", self.ns(role), "addr", "add", f"{self.addr(role)}/24", "dev", "eth0")
+            _ip("-n", self.ns(role), "link", "set", "eth0", "up")
+
+    def fast_tcp_failure_detection(self, role: str) -> None:
+        """Make TCP in `role`'s namespace give up on a silent peer within about
+        a second instead of ~15 min: UCX's tcp transport learns of a cut link only
+        from its socket, and a read cannot be cancelled before that."""
+        _ip("netns", "exec", self.ns(role), "sysctl", "-q", "-w", "net.ipv4.tcp_retries2=1")
+
+    def link(self, role: str, state: str) -> None:
+        _ip("-n", self.ns(role), "link", "set", "eth0", state)
+
+    def start(self, role: str, args: list[str]) -> subprocess.Popen:
+        env = dict(os.environ, UCX_TLS="tcp", UCX_NET_DEVICES="eth0", PYTHONUNBUFFERED="1",
+                   UCX_WARN_UNUSED_ENV_VARS="n", UCX_LOG_LEVEL="error",
+                   # Find a cut-off peer fast. UCX probes each endpoint every 0.5 s
+                   # (data that TCP then retransmits, and gives up on per
+                   # tcp_retries2), and TCP keepalive covers connections with
+                   # nothing outstanding (whole seconds: the kernel's unit).
+                   UCX_KEEPALIVE_INTERVAL="500ms", UCX_TCP_KEEPIDLE="1s",
+                   UCX_TCP_KEEPINTVL="1s", UCX_TCP_KEEPCNT="1")
+        log = os.path.join(self.tmp, f"{role}.log")
+        with open(log, "wb") as out:
+            proc = subprocess.Popen(
+                # A pid namespace too, as on separate machines: the learner then
+                # treats each node as remote (UCX peer-failure detection on).
+                ["ip", "netns", "exec", self.ns(role), "unshare", "--pid", "--fork",
+                 "--kill-child=SIGTERM", sys.executable, *args],
+                stdout=subprocess.PIPE if role == "lrn" else out, stderr=out,
+                stdin=subprocess.DEVNULL, env=env, cwd=self.tmp,
+            )
+        self.procs.append((role, proc, log))
+        return proc
+
+    def log(self, role: str) -> str:
+        for r, _, path in self.procs:
+            if r == role:
+                with open(path, errors="replace") as fh:
+                    return fh.read()[-4000:]
+        return ""
+
+    def wait_file(self, path: str, timeout: float, role: str) -> dict:
+        deadline = time.monotonic() + timeout
+        proc = next(p for r, p, _ in self.procs if r == role)
+        while not os.path.exists(path):
+            if proc.poll() is not None:
+                pytest.fail(f"{role} exited with {proc.returncode}:\n{self.log(role)}")
+            if time.monotonic() > deadline:
+                pytest.fail(f"{role} not ready within {timeout} s:\n{self.log(role)}")
+            time.sleep(0.05)  # polling a file, with a deadline
+        with open(path) as fh:
+            return json.load(fh)
+
+    def teardown(self) -> None:
+        for _, proc, _ in self.procs:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        for _, proc, _ in self.procs:
+            try:
+                proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        for name in reversed(self.made):
+            _ip("netns", "del", name, check=False)
+
+
+@pytest.fixture
+def hosts(tmp_path):
+    """Five namespaces (control plane, two storage nodes, learner, bridge)."""
+    reason = _cannot_make_namespaces()
+    if reason:
+        pytest.skip(reason)
+    h = Hosts(tag=str(os.getpid() % 100000), tmp=str(tmp_path))
+    try:
+        h.build()
+        yield h
+    finally:
+        h.teardown()
+    leftover = _ip("netns", "list").stdout
+    assert f"ds{h.tag}" not in leftover, f"namespaces left behind: {leftover}"
+
+
+@pytest.mark.slow
+def test_learner_survives_a_storage_host_losing_its_link(hosts):
+    tmp = hosts.tmp
+    ctl = f"{hosts.addr('ctl')}:7700"
+    hosts.start("ctl", ["-m", "distore_ucx", "control", "--host", hosts.addr("ctl"),
+                        "--port", "7700", "--heartbeat-timeout", "1.0",
+                        "--ready-file", f"{tmp}/ctl.ready"])
+    hosts.wait_file(f"{tmp}/ctl.ready", 60, "ctl")
+    for role in ("n1", "n2"):
+        hosts.start(role, ["-m", "distore_ucx", "node", "--control", ctl,
+                           "--host", hosts.addr(role), "--arena", "64MiB", "--no-hugepages",
+                           "--name", role, "--ready-file", f"{tmp}/{role}.ready"])
+    n1 = hosts.wait_file(f"{tmp}/n1.ready", 60, "n1")
+    n2 = hosts.wait_file(f"{tmp}/n2.ready", 60, "n2")
+    assert n1["address"].startswith(hosts.addr("n1") + ":")
+
+    hosts.fast_tcp_failure_detection("lrn")
+    learner = hosts.start("lrn", [os.path.join(HERE, "netns_learner.py"), "--control", ctl,
+                                  "--ready-file", f"{tmp}/lrn.ready",
+                                  "--stop-file", f"{tmp}/lrn.stop"])
+    hosts.wait_file(f"{tmp}/lrn.ready", 90, "lrn")
+
+    # The learner's namespace cannot reach the other hosts except over the bridge.
+    down_at = time.time()
+    hosts.link("n1", "down")
+    # Sample on for 5 s after the cut (polled, not slept through blindly).
+    deadline = time.monotonic() + 5.0
+    while time.monotonic() < deadline and learner.poll() is None:
+        time.sleep(0.1)
+    open(f"{tmp}/lrn.stop", "w").close()
+    stdout, _ = learner.communicate(timeout=60)
+    assert learner.returncode == 0, hosts.log("lrn")
+    result = json.loads(stdout.strip().splitlines()[-1])
+
+    assert result["bad"] == 0, "the learner received wrong bytes"
+    assert sorted(result["nodes_before"]) == sorted([n1["node_id"], n2["node_id"]])
+    assert result["nodes_after"] == [n2["node_id"]], "the cut-off node is still listed"
+    after = [t for t in result["ok_times"] if t > down_at]
+    assert after, f"no batch after the link went down; errors: {result['errors'][-3:]}"
+    gaps = [b - a for a, b in zip([down_at] + after, after)]
+    print(f"longest gap after the cut: {max(gaps):.2f} s; {len(after)} batches after it")
+    assert max(gaps) < 3.0, f"sampling stalled {max(gaps):.2f} s after the link went down"
+    assert after[-1] - down_at > 4.0  # and it went on, to the end
+    assert len(after) > 20
