@@ -450,14 +450,17 @@ def plot_size_sweep(rows: list[dict], series: list[tuple[str, str, str]], ylabel
     plt = pyplot(path)
     if plt is None:
         return
-    fig, ax = plt.subplots(figsize=(8, 5))
-    for tls in dict.fromkeys(r["tls"] for r in rows):
+    fig, ax = plt.subplots(figsize=(9, 5.5))
+    # Colour and marker say the method, the line style the transport.
+    lines = ["-", "--", ":", "-."]
+    for t, tls in enumerate(dict.fromkeys(r["tls"] for r in rows)):
         sel = [r for r in rows if r["tls"] == tls]
-        for key, label, style in series:
+        for i, (key, label, style) in enumerate(series):
             pts = [(r["item_bytes"], r[key]) for r in sel if r.get(key) is not None]
             if pts:
                 xs, ys = zip(*pts)
-                ax.plot(xs, ys, style, label=f"{label} ({tls})")
+                ax.plot(xs, ys, marker=style[0], linestyle=lines[t % len(lines)],
+                        color=f"C{i}", label=f"{label} ({tls})")
     ax.set_xscale("log", base=2)
     if logy:
         ax.set_yscale("log")

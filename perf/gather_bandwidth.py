@@ -127,10 +127,10 @@ def print_table(rows: list[dict]) -> None:
     for r in rows:
         lines.append([
             r["tls"], str(r["item_bytes"]), str(r["batch"]),
-            fmt(r["ours_gbps"], ".2f"), fmt(r["ours_p50_ms"], ".3f"),
-            fmt(r["ours_p99_ms"], ".3f"), fmt(r["numpy_gbps"], ".2f"),
+            fmt(r["ours_gbps"], ".3g"), fmt(r["ours_p50_ms"], ".3f"),
+            fmt(r["ours_p99_ms"], ".3f"), fmt(r["numpy_gbps"], ".3g"),
             fmt(r["numpy_p50_ms"], ".3f"), fmt(r["numpy_p99_ms"], ".3f"),
-            fmt(r["perftest_gbps"], ".2f"), fmt(r["perftest_p50_us"], ".2f"),
+            fmt(r["perftest_gbps"], ".3g"), fmt(r["perftest_p50_us"], ".2f"),
             fmt(r["ratio_vs_numpy"], ".2f"), fmt(r["ratio_vs_perftest"], ".2f"),
             "yes" if r["verified"] else "NO",
         ])
