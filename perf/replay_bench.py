@@ -54,6 +54,10 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 DEFAULT_FILE = os.path.join(HERE, "workloads.toml")
 GiB, MiB = 1 << 30, 1 << 20
 PREFILL_CHUNK_BYTES = 4 * MiB
+# The writer sends messages of at most 1024 items and 4 MiB and places them round
+# robin over the nodes; chunks of exactly one message keep the nodes evenly filled
+# (chunks of 1398 would go out as 1024 + 374, always the 1024 to the same node).
+WRITER_MAX_ITEMS = 1024
 PACE_SLICE_S = 0.05  # a paced writer sends what 50 ms of its rate asks for at once
 WRITER_START_TIMEOUT_S = 120.0
 BUFFERS = ("priority", "use-count", "none")
@@ -118,10 +122,10 @@ def writer_main(address, table, item_bytes, rate, prioritized, seed, ready, go, 
         if rate > 0:
             chunk = max(1, round(rate * PACE_SLICE_S))
         else:
-            chunk = max(1, PREFILL_CHUNK_BYTES // item_bytes)
+            chunk = max(1, min(WRITER_MAX_ITEMS, PREFILL_CHUNK_BYTES // item_bytes))
         data = rng.integers(0, 256, (chunk, item_bytes), dtype=np.uint8)
         with ds.connect(address) as client:
-            writer = client.writer(timeout=30.0)
+            writer = client.writer(timeout=30.0, max_items=WRITER_MAX_ITEMS)
             client.spec(table)
             ready.set()
             go.wait()
@@ -150,10 +154,10 @@ def prefill(client, table: str, item_bytes: int, count: int, prioritized: bool,
     if count <= 0:
         return {"prefill_items": 0, "prefill_s": 0.0, "prefill_gb_per_s": None}
     rng = np.random.default_rng(seed)
-    chunk = max(1, min(count, PREFILL_CHUNK_BYTES // item_bytes))
+    chunk = max(1, min(count, WRITER_MAX_ITEMS, PREFILL_CHUNK_BYTES // item_bytes))
     data = rng.integers(0, 256, (chunk, item_bytes), dtype=np.uint8)
     t0 = time.perf_counter()
-    with client.writer() as writer:
+    with client.writer(max_items=WRITER_MAX_ITEMS) as writer:
         done = 0
         while done < count:
             n = min(chunk, count - done)

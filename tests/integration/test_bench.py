@@ -49,3 +49,15 @@ def test_replay_bench_quick_reports_sane_figures(tmp_path):
     assert ppo["max_times_sampled"] == 2 and ppo["prefill_items"] == 0
     assert ppo["sample_items_per_s"] <= 2 * ppo["insert_items_per_s"] * 1.5 + 32 / 1.5
     assert "workload" in proc.stdout and "ratio" in proc.stdout  # the table
+
+
+def test_distore_bench_without_a_checkout_says_what_to_do(tmp_path):
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+        p for p in (REPO, os.environ.get("PYTHONPATH", "")) if p))
+    proc = subprocess.run(
+        [sys.executable, "-m", "distore_ucx", "bench", "--perf-dir", str(tmp_path),
+         "--out", str(tmp_path / "out")],
+        capture_output=True, text=True, timeout=60, cwd=str(tmp_path), env=env)
+    assert proc.returncode == 2
+    assert "source checkout" in proc.stderr and "--perf-dir" in proc.stderr
+    assert not (tmp_path / "out").exists()
