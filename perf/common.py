@@ -415,7 +415,7 @@ class JsonLines:
             self._file.close()
             self._file = None
 
-    def __enter__(self) -> "JsonLines":
+    def __enter__(self) -> JsonLines:
         return self
 
     def __exit__(self, *exc) -> None:

@@ -43,11 +43,20 @@ import argparse
 import math
 import sys
 
-import numpy as np
-
 import common
-from common import (JsonLines, apply_ucx_env, fill_arena, fmt, log, measure_numpy,
-                    measure_ours, measure_perftest, node, plot_size_sweep)
+import numpy as np
+from common import (
+    JsonLines,
+    apply_ucx_env,
+    fill_arena,
+    fmt,
+    log,
+    measure_numpy,
+    measure_ours,
+    measure_perftest,
+    node,
+    plot_size_sweep,
+)
 
 MiB = 1 << 20
 DEFAULT_SIZES = "3072,28224,112896,1048576,3145728,10485760"

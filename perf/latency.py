@@ -29,11 +29,21 @@ from __future__ import annotations
 import argparse
 import sys
 
-import numpy as np
-
 import common
-from common import (JsonLines, apply_ucx_env, fill_arena, fmt, log, measure_numpy,
-                    measure_ours, measure_perftest, node, plot_size_sweep, size_list)
+import numpy as np
+from common import (
+    JsonLines,
+    apply_ucx_env,
+    fill_arena,
+    fmt,
+    log,
+    measure_numpy,
+    measure_ours,
+    measure_perftest,
+    node,
+    plot_size_sweep,
+    size_list,
+)
 
 MiB = 1 << 20
 DEFAULT_SIZES = "8,32,128,512,2K,8K,32K,128K,512K,2M,8M,32M,64M"

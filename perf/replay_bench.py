@@ -45,9 +45,8 @@ import os
 import sys
 import time
 
-import numpy as np
-
 import common
+import numpy as np
 from common import JsonLines, apply_ucx_env, cpu_seconds, fmt, log
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -143,7 +142,7 @@ def writer_main(address, table, item_bytes, rate, prioritized, seed, ready, go, 
                 with counter.get_lock():
                     counter.value += chunk
             writer.close()
-    except Exception as exc:  # reported by the parent
+    except Exception as exc:  # noqa: BLE001 - any failure is reported by the parent
         errors.put(f"writer (pid {os.getpid()}) failed: {type(exc).__name__}: {exc}")
         ready.set()
 

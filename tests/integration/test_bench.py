@@ -28,7 +28,7 @@ def test_replay_bench_quick_reports_sane_figures(tmp_path):
         [sys.executable, SCRIPT, "--quick", "--workloads", "dqn-gobigger,ppo-atari",
          "--memory", "48MiB", "--seconds", "1.5", "--tls", "sm",
          "--json-out", str(out_file)],
-        capture_output=True, text=True, timeout=120, cwd=str(tmp_path), env=env)
+        capture_output=True, text=True, timeout=120, cwd=str(tmp_path), env=env, check=False)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     rows = [json.loads(line) for line in out_file.read_text().splitlines()]
     assert [r["workload"] for r in rows] == ["dqn-gobigger", "ppo-atari"]
@@ -57,7 +57,7 @@ def test_distore_bench_without_a_checkout_says_what_to_do(tmp_path):
     proc = subprocess.run(
         [sys.executable, "-m", "distore_ucx", "bench", "--perf-dir", str(tmp_path),
          "--out", str(tmp_path / "out")],
-        capture_output=True, text=True, timeout=60, cwd=str(tmp_path), env=env)
+        capture_output=True, text=True, timeout=60, cwd=str(tmp_path), env=env, check=False)
     assert proc.returncode == 2
     assert "source checkout" in proc.stderr and "--perf-dir" in proc.stderr
     assert not (tmp_path / "out").exists()
