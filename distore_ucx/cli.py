@@ -101,6 +101,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="writer items/s (default 400, DQN on Atari's rate; 0 = flat out)")
     d.add_argument("--json", action="store_true", help="print the summary as JSON")
 
+    b = sub.add_parser("bench", help="run the perf suite (needs a source checkout's perf/)")
+    b.add_argument("--out", help="results folder (default ./bench-results/<timestamp>)")
+    b.add_argument("--quick", action="store_true", help="short runs of every script")
+    b.add_argument("--only", help="comma-separated subset of replay,bandwidth,latency")
+    b.add_argument("--perf-dir", help="the perf/ folder (default: beside the package)")
+
     doc = sub.add_parser("doctor", help="check UCX, GPUs, NICs and hugepages for the sample path")
     doc.add_argument("--json", action="store_true", help="print JSON")
     return p
@@ -161,6 +167,10 @@ def main(argv: list[str] | None = None) -> int:
             return run_demo(args)
         if args.command == "doctor":
             return _doctor(args)
+        if args.command == "bench":
+            from .bench import run_bench
+
+            return run_bench(args)
         settings = settings_from(args)
         _apply_ucx(settings, argv)
         if args.command == "control":

@@ -70,6 +70,7 @@ class Writer:
         self._conns: dict[int, rpc.Client] = {}
         self._nodes: list[dict] = []
         self._rr = itertools.count()
+        self._sent: dict[int, int] = {}  # bytes sent to each node (placement)
         self.inserted = 0
         self._closed = False
 
@@ -163,6 +164,7 @@ class Writer:
                 exclude.add(node_id)
                 continue
             self._in_flight.append((conn, batch, node_id, exclude))
+            self._sent[node_id] = self._sent.get(node_id, 0) + batch.rows.nbytes
             return
 
     def _complete_oldest(self) -> None:
@@ -201,7 +203,9 @@ class Writer:
                 + (f" (tried nodes {sorted(exclude)})" if exclude else "")
                 + ": start storage nodes (distore node --control ...)"
             )
-        node = nodes[next(self._rr) % len(nodes)]
+        # The node this writer has sent the fewest bytes to: round robin by
+        # batch would send every first chunk of a split insert to one node.
+        node = min(nodes, key=lambda n: (self._sent.get(n["node_id"], 0), next(self._rr)))
         conn = self._conns.get(node["node_id"])
         if conn is None:
             conn = rpc.Client(node["address"], self.timeout, name=f"storage node {node['name']}",

@@ -1,0 +1,171 @@
+"""Latency sweep, 8 B to 64 MiB: single-item and small-batch gathers vs ucx_perftest.
+
+For each UCX transport in ``--tls`` (default ``sm,tcp``, loopback only) and each item
+size of ``--sizes`` (default powers of 4 from 8 B, and 64 MiB), a storage node in
+another process holds an arena of random-pattern slots (perf/common.py), and it times:
+
+ours
+    ``_native.gather`` of 1 random slot per call, and of a small batch (``--batch``,
+    default 8; fewer where the batch would pass 64 MiB), into one registered buffer:
+    the time a learner's read of a sampled batch takes, without the control plane.
+numpy
+    ``np.take`` of the same rows from a local array of the same size: a memory copy.
+perftest
+    ``ucx_perftest -t ucp_get -O 1`` (one read outstanding) between two local
+    processes with the same UCX settings: UCX's own read latency. It reads one
+    cache-hot buffer; we read random slots of ``--arena`` bytes.
+
+Latencies are per call in microseconds (p50, p99); the number of calls per size is
+scaled so each moves about ``--bytes`` (10 to 1000 calls). The first, a middle and the
+last gather are checked byte for byte. Output: one JSON line per (tls, size), a table,
+and with ``--plot`` a PNG of latency against item size.
+
+    cd /tmp && PYTHONPATH=<repo> <venv>/bin/python <repo>/perf/latency.py \\
+        --json-out /tmp/latency.jsonl --plot /tmp/latency.png
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+import common
+import numpy as np
+from common import (
+    JsonLines,
+    apply_ucx_env,
+    fill_arena,
+    fmt,
+    log,
+    measure_numpy,
+    measure_ours,
+    measure_perftest,
+    node,
+    plot_size_sweep,
+    size_list,
+)
+
+MiB = 1 << 20
+DEFAULT_SIZES = "8,32,128,512,2K,8K,32K,128K,512K,2M,8M,32M,64M"
+QUICK_SIZES = "8,512,32K,2M,64M"
+MAX_BATCH_BYTES = 64 * MiB
+
+
+def iters_for(nbytes: int, total: int) -> tuple[int, int]:
+    """(timed, warm-up) calls so that one measurement moves about `total` bytes."""
+    iters = max(10, min(1000, total // nbytes))
+    return iters, max(2, iters // 10)
+
+
+def measure(args, tls: str, size: int) -> tuple[dict, bool]:
+    """One (tls, size): ours and numpy at batch 1 and the small batch, then ucx_perftest."""
+    apply_ucx_env(tls)
+    small = max(1, min(args.batch, MAX_BATCH_BYTES // size))
+    slots = max(args.arena // size, small, 2)
+    rng = np.random.default_rng(args.seed)
+    row: dict = {"tls": tls, "item_bytes": size, "batch": small}
+    ok = True
+    log(f"[{tls}] item {size} B, batches of 1 and {small}, arena {slots} slots "
+        f"({slots * size / MiB:.0f} MiB)")
+    with node(tls, size, slots) as (_, hello):
+        arena2d = np.empty((slots, size), np.uint8)  # filled while the node fills its own
+        fill_arena(arena2d)
+        for n, tag in ((1, "1"), (small, "b")):
+            if tag == "b" and small == 1:
+                break
+            iters, warmup = iters_for(n * size, args.bytes)
+            batches = [rng.integers(0, slots, n) for _ in range(warmup + iters)]
+            np_res, ok_np = measure_numpy(arena2d, batches, warmup)
+            ours, ok_ours = measure_ours(tls, hello, size, batches, warmup)
+            ok &= ok_np and ok_ours
+            for name, res in (("ours", ours), ("numpy", np_res)):
+                row[f"{name}_{tag}_p50_us"] = res["p50_ms"] * 1e3
+                row[f"{name}_{tag}_p99_us"] = res["p99_ms"] * 1e3
+            if tag == "1":
+                row["iters"] = iters
+        del arena2d
+    iters, warmup = iters_for(size, args.bytes)
+    pt, why = measure_perftest(tls, size, 1, iters, warmup, args.perftest_timeout)
+    row["perftest_p50_us"] = pt["p50_us"] if pt else None
+    row["perftest_avg_us"] = pt["avg_us"] if pt else None
+    row["ratio_vs_perftest"] = row["ours_1_p50_us"] / pt["p50_us"] if pt else None
+    row["ratio_vs_numpy"] = row["ours_1_p50_us"] / row["numpy_1_p50_us"]
+    if why:
+        log(f"[{tls}] ucx_perftest: {why}")
+        row["perftest_error"] = why
+    row["verified"] = bool(ok)
+    return row, ok
+
+
+def print_table(rows: list[dict]) -> None:
+    """One line per (tls, size): latencies in us, ratios of our single-item p50."""
+    head = ["tls", "item_B", "ours_p50", "p99", "numpy_p50", "perf_p50", "batch", "ours_p50",
+            "p99", "numpy_p50", "x_perf", "x_np", "ok"]
+    lines = [[r["tls"], str(r["item_bytes"]), fmt(r["ours_1_p50_us"], ".1f"),
+              fmt(r["ours_1_p99_us"], ".1f"), fmt(r["numpy_1_p50_us"], ".1f"),
+              fmt(r["perftest_p50_us"], ".1f"), str(r["batch"]),
+              fmt(r.get("ours_b_p50_us"), ".1f"), fmt(r.get("ours_b_p99_us"), ".1f"),
+              fmt(r.get("numpy_b_p50_us"), ".1f"), fmt(r["ratio_vs_perftest"], ".2f"),
+              fmt(r["ratio_vs_numpy"], ".1f"), "yes" if r["verified"] else "NO"]
+             for r in rows]
+    print("latency per call in us; x_perf, x_np: our single-item p50 over theirs")
+    common.print_table(head, lines)
+
+
+def plot(rows: list[dict], path: str) -> None:
+    """Latency (us) against item size, log-log."""
+    plot_size_sweep(rows, [("ours_1_p50_us", "ours, 1 item, p50", "o-"),
+                           ("ours_1_p99_us", "ours, 1 item, p99", "o:"),
+                           ("ours_b_p50_us", "ours, small batch, p50", "d-"),
+                           ("numpy_1_p50_us", "numpy, 1 item, p50", "s--"),
+                           ("perftest_p50_us", "ucx_perftest get -O 1, p50", "^:")],
+                    "latency per call (us)", "gather latency", path, logy=True)
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    """Options; --quick changes the defaults of --sizes and --bytes."""
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--tls", default="sm,tcp", help="transports, one pass each (default sm,tcp)")
+    p.add_argument("--sizes", default=None,
+                   help=f"item sizes, comma separated, K/M suffixes (default {DEFAULT_SIZES})")
+    p.add_argument("--batch", type=int, default=8, help="the small batch (default 8 items)")
+    p.add_argument("--bytes", type=int, default=None,
+                   help="bytes moved per measurement (default 256 MiB; --quick 64 MiB)")
+    p.add_argument("--arena", type=int, default=256 * MiB,
+                   help="storage arena bytes (default 256 MiB, beyond the caches)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--perftest-timeout", type=float, default=120.0)
+    p.add_argument("--quick", action="store_true", help=f"sizes {QUICK_SIZES}, 64 MiB each")
+    p.add_argument("--json-out", help="also write the JSON lines to this file")
+    p.add_argument("--plot", help="write a PNG of latency vs item size (needs matplotlib)")
+    args = p.parse_args(argv)
+    if args.batch < 1:
+        p.error("--batch must be positive")
+    args.sizes = size_list(args.sizes or (QUICK_SIZES if args.quick else DEFAULT_SIZES))
+    args.bytes = args.bytes or (64 * MiB if args.quick else 256 * MiB)
+    return args
+
+
+def main(argv=None) -> int:
+    """Run the sweep; exit status 1 if any gathered byte was wrong."""
+    args = parse_args(argv)
+    rows, all_ok = [], True
+    with JsonLines(args.json_out) as out:
+        for tls in [t.strip() for t in args.tls.split(",") if t.strip()]:
+            for size in args.sizes:
+                row, ok = measure(args, tls, size)
+                all_ok &= ok
+                rows.append(row)
+                out.write(row)
+    print()
+    print_table(rows)
+    if args.plot:
+        plot(rows, args.plot)
+    if not all_ok:
+        log("data mismatch: see MISMATCH lines above")
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,63 @@
+"""perf/replay_bench.py end to end: a quick run of two small workloads.
+
+The bench is a standalone script outside the package; this runs it as users
+do (a subprocess, from outside the source tree) and checks its JSON lines.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+SCRIPT = os.path.join(REPO, "perf", "replay_bench.py")
+
+FIELDS = ("workload", "buffer", "sample_items_per_s", "sample_gb_per_s", "ratio",
+          "batch_p50_ms", "batch_p99_ms", "insert_items_per_s", "cpu_pct",
+          "demanded_samples_per_s", "capacity", "problems")
+
+
+def test_replay_bench_quick_reports_sane_figures(tmp_path):
+    out_file = tmp_path / "replay.jsonl"
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+        p for p in (REPO, os.environ.get("PYTHONPATH", "")) if p))
+    # A priority table (prefilled, priority updates) and a use-count table.
+    proc = subprocess.run(
+        [sys.executable, SCRIPT, "--quick", "--workloads", "dqn-gobigger,ppo-atari",
+         "--memory", "48MiB", "--seconds", "1.5", "--tls", "sm",
+         "--json-out", str(out_file)],
+        capture_output=True, text=True, timeout=120, cwd=str(tmp_path), env=env, check=False)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    rows = [json.loads(line) for line in out_file.read_text().splitlines()]
+    assert [r["workload"] for r in rows] == ["dqn-gobigger", "ppo-atari"]
+    for r in rows:
+        assert all(k in r for k in FIELDS), sorted(set(FIELDS) - set(r))
+        assert r["problems"] == []
+        assert r["sample_items_per_s"] > 0 and r["batches"] > 0
+        assert 0 < r["batch_p50_ms"] <= r["batch_p99_ms"]
+        assert abs(r["ratio"] - r["sample_items_per_s"] / r["demanded_samples_per_s"]) < 0.01
+        assert r["capacity"] * r["item_bytes"] <= 48 << 20
+        # Writers are paced to the workload's rate: never far above it.
+        assert 0 < r["insert_items_per_s"] <= 1.5 * r["demanded_inserts_per_s"]
+        assert set(r["cpu_pct"]) >= {"control", "node0", "node1", "writer0", "learner"}
+        assert all(v is not None and 0 <= v < 250 for v in r["cpu_pct"].values())
+    gob, ppo = rows
+    assert gob["priority_updates"] > 0 and gob["prefill_items"] == gob["capacity"]
+    # Use-count: each item can be sampled at most max_times_sampled times.
+    assert ppo["max_times_sampled"] == 2 and ppo["prefill_items"] == 0
+    assert ppo["sample_items_per_s"] <= 2 * ppo["insert_items_per_s"] * 1.5 + 32 / 1.5
+    assert "workload" in proc.stdout and "ratio" in proc.stdout  # the table
+
+
+def test_distore_bench_without_a_checkout_says_what_to_do(tmp_path):
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+        p for p in (REPO, os.environ.get("PYTHONPATH", "")) if p))
+    proc = subprocess.run(
+        [sys.executable, "-m", "distore_ucx", "bench", "--perf-dir", str(tmp_path),
+         "--out", str(tmp_path / "out")],
+        capture_output=True, text=True, timeout=60, cwd=str(tmp_path), env=env, check=False)
+    assert proc.returncode == 2
+    assert "source checkout" in proc.stderr and "--perf-dir" in proc.stderr
+    assert not (tmp_path / "out").exists()
