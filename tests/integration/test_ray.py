@@ -16,10 +16,13 @@ SPEC = {"obs": ((256,), "uint8"), "key": ((), "uint64")}
 
 
 @pytest.fixture
-def ray_cluster(monkeypatch):
+def ray_cluster(monkeypatch, tmp_path):
     """A head and one worker Ray node on this machine; always torn down."""
     from ray.cluster_utils import Cluster
 
+    # Ray puts the driver's working directory on its workers' sys.path: from
+    # a source checkout that would import the uncompiled package there.
+    monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("UCX_TLS", "tcp")
     monkeypatch.setenv("RAY_USAGE_STATS_ENABLED", "0")
     cluster = Cluster(initialize_head=True, head_node_args={
