@@ -21,8 +21,8 @@ FIELDS = ("workload", "buffer", "sample_items_per_s", "sample_gb_per_s", "ratio"
 
 def test_replay_bench_quick_reports_sane_figures(tmp_path):
     out_file = tmp_path / "replay.jsonl"
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
-        p for p in (REPO, os.environ.get("PYTHONPATH", "")) if p))
+    # The installed distore_ucx, never the uncompiled sources of this checkout.
+    env = dict(os.environ)
     # A priority table (prefilled, priority updates) and a use-count table.
     proc = subprocess.run(
         [sys.executable, SCRIPT, "--quick", "--workloads", "dqn-gobigger,ppo-atari",
@@ -52,8 +52,8 @@ def test_replay_bench_quick_reports_sane_figures(tmp_path):
 
 
 def test_distore_bench_without_a_checkout_says_what_to_do(tmp_path):
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
-        p for p in (REPO, os.environ.get("PYTHONPATH", "")) if p))
+    # The installed distore_ucx, never the uncompiled sources of this checkout.
+    env = dict(os.environ)
     proc = subprocess.run(
         [sys.executable, "-m", "distore_ucx", "bench", "--perf-dir", str(tmp_path),
          "--out", str(tmp_path / "out")],
