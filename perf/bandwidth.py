@@ -26,7 +26,7 @@ import argparse
 import sys
 
 import gather_bandwidth
-from common import JsonLines, log, plot_size_sweep, size_list
+from common import plot_size_sweep, run_sweep, size_list
 
 MiB = 1 << 20
 DEFAULT_SIZES = "8,32,128,512,2K,8K,32K,128K,512K,2M,8M,32M,64M"
@@ -77,29 +77,20 @@ def parse_args(argv=None) -> argparse.Namespace:
 def main(argv=None) -> int:
     """Run the sweep; exit status 1 if any gathered byte was wrong."""
     args = parse_args(argv)
-    rows, all_ok = [], True
-    with JsonLines(args.json_out) as out:
-        for tls in [t.strip() for t in args.tls.split(",") if t.strip()]:
-            for size in args.sizes:
-                batch = batch_for(size, args.batch_bytes)
-                iters, warmup = iters_for(size, batch, args.bytes)
-                one = argparse.Namespace(batch=batch, arena=args.arena, iters=iters,
-                                         warmup=warmup, seed=args.seed,
-                                         perftest_timeout=args.perftest_timeout)
-                row, ok = gather_bandwidth.run_one(one, tls, size)
-                row["iters"] = iters
-                all_ok &= ok
-                rows.append(row)
-                out.write(row)
-    print()
-    gather_bandwidth.print_table(rows)
-    if args.plot:
-        plot(rows, args.plot)
-    if not all_ok:
-        log("data mismatch: see MISMATCH lines above")
-        return 1
-    return 0
 
+    def measure(tls: str, size: int):
+        batch = batch_for(size, args.batch_bytes)
+        iters, warmup = iters_for(size, batch, args.bytes)
+        one = argparse.Namespace(batch=batch, arena=args.arena, iters=iters,
+                                 warmup=warmup, seed=args.seed,
+                                 perftest_timeout=args.perftest_timeout)
+        row, ok = gather_bandwidth.run_one(one, tls, size)
+        row["iters"] = iters
+        return row, ok
+
+    tls_list = [t.strip() for t in args.tls.split(",") if t.strip()]
+    return run_sweep(args.json_out, tls_list, args.sizes, measure,
+                     gather_bandwidth.print_table, plot, args.plot)
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -472,6 +472,28 @@ def plot_size_sweep(rows: list[dict], series: list[tuple[str, str, str]], ylabel
     save_figure(plt, fig, path)
 
 
+def run_sweep(json_out, tls_list, sizes, measure, print_rows, plot=None, plot_path=None) -> int:
+    """The size sweep every gather script runs: measure(tls, size) -> (row, ok)
+    for each transport and size, JSON lines as they come, then the table and
+    the plot. Exit status 1 if any gathered byte was wrong."""
+    rows, all_ok = [], True
+    with JsonLines(json_out) as out:
+        for tls in tls_list:
+            for size in sizes:
+                row, ok = measure(tls, size)
+                all_ok &= ok
+                rows.append(row)
+                out.write(row)
+    print()
+    print_rows(rows)
+    if plot_path and plot is not None:
+        plot(rows, plot_path)
+    if not all_ok:
+        log("data mismatch: see MISMATCH lines above")
+        return 1
+    return 0
+
+
 def size_list(text: str) -> list[int]:
     """Comma-separated sizes with optional K/M suffixes (powers of 1024): '8,4K,64M'."""
     mult = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}

@@ -132,31 +132,30 @@ def bench_remote(args, out):
 
     n = args.remote_items
     with ds.LocalCluster(nodes=1, arena_bytes=max(64 << 20, n * 64 * 2),
-                         log_level="WARNING") as cluster:
-        with ds.connect(cluster.address) as client:
-            client.create_table("p", capacity=n, spec=((8,), "uint8"),
-                                sampler=ds.Prioritized(0.6))
-            with client.writer(max_items=4096) as w:
-                keys = np.concatenate([
-                    w.insert("p", np.zeros((4096, 8), np.uint8)) for _ in range(n // 4096)
-                ])
-            learner = client.learner("p", batch_size=32)
-            rng = np.random.default_rng(1)
-            batches = [keys[rng.integers(0, len(keys), 1024)] for _ in range(args.batches)]
-            prios = rng.uniform(0.1, 2, 1024)
-            learner.update_priorities(batches[0], prios)
-            lat = []
-            t0 = time.perf_counter()
-            for b in batches:
-                t = time.perf_counter()
-                learner.update_priorities(b, prios)
-                lat.append(time.perf_counter() - t)
-            rate = len(batches) * 1024 / (time.perf_counter() - t0)
-            rtt = []
-            for _ in range(200):
-                t = time.perf_counter()
-                client.call("table_info", name="p")
-                rtt.append(time.perf_counter() - t)
+                         log_level="WARNING") as cluster, ds.connect(cluster.address) as client:
+        client.create_table("p", capacity=n, spec=((8,), "uint8"),
+                            sampler=ds.Prioritized(0.6))
+        with client.writer(max_items=4096) as w:
+            keys = np.concatenate([
+                w.insert("p", np.zeros((4096, 8), np.uint8)) for _ in range(n // 4096)
+            ])
+        learner = client.learner("p", batch_size=32)
+        rng = np.random.default_rng(1)
+        batches = [keys[rng.integers(0, len(keys), 1024)] for _ in range(args.batches)]
+        prios = rng.uniform(0.1, 2, 1024)
+        learner.update_priorities(batches[0], prios)
+        lat = []
+        t0 = time.perf_counter()
+        for b in batches:
+            t = time.perf_counter()
+            learner.update_priorities(b, prios)
+            lat.append(time.perf_counter() - t)
+        rate = len(batches) * 1024 / (time.perf_counter() - t0)
+        rtt = []
+        for _ in range(200):
+            t = time.perf_counter()
+            client.call("table_info", name="p")
+            rtt.append(time.perf_counter() - t)
     row = {"bench": "remote_updates", "items": len(keys), "batch": 1024,
            "keys_per_s": round(rate), **stats(lat),
            "control_rtt_p50_us": stats(rtt)["p50_us"]}

@@ -46,7 +46,6 @@ import sys
 import common
 import numpy as np
 from common import (
-    JsonLines,
     apply_ucx_env,
     fill_arena,
     fmt,
@@ -180,23 +179,9 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     tls_list = [t.strip() for t in args.tls.split(",") if t.strip()]
     sizes = [int(s) for s in args.sizes.split(",") if s.strip()]
-    rows: list[dict] = []
-    all_ok = True
-    with JsonLines(args.json_out) as out:
-        for tls in tls_list:
-            for size in sizes:
-                row, ok = run_one(args, tls, size)
-                all_ok &= ok
-                rows.append(row)
-                out.write(row)
-    print()
-    print_table(rows)
-    if args.plot:
-        plot(rows, args.plot)
-    if not all_ok:
-        log("data mismatch: see MISMATCH lines above")
-        return 1
-    return 0
+    return common.run_sweep(args.json_out, tls_list, sizes,
+                            lambda tls, size: run_one(args, tls, size), print_table,
+                            plot, args.plot)
 
 
 if __name__ == "__main__":

@@ -32,7 +32,6 @@ import sys
 import common
 import numpy as np
 from common import (
-    JsonLines,
     apply_ucx_env,
     fill_arena,
     fmt,
@@ -149,23 +148,10 @@ def parse_args(argv=None) -> argparse.Namespace:
 def main(argv=None) -> int:
     """Run the sweep; exit status 1 if any gathered byte was wrong."""
     args = parse_args(argv)
-    rows, all_ok = [], True
-    with JsonLines(args.json_out) as out:
-        for tls in [t.strip() for t in args.tls.split(",") if t.strip()]:
-            for size in args.sizes:
-                row, ok = measure(args, tls, size)
-                all_ok &= ok
-                rows.append(row)
-                out.write(row)
-    print()
-    print_table(rows)
-    if args.plot:
-        plot(rows, args.plot)
-    if not all_ok:
-        log("data mismatch: see MISMATCH lines above")
-        return 1
-    return 0
-
+    tls_list = [t.strip() for t in args.tls.split(",") if t.strip()]
+    return common.run_sweep(args.json_out, tls_list, args.sizes,
+                            lambda tls, size: measure(args, tls, size), print_table,
+                            plot, args.plot)
 
 if __name__ == "__main__":
     sys.exit(main())
