@@ -17,6 +17,7 @@ from .control.rate_limiters import MinSize, Queue, RateLimiter, SampleToInsertRa
 from .control.selectors import Fifo, Lifo, MaxHeap, MinHeap, Prioritized, Selector, Uniform
 from .errors import (
     AuthenticationFailed,
+    CheckpointError,
     ConfigError,
     ConnectionFailed,
     DistoreError,
@@ -68,4 +69,5 @@ __all__ = [
     "Timeout",
     "UcxError",
     "AuthenticationFailed",
+    "CheckpointError",
 ]

@@ -5,6 +5,7 @@ by config.resolve and passed down as typed configuration.
     distore control --config distore.toml
     distore node --control HOST:7700 --arena 4GiB
     distore status --control HOST:7700 --watch
+    distore checkpoint --control HOST:7700
     distore config check distore.toml
     distore demo --seconds 20
     distore doctor
@@ -50,6 +51,9 @@ def _add_settings(parser: argparse.ArgumentParser, command: str) -> None:
                                 const=False, help="register the arena through its writable "
                                 "mapping (transparent hugepages can back it, but software "
                                 "transports then accept remote writes)")
+        elif s.name == "control.restore":
+            parser.add_argument("--restore", dest=s.name, action="store_const", const=True,
+                                default=None, help=text)
         elif s.name == "ucx.system_library":
             parser.add_argument(s.flag, dest=s.name, action="store_const", const=True,
                                 default=None, help=text)
@@ -82,6 +86,10 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--interval", type=float, default=1.0,
                    help="seconds between the two looks that rates come from (default 1; "
                         "0 = no rates)")
+
+    ck = sub.add_parser("checkpoint", help="make the control plane write a checkpoint now")
+    _add_settings(ck, "checkpoint")
+    ck.add_argument("--json", action="store_true", help="print JSON")
 
     cfg = sub.add_parser("config", help="check or show configuration")
     csub = cfg.add_subparsers(dest="config_command", required=True)
@@ -184,6 +192,9 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "status":
             address = settings["control.address"] or "127.0.0.1:7700"
             return _status(address, args, settings["auth.token_file"] or None)
+        if args.command == "checkpoint":
+            address = settings["control.address"] or "127.0.0.1:7700"
+            return _checkpoint(address, args, settings["auth.token_file"] or None)
     except DistoreError as exc:
         print(f"distore {args.command}: {exc}", file=sys.stderr)
         return 2
@@ -223,6 +234,21 @@ def _config(args) -> int:
             value = [t.__dict__ for t in value]
         shown[name] = {"value": value, "source": entry["source"]}
     print(json.dumps(shown, indent=2, default=str))
+    return 0
+
+
+# -- distore checkpoint -----------------------------------------------------
+
+def _checkpoint(address: str, args, token_file: str | None) -> int:
+    from .client import connect
+
+    with connect(address, timeout=600, token_file=token_file) as client:
+        result = client.checkpoint()
+    if args.json:
+        print(json.dumps(result))
+    else:
+        print(f"checkpoint written to {result['path']}: {result['items']} items in "
+              f"{result['tables']} tables, {_size(result['bytes'])}, {result['seconds']:.2f} s")
     return 0
 
 

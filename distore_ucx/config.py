@@ -78,6 +78,17 @@ class ControlConfig:
     seed: int | None = None
     tables: tuple["TableConfig", ...] = ()  # created when the control plane starts
     token_file: str = ""  # shared secret every connection must prove ("" = none)
+    checkpoint: str = ""  # checkpoint file ("" = no checkpoints)
+    checkpoint_interval: float = 60.0  # seconds between periodic checkpoints (0 = none)
+    restore: bool = False  # start from the checkpoint; nodes re-send their items
+    restore_grace: float = 60.0  # how long nodes have to re-send them
+
+    def __post_init__(self):
+        if self.restore and not self.checkpoint:
+            raise ConfigError("--restore needs --checkpoint PATH: the checkpoint file to "
+                              "restore from")
+        if self.checkpoint_interval < 0 or self.restore_grace <= 0:
+            raise ConfigError("checkpoint_interval must be >= 0 and restore_grace > 0 (seconds)")
 
 
 @dataclass(frozen=True)
@@ -93,10 +104,13 @@ class NodeConfig:
     drain_timeout: float = 2.0  # after deregistering, reads in flight get this long
     token_file: str = ""  # shared secret every connection must prove ("" = none)
     write_protect: bool = True  # peers read through a read-only mapping
+    reconnect_timeout: float = 120.0  # keep data and retry this long after losing the control plane
 
     def __post_init__(self):
         if self.arena_bytes < 1 << 20:
             raise ConfigError(f"arena of {self.arena_bytes} bytes is too small (at least 1MiB)")
+        if self.reconnect_timeout < 0:
+            raise ConfigError("reconnect_timeout must be >= 0 seconds")
 
 
 @dataclass(frozen=True)
@@ -335,9 +349,10 @@ class Setting:
 
 
 _NODE, _CTRL, _STATUS = ("node",), ("control",), ("status",)
+_CLIENTS = ("node", "status", "checkpoint")  # commands that talk to a control plane
 
 SETTINGS: tuple[Setting, ...] = (
-    Setting("control.address", _to_address, None, "--control", ("node", "status"),
+    Setting("control.address", _to_address, None, "--control", _CLIENTS,
             "control plane HOST:PORT, as nodes and clients reach it", env="DISTORE_CONTROL"),
     Setting("control.host", _to_str, "0.0.0.0", "--host", _CTRL,
             "address the control plane listens on", env="DISTORE_HOST"),
@@ -348,7 +363,17 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("control.lease_timeout", _to_float, 30.0, "--lease-timeout", _CTRL,
             "a sampled slot is protected this long at most (s)"),
     Setting("control.seed", _to_int, None, "--seed", _CTRL, "seed the samplers (tests)"),
-    Setting("auth.token_file", _to_token_file, "", "--token-file", ("control", "node", "status"),
+    Setting("control.checkpoint", _to_str, "", "--checkpoint", _CTRL,
+            "checkpoint file: tables, priorities and use counts are written there "
+            "periodically, on SIGTERM and on `distore checkpoint` (\"\" = none)"),
+    Setting("control.checkpoint_interval", _to_float, 60.0, "--checkpoint-interval", _CTRL,
+            "seconds between periodic checkpoints (0 = only on SIGTERM and on demand)"),
+    Setting("control.restore", _to_bool, False, "--restore", _CTRL,
+            "start from the checkpoint file; storage nodes re-send the items they hold"),
+    Setting("control.restore_grace", _to_float, 60.0, "--restore-grace", _CTRL,
+            "after --restore, how long nodes have to re-send their items before the "
+            "checkpointed items no node re-sent are dropped (s)"),
+    Setting("auth.token_file", _to_token_file, "", "--token-file", ("control",) + _CLIENTS,
             "file holding the shared secret every connection must prove (HMAC challenge)",
             env="DISTORE_TOKEN_FILE"),
     Setting("node.arena", _to_size, 4 << 30, "--arena", _NODE, "arena size, e.g. 64GiB",
@@ -365,6 +390,9 @@ SETTINGS: tuple[Setting, ...] = (
             "(--no-write-protect: one writable mapping, transparent hugepages)"),
     Setting("node.drain_timeout", _to_float, 2.0, "--drain-timeout", _NODE,
             "on SIGTERM, after deregistering, reads in flight get this long (s)"),
+    Setting("node.reconnect_timeout", _to_float, 120.0, "--reconnect-timeout", _NODE,
+            "after losing the control plane, keep the arena and try to re-join this long "
+            "before exiting (s)"),
     Setting("ucx.tls", _to_str, None, "--ucx-tls", ("control", "node", "status"),
             "UCX_TLS for this process, e.g. rc,sm,self (InfiniBand) or tcp"),
     Setting("ucx.net_devices", _to_str, None, "--ucx-net-devices", ("control", "node", "status"),
@@ -519,6 +547,9 @@ class Settings:
             heartbeat_timeout=timeout, heartbeat_interval=min(0.5, timeout / 4),
             lease_timeout=self["control.lease_timeout"], seed=self["control.seed"],
             tables=tuple(self["tables"]), token_file=self["auth.token_file"],
+            checkpoint=self["control.checkpoint"],
+            checkpoint_interval=self["control.checkpoint_interval"],
+            restore=self["control.restore"], restore_grace=self["control.restore_grace"],
         )
 
     def control_address(self) -> str:
@@ -538,6 +569,7 @@ class Settings:
             host=self["node.host"], port=self["node.port"], name=self["node.name"],
             hugepages=self["node.hugepages"], drain_timeout=self["node.drain_timeout"],
             token_file=self["auth.token_file"], write_protect=self["node.write_protect"],
+            reconnect_timeout=self["node.reconnect_timeout"],
         )
 
 

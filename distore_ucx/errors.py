@@ -63,6 +63,11 @@ class NoData(RateLimiterTimeout):
     """The table had too few items to sample before the timeout."""
 
 
+class CheckpointError(DistoreError):
+    """A checkpoint could not be written, or a file to restore from is unreadable,
+    corrupt or of another format version; the message names the file."""
+
+
 class UcxError(DistoreError):
     """A UCX operation failed. `status` is the ucs_status_t, `peer` the node."""
 

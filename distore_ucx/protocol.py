@@ -78,6 +78,8 @@ MESSAGES: dict[str, tuple[F, ...]] = {
         F("arena_size", "int", lo=1, hi=2**64 - 1),
         F("pid", "int", lo=0, hi=2**31),
         F("host_id", "str", required=False, max_len=128),
+        # the id a node had before it lost the control plane (it re-joins)
+        F("node_id", "int", required=False, lo=1, hi=2**32 - 1),
     ),
     "heartbeat": (F("node_id", "int", lo=0, hi=2**32), F("used_bytes", "int", lo=0)),
     # A node shutting down (SIGTERM): its items leave sampling at once.
@@ -92,6 +94,19 @@ MESSAGES: dict[str, tuple[F, ...]] = {
         F("used_bytes", "int", required=False, lo=0),
         F("timeout", "float", required=False, lo=0, hi=86400),
     ),
+    # A re-joined node's items, when register_node's reply asked for them
+    # (the control plane is restoring from a checkpoint).
+    "items_restored": (
+        F("node_id", "int", lo=0, hi=2**32),
+        F("table", "str", **_NAME),
+        F("slot_size", "int", lo=1, hi=1 << 34),
+        F("keys", "u64[]"),
+        F("offsets", "u64[]"),
+        F("generations", "u64[]"),
+        F("priorities", "f64[]"),
+    ),
+    # write a checkpoint now (distore checkpoint)
+    "checkpoint": (),
     "register_writer": (),
     "create_table": (
         F("name", "str", **_NAME),
@@ -202,6 +217,8 @@ def hello(nonce: bytes | None) -> dict[str, Any]:
 
 def check_hello(msg: dict[str, Any]) -> bytes | None:
     """Validate a server's hello; returns its nonce (None: no token needed)."""
+    if not isinstance(msg, dict):
+        raise ProtocolError("the connection closed before the server's greeting")
     h = msg.get("hello")
     if not isinstance(h, dict) or h.get("v") != VERSION:
         raise ProtocolError(f"unexpected greeting {msg!r}: not a distore-ucx v{VERSION} server")

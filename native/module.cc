@@ -202,6 +202,28 @@ void bind_tables(nb::module_& m) {
           },
           "ids"_a, "keys"_a, "priorities"_a, "Insert a batch; returns the evicted ids.")
       .def(
+          "restore",
+          [](TableCore& t, Vec<int64_t> ids, Vec<uint64_t> keys, Vec<double> prios,
+             Vec<uint32_t> times, Vec<uint64_t> seqs) {
+            same_length(ids, keys, "restore");
+            same_length(ids, prios, "restore");
+            same_length(ids, times, "restore");
+            same_length(ids, seqs, "restore");
+            std::vector<int64_t> evicted;
+            t.restore(ids.data(), keys.data(), prios.data(), times.data(), seqs.data(),
+                      ids.shape(0), &evicted);
+            return to_numpy(std::move(evicted));
+          },
+          "ids"_a, "keys"_a, "priorities"_a, "times_sampled"_a, "sequences"_a,
+          "Put back checkpointed items with their use counts and insertion order; returns "
+          "the evicted ids.")
+      .def_prop_ro("next_seq", &TableCore::next_seq,
+                   "Insertion sequence number of the next inserted item.")
+      .def(
+          "raise_next_seq",
+          [](TableCore& t, uint64_t seq) { t.raise_next_seq(seq); },
+          "seq"_a, "Sequence later inserts after `seq` (never lowers it).")
+      .def(
           "sample",
           [](TableCore& t, size_t n) {
             std::vector<int64_t> ids, exhausted;
@@ -264,7 +286,18 @@ void bind_tables(nb::module_& m) {
             }
             return to_numpy(std::move(out));
           },
-          "ids"_a);
+          "ids"_a)
+      .def(
+          "sequences",
+          [](const TableCore& t, Vec<int64_t> ids) {
+            std::vector<uint64_t> out(ids.shape(0));
+            for (size_t i = 0; i < out.size(); ++i) {
+              if (!t.contains(ids(i))) throw UcxError(kStatusBadArgument, "sequences: id not in the table");
+              out[i] = t.sequence(ids(i));
+            }
+            return to_numpy(std::move(out));
+          },
+          "ids"_a, "Insertion sequence numbers (FIFO order) of live ids.");
 }
 
 }  // namespace

@@ -151,24 +151,43 @@ TableCore::TableCore(SelectorKind sampler, double sampler_alpha, SelectorKind re
   if (capacity == 0) throw UcxError(kStatusBadArgument, "table capacity must be > 0");
 }
 
-void TableCore::add(int64_t id, uint64_t key, double priority) {
+void TableCore::add(int64_t id, uint64_t key, double priority, uint64_t seq, uint32_t times) {
   const size_t need = static_cast<size_t>(id) + 1;
   if (need > live_.size()) {
     const size_t n = need * 2;
     key_.resize(n);
     priority_.resize(n);
     times_.resize(n);
+    seq_id_.resize(n);
     live_.resize(n, 0);
   }
   key_[id] = key;
   priority_[id] = priority;
-  times_[id] = 0;
+  times_[id] = times;
+  seq_id_[id] = seq;
   live_[id] = 1;
   by_key_[key] = id;
-  const uint64_t seq = seq_++;
   sampler_.insert(id, priority, seq);
   remover_.insert(id, priority, seq);
-  if (max_times_) remaining_ += max_times_;
+  if (max_times_) remaining_ += max_times_ - times;
+}
+
+void TableCore::check_new(const int64_t* ids, size_t n, const char* what) const {
+  for (size_t i = 0; i < n; ++i) {
+    if (ids[i] < 0 || live(ids[i])) {
+      throw UcxError(kStatusBadArgument, std::string(what) + ": id " + std::to_string(ids[i]) +
+                                             " is negative or already in the table");
+    }
+  }
+}
+
+void TableCore::make_room(std::vector<int64_t>* evicted) {
+  while (size() >= capacity_) {
+    double unused;
+    const int64_t victim = remover_.select(rng_, &unused);
+    drop(victim);
+    evicted->push_back(victim);
+  }
 }
 
 void TableCore::drop(int64_t id) {
@@ -182,20 +201,29 @@ void TableCore::drop(int64_t id) {
 
 void TableCore::insert(const int64_t* ids, const uint64_t* keys, const double* priorities,
                        size_t n, std::vector<int64_t>* evicted) {
+  check_new(ids, n, "insert");
   for (size_t i = 0; i < n; ++i) {
-    if (ids[i] < 0 || live(ids[i])) {
-      throw UcxError(kStatusBadArgument, "insert: id " + std::to_string(ids[i]) +
-                                             " is negative or already in the table");
+    make_room(evicted);
+    add(ids[i], keys[i], priorities[i], seq_++, 0);
+  }
+}
+
+void TableCore::restore(const int64_t* ids, const uint64_t* keys, const double* priorities,
+                        const uint32_t* times_sampled, const uint64_t* seqs, size_t n,
+                        std::vector<int64_t>* evicted) {
+  check_new(ids, n, "restore");
+  for (size_t i = 0; i < n; ++i) {
+    if (max_times_ && times_sampled[i] >= max_times_) {
+      throw UcxError(kStatusBadArgument,
+                     "restore: an item sampled " + std::to_string(times_sampled[i]) +
+                         " times cannot be in a table with max_times_sampled " +
+                         std::to_string(max_times_));
     }
   }
   for (size_t i = 0; i < n; ++i) {
-    while (size() >= capacity_) {
-      double unused;
-      const int64_t victim = remover_.select(rng_, &unused);
-      drop(victim);
-      evicted->push_back(victim);
-    }
-    add(ids[i], keys[i], priorities[i]);
+    make_room(evicted);
+    add(ids[i], keys[i], priorities[i], seqs[i], times_sampled[i]);
+    raise_next_seq(seqs[i] + 1);
   }
 }
 

@@ -74,6 +74,12 @@ class TableCore {
               std::vector<int64_t>* exhausted);
   // Sets priorities by key; unknown keys are skipped. Returns how many were set.
   size_t update_priorities(const uint64_t* keys, const double* priorities, size_t n);
+  // Puts back items from a checkpoint with their times sampled and insertion
+  // sequence (so FIFO/LIFO order and use counts survive a restart); evicts at
+  // capacity like insert. Later inserts are sequenced after every restored item.
+  void restore(const int64_t* ids, const uint64_t* keys, const double* priorities,
+               const uint32_t* times_sampled, const uint64_t* seqs, size_t n,
+               std::vector<int64_t>* evicted);
   // Removes items by id (unknown ids skipped); returns how many were removed.
   size_t remove(const int64_t* ids, size_t n);
   // Ids of items by key (-1 for unknown keys).
@@ -88,9 +94,16 @@ class TableCore {
   double priority(int64_t id) const { return priority_[id]; }
   uint32_t times_sampled(int64_t id) const { return times_[id]; }
   double probability(int64_t id) const { return sampler_.probability(id); }
+  uint64_t sequence(int64_t id) const { return seq_id_[id]; }
+  // The sequence number the next inserted item gets; raising it (never
+  // lowering) keeps items restored later ordered before new ones.
+  uint64_t next_seq() const { return seq_; }
+  void raise_next_seq(uint64_t seq) { if (seq > seq_) seq_ = seq; }
 
  private:
-  void add(int64_t id, uint64_t key, double priority);
+  void add(int64_t id, uint64_t key, double priority, uint64_t seq, uint32_t times);
+  void check_new(const int64_t* ids, size_t n, const char* what) const;
+  void make_room(std::vector<int64_t>* evicted);
   void drop(int64_t id);
   bool live(int64_t id) const {
     return id >= 0 && static_cast<size_t>(id) < live_.size() && live_[id];
@@ -106,6 +119,7 @@ class TableCore {
   std::vector<uint64_t> key_;
   std::vector<double> priority_;
   std::vector<uint32_t> times_;
+  std::vector<uint64_t> seq_id_;
   std::vector<uint8_t> live_;
   std::unordered_map<uint64_t, int64_t> by_key_;
 };

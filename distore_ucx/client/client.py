@@ -28,13 +28,16 @@ class Client:
 
     Thread safe. Writers and learners it makes have their own connections;
     close the client (or use it as a context manager) to close them all.
+    When the control plane restarts, requests wait for it (up to `timeout`
+    s) and go on over a new connection.
     """
 
     def __init__(self, address: str, timeout: float = 30.0, token_file: str | None = None):
         self.address = address
         self.timeout = timeout
         self.token = read_token(token_file)
-        self._rpc = rpc.Client(address, timeout, token=self.token)
+        # Control-plane connections come back by themselves after a restart.
+        self._rpc = rpc.Client(address, timeout, token=self.token, reconnect=timeout)
         self._lock = threading.Lock()
         self._runtime = None
         self._children: list[Any] = []
@@ -99,6 +102,14 @@ class Client:
         """Nodes (alive or not, memory used), tables and outstanding leases."""
         return _strip(self.call("status"))
 
+    def checkpoint(self) -> dict:
+        """Make the control plane write its checkpoint now (it must have been
+        started with --checkpoint PATH); returns path, items, bytes, seconds.
+
+        Raises CheckpointError when it has no checkpoint file or cannot write it.
+        """
+        return _strip(self.call("checkpoint"))
+
     def spec(self, table: str) -> TableSpec:
         """The layout of a table's items (cached)."""
         spec = self._specs.get(table)
@@ -139,8 +150,8 @@ class Client:
         return self._rpc.call(op, **fields)
 
     def connection(self) -> rpc.Client:
-        """A new, separate connection to the control plane."""
-        return rpc.Client(self.address, self.timeout, token=self.token)
+        """A new, separate connection to the control plane (it reconnects by itself)."""
+        return rpc.Client(self.address, self.timeout, token=self.token, reconnect=self.timeout)
 
     def close(self) -> None:
         """Close writers (flushing them), learners, the UCX runtime, the connection."""

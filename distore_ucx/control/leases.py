@@ -25,9 +25,11 @@ class Lease:
 class Leases:
     """Outstanding leases by id."""
 
-    def __init__(self, timeout: float):
+    def __init__(self, timeout: float, first_id: int = 1):
+        """`first_id`: where lease ids start; each control-plane run starts
+        elsewhere, so a lease id from before a restart never names a new lease."""
         self.timeout = timeout
-        self._ids = itertools.count(1)
+        self._ids = itertools.count(first_id)
         self._leases: dict[int, Lease] = {}
 
     def grant(self, table: str, recs: np.ndarray, now: float | None = None) -> int:

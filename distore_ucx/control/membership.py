@@ -3,12 +3,14 @@
 A node is dead when its control connection closes (a killed process's
 socket is reset at once) or when it misses heartbeats for
 `heartbeat_timeout` seconds (a hung node or a cut link). Node ids are never
-reused: a restarted node registers anew.
+reused, not even by a restarted control plane (they come from IdState): a
+node that lost the control plane re-registers with its former id when that
+id is free, so learners' handles on it stay valid; a restarted node
+registers anew.
 """
 
 from __future__ import annotations
 
-import itertools
 import logging
 import time
 from dataclasses import dataclass, field
@@ -58,18 +60,21 @@ class Node:
 class Membership:
     """Live and dead storage nodes."""
 
-    def __init__(self, heartbeat_timeout: float):
+    def __init__(self, heartbeat_timeout: float, ids):
         self.heartbeat_timeout = heartbeat_timeout
         self.nodes: dict[int, Node] = {}
-        self._ids = itertools.count(1)
+        self._ids = ids  # checkpoint.IdState
 
-    def register(self, peer, fields: dict) -> Node:
-        """Add a node from its register_node message."""
-        node = Node(node_id=next(self._ids), peer=peer, last_seen=time.monotonic(), **fields)
+    def register(self, peer, fields: dict, wanted: int | None = None) -> Node:
+        """Add a node from its register_node message; `wanted` is the id it had
+        before losing the control plane (granted unless this run has seen it)."""
+        node_id = self._ids.node_id(wanted, lambda i: i in self.nodes)
+        node = Node(node_id=node_id, peer=peer, last_seen=time.monotonic(), **fields)
         self.nodes[node.node_id] = node
         peer.state["node_id"] = node.node_id
-        log.info("node %d (%s) joined: %d-byte arena at %s:%d", node.node_id, node.name,
-                 node.arena_size, node.host, node.port)
+        log.info("node %d (%s) %s: %d-byte arena at %s:%d", node.node_id, node.name,
+                 "re-joined" if wanted == node_id else "joined", node.arena_size, node.host,
+                 node.port)
         return node
 
     def heartbeat(self, node_id: int, used_bytes: int) -> None:

@@ -18,13 +18,20 @@ import time
 import numpy as np
 
 from ..config import ControlConfig, read_token
-from ..errors import ConfigError, NoData, RateLimiterTimeout, TableExists, TableNotFound
+from ..errors import (
+    CheckpointError,
+    ConfigError,
+    NoData,
+    RateLimiterTimeout,
+    TableExists,
+    TableNotFound,
+)
 from ..spec import TableSpec
 from ..transport.rpc import Peer, serve
+from . import checkpoint
+from .checkpoint import IdState, Image
 from .leases import Leases
 from .membership import Membership
-from .rate_limiters import RateLimiter
-from .selectors import Selector
 from .tables import Freed, Table
 
 log = logging.getLogger(__name__)
@@ -39,12 +46,17 @@ class ControlPlane:
     def __init__(self, config: ControlConfig):
         self.config = config
         self.tables: dict[str, Table] = {}
-        self.members = Membership(config.heartbeat_timeout)
-        self.leases = Leases(config.lease_timeout)
-        self._writer_ids = itertools.count(1)
+        # Writer, node and lease ids never repeat across restarts (keys are
+        # built from writer ids); with a checkpoint file they are persisted.
+        self.ids = IdState(config.checkpoint + ".ids" if config.checkpoint else None)
+        self.members = Membership(config.heartbeat_timeout, self.ids)
+        self.leases = Leases(config.lease_timeout, first_id=(self.ids.incarnation << 40) + 1)
         self._changed: dict[str, asyncio.Event] = {}  # set when a table's counts change
         self._seed = itertools.count(config.seed) if config.seed is not None else None
         self._stop = asyncio.Event()
+        self._restoring_until: float | None = None  # nodes may re-send items until then
+        self._checkpointing: asyncio.Lock | None = None
+        self.last_checkpoint: dict | None = None
         self.port = None
 
     # -- lifecycle -------------------------------------------------------
@@ -53,6 +65,8 @@ class ControlPlane:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self._stop.set)
+        if self.config.restore:
+            self._restore()
         server = await self.start()
         self._create_configured_tables()
         if ready_file:
@@ -61,9 +75,86 @@ class ControlPlane:
                 json.dump({"address": f"{self.config.host}:{self.port}", "pid": os.getpid()}, fh)
             os.replace(tmp, ready_file)
         await self._stop.wait()
+        code = 0
+        if self.config.checkpoint:
+            try:
+                await self.checkpoint("shutdown")
+            except CheckpointError as exc:
+                log.error("%s", exc)
+                code = 1
         server.close()
         log.info("control plane stopped")
-        return 0
+        return code
+
+    # -- checkpoints and restore -------------------------------------------
+    def _restore(self) -> None:
+        """Tables, priorities and use counts from the checkpoint; nodes then
+        re-send their items, during `restore_grace` seconds."""
+        path = self.config.checkpoint
+        self._restoring_until = time.monotonic() + self.config.restore_grace
+        if not os.path.exists(path):
+            log.warning("--restore: no checkpoint at %s yet; starting with no tables (nodes' "
+                        "items of tables created within %g s are kept)", path,
+                        self.config.restore_grace)
+            return
+        image = checkpoint.read(path)
+        for t in image.tables:
+            seed = next(self._seed) if self._seed is not None else None
+            self.tables[t.name] = Table.from_image(t, seed)
+        log.info("restoring %d tables, %d items from %s (written %.0f s ago by run %d); nodes "
+                 "have %g s to re-send their items", len(image.tables), image.items, path,
+                 time.time() - image.created, image.incarnation, self.config.restore_grace)
+
+    def _end_restore(self) -> None:
+        self._restoring_until = None
+        for table in self.tables.values():
+            lost = table.end_restore()
+            if lost:
+                log.warning("table %r: %d checkpointed items were not re-sent by any node within "
+                            "%g s (their nodes are gone); they are dropped", table.name, lost,
+                            self.config.restore_grace)
+        log.info("restore complete: %s", ", ".join(
+            f"{t.name} {t.size} items" for t in self.tables.values()) or "no tables")
+
+    async def checkpoint(self, why: str) -> dict:
+        """Write a checkpoint now; returns where, how many items and how long.
+
+        The snapshot is taken on the event loop (copies of the columns); the
+        file is written on a worker thread, so requests go on meanwhile.
+        """
+        path = self.config.checkpoint
+        if not path:
+            raise CheckpointError(
+                "this control plane has no checkpoint file: start it with --checkpoint PATH "
+                "(and --checkpoint-interval SECONDS for periodic ones)"
+            )
+        if self._checkpointing is None:
+            self._checkpointing = asyncio.Lock()
+        async with self._checkpointing:
+            t0 = time.monotonic()
+            image = Image([t.image() for t in self.tables.values()],
+                          incarnation=self.ids.incarnation)
+            snapshot = time.monotonic() - t0
+            nbytes = await asyncio.to_thread(checkpoint.write, path, image)
+            took = time.monotonic() - t0
+        self.last_checkpoint = {
+            "path": os.path.abspath(path), "tables": len(image.tables), "items": image.items,
+            "bytes": nbytes, "seconds": took, "snapshot_seconds": snapshot,
+            "created": image.created, "why": why,
+        }
+        log.info("checkpoint (%s): %d items of %d tables to %s, %d bytes in %.3f s "
+                 "(%.3f s snapshot)", why, image.items, len(image.tables), path, nbytes, took,
+                 snapshot)
+        return self.last_checkpoint
+
+    async def _checkpoints(self) -> None:
+        """A checkpoint every `checkpoint_interval` seconds."""
+        while True:
+            await asyncio.sleep(self.config.checkpoint_interval)
+            try:
+                await self.checkpoint("periodic")
+            except CheckpointError as exc:
+                log.error("%s", exc)
 
     def _create_configured_tables(self) -> None:
         """Create the tables named in the configuration ([[tables]] in distore.toml)."""
@@ -81,7 +172,10 @@ class ControlPlane:
             token=read_token(self.config.token_file),
         )
         self.port = server.sockets[0].getsockname()[1]
-        asyncio.get_running_loop().create_task(self._housekeeping())
+        loop = asyncio.get_running_loop()
+        self._tasks = [loop.create_task(self._housekeeping())]
+        if self.config.checkpoint and self.config.checkpoint_interval > 0:
+            self._tasks.append(loop.create_task(self._checkpoints()))
         log.info("control plane listening on %s:%d", self.config.host, self.port)
         return server
 
@@ -93,6 +187,8 @@ class ControlPlane:
             now = time.monotonic()
             for node in self.members.silent(now):
                 self._node_died(node.node_id, f"no heartbeat for {now - node.last_seen:.1f} s")
+            if self._restoring_until is not None and now >= self._restoring_until:
+                self._end_restore()
             expired = self.leases.expired(now)
             if expired:
                 log.warning("%d leases expired unreleased (learner gone?)", len(expired))
@@ -145,7 +241,8 @@ class ControlPlane:
                         f"{state['min_size_to_sample']}); insert and flush first, or wait longer"
                     )
                 raise RateLimiterTimeout(
-                    f"table {table.name!r}: the {state['kind']} rate limiter held a {what} of {n} "
+                    f"table {table.name!r}: the {state['kind']} rate limiter held "
+                    f"{'an' if what == 'insert' else 'a'} {what} of {n} "
                     f"items for {timeout:g} s ({counts}). "
                     + ("Sample more, or insert more slowly."
                        if what == "insert" else "Insert more, or sample more slowly.")
@@ -183,8 +280,48 @@ class ControlPlane:
         return await result if asyncio.iscoroutine(result) else result
 
     def op_register_node(self, peer: Peer, f: dict) -> dict:
-        node = self.members.register(peer, f)
-        return {"node_id": node.node_id, "heartbeat_interval": self.config.heartbeat_interval}
+        """A node joins, or re-joins after losing us with its former id.
+
+        `restore` in the reply tells it whether to re-send the items it holds
+        (this control plane is restoring) or to discard them (it starts
+        afresh, or dropped the node and forgot them)."""
+        fields = dict(f)
+        wanted = fields.pop("node_id", None)
+        node = self.members.register(peer, fields, wanted)
+        return {"node_id": node.node_id, "heartbeat_interval": self.config.heartbeat_interval,
+                "restore": self._restoring_until is not None}
+
+    def op_items_restored(self, peer: Peer, f: dict) -> dict:
+        """Items a re-registered node still holds (sent only while restoring)."""
+        node_id = f["node_id"]
+        if peer.state.get("node_id") != node_id or not self.members.is_alive(node_id):
+            raise ConfigError(f"items_restored for node {node_id} from a connection that is not it")
+        if self._restoring_until is None:
+            raise ConfigError("this control plane is not restoring; a node re-sends its items "
+                              "only when register_node's reply asks for them")
+        if (f["priorities"] < 0).any():
+            raise ConfigError("priorities must be >= 0")
+        name, n = f["table"], len(f["keys"])
+        table = self.tables.get(name)
+        if table is None or table.spec.slot_size != f["slot_size"]:
+            why = "no such table" if table is None else (
+                f"its slots are {table.spec.slot_size} bytes, the node's {f['slot_size']}")
+            log.warning("node %d re-sent %d items of table %r, which this control plane cannot "
+                        "take (%s); the node frees them", node_id, n, name, why)
+            self._free(name, Freed(np.full(n, node_id, np.uint32), f["offsets"].copy()))
+            return {"restored": 0, "adopted": 0, "discarded": n}
+        freed, counts = table.restore_items(node_id, f["keys"], f["offsets"], f["generations"],
+                                            f["priorities"])
+        self._free(name, freed)
+        self._touch(table)
+        log.info("node %d re-sent %d items of table %r: %d restored from the checkpoint, %d "
+                 "newer ones adopted, %d discarded", node_id, n, name, counts["restored"],
+                 counts["adopted"], counts["discarded"])
+        return counts
+
+    async def op_checkpoint(self, peer: Peer, f: dict) -> dict:
+        """Write a checkpoint now (`distore checkpoint`)."""
+        return await self.checkpoint("on demand")
 
     def op_heartbeat(self, peer: Peer, f: dict) -> None:
         self.members.heartbeat(f["node_id"], f["used_bytes"])
@@ -208,20 +345,16 @@ class ControlPlane:
         return {"leased": leased}
 
     def op_register_writer(self, peer: Peer, f: dict) -> dict:
-        wid = next(self._writer_ids)
+        wid = self.ids.writer_id()
         if wid >= MAX_WRITERS:
             raise ConfigError("this control plane ran out of writer ids; restart it")
         return {"writer_id": wid, "key_bits": KEY_BITS}
 
     def op_create_table(self, peer: Peer, f: dict) -> dict:
-        spec = TableSpec.from_wire(f["spec"])
         name = f["name"]
-        sampler = Selector.from_wire(f["sampler"], "sampler") if "sampler" in f else None
-        remover = Selector.from_wire(f["remover"], "remover") if "remover" in f else None
-        limiter = RateLimiter.from_wire(f["rate_limiter"]) if "rate_limiter" in f else None
         seed = next(self._seed) if self._seed is not None else None
-        table = Table(name, f["capacity"], spec, sampler, remover, limiter,
-                      f.get("max_times_sampled", 0), seed=seed)
+        table = Table.from_definition(f, seed)
+        spec = table.spec
         existing = self.tables.get(name)
         if existing is not None:
             if existing.definition() != table.definition():
@@ -248,10 +381,14 @@ class ControlPlane:
         return {"nodes": [n.describe() for n in self.members.alive()]}
 
     def op_status(self, peer: Peer, f: dict) -> dict:
+        restoring = self._restoring_until
         return {
             "nodes": [n.describe(with_keys=False) for n in self.members.nodes.values()],
             "tables": [t.info() for t in self.tables.values()],
             "leases": len(self.leases),
+            "incarnation": self.ids.incarnation,
+            "checkpoint": self.last_checkpoint,
+            "restoring_s": None if restoring is None else max(0.0, restoring - time.monotonic()),
         }
 
     async def op_items_added(self, peer: Peer, f: dict) -> dict:

@@ -18,6 +18,7 @@ import numpy as np
 from .._native_loader import _native
 from ..errors import ConfigError
 from ..spec import TableSpec
+from .checkpoint import TableImage
 from .items import FREE, LIVE, RETIRED, ItemStore
 from .rate_limiters import MinSize, RateLimiter
 from .selectors import KINDS, Fifo, Selector, Uniform
@@ -41,6 +42,47 @@ class Freed:
         return Freed(
             np.concatenate([self.nodes, other.nodes]), np.concatenate([self.offsets, other.offsets])
         )
+
+
+@dataclass
+class Pending:
+    """Checkpointed items no node has re-sent yet (a restore in progress).
+
+    Arrays sorted by key; `claimed` marks those a node has re-sent.
+    `retired` (sorted) holds keys that had left the table while leased:
+    a node that still holds one gets it freed, never resurrected.
+    """
+
+    keys: np.ndarray
+    priorities: np.ndarray
+    times_sampled: np.ndarray
+    sequences: np.ndarray
+    retired: np.ndarray
+    claimed: np.ndarray
+
+    @classmethod
+    def from_image(cls, image: TableImage) -> Pending:
+        order = np.argsort(image.keys, kind="stable")
+        return cls(image.keys[order], image.priorities[order], image.times_sampled[order],
+                   image.sequences[order], np.sort(image.retired),
+                   np.zeros(len(order), dtype=bool))
+
+    def find(self, keys: np.ndarray) -> np.ndarray:
+        """Index of each key among the unclaimed ones, or -1."""
+        if len(self.keys) == 0:
+            return np.full(len(keys), -1, np.int64)
+        idx = np.minimum(np.searchsorted(self.keys, keys), len(self.keys) - 1)
+        return np.where((self.keys[idx] == keys) & ~self.claimed[idx], idx, -1)
+
+    def is_retired(self, keys: np.ndarray) -> np.ndarray:
+        if len(self.retired) == 0:
+            return np.zeros(len(keys), dtype=bool)
+        idx = np.minimum(np.searchsorted(self.retired, keys), len(self.retired) - 1)
+        return self.retired[idx] == keys
+
+    @property
+    def unclaimed(self) -> int:
+        return int(len(self.keys) - np.count_nonzero(self.claimed))
 
 
 class Table:
@@ -89,6 +131,27 @@ class Table:
         self.inserts = 0
         self.samples = 0
         self.deletes = 0
+        self.pending: Pending | None = None  # a restore from a checkpoint in progress
+
+    @classmethod
+    def from_definition(cls, d: dict, seed: int | None = None) -> Table:
+        """A table from create_table's fields (as the wire, or a checkpoint, carries them)."""
+        return cls(
+            d["name"], d["capacity"], TableSpec.from_wire(d["spec"]),
+            Selector.from_wire(d["sampler"], "sampler") if "sampler" in d else None,
+            Selector.from_wire(d["remover"], "remover") if "remover" in d else None,
+            RateLimiter.from_wire(d["rate_limiter"]) if "rate_limiter" in d else None,
+            d.get("max_times_sampled", 0), seed=seed,
+        )
+
+    def to_definition(self) -> dict:
+        """The create_table fields that make this table again."""
+        return {
+            "name": self.name, "capacity": self.capacity, "spec": self.spec.to_wire(),
+            "sampler": self.sampler.to_wire(), "remover": self.remover.to_wire(),
+            "rate_limiter": self.rate_limiter.to_wire(),
+            "max_times_sampled": self.max_times_sampled,
+        }
 
     @property
     def size(self) -> int:
@@ -98,6 +161,19 @@ class Table:
     # -- inserts and evictions -------------------------------------------
     def add(self, node: int, keys, offsets, generations, priorities) -> Freed:
         """Make a batch of stored items sampleable; evicts by the remover at capacity."""
+        keys = np.ascontiguousarray(keys, np.uint64)
+        if self.pending is not None:
+            # A batch whose acknowledgement the old control plane never sent:
+            # it is here now, so its checkpointed copy must not come back too.
+            idx = self.pending.find(keys)
+            self.pending.claimed[idx[idx >= 0]] = True
+        recs = self._place(node, keys, offsets, generations)
+        evicted = self.core.insert(recs, keys, np.ascontiguousarray(priorities, np.float64))
+        self.inserts += len(keys)
+        return self._retire(evicted)
+
+    def _place(self, node: int, keys, offsets, generations) -> np.ndarray:
+        """New LIVE records for items stored at (node, offsets); their ids."""
         recs = self.store.alloc(len(keys))
         s = self.store
         s.key[recs] = keys
@@ -106,10 +182,7 @@ class Table:
         s.generation[recs] = generations
         s.leases[recs] = 0
         s.state[recs] = LIVE
-        evicted = self.core.insert(recs, np.ascontiguousarray(keys, np.uint64),
-                                   np.ascontiguousarray(priorities, np.float64))
-        self.inserts += len(keys)
-        return self._retire(evicted)
+        return recs
 
     def drop_node(self, node: int) -> int:
         """Take every item stored on `node` out of the table (the node died)."""
@@ -135,6 +208,100 @@ class Table:
         freed = Freed(s.node[unleased].copy(), s.offset[unleased].copy())
         s.release(unleased)
         return freed
+
+    # -- checkpoints and restore -----------------------------------------
+    def image(self) -> TableImage:
+        """This table as a checkpoint holds it (items in insertion order).
+
+        During a restore, checkpointed items that no node has re-sent yet
+        are carried over, so that a second restart loses nothing.
+        """
+        s = self.store
+        live = np.flatnonzero(s.state == LIVE)
+        seqs = self.core.sequences(live)
+        order = np.argsort(seqs, kind="stable")
+        live, seqs = live[order], seqs[order]
+        keys, prios = s.key[live].copy(), self.core.priorities(live)
+        times, retired = self.core.times_sampled(live), s.key[s.state == RETIRED].copy()
+        p = self.pending
+        if p is not None:
+            left = ~p.claimed
+            keys = np.concatenate([keys, p.keys[left]])
+            prios = np.concatenate([prios, p.priorities[left]])
+            times = np.concatenate([times, p.times_sampled[left]])
+            seqs = np.concatenate([seqs, p.sequences[left]])
+            retired = np.concatenate([retired, p.retired])
+        return TableImage(self.to_definition(), self.inserts, self.samples, self.deletes,
+                          self.core.next_seq, keys, prios, times, seqs, retired)
+
+    @classmethod
+    def from_image(cls, image: TableImage, seed: int | None = None) -> Table:
+        """A table rebuilt from a checkpoint, empty until nodes re-send its items."""
+        table = cls.from_definition(image.definition, seed)
+        table.inserts, table.samples, table.deletes = image.inserts, image.samples, image.deletes
+        table.core.raise_next_seq(image.next_seq)
+        table.pending = Pending.from_image(image)
+        return table
+
+    def restore_items(self, node: int, keys, offsets, generations,
+                      priorities) -> tuple[Freed, dict]:
+        """Items a node re-sends after a control-plane restart: (slots to free, counts).
+
+        A checkpointed key comes back with its checkpointed priority, use
+        count and place in insertion order; a key that had left the table
+        (retired while leased) or that the table already holds is freed on
+        the node; any other key was inserted after the checkpoint and is
+        taken as a new insert with the priority it was inserted with.
+        """
+        keys = np.ascontiguousarray(keys, np.uint64)
+        offsets = np.ascontiguousarray(offsets, np.uint64)
+        generations = np.asarray(generations, np.uint64)
+        priorities = np.ascontiguousarray(priorities, np.float64)
+        n = len(keys)
+        discard = np.ones(n, dtype=bool)
+        discard[np.unique(keys, return_index=True)[1]] = False  # a key once per report
+        ids = self.core.lookup(keys)
+        held = ids >= 0
+        if held.any():
+            # The table has these keys already: free the reported copy unless
+            # it is the very slot the table points at.
+            recs = ids[held]
+            same = (self.store.node[recs] == node) & (self.store.offset[recs] == offsets[held])
+            discard[held] = True
+            keep_slot = np.flatnonzero(held)[same]
+        else:
+            keep_slot = np.empty(0, np.int64)
+        p = self.pending
+        if p is not None:
+            discard |= p.is_retired(keys)
+            idx = p.find(keys)
+            idx[discard] = -1
+        else:
+            idx = np.full(n, -1, np.int64)
+        back = np.flatnonzero(idx >= 0)
+        new = np.flatnonzero((idx < 0) & ~discard)
+        evicted = []
+        if len(back):
+            j = idx[back]
+            recs = self._place(node, keys[back], offsets[back], generations[back])
+            evicted.append(self.core.restore(recs, keys[back], p.priorities[j],
+                                             p.times_sampled[j], p.sequences[j]))
+            p.claimed[j] = True
+        if len(new):
+            recs = self._place(node, keys[new], offsets[new], generations[new])
+            evicted.append(self.core.insert(recs, keys[new], priorities[new]))
+            self.inserts += len(new)
+        freed = self._retire(np.concatenate(evicted)) if evicted else Freed.empty()
+        drop = discard.copy()
+        drop[keep_slot] = False
+        if drop.any():
+            freed = freed + Freed(np.full(int(drop.sum()), node, np.uint32), offsets[drop])
+        return freed, {"restored": len(back), "adopted": len(new), "discarded": int(drop.sum())}
+
+    def end_restore(self) -> int:
+        """Close a restore: checkpointed items no node re-sent are gone; their count."""
+        p, self.pending = self.pending, None
+        return 0 if p is None else p.unclaimed
 
     # -- sampling, priorities and leases ---------------------------------
     def sample(self, n: int) -> tuple[np.ndarray, np.ndarray, Freed]:
@@ -207,6 +374,7 @@ class Table:
             "samples": self.samples,
             "deletes": self.deletes,
             "leased": self.leased(),
+            "awaiting_restore": 0 if self.pending is None else self.pending.unclaimed,
         }
 
     def definition(self) -> tuple:

@@ -1,0 +1,214 @@
+"""Checkpoints: the file format, the ids that never repeat, and what a
+restored table takes back from the nodes."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+import pytest
+
+from distore_ucx.control import checkpoint
+from distore_ucx.control.checkpoint import IdState, Image
+from distore_ucx.control.rate_limiters import SampleToInsertRatio
+from distore_ucx.control.selectors import Fifo, MaxHeap, Prioritized, Uniform
+from distore_ucx.control.tables import LIVE, Table
+from distore_ucx.errors import CheckpointError
+from distore_ucx.spec import TableSpec
+
+SPEC = TableSpec.parse(((16,), "uint8"))
+SLOT = np.uint64(SPEC.slot_size)
+MAGIC = len(checkpoint.MAGIC)
+
+
+def make(sampler=None, remover=None, capacity=1000, **kw) -> Table:
+    return Table("t", capacity, SPEC, sampler or Prioritized(1.0), remover or Fifo(), seed=7, **kw)
+
+
+def fill(table: Table, keys, node=1, priorities=None) -> None:
+    keys = np.asarray(keys, np.uint64)
+    prios = np.ones(len(keys)) if priorities is None else np.asarray(priorities, np.float64)
+    table.add(node, keys, keys * SLOT, np.arange(1, len(keys) + 1, dtype=np.uint64), prios)
+
+
+def live(table: Table) -> dict[int, tuple[float, int]]:
+    recs = np.flatnonzero(table.store.state == LIVE)
+    return dict(zip(table.store.key[recs].tolist(),
+                    zip(table.core.priorities(recs).tolist(),
+                        table.core.times_sampled(recs).tolist())))
+
+
+def resend(table: Table, keys, node=2, priority=0.5):
+    """A node re-sending items it holds at the slots `keys * SLOT`."""
+    keys = np.asarray(keys, np.uint64)
+    return table.restore_items(node, keys, keys * SLOT, np.arange(len(keys), dtype=np.uint64),
+                               np.full(len(keys), priority))
+
+
+# -- the file -------------------------------------------------------------
+
+def test_image_survives_a_write_and_read(tmp_path):
+    t = make(max_times_sampled=3)
+    fill(t, np.arange(100, 150), priorities=np.arange(1, 51))
+    t.unlease(t.sample(20)[0])
+    path = str(tmp_path / "ck")
+    image = Image([t.image()], incarnation=4)
+    size = checkpoint.write(path, image)
+    assert size == os.path.getsize(path)
+    back = checkpoint.read(path)
+    assert back.incarnation == 4 and back.items == len(t.image().keys)
+    a, b = image.tables[0], back.tables[0]
+    assert a.definition == b.definition
+    assert (a.inserts, a.samples, a.deletes, a.next_seq) == (b.inserts, b.samples, b.deletes,
+                                                             b.next_seq)
+    for name in ("keys", "priorities", "times_sampled", "sequences", "retired"):
+        assert np.array_equal(getattr(a, name), getattr(b, name)), name
+    assert not [f for f in os.listdir(tmp_path) if ".tmp" in f]
+
+
+@pytest.mark.parametrize("damage, message", [
+    (lambda d: d[:-7], "truncated"),
+    (lambda d: d[:-1] + bytes([d[-1] ^ 1]), "corrupt"),
+    (lambda d: b"something else" + d, "not a distore checkpoint"),
+    (lambda d: d[:MAGIC] + (99).to_bytes(4, "little") + d[MAGIC + 4:], "format version 99"),
+])
+def test_damaged_checkpoints_are_refused_with_the_reason(tmp_path, damage, message):
+    path = str(tmp_path / "ck")
+    t = make()
+    fill(t, range(10))
+    checkpoint.write(path, Image([t.image()]))
+    with open(path, "rb") as fh:
+        data = fh.read()
+    with open(path, "wb") as fh:
+        fh.write(damage(data))
+    with pytest.raises(CheckpointError, match=message):
+        checkpoint.read(path)
+
+
+def test_a_failed_write_leaves_the_previous_checkpoint_intact(tmp_path):
+    path = str(tmp_path / "ck")
+    t = make()
+    fill(t, range(10))
+    checkpoint.write(path, Image([t.image()]))
+    before = open(path, "rb").read()
+    os.mkdir(f"{path}.tmp{os.getpid()}")  # the temporary file cannot be created
+    fill(t, range(10, 20))
+    with pytest.raises(CheckpointError, match="previous one is intact"):
+        checkpoint.write(path, Image([t.image()]))
+    assert open(path, "rb").read() == before
+    assert len(checkpoint.read(path).tables[0].keys) == 10
+
+
+# -- ids ------------------------------------------------------------------
+
+def test_ids_never_repeat_across_restarts(tmp_path):
+    path = str(tmp_path / "ck.ids")
+    first = IdState(path)
+    writers = [first.writer_id() for _ in range(3)]
+    nodes = [first.node_id(None, lambda i: False) for _ in range(2)]
+    assert writers == [1, 2, 3] and nodes == [1, 2]
+    second = IdState(path)  # a restart, even one without a checkpoint since
+    assert second.incarnation == first.incarnation + 1
+    assert second.writer_id() >= checkpoint.WRITER_ID_BLOCK > max(writers)
+    assert second.node_id(2, lambda i: False) == 2  # a node re-joining keeps its id
+    assert second.node_id(2, lambda i: i == 2) == 3  # unless this run has seen it
+    assert second.node_id(99, lambda i: False) == 4  # never an id no run handed out
+    third = IdState(path)
+    assert third.node_id(None, lambda i: False) == 5
+
+
+def test_a_malformed_id_file_stops_the_start(tmp_path):
+    path = tmp_path / "ck.ids"
+    path.write_text(json.dumps({"incarnation": 1}))
+    with pytest.raises(CheckpointError, match="malformed"):
+        IdState(str(path))
+
+
+# -- restoring a table ----------------------------------------------------
+
+def test_restored_items_keep_priority_use_count_and_new_ones_are_adopted():
+    t = make(max_times_sampled=5)
+    fill(t, range(10), priorities=np.arange(1, 11))
+    t.unlease(t.sample(30)[0])
+    t.update_priorities(np.array([0, 1], np.uint64), np.array([70.0, 80.0]))
+    before = live(t)  # items that reached 5 uses have left
+    assert any(uses for _, uses in before.values())
+    r = Table.from_image(t.image(), seed=1)
+    assert r.size == 0 and r.info()["awaiting_restore"] == len(before)
+    assert (r.inserts, r.samples) == (t.inserts, t.samples)
+    # One node re-sends all but two of them and an item inserted after the checkpoint.
+    back = sorted(before)[2:][::-1]
+    freed, counts = resend(r, back + [500], priority=0.5)
+    assert counts == {"restored": len(back), "adopted": 1, "discarded": 0}
+    assert len(freed.nodes) == 0
+    after = live(r)
+    assert {k: after[k] for k in back} == {k: before[k] for k in back}
+    assert after[500] == (0.5, 0)
+    assert r.inserts == t.inserts + 1
+    # Uses left: 5 per item minus what the checkpoint says they had.
+    assert r.core.remaining_uses == sum(5 - uses for _, uses in after.values())
+    assert r.end_restore() == 2  # their node never came back
+
+
+def test_fifo_order_survives_whatever_order_nodes_resend_in():
+    t = make(sampler=Fifo(), remover=Fifo())
+    fill(t, range(20))
+    r = Table.from_image(t.image())
+    resend(r, [15, 3, 19, 0], node=2)
+    resend(r, [7, 11, 1], node=3)
+    resend(r, [1000], node=2)  # inserted after the checkpoint: last
+    order = []
+    while r.size:
+        recs = r.sample(1)[0]
+        order.append(int(r.store.key[recs[0]]))
+        r.core.remove(recs)
+    assert order == [0, 1, 3, 7, 11, 15, 19, 1000]
+
+
+def test_retired_and_duplicate_items_are_freed_never_resurrected():
+    t = make(sampler=Uniform(), remover=Fifo(), capacity=5)
+    fill(t, range(5))
+    t.lease(np.flatnonzero(t.store.state == LIVE))  # a learner holds all five
+    fill(t, range(5, 7))  # evicts keys 0 and 1, whose slots stay leased (RETIRED)
+    image = t.image()
+    assert sorted(image.retired.tolist()) == [0, 1]
+    r = Table.from_image(image)
+    freed, counts = resend(r, [0, 1, 2, 3], node=2)
+    assert counts == {"restored": 2, "adopted": 0, "discarded": 2}
+    assert sorted((freed.offsets // SLOT).tolist()) == [0, 1] and set(freed.nodes) == {2}
+    # The same key from another node: the second copy is freed, the first kept.
+    freed, counts = resend(r, [2, 4], node=3)
+    assert counts["discarded"] == 1 and counts["restored"] == 1
+    assert freed.offsets.tolist() == [2 * SLOT] and freed.nodes.tolist() == [3]
+    # The very slot the table already points at is never freed.
+    freed, counts = resend(r, [2], node=2)
+    assert counts == {"restored": 0, "adopted": 0, "discarded": 0} and len(freed.offsets) == 0
+
+
+def test_checkpoints_taken_during_a_restore_keep_what_nodes_have_not_resent():
+    t = make(sampler=MaxHeap(), remover=Fifo())
+    fill(t, range(6), priorities=[1, 9, 2, 8, 3, 7])
+    r = Table.from_image(t.image())
+    resend(r, [0, 1])
+    again = Table.from_image(r.image())  # restarted again before the others came back
+    assert sorted(again.pending.keys.tolist()) == list(range(6))
+    resend(again, [3, 4, 5, 0, 1, 2])
+    assert live(again) == live(t)
+
+
+def test_a_batch_acknowledged_after_the_restart_claims_its_checkpointed_copy():
+    t = make()
+    fill(t, range(4))
+    r = Table.from_image(t.image())
+    fill(r, [2], node=3)  # the node retried its unacknowledged insert
+    assert r.info()["awaiting_restore"] == 3
+    assert 2 not in r.image().keys.tolist()[1:]  # once, not twice
+    assert r.image().keys.tolist().count(2) == 1
+
+
+def test_definitions_round_trip_for_every_kind_of_table():
+    limiter = SampleToInsertRatio(samples_per_insert=4, min_size_to_sample=10, error_buffer=40)
+    for t in (make(), make(sampler=Uniform(), remover=MaxHeap(), rate_limiter=limiter),
+              make(max_times_sampled=2)):
+        assert Table.from_definition(t.to_definition()).definition() == t.definition()
