@@ -80,7 +80,15 @@ class LocalCluster:
         heartbeat_timeout: float = 2.0,
         log_level: str = "INFO",
         token_file: str | None = None,
+        checkpoint: str | None = None,
+        checkpoint_interval: float | None = None,
+        restore_grace: float | None = None,
+        reconnect_timeout: float | None = None,
     ):
+        """`checkpoint`: the control plane's checkpoint file (then
+        `restart_control(restore=True)` brings the store back);
+        `checkpoint_interval`, `restore_grace` and the nodes'
+        `reconnect_timeout` as the flags of the same names (None: defaults)."""
         self.n_nodes = nodes
         self.arena_bytes = parse_size(arena_bytes)
         self.host = host
@@ -93,11 +101,18 @@ class LocalCluster:
         self.env["PYTHONUNBUFFERED"] = "1"
         self._own_log_dir = log_dir is None
         self.log_dir = log_dir or tempfile.mkdtemp(prefix="distore-cluster-")
+        os.makedirs(self.log_dir, exist_ok=True)
         self.startup_timeout = startup_timeout
         self.hugepages = hugepages
         self.heartbeat_timeout = heartbeat_timeout
         self.log_level = log_level
         self.token_file = token_file
+        self.checkpoint = checkpoint
+        self.checkpoint_interval = checkpoint_interval
+        self.restore_grace = restore_grace
+        self.reconnect_timeout = reconnect_timeout
+        self.port = 0  # the control plane's, fixed after its first start
+        self._control_runs = 0
         self.control: Process | None = None
         self.nodes: list[Process] = []
         self.address: str | None = None
@@ -106,12 +121,7 @@ class LocalCluster:
     def start(self) -> "LocalCluster":
         """Start the control plane, then the nodes; wait until all are serving."""
         try:
-            self.control = self._spawn(
-                "control",
-                ["control", "--host", self.host, "--port", "0",
-                 "--heartbeat-timeout", str(self.heartbeat_timeout)],
-            )
-            self.address = self._wait_ready(self.control)["address"]
+            self.start_control()
             for _ in range(self.n_nodes):
                 self.add_node()
         except BaseException:
@@ -121,12 +131,48 @@ class LocalCluster:
                  self.address, self.n_nodes, self.log_dir)
         return self
 
+    def start_control(self, restore: bool = False) -> Process:
+        """Start the control plane (on the port it had before, if it ran
+        already) and wait until it serves; `restore` starts it from the
+        checkpoint file."""
+        args = ["control", "--host", self.host, "--port", str(self.port),
+                "--heartbeat-timeout", str(self.heartbeat_timeout)]
+        if self.checkpoint:
+            args += ["--checkpoint", os.path.abspath(self.checkpoint)]
+        for flag, value in (("--checkpoint-interval", self.checkpoint_interval),
+                            ("--restore-grace", self.restore_grace)):
+            if value is not None:
+                args += [flag, str(value)]
+        if restore:
+            args.append("--restore")
+        role = "control" if not self._control_runs else f"control-{self._control_runs}"
+        self._control_runs += 1
+        proc = self._spawn(role, args)
+        self.control = proc
+        self.address = self._wait_ready(proc)["address"]
+        self.port = int(self.address.rsplit(":", 1)[1])
+        return proc
+
+    def kill_control(self, sig: int = signal.SIGKILL) -> int:
+        """Send `sig` to the control plane (default SIGKILL); its exit code."""
+        if self.control.alive():
+            self.control.popen.send_signal(sig)
+        return self.control.popen.wait(timeout=30)
+
+    def restart_control(self, restore: bool = True, sig: int = signal.SIGKILL) -> Process:
+        """Stop the control plane with `sig` and start it again on the same
+        port, from its checkpoint when `restore`; nodes re-join by themselves."""
+        self.kill_control(sig)
+        return self.start_control(restore)
+
     def add_node(self, arena_bytes: int | None = None) -> Process:
         """Start one more storage node and wait until it has registered."""
         args = ["node", "--control", self.address, "--host", self.host,
                 "--arena", str(arena_bytes or self.arena_bytes)]
         if not self.hugepages:
             args.append("--no-hugepages")
+        if self.reconnect_timeout is not None:
+            args += ["--reconnect-timeout", str(self.reconnect_timeout)]
         proc = self._spawn(f"node{len(self.nodes)}", args)
         self.nodes.append(proc)
         proc.info = self._wait_ready(proc)

@@ -181,6 +181,7 @@ class Learner:
         self._ring = Ring(runtime, self.spec, batch_size, prefetch + 1, dev, self.framework,
                           self.path)
         self._rpc = client.connection()
+        self._session = self._rpc.session  # a new one means a new control-plane connection
         self._next = 0
         self._prefetcher: Prefetcher | None = None
         self._held: int | None = None  # ring slot of the batch the caller holds (GPU fences)
@@ -280,6 +281,8 @@ class Learner:
         reply = self._next_reply(wait)
         if not self._consuming:
             self._prefetch(wait)
+        if self._rpc.session != self._session:
+            self._new_session()
         leases = []
         for attempt in range(MAX_RESAMPLES):
             leases.append(reply["lease"])
@@ -342,7 +345,12 @@ class Learner:
             return reply
         if self._outstanding:
             self._outstanding = False
-            return self._rpc.receive(wait + 10.0)
+            try:
+                return self._rpc.receive(wait + 10.0)
+            except ConnectionFailed as exc:
+                # The control plane went away with our request: ask again
+                # (the call waits for it to come back, up to the timeout).
+                log.warning("table %r: %s; asking again", self.table, exc)
         return self._rpc.call("sample", reply_timeout=wait + 10.0,
                               **self._sample_fields(self.batch_size, wait))
 
@@ -353,8 +361,20 @@ class Learner:
     def _resample(self, n: int, wait: float) -> dict:
         if self._outstanding:  # its reply comes first: keep it for the next batch
             self._outstanding = False
-            self._prefetched = self._rpc.receive(wait + 10.0)
+            try:
+                self._prefetched = self._rpc.receive(wait + 10.0)
+            except ConnectionFailed as exc:
+                log.warning("table %r: %s; asking again", self.table, exc)
         return self._rpc.call("sample", reply_timeout=wait + 10.0, **self._sample_fields(n, wait))
+
+    def _new_session(self) -> None:
+        """A new control-plane connection (it restarted, or the link broke):
+        leases of the old one are gone, and a control plane that started
+        afresh numbers nodes anew, so look every node up again."""
+        self._session = self._rpc.session
+        self._done_leases = []
+        for node_id in list(self._peers):
+            self._forget(node_id, "the control-plane connection is new", quiet=True)
 
     def _gather(self, reply: dict, rows: np.ndarray, dest, slot: int) -> np.ndarray:
         """Read the sampled items into `rows` of dest; mask of rows that are good."""
@@ -423,11 +443,12 @@ class Learner:
             self._key_lut[peer.node_id] = i
             self._base_lut[peer.node_id] = peer.base
 
-    def _forget(self, node_id: int, why: str) -> None:
+    def _forget(self, node_id: int, why: str, quiet: bool = False) -> None:
         peer = self._peers.pop(node_id, None)
         if peer is None:
             return
-        log.warning("%s: %s; dropping it and resampling its items", peer.name, why)
+        if not quiet:
+            log.warning("%s: %s; dropping it and resampling its items", peer.name, why)
         self._rebuild_luts()
         del peer.rkey  # the remote key goes before its endpoint
         self._runtime.drop_endpoint(peer.worker_address)
@@ -442,6 +463,10 @@ class Learner:
         buffers and remote keys."""
         self._stop_prefetch()
         try:
+            if not self._rpc.connected:
+                # Lost with the control plane: its leases are gone or will
+                # expire; do not wait for it to come back just to say so.
+                self._outstanding, self._prefetched, self._done_leases = False, None, []
             if self._outstanding:
                 self._outstanding = False
                 self._prefetched = self._rpc.receive(self.timeout + 10.0)

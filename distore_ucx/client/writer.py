@@ -67,7 +67,9 @@ class Writer:
         self._pending: dict[str, list[_Batch]] = {}
         self._pending_bytes: dict[str, int] = {}
         self._in_flight: deque[tuple[rpc.Client, _Batch, int, set[int]]] = deque()
-        self._conns: dict[int, rpc.Client] = {}
+        # Keyed by node id and address: a control plane that restarted afresh
+        # may give a known address another id, or a known id another node.
+        self._conns: dict[tuple[int, str], rpc.Client] = {}
         self._nodes: list[dict] = []
         self._rr = itertools.count()
         self._sent: dict[int, int] = {}  # bytes sent to each node (placement)
@@ -206,15 +208,14 @@ class Writer:
         # The node this writer has sent the fewest bytes to: round robin by
         # batch would send every first chunk of a split insert to one node.
         node = min(nodes, key=lambda n: (self._sent.get(n["node_id"], 0), next(self._rr)))
-        conn = self._conns.get(node["node_id"])
+        conn = self._conns.get((node["node_id"], node["address"]))
         if conn is None:
             conn = rpc.Client(node["address"], self.timeout, name=f"storage node {node['name']}",
                               token=self._client.token)
-            self._conns[node["node_id"]] = conn
+            self._conns[(node["node_id"], node["address"])] = conn
         return node["node_id"], conn
 
     def _drop(self, node_id: int) -> None:
-        conn = self._conns.pop(node_id, None)
-        if conn is not None:
-            conn.close()
+        for key in [k for k in self._conns if k[0] == node_id]:
+            self._conns.pop(key).close()
         self._nodes = [n for n in self._nodes if n["node_id"] != node_id]

@@ -1,8 +1,9 @@
 """The storage node's arena: one registered region carved into slots.
 
 Each table gets slots of its own fixed size, taken from a shared bump
-pointer and recycled through a per-table free list; a slot is freed only
-when the control plane says so, which it does only once no lease covers it.
+pointer and recycled through its SlotTable (storage/slots.py), which also
+keeps what each acknowledged slot holds; a slot is freed only when the
+control plane says so, which it does only once no lease covers it.
 Thread safety: one asyncio thread uses an Arena.
 """
 
@@ -13,28 +14,7 @@ import numpy as np
 from .._native_loader import _native
 from ..errors import StorageFull
 from ..spec import SLOT_HEADER
-
-
-class _FreeList:
-    """A stack of free slot offsets, grown by doubling."""
-
-    def __init__(self):
-        self.items = np.empty(1024, dtype=np.uint64)
-        self.n = 0
-
-    def push(self, offsets: np.ndarray) -> None:
-        need = self.n + len(offsets)
-        if need > len(self.items):
-            grown = np.empty(max(need, 2 * len(self.items)), dtype=np.uint64)
-            grown[: self.n] = self.items[: self.n]
-            self.items = grown
-        self.items[self.n : need] = offsets
-        self.n = need
-
-    def pop(self, k: int) -> np.ndarray:
-        k = min(k, self.n)
-        self.n -= k
-        return self.items[self.n : self.n + k].copy()
+from .slots import SlotTable
 
 
 class Arena:
@@ -52,7 +32,7 @@ class Arena:
         self.size = size
         self.node_name = node_name
         self._bump = 0
-        self._free: dict[str, tuple[int, _FreeList]] = {}
+        self._tables: dict[str, SlotTable] = {}
         self._generation = 0
         self.used_bytes = 0
 
@@ -63,37 +43,46 @@ class Arena:
 
     def allocate(self, table: str, slot_size: int, k: int) -> np.ndarray:
         """Offsets of k free slots of `slot_size` bytes for `table`; all or nothing."""
-        size, free = self._free.setdefault(table, (slot_size, _FreeList()))
-        if size != slot_size:
+        slots = self._tables.setdefault(table, SlotTable(slot_size))
+        if slots.slot_size != slot_size:
             raise StorageFull(
-                f"table {table!r} changed its slot size ({size} -> {slot_size}) on node "
-                f"{self.node_name}: recreate it under a new name"
+                f"table {table!r} changed its slot size ({slots.slot_size} -> {slot_size}) on "
+                f"node {self.node_name}: recreate it under a new name"
             )
-        reused = free.pop(k)
-        rest = k - len(reused)
+        rest = k - min(k, slots.free_slots)
         if self._bump + rest * slot_size > self.size:
-            free.push(reused)
             raise StorageFull(
                 f"node {self.node_name}: arena full ({self.used_bytes} of {self.size} bytes "
                 f"used) while inserting {k} items of {slot_size} bytes into table {table!r}. "
                 "Lower the table's capacity, start more storage nodes, or give nodes a larger "
                 "--arena"
             )
+        reused = slots.reuse(k)
         fresh = self._bump + np.arange(rest, dtype=np.uint64) * np.uint64(slot_size)
+        slots.carve(fresh)
         self._bump += rest * slot_size
         self.used_bytes += k * slot_size
         return np.concatenate([reused, fresh]) if len(reused) else fresh
 
+    def commit(self, table: str, offsets: np.ndarray, keys, generations, priorities) -> None:
+        """The control plane acknowledged these slots' items: remember what they hold."""
+        self._tables[table].commit(offsets, keys, generations, priorities)
+
     def free(self, table: str, offsets: np.ndarray) -> None:
         """Return slots to the table's free list (the control plane released them)."""
-        entry = self._free.get(table)
-        if entry is None or len(offsets) == 0:
+        slots = self._tables.get(table)
+        if slots is None or len(offsets) == 0:
             return
-        slot_size, free = entry
-        if (offsets >= np.uint64(self._bump)).any():
-            raise ValueError(f"node {self.node_name}: free of slots never allocated")
-        free.push(offsets)
-        self.used_bytes -= len(offsets) * slot_size
+        try:
+            freed = slots.release(offsets)
+        except ValueError:
+            raise ValueError(f"node {self.node_name}: free of slots never allocated in table "
+                             f"{table!r}") from None
+        self.used_bytes -= freed * slots.slot_size
+
+    def tables(self) -> dict[str, SlotTable]:
+        """Every table that has slots here, by name."""
+        return dict(self._tables)
 
     def write(self, offsets: np.ndarray, keys: np.ndarray, rows: np.ndarray) -> np.ndarray:
         """Write items (header + packed rows) into slots; returns their generations."""

@@ -7,6 +7,12 @@ once the control plane has them (an acknowledged insert is sampleable).
 Learners read slots one-sided; the node does nothing for a read, except over
 TCP where UCX emulates RMA and the worker's event-driven progress thread
 answers. The control plane tells the node which slots to free.
+
+Losing the control plane does not end a node: it keeps its arena and
+serves reads, holds inserts, and tries to re-join for `reconnect_timeout`
+seconds. A control plane restored from a checkpoint asks it to re-send the
+items it holds; one that starts afresh (or had dropped the node) asks it
+to discard them. Only when no control plane comes back does it exit (3).
 """
 
 from __future__ import annotations
@@ -17,6 +23,7 @@ import logging
 import os
 import signal
 import socket
+import time
 
 import numpy as np
 
@@ -29,6 +36,8 @@ from ..transport.rpc import AsyncClient, parse_address, serve
 from .arena import Arena
 
 log = logging.getLogger(__name__)
+
+RESEND_BATCH = 1 << 16  # items per items_restored message after a re-join
 
 
 def route_address(control_host: str) -> str:
@@ -55,9 +64,14 @@ class StorageNode:
         self._stop = asyncio.Event()
         self._now = asyncio.Event()  # a second SIGTERM: skip the drain
         self._leaving = False
+        self._joined = asyncio.Event()  # registered with a live control plane
+        self._token: bytes | None = None
+        self._where: tuple[str, int] = ("", 0)  # host, port writers reach us at
+        self._interval = 0.5  # heartbeat interval the control plane asked for
 
     async def run(self, ready_file: str | None = None) -> int:
-        """Serve until SIGTERM/SIGINT or loss of the control plane; exit code."""
+        """Serve until SIGTERM/SIGINT, or until no control plane can be re-joined
+        (exit code 3); returns the exit code."""
         cfg = self.config
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
@@ -68,56 +82,149 @@ class StorageNode:
             self.runtime = runtime
             self.arena = Arena(runtime, cfg.arena_bytes, cfg.hugepages, self.name,
                                write_protect=cfg.write_protect)
-            token = read_token(cfg.token_file)
-            server = await serve(host, cfg.port, self._handle, token=token)
+            self._token = read_token(cfg.token_file)
+            server = await serve(host, cfg.port, self._handle, token=self._token)
             port = server.sockets[0].getsockname()[1]
-            self.control = await AsyncClient.connect(
-                cfg.control, "control plane", on_push=self._on_push, token=token
-            )
-            reply = await self.control.call(
+            self._where = (host, port)
+            try:
+                await self._join()
+                log.info(
+                    "node %s (id %d) serving %d-byte arena%s at %s:%d over UCX %s",
+                    self.name, self.node_id, self.arena.size,
+                    " on hugepages" if self.arena.region.hugepages else "", host, port,
+                    runtime.transports,
+                )
+                if ready_file:
+                    _write_ready(ready_file, {"node_id": self.node_id,
+                                              "address": f"{host}:{port}"})
+                code = await self._serve()
+            finally:
+                server.close()
+                if self.control is not None:
+                    await self.control.close()
+                del self.arena  # unmap before the runtime closes
+                self.arena = None
+        log.info("node %s stopped", self.name)
+        return code
+
+    async def _serve(self) -> int:
+        """Heartbeat the control plane until told to stop; re-join it whenever
+        it is lost. Returns the exit code."""
+        while True:
+            beat = asyncio.create_task(self._heartbeat(self._interval))
+            lost = asyncio.create_task(self.control.closed.wait())
+            stop = asyncio.create_task(self._stop.wait())
+            await asyncio.wait({lost, stop}, return_when=asyncio.FIRST_COMPLETED)
+            for t in (beat, lost, stop):
+                t.cancel()
+            if self._stop.is_set():
+                if not self.control.closed.is_set():
+                    await self._leave()
+                return 0
+            self._joined.clear()
+            held = sum(len(t.live()[0]) for t in self.arena.tables().values())
+            log.warning("lost the control plane at %s; node %s keeps its %d items, holds "
+                        "inserts and tries to re-join for %g s", self.config.control, self.name,
+                        held, self.config.reconnect_timeout)
+            if not await self._rejoin():
+                if self._stop.is_set():
+                    return 0
+                log.error("no control plane at %s within %g s; node %s exits",
+                          self.config.control, self.config.reconnect_timeout, self.name)
+                return 3
+
+    async def _rejoin(self) -> bool:
+        """Try to re-join until `reconnect_timeout` passes or we are stopped."""
+        deadline = time.monotonic() + self.config.reconnect_timeout
+        delay, last_error = 0.05, ""
+        while not self._stop.is_set():
+            old = self.control
+            try:
+                await self._join()
+                await old.close()
+                return True
+            except Exception as exc:  # whatever went wrong, try again until the deadline
+                if str(exc) != last_error:
+                    log.info("re-joining the control plane: %s", exc,
+                             exc_info=not isinstance(exc, (ConnectionFailed, Timeout)))
+                    last_error = str(exc)
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False
+            try:
+                await asyncio.wait_for(self._stop.wait(), min(delay, left))
+            except asyncio.TimeoutError:
+                pass
+            delay = min(delay * 2, 1.0)
+        return False
+
+    async def _join(self) -> None:
+        """Connect and register (with our former id after a loss); then re-send
+        or discard the items we hold, as the control plane asks."""
+        cfg = self.config
+        control = await AsyncClient.connect(
+            cfg.control, "control plane", on_push=self._on_push, token=self._token
+        )
+        try:
+            former = self.node_id
+            host, port = self._where
+            reply = await control.call(
                 "register_node",
                 name=self.name,
                 host=host,
                 port=port,
-                worker_address=runtime.address,
+                worker_address=self.runtime.address,
                 rkey=self.arena.region.pack_rkey(),
                 arena_base=self.arena.base,
                 arena_size=self.arena.size,
                 pid=os.getpid(),
                 host_id=host_id(),
+                **({"node_id": former} if former is not None else {}),
             )
             self.node_id = reply["node_id"]
-            interval = reply["heartbeat_interval"]
-            log.info(
-                "node %s (id %d) serving %d-byte arena%s at %s:%d over UCX %s",
-                self.name,
-                self.node_id,
-                self.arena.size,
-                " on hugepages" if self.arena.region.hugepages else "",
-                host,
-                port,
-                runtime.transports,
-            )
-            if ready_file:
-                _write_ready(ready_file, {"node_id": self.node_id, "address": f"{host}:{port}"})
-            beat = loop.create_task(self._heartbeat(interval))
-            lost = loop.create_task(self.control.closed.wait())
-            stop = loop.create_task(self._stop.wait())
-            await asyncio.wait({lost, stop}, return_when=asyncio.FIRST_COMPLETED)
-            code = 0
-            if lost.done() and not self._stop.is_set():
-                log.error("lost the control plane at %s; node %s exits", cfg.control, self.name)
-                code = 3
-            for t in (beat, lost, stop):
-                t.cancel()
-            if code == 0 and not self.control.closed.is_set():
-                await self._leave()
-            server.close()
-            await self.control.close()
-            del self.arena  # unmap before the runtime closes
-            self.arena = None
-        log.info("node %s stopped", self.name)
-        return code
+            self._interval = reply["heartbeat_interval"]
+            self.control = control
+            if former is not None:
+                if reply.get("restore"):
+                    await self._resend_items()
+                else:
+                    self._discard_items()
+                log.info("node %s re-joined the control plane as node %d", self.name,
+                         self.node_id)
+        except BaseException:
+            await control.close()
+            raise
+        self._joined.set()
+
+    async def _resend_items(self) -> None:
+        """Send the restoring control plane every item we hold, in bounded batches."""
+        for table, slots in self.arena.tables().items():
+            keys, offsets, gens, prios = slots.live()
+            totals = {"restored": 0, "adopted": 0, "discarded": 0}
+            for i in range(0, len(keys), RESEND_BATCH):
+                part = slice(i, i + RESEND_BATCH)
+                reply = await self.control.call(
+                    "items_restored", reply_timeout=60.0, node_id=self.node_id, table=table,
+                    slot_size=slots.slot_size, keys=keys[part], offsets=offsets[part],
+                    generations=gens[part], priorities=prios[part],
+                )
+                for k in totals:
+                    totals[k] += reply[k]
+            if len(keys):
+                log.info("re-sent %d items of table %r: %d restored from the checkpoint, %d "
+                         "newer adopted, %d discarded", len(keys), table, totals["restored"],
+                         totals["adopted"], totals["discarded"])
+
+    def _discard_items(self) -> None:
+        """The control plane does not know our items (it started afresh, or had
+        dropped us): free them, loudly."""
+        for table, slots in self.arena.tables().items():
+            offsets = slots.live()[1]
+            if len(offsets):
+                self.arena.free(table, offsets)
+                log.warning("the control plane does not restore items (it started without "
+                            "--restore, or had dropped this node): %d items of table %r on "
+                            "node %s are discarded", len(offsets), table, self.name)
 
     def _on_signal(self) -> None:
         if self._stop.is_set():
@@ -164,7 +271,10 @@ class StorageNode:
 
     async def _on_push(self, op: str, fields: dict) -> None:
         if op == "free":
-            self.arena.free(fields["table"], fields["offsets"])
+            try:
+                self.arena.free(fields["table"], fields["offsets"])
+            except ValueError as exc:  # a confused control plane must not stop the node
+                log.error("ignoring a free from the control plane: %s", exc)
         else:
             log.warning("ignoring unexpected push %r from the control plane", op)
 
@@ -194,29 +304,59 @@ class StorageNode:
                 f"{item_bytes} bytes in {slot_size}-byte slots"
             )
         rows = np.frombuffer(payload, dtype=np.uint8).reshape(k, item_bytes)
-        offsets = self.arena.allocate(f["table"], slot_size, k)
+        table = f["table"]
+        offsets = self.arena.allocate(table, slot_size, k)
+        wait = f.get("timeout", 60.0)  # a rate limiter (or a control-plane restart) may hold it
+        deadline = time.monotonic() + wait
         try:
             gens = self.arena.write(offsets, keys, rows)
-            wait = f.get("timeout", 60.0)  # a rate limiter may hold the insert
-            reply = await self.control.call(
-                "items_added",
-                reply_timeout=wait + 10.0,
-                timeout=wait,
-                node_id=self.node_id,
-                table=f["table"],
-                keys=keys,
-                offsets=offsets,
-                generations=gens,
-                priorities=f["priorities"],
-                used_bytes=self.arena.used_bytes,
-            )
+            while True:
+                await self._until_joined(deadline, k)
+                left = max(0.0, deadline - time.monotonic())
+                control = self.control
+                try:
+                    reply = await control.call(
+                        "items_added",
+                        reply_timeout=left + 10.0,
+                        timeout=left,
+                        node_id=self.node_id,
+                        table=table,
+                        keys=keys,
+                        offsets=offsets,
+                        generations=gens,
+                        priorities=f["priorities"],
+                        used_bytes=self.arena.used_bytes,
+                    )
+                    break
+                except ConnectionFailed:
+                    if self._leaving or not control.closed.is_set():
+                        raise
+                    if self.control is control:  # wait for the re-join, not spin
+                        self._joined.clear()
+                    # The control plane went away before acknowledging: the
+                    # batch goes to the one we re-join (a restored control
+                    # plane counts it as inserted after its checkpoint).
         except BaseException:
-            self.arena.free(f["table"], offsets)
+            self.arena.free(table, offsets)
             if self._leaving:
                 raise ConnectionFailed(f"storage node {self.name} is shutting down") from None
             raise
+        self.arena.commit(table, offsets, keys, gens, f["priorities"])
         self.inserted += k
         return {"n": k, "evicted": reply.get("evicted", 0)}
+
+    async def _until_joined(self, deadline: float, k: int) -> None:
+        """Wait until we are registered with a control plane, or raise Timeout."""
+        if self._joined.is_set():
+            return
+        try:
+            await asyncio.wait_for(self._joined.wait(), max(0.0, deadline - time.monotonic()))
+        except asyncio.TimeoutError:
+            raise Timeout(
+                f"storage node {self.name} has no control plane (lost {self.config.control}); "
+                f"the insert of {k} items waited its timeout and was not stored. Restart the "
+                "control plane (with --restore to keep the store's contents)"
+            ) from None
 
 
 def _write_ready(path: str, info: dict) -> None:

@@ -20,6 +20,7 @@ import secrets
 import logging
 import socket
 import threading
+import time
 from typing import Any, Awaitable, Callable
 
 from .. import errors, protocol
@@ -54,6 +55,14 @@ class Client:
 
     `send` and `receive` let a caller keep several requests in flight on one
     connection: replies come back in order.
+
+    With `reconnect` > 0 (connections to the control plane), a lost
+    connection is made again on the next request, retrying for up to
+    `reconnect` seconds (the control plane may be restarting), and `call`
+    sends a request again once if the connection broke before its reply
+    came: every control-plane request may be repeated safely. `session`
+    counts the connections made, so a caller can tell that it has a new one
+    (leases and node ids of the old one may be gone).
     """
 
     def __init__(
@@ -62,29 +71,69 @@ class Client:
         timeout: float = 30.0,
         name: str = "control plane",
         token: bytes | None = None,
+        reconnect: float = 0.0,
     ):
         """Connect, read the server's greeting and answer its challenge with
         `token` when it asks for one."""
         self.address = address
         self.name = f"{name} at {address}"
         self.timeout = timeout
-        host, port = parse_address(address)
+        self.reconnect = reconnect
+        self.session = 0
+        self._token = token
+        self._ids = itertools.count(1)
+        self._lock = threading.RLock()  # _ensure() authenticates while a request holds it
+        self._pending: list[int] = []
+        self._sock: socket.socket | None = None
+        self._closed = False
+        self._connect()
+
+    def _connect(self) -> None:
+        host, port = parse_address(self.address)
         try:
-            self._sock = socket.create_connection((host, port), timeout=timeout)
+            sock = socket.create_connection((host, port), timeout=self.timeout)
         except OSError as exc:
             raise errors.ConnectionFailed(
                 f"cannot connect to the {self.name}: {exc}. Is it running, and is the "
                 "address right?"
             ) from None
-        self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        self._ids = itertools.count(1)
-        self._lock = threading.Lock()
-        self._pending: list[int] = []
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self._sock = sock
+        self._pending = []
         try:
-            self._authenticate(token)
+            self._authenticate(self._token)
         except BaseException:
-            self.close()
+            self._drop()
             raise
+        self.session += 1
+
+    def _ensure(self) -> None:
+        """A live connection: the current one, or a new one within `reconnect` s."""
+        if self._sock is not None:
+            return
+        if self._closed:
+            raise errors.ConnectionFailed(f"the connection to the {self.name} was closed")
+        if self.reconnect <= 0:
+            raise errors.ConnectionFailed(f"lost the connection to the {self.name}")
+        deadline = time.monotonic() + self.reconnect
+        delay = 0.05
+        while True:
+            try:
+                self._connect()
+                log.info("connected again to the %s (session %d)", self.name, self.session)
+                return
+            except errors.AuthenticationFailed:
+                raise
+            except (errors.ConnectionFailed, errors.Timeout) as exc:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise errors.ConnectionFailed(
+                        f"lost the connection to the {self.name} and could not connect again "
+                        f"within {self.reconnect:g} s ({exc}). If it was restarted, start it "
+                        "with --restore to keep its tables"
+                    ) from None
+                time.sleep(min(delay, left))  # a bounded back-off, not a spin
+                delay = min(delay * 2, 1.0)
 
     def _authenticate(self, token: bytes | None) -> None:
         try:
@@ -119,18 +168,38 @@ class Client:
         with self._lock:
             if self._pending:
                 raise RuntimeError("call() while pipelined requests are outstanding")
-            self._send(op, fields)
-            return self._receive(reply_timeout)
+            for attempt in range(2 if self.reconnect > 0 else 1):
+                self._ensure()
+                try:
+                    self._send(op, fields)
+                    return self._receive(reply_timeout)
+                except errors.ConnectionFailed:
+                    if attempt or self.reconnect <= 0 or self._sock is not None:
+                        raise  # an error reply (the connection is fine), or a second loss
+                    log.warning("lost the connection to the %s during %s; sending it again",
+                                self.name, op)
+            raise AssertionError("unreachable")
 
     def send(self, op: str, **fields: Any) -> int:
         """Send a request without waiting; `receive` returns its reply later."""
         with self._lock:
+            if not self._pending:
+                self._ensure()
+            elif self._sock is None:
+                raise errors.ConnectionFailed(f"lost the connection to the {self.name}")
             return self._send(op, fields)
 
     def receive(self, timeout: float | None = None) -> dict[str, Any]:
         """The reply to the oldest request sent with `send`."""
         with self._lock:
+            if self._sock is None:  # the connection broke: its requests are lost
+                raise errors.ConnectionFailed(f"lost the connection to the {self.name}")
             return self._receive(timeout)
+
+    @property
+    def connected(self) -> bool:
+        """Whether the connection is up (False after a loss, until the next request)."""
+        return self._sock is not None
 
     @property
     def in_flight(self) -> int:
@@ -145,6 +214,7 @@ class Client:
             if len(frame) == 3:  # a payload goes as is, never copied into one buffer
                 self._sock.sendall(frame[2])
         except OSError as exc:
+            self._drop()
             raise errors.ConnectionFailed(f"lost the connection to the {self.name}: {exc}") from None
         self._pending.append(mid)
         return mid
@@ -157,17 +227,17 @@ class Client:
             n, meta = protocol.read_header(self._recv_exact(protocol.HEADER_SIZE))
             msg = protocol.decode(self._recv_exact(n), meta)
         except socket.timeout:
-            self.close()
+            self._drop()
             waited = self.timeout if timeout is None else timeout
             raise errors.Timeout(
                 f"no reply from the {self.name} within {waited} s; the connection was closed"
             ) from None
-        except OSError as exc:
-            self.close()
+        except (OSError, protocol.ProtocolError) as exc:
+            self._drop()
             raise errors.ConnectionFailed(f"lost the connection to the {self.name}: {exc}") from None
         mid = self._pending.pop(0)
         if msg.get("id") != mid:
-            self.close()
+            self._drop()
             raise errors.ConnectionFailed(f"{self.name} answered out of order; connection closed")
         if not msg.get("ok"):
             raise_remote(msg, self.name)
@@ -184,12 +254,20 @@ class Client:
             got += k
         return bytes(buf)
 
+    def _drop(self) -> None:
+        """Close a failed connection; the next request may make a new one."""
+        sock, self._sock = self._sock, None
+        self._pending = []
+        if sock is not None:
+            try:
+                sock.close()
+            except OSError:
+                pass
+
     def close(self) -> None:
-        """Close the socket (idempotent)."""
-        try:
-            self._sock.close()
-        except OSError:
-            pass
+        """Close the connection for good (idempotent)."""
+        self._closed = True
+        self._drop()
 
     def __enter__(self) -> "Client":
         return self

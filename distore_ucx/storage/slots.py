@@ -1,0 +1,96 @@
+"""The slots of one table on one storage node, and what each holds.
+
+A slot is FREE (reusable), ALLOCATED (an insert is writing it or waiting
+for the control plane) or LIVE (the control plane acknowledged its item).
+LIVE slots keep the item's key, generation and insert priority: after the
+control plane restarts, the node re-sends them, because the node's slot
+table is the truth about which bytes it holds.
+
+Slots are numbered in the order they were carved from the arena; since the
+arena's bump pointer only grows, their offsets ascend with their number, so
+offset -> number is a binary search, done for a whole batch at once.
+Thread safety: one asyncio thread uses a SlotTable.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+FREE, ALLOCATED, LIVE = 0, 1, 2
+
+_COLUMNS = {"offset": np.uint64, "state": np.uint8, "key": np.uint64,
+            "generation": np.uint64, "priority": np.float64}
+
+
+class SlotTable:
+    """Slots of `slot_size` bytes: offsets, states and LIVE items' metadata."""
+
+    def __init__(self, slot_size: int, initial: int = 1024):
+        self.slot_size = slot_size
+        self.n = 0  # slots carved so far
+        self.cols = {name: np.zeros(initial, dt) for name, dt in _COLUMNS.items()}
+        self._free = np.empty(initial, np.int64)  # a stack of FREE slot numbers
+        self._nfree = 0
+
+    @property
+    def free_slots(self) -> int:
+        """Slots ready for reuse."""
+        return self._nfree
+
+    def reuse(self, k: int) -> np.ndarray:
+        """Up to k FREE slots, now ALLOCATED: their offsets."""
+        k = min(k, self._nfree)
+        self._nfree -= k
+        idx = self._free[self._nfree : self._nfree + k]
+        self.cols["state"][idx] = ALLOCATED
+        return self.cols["offset"][idx].copy()
+
+    def carve(self, offsets: np.ndarray) -> None:
+        """Record freshly carved slots (ascending offsets, above every earlier one), ALLOCATED."""
+        k = len(offsets)
+        if self.n + k > len(self.cols["state"]):
+            new = max(self.n + k, 2 * len(self.cols["state"]))
+            for name, col in self.cols.items():
+                grown = np.zeros(new, col.dtype)
+                grown[: self.n] = col[: self.n]
+                self.cols[name] = grown
+        self.cols["offset"][self.n : self.n + k] = offsets
+        self.cols["state"][self.n : self.n + k] = ALLOCATED
+        self.n += k
+
+    def index(self, offsets: np.ndarray) -> np.ndarray:
+        """Slot numbers of `offsets`; ValueError if any is not a slot of this table."""
+        carved = self.cols["offset"][: self.n]
+        idx = np.searchsorted(carved, offsets)
+        if len(offsets) and (idx.max() >= self.n or (carved[idx] != offsets).any()):
+            raise ValueError("offsets that are not slots of this table")
+        return idx
+
+    def commit(self, offsets: np.ndarray, keys, generations, priorities) -> None:
+        """ALLOCATED slots whose items the control plane acknowledged: LIVE."""
+        idx = self.index(offsets)
+        self.cols["state"][idx] = LIVE
+        self.cols["key"][idx] = keys
+        self.cols["generation"][idx] = generations
+        self.cols["priority"][idx] = priorities
+
+    def release(self, offsets: np.ndarray) -> int:
+        """Make slots FREE; returns how many were not FREE already (a repeated
+        free is ignored, so a slot is never handed out twice)."""
+        idx = self.index(offsets)
+        idx = np.unique(idx[self.cols["state"][idx] != FREE])
+        self.cols["state"][idx] = FREE
+        need = self._nfree + len(idx)
+        if need > len(self._free):
+            grown = np.empty(max(need, 2 * len(self._free)), np.int64)
+            grown[: self._nfree] = self._free[: self._nfree]
+            self._free = grown
+        self._free[self._nfree : need] = idx
+        self._nfree = need
+        return len(idx)
+
+    def live(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """LIVE slots: (keys, offsets, generations, priorities)."""
+        idx = np.flatnonzero(self.cols["state"][: self.n] == LIVE)
+        c = self.cols
+        return c["key"][idx], c["offset"][idx], c["generation"][idx], c["priority"][idx]

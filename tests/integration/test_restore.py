@@ -1,0 +1,213 @@
+"""Control-plane crashes and restarts: checkpoints, --restore, nodes re-joining,
+clients carrying on. Real processes over tcp and sm."""
+
+from __future__ import annotations
+
+import re
+import signal
+import threading
+import time
+
+import numpy as np
+import pytest
+
+import distore_ucx as ds
+from distore_ucx.control import checkpoint
+
+SPEC = {"obs": ((512,), "uint8"), "key": ((), "uint64")}
+
+
+def items(keys_from: int, n: int) -> dict:
+    k = np.arange(keys_from, keys_from + n, dtype=np.uint64)
+    return {"obs": (k[:, None] * 5 + np.arange(512)).astype(np.uint8), "key": k}
+
+
+def check(batch) -> None:
+    expect = (batch.data["key"][:, None] * 5 + np.arange(512)).astype(np.uint8)
+    assert np.array_equal(batch.data["obs"], expect)
+
+
+def wait_for(condition, timeout: float, what: str, state=None):
+    """Poll `condition` until it is true (its value) or fail after `timeout`,
+    saying what was awaited and, with `state`, what things looked like."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = condition()
+        if value:
+            return value
+        assert time.monotonic() < deadline, (
+            f"{what} within {timeout} s" + (f"; last seen: {state()}" if state else ""))
+        time.sleep(0.02)
+
+
+@pytest.fixture
+def ckpt(tmp_path):
+    return str(tmp_path / "store.ckpt")
+
+
+def test_sigkilled_control_plane_restored_gets_items_and_priorities_back(make_cluster, ckpt,
+                                                                        tls):
+    cluster = make_cluster(checkpoint=ckpt, checkpoint_interval=0, restore_grace=30)
+    client = ds.connect(cluster.address)
+    client.create_table("per", capacity=10_000, spec=SPEC, sampler=ds.Prioritized(1.0))
+    writer = client.writer(max_items=100)
+    keys = writer.insert("per", items(0, 600), priority=1.0)
+    writer.flush()
+    learner = client.learner("per", batch_size=64)
+    check(learner.sample())
+    learner.update_priorities(keys[:20], np.full(20, 40.0))
+    nodes_before = sorted(n["node_id"] for n in client.status()["nodes"])
+    assert client.checkpoint()["items"] == 600
+    # After the checkpoint: this update is lost with the crash, these inserts are not.
+    learner.update_priorities(keys[20:40], np.full(20, 40.0))
+    late = writer.insert("per", items(600, 100), priority=3.0)
+    writer.flush()
+
+    cluster.kill_control()  # SIGKILL: nothing written on the way out
+    # An insert while there is no control plane waits for the new one.
+    writer.insert("per", items(700, 50), priority=3.0)
+    flushed = threading.Thread(target=writer.flush)
+    flushed.start()
+    cluster.start_control(restore=True)
+
+    wait_for(lambda: client.table_info("per")["size"] >= 750, 10, "every item back")
+    flushed.join(30)
+    assert not flushed.is_alive()
+    info = client.table_info("per")
+    assert info["size"] == 750 and info["awaiting_restore"] == 0
+    st = client.status()
+    assert sorted(n["node_id"] for n in st["nodes"]) == nodes_before  # re-joined, same ids
+    assert all(n["alive"] for n in st["nodes"])
+
+    # Priorities are the checkpoint's; items newer than it keep their insert priority.
+    expected = {int(k): 1.0 for k in keys}
+    expected.update({int(k): 40.0 for k in keys[:20]})
+    expected.update({int(k): 3.0 for k in late})
+    total = sum(expected.values()) + 50 * 3.0
+    seen = 0
+    check(learner.sample())  # asked for before the crash (prefetched): old probabilities
+    for _ in range(30):  # the learner of before the crash carries on
+        batch = learner.sample(timeout=10)
+        check(batch)
+        for k, p in zip(batch.keys.tolist(), batch.probabilities.tolist()):
+            assert p == pytest.approx(expected.get(k, 3.0) / total, rel=1e-9)
+            seen += 1
+    assert seen == 30 * 64
+    # Keys stay unique: a writer registered now gets an id no earlier run gave.
+    new_writer = client.writer()
+    assert new_writer.writer_id > writer.writer_id
+    new_keys = new_writer.insert("per", items(800, 10))
+    new_writer.flush()
+    assert not set(new_keys.tolist()) & set(expected)
+    assert client.table_info("per")["size"] == 760
+    learner.close()
+    client.close()
+
+
+def test_periodic_and_shutdown_checkpoints(make_cluster, ckpt, tls):
+    cluster = make_cluster(checkpoint=ckpt, checkpoint_interval=0.3, nodes=1)
+    client = ds.connect(cluster.address)
+    client.create_table("t", capacity=1000, spec=SPEC, sampler=ds.MaxHeap())
+    with client.writer() as writer:
+        keys = writer.insert("t", items(0, 100))
+    first = wait_for(lambda: _items_in(ckpt) == 100 and _created(ckpt), 5, "a periodic checkpoint")
+    wait_for(lambda: _created(ckpt) > first, 5, "the next periodic checkpoint")
+    client.learner("t", batch_size=1).update_priorities(keys[7:8], [9.0])
+    st = client.status()["checkpoint"]
+    assert st["path"] == ckpt and st["why"] in ("periodic", "on demand")
+
+    assert cluster.kill_control(signal.SIGTERM) == 0  # writes a last checkpoint
+    image = checkpoint.read(ckpt).tables[0]
+    assert image.priorities[list(image.keys).index(keys[7])] == 9.0
+    cluster.start_control(restore=True)
+    learner = client.learner("t", batch_size=1)
+    wait_for(lambda: client.table_info("t")["size"] == 100, 10, "items back")
+    batch = learner.sample()
+    assert batch.keys[0] == keys[7]  # the max-heap's top, from the checkpoint's priority
+    learner.close()
+    client.close()
+
+
+def test_restart_without_restore_starts_afresh_and_nodes_discard_their_items(make_cluster,
+                                                                             tls):
+    cluster = make_cluster()
+    client = ds.connect(cluster.address)
+    client.create_table("t", capacity=1000, spec=SPEC)
+    with client.writer() as writer:
+        writer.insert("t", items(0, 200))
+    cluster.restart_control(restore=False)
+
+    def discarded() -> int:
+        said = [re.findall(r"(\d+) items of table 't' on node \S+ are discarded", n.log_tail())
+                for n in cluster.nodes]
+        return sum(int(x) for found in said for x in found)
+
+    wait_for(lambda: discarded() == 200, 10, "nodes saying they discarded all 200 items")
+
+    def rejoined_empty() -> bool:
+        nodes = client.status()["nodes"]
+        return len(nodes) == 2 and all(n["alive"] and n["used_bytes"] == 0 for n in nodes)
+
+    wait_for(rejoined_empty, 10, "both nodes re-joined, empty",
+             state=lambda: client.status()["nodes"])
+    with pytest.raises(ds.TableNotFound):
+        client.table_info("t")
+    client.create_table("t", capacity=1000, spec=SPEC)  # and it works as a new store
+    with client.writer() as writer:
+        writer.insert("t", items(0, 50))
+    learner = client.learner("t", batch_size=16)
+    for _ in range(5):
+        check(learner.sample())
+    learner.close()
+    client.close()
+
+
+def test_items_of_a_node_lost_while_the_control_plane_was_down_are_dropped(make_cluster, ckpt,
+                                                                          tls):
+    cluster = make_cluster(checkpoint=ckpt, checkpoint_interval=0, restore_grace=1.0)
+    client = ds.connect(cluster.address)
+    client.create_table("t", capacity=1000, spec=SPEC)
+    with client.writer(max_items=20) as writer:
+        writer.insert("t", items(0, 200))
+    survivor = cluster.nodes[1].info["node_id"]
+    kept = next(n["used_bytes"] for n in client.status()["nodes"] if n["node_id"] == survivor)
+    client.checkpoint()
+    cluster.kill_control()
+    cluster.kill_node(0)
+    cluster.start_control(restore=True)
+    slot = client.table_info("t")["slot_size"]
+    wait_for(lambda: client.table_info("t")["awaiting_restore"] == 0, 10, "the restore to end")
+    assert client.table_info("t")["size"] == kept // slot
+    assert "were not re-sent by any node" in cluster.control.log_tail()
+    learner = client.learner("t", batch_size=32)
+    for _ in range(10):
+        check(learner.sample())
+    learner.close()
+    client.close()
+
+
+def test_restore_refuses_a_corrupt_checkpoint_and_says_why(make_cluster, ckpt, tls):
+    cluster = make_cluster(checkpoint=ckpt, checkpoint_interval=0, nodes=1)
+    client = ds.connect(cluster.address)
+    client.checkpoint()
+    client.close()
+    with open(ckpt, "r+b") as fh:
+        fh.seek(-3, 2)
+        fh.write(b"xyz")
+    cluster.kill_control()
+    with pytest.raises(ds.ConnectionFailed, match="corrupt"):
+        cluster.start_control(restore=True)
+
+
+def _items_in(path: str) -> int:
+    try:
+        return checkpoint.read(path).items
+    except ds.CheckpointError:
+        return -1
+
+
+def _created(path: str) -> float:
+    try:
+        return checkpoint.read(path).created
+    except ds.CheckpointError:
+        return 0.0

@@ -1,0 +1,51 @@
+"""A storage node's slot table: allocation, acknowledgement, frees, and what
+it re-sends after a control-plane restart."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from distore_ucx.storage.slots import ALLOCATED, FREE, LIVE, SlotTable
+
+SLOT = 4096
+
+
+def carve(slots: SlotTable, start: int, n: int) -> np.ndarray:
+    offsets = (start + np.arange(n, dtype=np.uint64)) * np.uint64(SLOT)
+    slots.carve(offsets)
+    return offsets
+
+
+def test_only_acknowledged_slots_are_resent():
+    slots = SlotTable(SLOT, initial=4)
+    a = carve(slots, 0, 3)
+    b = carve(slots, 10, 5)  # other tables' slots lie in between; grows past 4
+    slots.commit(b[:2], [7, 8], [1, 2], [0.5, 0.25])
+    keys, offsets, gens, prios = slots.live()
+    assert keys.tolist() == [7, 8] and offsets.tolist() == b[:2].tolist()
+    assert gens.tolist() == [1, 2] and prios.tolist() == [0.5, 0.25]
+    assert slots.cols["state"][: slots.n].tolist() == [ALLOCATED] * 3 + [LIVE] * 2 + [ALLOCATED] * 3
+    assert slots.release(np.concatenate([a, b[:1]])) == 4
+    assert slots.live()[0].tolist() == [8]
+
+
+def test_a_freed_slot_is_reused_once_even_if_freed_twice():
+    slots = SlotTable(SLOT)
+    offs = carve(slots, 0, 4)
+    assert slots.release(offs[1:3]) == 2
+    assert slots.release(offs[1:3]) == 0  # repeated: ignored
+    assert slots.free_slots == 2
+    again = slots.reuse(5)
+    assert sorted(again.tolist()) == sorted(offs[1:3].tolist())
+    assert slots.free_slots == 0 and slots.reuse(1).size == 0
+    assert (slots.cols["state"][: slots.n] != FREE).all()
+
+
+def test_offsets_that_are_not_slots_are_refused():
+    slots = SlotTable(SLOT)
+    carve(slots, 0, 2)
+    with pytest.raises(ValueError, match="not slots"):
+        slots.release(np.array([SLOT // 2], np.uint64))
+    with pytest.raises(ValueError, match="not slots"):
+        slots.release(np.array([50 * SLOT], np.uint64))
