@@ -18,10 +18,16 @@ remote_updates
 decide_32
     CPU time (process_time) the control plane's own sample path spends on a
     batch of 32 (selection, leases, reply encoding), in-process.
+checkpoint
+    A prioritized table of --checkpoint-items items (10^6): the snapshot the
+    event loop takes (`Table.image`), writing the file (fsync + rename),
+    reading and rebuilding it, and the control plane's work when nodes
+    re-send every item in batches of 65,536. Baseline: `np.save` + fsync of
+    the same arrays (the floor of writing those bytes).
 
 Prints JSON lines and a table.
 
-    cd /tmp && PYTHONPATH=<repo> <venv>/bin/python <repo>/perf/control_plane.py
+    cd /tmp && <venv>/bin/python <repo>/perf/control_plane.py
 """
 
 from __future__ import annotations
@@ -163,19 +169,82 @@ def bench_remote(args, out):
     print(json.dumps(row), flush=True)
 
 
+def bench_checkpoint(args, out):
+    import os
+    import tempfile
+
+    from distore_ucx.control import checkpoint
+    from distore_ucx.control.selectors import Prioritized
+    from distore_ucx.control.tables import Table
+    from distore_ucx.spec import TableSpec
+
+    n = args.checkpoint_items
+    spec = TableSpec.parse(((112896,), "uint8"))
+    rng = np.random.default_rng(4)
+    table = Table("t", n, spec, sampler=Prioritized(0.6), seed=3)
+    keys = rng.permutation(np.arange(n, dtype=np.uint64) + (np.uint64(1) << np.uint64(40)))
+    offsets = np.arange(n, dtype=np.uint64) * np.uint64(spec.slot_size)
+    table.add(1, keys, offsets, offsets, rng.uniform(0.1, 2, n))
+    table.unlease(table.sample(min(n, 100_000))[0])  # some use counts
+    with tempfile.TemporaryDirectory(dir=args.checkpoint_dir) as folder:
+        path = os.path.join(folder, "ckpt")
+        t = time.perf_counter()
+        image = checkpoint.Image([table.image()])
+        snapshot = time.perf_counter() - t
+        t = time.perf_counter()
+        size = checkpoint.write(path, image)
+        write = time.perf_counter() - t
+        t = time.perf_counter()
+        back = checkpoint.read(path)
+        restored = Table.from_image(back.tables[0], seed=3)
+        read = time.perf_counter() - t
+        t = time.perf_counter()
+        step = 1 << 16
+        for i in range(0, n, step):
+            restored.restore_items(1, keys[i:i + step], offsets[i:i + step],
+                                   offsets[i:i + step], np.ones(len(keys[i:i + step])))
+        resend = time.perf_counter() - t
+        assert restored.size == n and restored.end_restore() == 0
+        t = time.perf_counter()
+        with open(os.path.join(folder, "base.npy"), "wb") as fh:
+            for a in (image.tables[0].keys, image.tables[0].priorities,
+                      image.tables[0].times_sampled, image.tables[0].sequences):
+                np.save(fh, a)
+            fh.flush()
+            os.fsync(fh.fileno())
+        baseline = time.perf_counter() - t
+    row = {"bench": "checkpoint", "items": n, "file_bytes": size,
+           "bytes_per_item": round(size / n, 1), "snapshot_s": round(snapshot, 3),
+           "write_s": round(write, 3), "read_rebuild_s": round(read, 3),
+           "resend_s": round(resend, 3), "np_save_s": round(baseline, 3)}
+    out.append(row)
+    print(json.dumps(row), flush=True)
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--batches", type=int, default=2000, help="update batches of 1024")
     p.add_argument("--iters", type=int, default=5000, help="sample batches")
     p.add_argument("--remote-items", type=int, default=262_144,
                    help="items in the remote-update table")
+    p.add_argument("--checkpoint-items", type=int, default=N,
+                   help="items in the checkpointed table")
+    p.add_argument("--checkpoint-dir", default=None,
+                   help="folder (on the disk to measure) for the checkpoint file")
+    p.add_argument("--only", choices=("updates", "decide", "remote", "checkpoint"),
+                   help="run one group (updates includes sample_256)")
     p.add_argument("--json-out", help="also write the JSON lines here")
     args = p.parse_args(argv)
     out: list[dict] = []
-    core, rng = bench_updates(args, out)
-    bench_sample(args, core, rng, out)
-    bench_decide(args, out)
-    bench_remote(args, out)
+    if args.only in (None, "updates"):
+        core, rng = bench_updates(args, out)
+        bench_sample(args, core, rng, out)
+    if args.only in (None, "decide"):
+        bench_decide(args, out)
+    if args.only in (None, "remote"):
+        bench_remote(args, out)
+    if args.only in (None, "checkpoint"):
+        bench_checkpoint(args, out)
     print("\nbench              figure                              baseline (same run)",
           file=sys.stdout)
     for r in out:
@@ -189,6 +258,12 @@ def main(argv=None) -> int:
         elif r["bench"] == "decide_32":
             print(f"decide_32 {r['sampler']:<9}p50 {r['p50_us']:7.1f} us CPU, p99 "
                   f"{r['p99_us']:7.1f} us")
+        elif r["bench"] == "checkpoint":
+            per = 1e6 / r["items"]
+            print(f"checkpoint {r['items'] / 1e6:g} M  snapshot {r['snapshot_s'] * per:.2f} s/M, "
+                  f"write {r['write_s'] * per:.2f} s/M ({r['bytes_per_item']:.0f} B/item), "
+                  f"read {r['read_rebuild_s'] * per:.2f} s/M, re-send {r['resend_s'] * per:.2f}"
+                  f" s/M   np.save {r['np_save_s'] * per:.2f} s/M")
         else:
             print(f"remote_updates     {r['keys_per_s'] / 1e6:6.2f} M keys/s (batch p50 "
                   f"{r['p50_us']:.0f} us)    control RTT p50 {r['control_rtt_p50_us']:.0f} us")

@@ -9,11 +9,15 @@ restart the nodes re-register and re-send their slot lists, because a
 node's slot table is the truth about bytes.
 
 File format, version 1: ``MAGIC``, then a little-endian header (format
-version u32, body length u64, CRC-32 of the body u32), then the body, one
-msgpack map whose arrays are raw little-endian bytes. A checkpoint is
-written to a temporary file in the same folder, flushed to disk, renamed
-over the previous one, and the folder is flushed too: a crash leaves the
-old checkpoint or the new one, never a torn file.
+version u32, metadata length u64, array bytes u64, CRC-32 of metadata and
+arrays u32), then the metadata, one msgpack map (definitions, counters and
+each array's length), then every table's arrays as raw little-endian bytes.
+The arrays never pass through msgpack: they are written from and read into
+numpy buffers, and the CRC and file I/O release the GIL, so a checkpoint
+written on a worker thread barely slows the control plane's event loop. A
+checkpoint is written to a temporary file in the same folder, flushed to
+disk, renamed over the previous one, and the folder is flushed too: a crash
+leaves the old checkpoint or the new one, never a torn file.
 
 Writer ids are the high bits of every key, so a restarted control plane
 must never hand out one that an earlier run handed out, even one given
@@ -43,7 +47,7 @@ log = logging.getLogger(__name__)
 
 MAGIC = b"DISTORE-CHECKPOINT\n"
 FORMAT_VERSION = 1
-_HEADER = struct.Struct("<IQI")  # format version, body length, crc32(body)
+_HEADER = struct.Struct("<IQQI")  # format version, metadata bytes, array bytes, crc32
 WRITER_ID_BLOCK = 256  # writer ids reserved (and persisted) at a time
 
 _ARRAYS = {"keys": np.uint64, "priorities": np.float64, "times_sampled": np.uint32,
@@ -54,9 +58,10 @@ _ARRAYS = {"keys": np.uint64, "priorities": np.float64, "times_sampled": np.uint
 class TableImage:
     """One table in a checkpoint: definition, counters and its items.
 
-    `definition` holds the create_table fields; the item arrays are in
-    insertion order; `retired` holds keys of items that had left the table
-    while a learner still leased their slots.
+    `definition` holds the create_table fields; item i has key, priority,
+    times sampled and insertion sequence at index i of the arrays (in no
+    particular order); `retired` holds keys of items that had left the
+    table while a learner still leased their slots.
     """
 
     definition: dict[str, Any]
@@ -74,28 +79,16 @@ class TableImage:
     def name(self) -> str:
         return self.definition["name"]
 
-    def to_wire(self) -> dict[str, Any]:
-        d = {"definition": self.definition, "inserts": self.inserts, "samples": self.samples,
-             "deletes": self.deletes, "next_seq": self.next_seq}
-        for name, dtype in _ARRAYS.items():
-            little = np.dtype(dtype).newbyteorder("<")
-            d[name] = np.ascontiguousarray(getattr(self, name), dtype=little).tobytes()
-        return d
+    def meta(self) -> dict[str, Any]:
+        """Everything but the arrays, which are described by their lengths."""
+        return {"definition": self.definition, "inserts": self.inserts, "samples": self.samples,
+                "deletes": self.deletes, "next_seq": self.next_seq,
+                "lengths": {name: len(getattr(self, name)) for name in _ARRAYS}}
 
-    @classmethod
-    def from_wire(cls, d: dict[str, Any], where: str) -> TableImage:
-        try:
-            arrays = {name: np.frombuffer(d[name], dtype=np.dtype(dt).newbyteorder("<")).astype(dt)
-                      for name, dt in _ARRAYS.items()}
-            image = cls(dict(d["definition"]), int(d["inserts"]), int(d["samples"]),
-                        int(d["deletes"]), int(d["next_seq"]), **arrays)
-        except (KeyError, TypeError, ValueError) as exc:
-            raise CheckpointError(f"{where}: a table entry is malformed ({exc!r})") from None
-        n = len(image.keys)
-        if not (len(image.priorities) == len(image.times_sampled) == len(image.sequences) == n):
-            raise CheckpointError(f"{where}: table {image.name!r} has item arrays of "
-                                  "different lengths")
-        return image
+    def arrays(self) -> list[np.ndarray]:
+        """The arrays in file order, contiguous and little-endian."""
+        return [np.ascontiguousarray(getattr(self, name), np.dtype(dt).newbyteorder("<"))
+                for name, dt in _ARRAYS.items()]
 
 
 @dataclass
@@ -117,51 +110,85 @@ def write(path: str, image: Image) -> int:
 
     Blocking: the control plane calls it on a worker thread.
     """
-    body = msgpack.packb({
+    meta = msgpack.packb({
         "created": image.created,
         "incarnation": image.incarnation,
-        "tables": [t.to_wire() for t in image.tables],
+        "tables": [t.meta() for t in image.tables],
     }, use_bin_type=True)
-    head = MAGIC + _HEADER.pack(FORMAT_VERSION, len(body), zlib.crc32(body))
-    _atomic_write(path, [head, body])
-    return len(head) + len(body)
+    arrays = [memoryview(a).cast("B") for t in image.tables for a in t.arrays()]
+    crc = zlib.crc32(meta)
+    for view in arrays:
+        crc = zlib.crc32(view, crc)
+    array_bytes = sum(v.nbytes for v in arrays)
+    head = MAGIC + _HEADER.pack(FORMAT_VERSION, len(meta), array_bytes, crc)
+    _atomic_write(path, [head, meta, *arrays])
+    return len(head) + len(meta) + array_bytes
 
 
 def read(path: str) -> Image:
     """Read and verify a checkpoint; raises CheckpointError saying what is wrong."""
     try:
         with open(path, "rb") as fh:
-            data = fh.read()
+            return _read(fh, path, os.fstat(fh.fileno()).st_size)
     except OSError as exc:
         raise CheckpointError(f"cannot read the checkpoint {path}: {exc.strerror}") from None
-    if not data.startswith(MAGIC):
+
+
+def _read(fh, path: str, size: int) -> Image:
+    magic = fh.read(len(MAGIC))
+    if magic != MAGIC:
         raise CheckpointError(f"{path} is not a distore checkpoint (no {MAGIC!r} header)")
-    off = len(MAGIC)
-    if len(data) < off + _HEADER.size:
+    raw = fh.read(_HEADER.size)
+    if len(raw) < _HEADER.size:
         raise CheckpointError(f"{path} is truncated (its header is incomplete)")
-    version, length, crc = _HEADER.unpack_from(data, off)
+    version, meta_len, array_bytes, crc = _HEADER.unpack(raw)
     if version != FORMAT_VERSION:
         raise CheckpointError(
             f"{path} has checkpoint format version {version}; this distore-ucx reads version "
             f"{FORMAT_VERSION}. Restore it with the release that wrote it, or start without "
             "--restore"
         )
-    body = memoryview(data)[off + _HEADER.size:]
-    if len(body) != length:
-        raise CheckpointError(f"{path} is truncated or padded: {len(body)} body bytes, "
-                              f"the header says {length}")
-    if zlib.crc32(body) != crc:
+    body = size - len(MAGIC) - _HEADER.size
+    if body != meta_len + array_bytes:
+        raise CheckpointError(f"{path} is truncated or padded: {body} bytes after the header, "
+                              f"the header says {meta_len + array_bytes}")
+    meta = fh.read(meta_len)
+    check = zlib.crc32(meta)
+    try:
+        doc = msgpack.unpackb(meta, raw=False)
+        created, incarnation = float(doc["created"]), int(doc["incarnation"])
+        described = [(t, {n: int(t["lengths"][n]) for n in _ARRAYS}) for t in doc["tables"]]
+    except (KeyError, TypeError, ValueError, msgpack.UnpackException) as exc:
+        raise CheckpointError(f"{path}: metadata does not decode ({exc!r})") from None
+    if sum(n * np.dtype(_ARRAYS[a]).itemsize for _, ls in described for a, n in ls.items()) \
+            != array_bytes:
+        raise CheckpointError(f"{path}: the arrays' lengths do not add up to the header's size")
+    tables = []
+    for t, lengths in described:
+        arrays = {}
+        for name, dt in _ARRAYS.items():
+            a = np.empty(lengths[name], np.dtype(dt).newbyteorder("<"))
+            if fh.readinto(memoryview(a).cast("B")) != a.nbytes:
+                raise CheckpointError(f"{path} is truncated inside its arrays")
+            check = zlib.crc32(memoryview(a).cast("B"), check)
+            arrays[name] = a.astype(dt, copy=False)
+        try:
+            image = TableImage(dict(t["definition"]), int(t["inserts"]), int(t["samples"]),
+                               int(t["deletes"]), int(t["next_seq"]), **arrays)
+        except (KeyError, TypeError, ValueError) as exc:
+            raise CheckpointError(f"{path}: a table entry is malformed ({exc!r})") from None
+        if not (len(image.keys) == len(image.priorities) == len(image.times_sampled)
+                == len(image.sequences)):
+            raise CheckpointError(f"{path}: table {image.name!r} has item arrays of "
+                                  "different lengths")
+        tables.append(image)
+    if check != crc:
         raise CheckpointError(f"{path} is corrupt (checksum mismatch); restore an older copy "
                               "or start without --restore")
-    try:
-        doc = msgpack.unpackb(body, raw=False)
-        tables = [TableImage.from_wire(t, path) for t in doc["tables"]]
-        return Image(tables, float(doc["created"]), int(doc["incarnation"]))
-    except (KeyError, TypeError, ValueError, msgpack.UnpackException) as exc:
-        raise CheckpointError(f"{path}: body does not decode ({exc!r})") from None
+    return Image(tables, created, incarnation)
 
 
-def _atomic_write(path: str, chunks: list[bytes]) -> None:
+def _atomic_write(path: str, chunks: list) -> None:
     folder = os.path.dirname(os.path.abspath(path))
     tmp = f"{path}.tmp{os.getpid()}"
     try:
