@@ -283,6 +283,14 @@ def _format_status(address: str, st: dict) -> str:
     alive = sum(n["alive"] for n in st["nodes"])
     out = [f"control plane {address}: {alive} of {len(st['nodes'])} nodes alive, "
            f"{len(st['tables'])} tables, {st['leases']} leases"]
+    ck = st.get("checkpoint")
+    if ck:
+        out.append(f"last checkpoint: {ck['items']} items, {_size(ck['bytes'])} to {ck['path']} "
+                   f"{time.time() - ck['created']:.0f} s ago ({ck['why']})")
+    if st.get("restoring_s") is not None:
+        waiting = sum(t.get("awaiting_restore", 0) for t in st["tables"])
+        out.append(f"restoring: {waiting} checkpointed items not yet re-sent by nodes; "
+                   f"{st['restoring_s']:.0f} s left")
     out.append(f"{'node':>5} {'name':<28} {'address':<22} {'alive':<6} {'used':>11} "
                f"{'arena':>11} {'used%':>6}")
     for n in st["nodes"]:

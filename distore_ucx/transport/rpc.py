@@ -183,10 +183,7 @@ class Client:
     def send(self, op: str, **fields: Any) -> int:
         """Send a request without waiting; `receive` returns its reply later."""
         with self._lock:
-            if not self._pending:
-                self._ensure()
-            elif self._sock is None:
-                raise errors.ConnectionFailed(f"lost the connection to the {self.name}")
+            self._ensure()  # a lost connection took its pending requests with it
             return self._send(op, fields)
 
     def receive(self, timeout: float | None = None) -> dict[str, Any]:

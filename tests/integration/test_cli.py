@@ -195,3 +195,29 @@ def test_system_ucx_setting_reaches_the_process_before_ucx_loads(tmp_path, tls):
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def test_checkpoint_command_writes_one_and_status_shows_it(tmp_path):
+    ckpt = str(tmp_path / "store.ckpt")
+    with ds.LocalCluster(nodes=1, arena_bytes=16 << 20, log_level="WARNING",
+                         env={"UCX_TLS": "tcp"}, checkpoint=ckpt,
+                         checkpoint_interval=0) as cluster, ds.connect(cluster.address) as c:
+        c.create_table("replay", capacity=50, spec=((16,), "uint8"))
+        with c.writer() as w:
+            w.insert("replay", np.zeros((7, 16), np.uint8))
+        out = run_cli("checkpoint", "--control", cluster.address)
+        assert out.returncode == 0, out.stderr
+        assert f"checkpoint written to {ckpt}: 7 items in 1 tables" in out.stdout
+        assert os.path.exists(ckpt) and os.path.exists(ckpt + ".ids")
+        status = run_cli("status", "--control", cluster.address, "--interval", "0")
+        assert "last checkpoint: 7 items" in status.stdout and "(on demand)" in status.stdout
+
+
+def test_checkpoint_without_a_checkpoint_file_and_restore_without_one_are_clear_errors():
+    with ds.LocalCluster(nodes=1, arena_bytes=16 << 20, log_level="WARNING",
+                         env={"UCX_TLS": "tcp"}) as cluster:
+        out = run_cli("checkpoint", "--control", cluster.address)
+    assert out.returncode == 2
+    assert "has no checkpoint file: start it with --checkpoint PATH" in out.stderr
+    out = run_cli("control", "--port", "0", "--restore")
+    assert out.returncode == 2 and "--restore needs --checkpoint PATH" in out.stderr
