@@ -16,7 +16,7 @@ Output: one JSON line per (tls, size), a table, and with ``--plot`` a PNG of GB/
 against item size. ``gather_bandwidth.py`` is the same measurement at the item sizes
 of the replay workloads; this script is the sweep.
 
-    cd /tmp && PYTHONPATH=<repo> <venv>/bin/python <repo>/perf/bandwidth.py \\
+    cd /tmp && <venv>/bin/python <repo>/perf/bandwidth.py \\
         --json-out /tmp/bandwidth.jsonl --plot /tmp/bandwidth.png
 """
 

@@ -29,7 +29,7 @@ operation (the "50.0%ile" column) for ucx_perftest (us).
 Output: one JSON line per (tls, size) on stdout, then an aligned table; progress goes to
 stderr. Run it from outside the source tree, e.g.::
 
-    cd /tmp && PYTHONPATH=/work/main /work/main/.venv/bin/python \\
+    cd /tmp && /work/main/.venv/bin/python \\
         /work/main/perf/gather_bandwidth.py --iters 100 --json-out /tmp/gather.jsonl
 
 ``--plot FILE.png`` also draws GB/s against item size if matplotlib is importable.

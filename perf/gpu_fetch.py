@@ -27,7 +27,7 @@ wait
 Output: one JSON line per (workload, device), then a table. GB/s = 10^9 B/s.
 Run it from outside the source tree::
 
-    cd /tmp && PYTHONPATH=<repo> <venv>/bin/python <repo>/perf/gpu_fetch.py
+    cd /tmp && <venv>/bin/python <repo>/perf/gpu_fetch.py
 
 Only 127.0.0.1 is used (UCX_NET_DEVICES=lo unless already set).
 """

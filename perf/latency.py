@@ -20,7 +20,7 @@ scaled so each moves about ``--bytes`` (10 to 1000 calls). The first, a middle a
 last gather are checked byte for byte. Output: one JSON line per (tls, size), a table,
 and with ``--plot`` a PNG of latency against item size.
 
-    cd /tmp && PYTHONPATH=<repo> <venv>/bin/python <repo>/perf/latency.py \\
+    cd /tmp && <venv>/bin/python <repo>/perf/latency.py \\
         --json-out /tmp/latency.jsonl --plot /tmp/latency.png
 """
 

@@ -30,7 +30,7 @@ the same run is the workload's demand and the achieved insert rate against the p
 target. Output: one JSON line per workload on stdout, a table, and with ``--plot`` a
 PNG of achieved against demanded samples/s per workload. Progress goes to stderr.
 
-    cd /tmp && PYTHONPATH=<repo> <venv>/bin/python <repo>/perf/replay_bench.py \\
+    cd /tmp && <venv>/bin/python <repo>/perf/replay_bench.py \\
         --json-out /tmp/replay.jsonl --plot /tmp/replay.png
 
 Every process it starts is stopped when it ends, also on errors and Ctrl-C.
