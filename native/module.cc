@@ -88,6 +88,21 @@ nb::ndarray<nb::numpy, T, nb::ndim<1>> to_numpy(std::vector<T>&& v) {
   return nb::ndarray<nb::numpy, T, nb::ndim<1>>(heap->data(), {heap->size()}, owner);
 }
 
+// One value per id, read by `get`; an id that is not in the table is an
+// error naming `what`.
+template <typename T, typename Get>
+nb::ndarray<nb::numpy, T, nb::ndim<1>> per_live_id(const TableCore& t, Vec<int64_t> ids,
+                                                   const char* what, Get get) {
+  std::vector<T> out(ids.shape(0));
+  for (size_t i = 0; i < out.size(); ++i) {
+    if (!t.contains(ids(i))) {
+      throw UcxError(kStatusBadArgument, std::string(what) + ": id not in the table");
+    }
+    out[i] = get(ids(i));
+  }
+  return to_numpy(std::move(out));
+}
+
 template <typename A, typename B>
 void same_length(const A& a, const B& b, const char* what) {
   if (a.shape(0) != b.shape(0)) {
@@ -257,45 +272,29 @@ void bind_tables(nb::module_& m) {
       .def(
           "probabilities",
           [](const TableCore& t, Vec<int64_t> ids) {
-            std::vector<double> out(ids.shape(0));
-            for (size_t i = 0; i < out.size(); ++i) {
-              if (!t.contains(ids(i))) throw UcxError(kStatusBadArgument, "probabilities: id not in the table");
-              out[i] = t.probability(ids(i));
-            }
-            return to_numpy(std::move(out));
+            return per_live_id<double>(t, ids, "probabilities",
+                                       [&](int64_t id) { return t.probability(id); });
           },
           "ids"_a, "The probability that the next draw returns each (live) id.")
       .def(
           "priorities",
           [](const TableCore& t, Vec<int64_t> ids) {
-            std::vector<double> out(ids.shape(0));
-            for (size_t i = 0; i < out.size(); ++i) {
-              if (!t.contains(ids(i))) throw UcxError(kStatusBadArgument, "priorities: id not in the table");
-              out[i] = t.priority(ids(i));
-            }
-            return to_numpy(std::move(out));
+            return per_live_id<double>(t, ids, "priorities",
+                                       [&](int64_t id) { return t.priority(id); });
           },
-          "ids"_a)
+          "ids"_a, "Priorities of live ids.")
       .def(
           "times_sampled",
           [](const TableCore& t, Vec<int64_t> ids) {
-            std::vector<uint32_t> out(ids.shape(0));
-            for (size_t i = 0; i < out.size(); ++i) {
-              if (!t.contains(ids(i))) throw UcxError(kStatusBadArgument, "times_sampled: id not in the table");
-              out[i] = t.times_sampled(ids(i));
-            }
-            return to_numpy(std::move(out));
+            return per_live_id<uint32_t>(t, ids, "times_sampled",
+                                         [&](int64_t id) { return t.times_sampled(id); });
           },
-          "ids"_a)
+          "ids"_a, "How often each live id was sampled.")
       .def(
           "sequences",
           [](const TableCore& t, Vec<int64_t> ids) {
-            std::vector<uint64_t> out(ids.shape(0));
-            for (size_t i = 0; i < out.size(); ++i) {
-              if (!t.contains(ids(i))) throw UcxError(kStatusBadArgument, "sequences: id not in the table");
-              out[i] = t.sequence(ids(i));
-            }
-            return to_numpy(std::move(out));
+            return per_live_id<uint64_t>(t, ids, "sequences",
+                                         [&](int64_t id) { return t.sequence(id); });
           },
           "ids"_a, "Insertion sequence numbers (FIFO order) of live ids.");
 }
