@@ -93,9 +93,8 @@ class ControlPlane:
         path = self.config.checkpoint
         self._restoring_until = time.monotonic() + self.config.restore_grace
         if not os.path.exists(path):
-            log.warning("--restore: no checkpoint at %s yet; starting with no tables (nodes' "
-                        "items of tables created within %g s are kept)", path,
-                        self.config.restore_grace)
+            log.warning("--restore: no checkpoint at %s yet; starting with the configured "
+                        "tables only (re-joining nodes keep their items of those)", path)
             return
         image = checkpoint.read(path)
         for t in image.tables:
