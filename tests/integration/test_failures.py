@@ -52,6 +52,19 @@ def test_killed_node_is_dropped_within_3s_and_sampling_continues(cluster, client
     st = client.status()
     assert [n["node_id"] for n in st["nodes"] if n["alive"]] == [survivor]
 
+    # Restarted, it registers anew (a new id, an empty arena) and takes inserts.
+    restarted = cluster.add_node()
+    new_id = restarted.info["node_id"]
+    assert new_id not in {n["node_id"] for n in st["nodes"]}
+    with client.writer(max_items=50) as writer:
+        for i in range(4):
+            writer.insert("t", items(100_000 + i * 50, 50))
+    used = {n["node_id"]: n["used_bytes"] for n in client.status()["nodes"] if n["alive"]}
+    assert set(used) == {survivor, new_id} and used[new_id] > 0
+    assert client.table_info("t")["size"] == size + 200
+    for _ in range(30):
+        check(learner.sample())
+
 
 def test_reads_in_flight_when_a_node_dies_are_resampled(cluster, client, tls):
     client.create_table("t", capacity=10_000, spec=SPEC)
