@@ -78,6 +78,11 @@ MESSAGES: dict[str, tuple[F, ...]] = {
         F("arena_size", "int", lo=1, hi=2**64 - 1),
         F("pid", "int", lo=0, hi=2**31),
         F("host_id", "str", required=False, max_len=128),
+        # same-host mapping: the arena's identity, page size, and the Unix
+        # socket that hands its sealed memfd to learners (transport/local_map.py)
+        F("arena_id", "int", required=False, lo=0, hi=2**63 - 1),
+        F("page_kind", "str", required=False, max_len=16),
+        F("local_socket", "str", required=False, max_len=100),
         # the id a node had before it lost the control plane (it re-joins)
         F("node_id", "int", required=False, lo=1, hi=2**32 - 1),
     ),

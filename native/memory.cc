@@ -1,5 +1,6 @@
 #include "memory.h"
 
+#include <fcntl.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -32,6 +33,7 @@ MemoryRegion::MemoryRegion(nb::object context, uintptr_t context_handle, size_t 
     p = mmap(nullptr, mapped_size_, PROT_READ | PROT_WRITE,
              MAP_PRIVATE | MAP_ANONYMOUS | MAP_HUGETLB, -1, 0);
     hugepages_ = p != MAP_FAILED;
+    if (hugepages_) page_kind_ = "hugetlb";
   }
   if (p == MAP_FAILED && size >= kHugePage) {
     // No reserved hugepages: ask for transparent ones on a 2 MiB-aligned
@@ -49,6 +51,7 @@ MemoryRegion::MemoryRegion(nb::object context, uintptr_t context_handle, size_t 
       if (raw_end > end) munmap(reinterpret_cast<void*>(end), raw_end - end);
       p = reinterpret_cast<void*>(aligned);
       hugepages_ = madvise(p, mapped_size_, MADV_HUGEPAGE) == 0;
+      if (hugepages_) page_kind_ = "thp";
     }
   }
   if (p == MAP_FAILED) {
@@ -84,26 +87,69 @@ MemoryRegion::MemoryRegion(nb::object context, uintptr_t context_handle, uintptr
   map(memory_type, UCP_MEM_MAP_PROT_LOCAL_READ | UCP_MEM_MAP_PROT_LOCAL_WRITE);
 }
 
-MemoryRegion* MemoryRegion::write_protected(nb::object context, uintptr_t context_handle,
-                                            size_t size) {
-  if (size == 0) throw UcxError(kStatusBadArgument, "memory region size must be > 0");
-  const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
-  const size_t length = round_up(size, page);
-  int fd = memfd_create("distore-arena", MFD_CLOEXEC);
-  if (fd < 0 || ftruncate(fd, static_cast<off_t>(length)) != 0) {
-    std::string why = std::strerror(errno);
-    if (fd >= 0) close(fd);
-    throw UcxError(UCS_ERR_NO_MEMORY, "memfd for a " + std::to_string(size) +
-                                          "-byte arena failed: " + why);
+namespace {
+
+// A memfd of `length` bytes mapped read-write and read-only. Returns false
+// (and leaves errno) when any step fails; cleans up what it made.
+bool memfd_pair(unsigned flags, size_t length, int* fd_out, void** rw_out, void** ro_out) {
+  int fd = memfd_create("distore-arena", MFD_CLOEXEC | MFD_ALLOW_SEALING | flags);
+  if (fd < 0) return false;
+  if (ftruncate(fd, static_cast<off_t>(length)) != 0) {
+    const int err = errno;
+    close(fd);
+    errno = err;
+    return false;
   }
   void* rw = mmap(nullptr, length, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   void* ro = rw == MAP_FAILED ? MAP_FAILED : mmap(nullptr, length, PROT_READ, MAP_SHARED, fd, 0);
-  const int err = errno;
-  close(fd);  // the mappings keep the memory
   if (ro == MAP_FAILED) {
+    const int err = errno;
     if (rw != MAP_FAILED) munmap(rw, length);
-    throw UcxError(UCS_ERR_NO_MEMORY, "mmap of a " + std::to_string(size) +
-                                          "-byte arena failed: " + std::strerror(err));
+    close(fd);
+    errno = err;
+    return false;
+  }
+  *fd_out = fd;
+  *rw_out = rw;
+  *ro_out = ro;
+  return true;
+}
+
+}  // namespace
+
+MemoryRegion* MemoryRegion::write_protected(nb::object context, uintptr_t context_handle,
+                                            size_t size, bool hugepages) {
+  if (size == 0) throw UcxError(kStatusBadArgument, "memory region size must be > 0");
+  const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+  int fd = -1;
+  void *rw = nullptr, *ro = nullptr;
+  size_t length = 0;
+  const char* kind = "4k";
+  if (hugepages) {
+    // Reserved hugepages: the reservation is made at mmap time, so a host
+    // without enough of them fails here and we fall back.
+    length = round_up(size, kHugePage);
+    if (memfd_pair(MFD_HUGETLB, length, &fd, &rw, &ro)) kind = "hugetlb";
+  }
+  if (fd < 0) {
+    length = round_up(size, size >= kHugePage ? kHugePage : page);
+    if (!memfd_pair(0, length, &fd, &rw, &ro)) {
+      throw UcxError(UCS_ERR_NO_MEMORY, "memfd for a " + std::to_string(size) +
+                                            "-byte arena failed: " + std::strerror(errno));
+    }
+    // Shared-memory THP: honoured when the admin set shmem_enabled to
+    // advise/always/within_size; harmless otherwise.
+    if (hugepages && length >= kHugePage && madvise(rw, length, MADV_HUGEPAGE) == 0) {
+      madvise(ro, length, MADV_HUGEPAGE);
+      kind = "thp";
+    }
+  }
+  // Seal: no new writable mapping, no write(), no resize, no more seals.
+  // Without F_SEAL_FUTURE_WRITE (Linux < 5.1) the fd is not shareable.
+  const int seals = F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_FUTURE_WRITE | F_SEAL_SEAL;
+  if (fcntl(fd, F_ADD_SEALS, seals) != 0) {
+    close(fd);
+    fd = -1;
   }
   auto* r = new MemoryRegion();
   r->context_ = std::move(context);
@@ -113,6 +159,9 @@ MemoryRegion* MemoryRegion::write_protected(nb::object context, uintptr_t contex
   r->size_ = size;
   r->mapped_size_ = length;
   r->remote_read_ = true;
+  r->share_fd_ = fd;
+  r->page_kind_ = kind;
+  r->hugepages_ = std::strcmp(kind, "4k") != 0;
   try {
     r->map(UCS_MEMORY_TYPE_HOST, UCP_MEM_MAP_PROT_LOCAL_READ | UCP_MEM_MAP_PROT_REMOTE_READ);
   } catch (...) {
@@ -138,6 +187,7 @@ MemoryRegion::~MemoryRegion() {
   if (memh_ != nullptr) ucp_mem_unmap(context_handle_, memh_);
   if (mapped_size_ != 0) munmap(base_, mapped_size_);
   if (local_ != nullptr) munmap(local_, mapped_size_);
+  if (share_fd_ >= 0) close(share_fd_);
   // context_ and owner_ are released after this body: parents outlive us.
 }
 

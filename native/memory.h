@@ -37,8 +37,14 @@ class MemoryRegion {
   // them) and writable at local_address() for the owner. UCX's software
   // transports (TCP emulation, CMA) do not enforce a registration's access
   // flags; this makes a remote write fault instead of changing data.
+  // The memfd is sealed against any new writable mapping, against write()
+  // and against resizing (F_SEAL_FUTURE_WRITE | SHRINK | GROW | SEAL) and
+  // kept open: share_fd() can be handed to same-host readers, who can only
+  // map it read-only. Pages: reserved hugepages (MFD_HUGETLB) when
+  // `hugepages` and the kernel has enough, else shmem transparent hugepages
+  // where the admin allows them (madvise), else 4 KiB; page_kind() says.
   static MemoryRegion* write_protected(nanobind::object context, uintptr_t context_handle,
-                                       size_t size);
+                                       size_t size, bool hugepages);
   // Registers caller-owned memory [address, address + size); `owner` keeps it
   // alive. `memory_type` is a ucs_memory_type_t (0 host, 1 cuda, ...).
   MemoryRegion(nanobind::object context, uintptr_t context_handle, uintptr_t address,
@@ -56,6 +62,13 @@ class MemoryRegion {
   size_t size() const { return size_; }
   bool hugepages() const { return hugepages_; }  // reserved or transparent
   bool remote_read() const { return remote_read_; }
+  // The sealed memfd behind a write-protected region, or -1 (other regions,
+  // or a kernel without F_SEAL_FUTURE_WRITE: then it must not be shared).
+  // Owned by the region; callers that send it elsewhere do not close it.
+  int share_fd() const { return share_fd_; }
+  // "hugetlb" (reserved 2 MiB pages), "thp" (transparent hugepages asked
+  // for; the kernel's shmem/anon THP setting decides), or "4k".
+  const char* page_kind() const { return page_kind_; }
   ucp_mem_h memh() const { return memh_; }
   // Packs a remote key a peer unpacks with RemoteKey. Raises if the region
   // was not mapped for remote read.
@@ -75,6 +88,8 @@ class MemoryRegion {
   bool hugepages_ = false;
   bool remote_read_ = false;
   ucp_mem_h memh_ = nullptr;
+  int share_fd_ = -1;
+  const char* page_kind_ = "4k";
 };
 
 }  // namespace distore

@@ -14,6 +14,7 @@
 #include <ucp/api/ucp.h>
 
 #include "gather.h"
+#include "mapped.h"
 #include "memory.h"
 #include "remote_key.h"
 #include "status.h"
@@ -299,6 +300,56 @@ void bind_tables(nb::module_& m) {
           "ids"_a, "Insertion sequence numbers (FIFO order) of live ids.");
 }
 
+// The same-host batched copy: items of mapped arenas into `dest`.
+nb::ndarray<nb::numpy, int32_t, nb::ndim<1>> mapped_gather_py(
+    std::vector<const MappedArena*> arenas, Vec<uint32_t> arena_index, Vec<uint64_t> offset,
+    Vec<uint64_t> length, MemoryRegion& dest, Vec<uint64_t> dest_offset, CopyPool* pool,
+    size_t parallel_bytes) {
+  const size_t n = arena_index.shape(0);
+  if (offset.shape(0) != n || length.shape(0) != n || dest_offset.shape(0) != n) {
+    throw UcxError(kStatusBadArgument, "mapped_gather: arena_index, offset, length and "
+                                       "dest_offset must have the same length");
+  }
+  std::vector<MappedItem> items(n);
+  for (size_t i = 0; i < n; ++i) {
+    items[i] = MappedItem{arena_index(i), offset(i), length(i), dest_offset(i)};
+  }
+  auto* statuses = new int32_t[n > 0 ? n : 1];
+  nb::capsule owner(statuses, [](void* p) noexcept { delete[] static_cast<int32_t*>(p); });
+  {
+    nb::gil_scoped_release release;
+    mapped_gather(arenas, items.data(), n, reinterpret_cast<uint8_t*>(dest.local_address()),
+                  dest.size(), pool, parallel_bytes, statuses);
+  }
+  return nb::ndarray<nb::numpy, int32_t, nb::ndim<1>>(statuses, {n}, owner);
+}
+
+void bind_mapped(nb::module_& m) {
+  nb::class_<MappedArena>(m, "MappedArena",
+                          "A same-host storage node's arena, mapped read-only (PROT_READ).")
+      .def(nb::init<int, size_t, std::string, size_t>(), "fd"_a, "size"_a, "peer"_a = "",
+           "populate"_a = 0,
+           "Map `size` bytes of the arena's sealed memfd `fd` read-only, with the page "
+           "tables of its first `populate` bytes made at once; the caller keeps (and "
+           "closes) the fd.")
+      .def_prop_ro("size", &MappedArena::size)
+      .def_prop_ro("populated", &MappedArena::populated)
+      .def_prop_ro("peer", &MappedArena::peer)
+      .def_prop_ro("address", [](const MappedArena& a) {
+        return reinterpret_cast<uintptr_t>(a.base());
+      });
+  nb::class_<CopyPool>(m, "CopyPool", "Threads that split large same-host batch copies.")
+      .def(nb::init<unsigned>(), "helpers"_a,
+           "`helpers` threads besides the caller; they sleep while idle.")
+      .def_prop_ro("helpers", &CopyPool::helpers);
+  m.def("mapped_gather", &mapped_gather_py, "arenas"_a, "arena_index"_a, "offset"_a,
+        "length"_a, "dest"_a, "dest_offset"_a, "pool"_a.none(), "parallel_bytes"_a = 1 << 20,
+        "Copy every item (16-byte header + payload) of a batch out of mapped arenas into\n"
+        "`dest`, in one call with the GIL released (over `pool` for batches of\n"
+        "`parallel_bytes` or more). Returns per-item statuses: 0, or STATUS_TORN when\n"
+        "the slot's header changed during the copy (the slot was rewritten).");
+}
+
 }  // namespace
 }  // namespace distore
 
@@ -346,13 +397,17 @@ NB_MODULE(_native, m) {
           "destination; `owner` is kept alive.")
       .def_static(
           "write_protected",
-          [](nb::object context, size_t size) {
+          [](nb::object context, size_t size, bool hugepages) {
             uintptr_t h = handle_of(context, "context");
-            return MemoryRegion::write_protected(std::move(context), h, size);
+            return MemoryRegion::write_protected(std::move(context), h, size, hugepages);
           },
-          "context"_a, "size"_a, nb::rv_policy::take_ownership,
+          "context"_a, "size"_a, "hugepages"_a = true, nb::rv_policy::take_ownership,
           "A region peers may read but never write: registered through a read-only "
-          "mapping, written by its owner through view().")
+          "mapping of a sealed memfd, written by its owner through view().")
+      .def_prop_ro("share_fd", &MemoryRegion::share_fd,
+                   "The sealed memfd same-host readers may map read-only, or -1.")
+      .def_prop_ro("page_kind", [](const MemoryRegion& r) { return std::string(r.page_kind()); },
+                   "'hugetlb', 'thp' (transparent hugepages asked for) or '4k'.")
       .def_prop_ro("address", &MemoryRegion::address)
       .def_prop_ro("is_write_protected", &MemoryRegion::is_write_protected)
       .def_prop_ro("size", &MemoryRegion::size)
@@ -388,6 +443,11 @@ NB_MODULE(_native, m) {
         "Returns the per-item ucs_status_t (0 = UCS_OK). Raises OutOfBoundsError or\n"
         "InvalidArgument before posting anything if an item is malformed.");
   bind_tables(m);
+  bind_mapped(m);
+  m.attr("STATUS_OUT_OF_BOUNDS") = kStatusOutOfBounds;
+  m.attr("STATUS_BAD_ARGUMENT") = kStatusBadArgument;
+  m.attr("STATUS_TORN") = kStatusTorn;
+  m.attr("STATUS_UNREACHABLE") = static_cast<int>(UCS_ERR_UNREACHABLE);
 
   m.def(
       "put",

@@ -6,6 +6,7 @@ std::string status_name(int status) {
   switch (status) {
     case kStatusOutOfBounds: return "DISTORE_OUT_OF_BOUNDS";
     case kStatusBadArgument: return "DISTORE_BAD_ARGUMENT";
+    case kStatusTorn: return "DISTORE_TORN_READ";
 #define DISTORE_STATUS(s) case s: return #s;
     DISTORE_STATUS(UCS_OK)
     DISTORE_STATUS(UCS_INPROGRESS)

@@ -19,6 +19,7 @@ namespace distore {
 // far below UCS_ERR_LAST so they never collide with a real UCX status.
 constexpr int kStatusOutOfBounds = -1000;  // address range outside a remote region
 constexpr int kStatusBadArgument = -1001;  // malformed batch arrays
+constexpr int kStatusTorn = -1002;         // slot rewritten while it was copied (seqlock)
 
 class UcxError : public std::runtime_error {
  public:

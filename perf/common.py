@@ -118,10 +118,19 @@ def serve(tls: str, size: int, slots: int) -> int:
     apply_ucx_env(tls)
     from distore_ucx.transport.runtime import UcxRuntime
 
+    from distore_ucx._native_loader import _native
+    from distore_ucx.transport.local_map import LocalMapServer
+
     rt = UcxRuntime(progress_thread=True, config=ucx_env(tls))
+    share = None
     try:
-        region = rt.map_region(size * slots, remote_read=True)
+        # As storage nodes make arenas by default: a sealed memfd, registered
+        # read-only for UCX, and offered to same-host readers to map.
+        region = _native.MemoryRegion.write_protected(rt.context, size * slots, True)
         fill_arena(region.view()[: size * slots].reshape(slots, size))
+        if region.share_fd >= 0:
+            share = LocalMapServer(region.share_fd, region.size, 1, region.page_kind, None,
+                                   "bench-node").start()
         hello = {
             "worker_address": rt.address.hex(),
             "rkey": bytes(region.pack_rkey()).hex(),
@@ -129,11 +138,15 @@ def serve(tls: str, size: int, slots: int) -> int:
             "size": int(region.size),
             "slots": slots,
             "pid": os.getpid(),
+            "page_kind": region.page_kind,
+            "local_socket": share.name if share else None,
         }
         sys.stdout.write(json.dumps(hello) + "\n")
         sys.stdout.flush()
         for _ in sys.stdin:  # wait for EOF (or the parent's death)
             pass
+        if share is not None:
+            share.close()
         del region
     finally:
         rt.close()
@@ -266,6 +279,51 @@ def measure_ours(tls: str, hello: dict, size: int, batches: list[np.ndarray],
         return summarize(lat, lat.size * batch * size), ok
     finally:
         del key, view, dest  # keys and regions before the endpoints and worker
+        rt.close()
+
+
+def measure_mapped(hello: dict, size: int, batches: list[np.ndarray], warmup: int,
+                   threads: int = 2) -> tuple:
+    """Time `_native.mapped_gather` of each batch from the node's arena mapped
+    read-only in this process (the same-host path): (summary, verified)."""
+    from distore_ucx._native_loader import _native
+    from distore_ucx.transport.local_map import receive_arena
+
+    if not hello.get("local_socket"):
+        raise RuntimeError("the node could not share its arena (no sealed memfd)")
+    fd, nbytes, _, high = receive_arena(hello["local_socket"], 1, None, "bench-node")
+    try:
+        arena = _native.MappedArena(fd, nbytes, "bench-node", high)
+    finally:
+        os.close(fd)
+    from distore_ucx.transport.runtime import UcxRuntime
+
+    batch = len(batches[0])
+    rt = UcxRuntime(progress_thread=False)
+    dest = view = None
+    try:
+        pool = _native.CopyPool(max(0, threads - 1))
+        dest = rt.map_region(batch * size)
+        view = dest.view()[: batch * size].reshape(batch, size)
+        index = np.zeros(batch, np.uint32)
+        length = np.full(batch, size, np.uint64)
+        dest_offset = np.arange(batch, dtype=np.uint64) * np.uint64(size)
+        offsets = [idx.astype(np.uint64) * np.uint64(size) for idx in batches]
+        lat = np.empty(len(batches) - warmup)
+        ok = True
+        for i, off in enumerate(offsets):
+            t0 = time.perf_counter()
+            st = _native.mapped_gather([arena], index, off, length, dest, dest_offset, pool)
+            dt = time.perf_counter() - t0
+            if i >= warmup:
+                lat[i - warmup] = dt
+            if st.any():
+                raise RuntimeError(f"mapped batch {i}: statuses {sorted(set(st.tolist()))}")
+            if i in (0, warmup, len(batches) - 1):
+                ok &= check_rows(view, batches[i], f"mapped batch {i}")
+        return summarize(lat, lat.size * batch * size), ok
+    finally:
+        del view, dest, arena
         rt.close()
 
 

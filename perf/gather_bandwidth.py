@@ -12,6 +12,12 @@ ours
     endpoint and a ``RemoteKey`` and times ``_native.gather`` of a fresh random batch of slots
     per iteration, as sampling does, into one registered destination region. The first and
     the last batch are checked byte for byte; a mismatch makes the exit status 1.
+mapped
+    The same-host path learners take by default: this process receives the node's sealed
+    arena fd over its Unix socket (transport/local_map.py), maps it read-only and times
+    ``_native.mapped_gather`` (plain loads, ``--copy-threads`` threads for batches of 1 MiB
+    or more) of the same batches. Measured once per size (it does not depend on UCX_TLS),
+    in the first pass.
 numpy
     The same rows (same size, same random slot indices) gathered locally from an in-process
     array of the same size with ``np.take(arena2d, idx, axis=0, out=out, mode="clip")``: the
@@ -50,6 +56,7 @@ from common import (
     fill_arena,
     fmt,
     log,
+    measure_mapped,
     measure_numpy,
     measure_ours,
     measure_perftest,
@@ -100,6 +107,10 @@ def run_one(args, tls: str, size: int) -> tuple[dict, bool]:
         numpy_res, ok_np = measure_numpy(arena2d, batches, args.warmup)
         del arena2d
         ours, ok_ours = measure_ours(tls, hello, size, batches, args.warmup)
+        mapped, ok_mapped = None, True
+        if tls == args.mapped_pass:
+            mapped, ok_mapped = measure_mapped(hello, size, batches, args.warmup,
+                                               args.copy_threads)
     pt, why = measure_perftest(tls, size, batch, batch * args.iters, batch * args.warmup,
                                args.perftest_timeout)
     if why:
@@ -114,11 +125,16 @@ def run_one(args, tls: str, size: int) -> tuple[dict, bool]:
         "numpy_gbps": numpy_res["gbps"],
         "numpy_p50_ms": numpy_res["p50_ms"],
         "numpy_p99_ms": numpy_res["p99_ms"],
+        "mapped_gbps": mapped["gbps"] if mapped else None,
+        "mapped_p50_ms": mapped["p50_ms"] if mapped else None,
+        "mapped_p99_ms": mapped["p99_ms"] if mapped else None,
+        "mapped_vs_numpy": mapped["gbps"] / numpy_res["gbps"] if mapped else None,
+        "arena_pages": hello.get("page_kind"),
         "perftest_gbps": pt["gbps"] if pt else None,
         "perftest_p50_us": pt["p50_us"] if pt else None,
         "ratio_vs_numpy": ours["gbps"] / numpy_res["gbps"],
         "ratio_vs_perftest": ours["gbps"] / pt["gbps"] if pt else None,
-        "verified": bool(ok_np and ok_ours),
+        "verified": bool(ok_np and ok_ours and ok_mapped),
     }
     if why:
         row["perftest_error"] = why
@@ -129,24 +145,29 @@ def run_one(args, tls: str, size: int) -> tuple[dict, bool]:
 
 
 def print_table(rows: list[dict]) -> None:
-    head = ["tls", "item_B", "batch", "ours_GB/s", "p50_ms", "p99_ms", "numpy_GB/s", "p50_ms",
-            "p99_ms", "perf_GB/s", "p50_us", "vs_np", "vs_perf", "ok"]
+    head = ["tls", "item_B", "batch", "ours_GB/s", "p50_ms", "p99_ms", "mapped_GB/s", "p50_ms",
+            "p99_ms", "numpy_GB/s", "p50_ms", "p99_ms", "perf_GB/s", "p50_us", "vs_np",
+            "mapped_vs_np", "vs_perf", "ok"]
     lines = [head]
     for r in rows:
         lines.append([
             r["tls"], str(r["item_bytes"]), str(r["batch"]),
             fmt(r["ours_gbps"], ".3g"), fmt(r["ours_p50_ms"], ".3f"),
-            fmt(r["ours_p99_ms"], ".3f"), fmt(r["numpy_gbps"], ".3g"),
+            fmt(r["ours_p99_ms"], ".3f"), fmt(r["mapped_gbps"], ".3g"),
+            fmt(r["mapped_p50_ms"], ".3f"), fmt(r["mapped_p99_ms"], ".3f"),
+            fmt(r["numpy_gbps"], ".3g"),
             fmt(r["numpy_p50_ms"], ".3f"), fmt(r["numpy_p99_ms"], ".3f"),
             fmt(r["perftest_gbps"], ".3g"), fmt(r["perftest_p50_us"], ".2f"),
-            fmt(r["ratio_vs_numpy"], ".2f"), fmt(r["ratio_vs_perftest"], ".2f"),
+            fmt(r["ratio_vs_numpy"], ".2f"), fmt(r["mapped_vs_numpy"], ".2f"),
+            fmt(r["ratio_vs_perftest"], ".2f"),
             "yes" if r["verified"] else "NO",
         ])
     common.print_table(head, lines[1:])
 
 
 def plot(rows: list[dict], path: str) -> None:
-    plot_size_sweep(rows, [("ours_gbps", "gather", "o-"), ("numpy_gbps", "numpy", "s--"),
+    plot_size_sweep(rows, [("ours_gbps", "gather", "o-"), ("mapped_gbps", "mapped", "d-"),
+                           ("numpy_gbps", "numpy", "s--"),
                            ("perftest_gbps", "ucx_perftest", "^:")],
                     "GB/s (10^9 B/s)", "batched gather bandwidth", path)
 
@@ -166,6 +187,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--iters", type=int, default=200, help="timed batches (default 200)")
     p.add_argument("--warmup", type=int, default=20, help="untimed batches first (default 20)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--copy-threads", type=int, default=2,
+                   help="threads of the mapped copy for batches >= 1 MiB (default 2)")
+    p.add_argument("--mapped-pass", default=None,
+                   help="the --tls pass that also measures the mapped path (default: the "
+                        "first; 'none' to skip it)")
     p.add_argument("--perftest-timeout", type=float, default=180.0)
     p.add_argument("--json-out", help="also write the JSON lines to this file")
     p.add_argument("--plot", help="write a PNG of GB/s vs item size (needs matplotlib)")
@@ -178,6 +204,8 @@ def parse_args(argv=None) -> argparse.Namespace:
 def main(argv=None) -> int:
     args = parse_args(argv)
     tls_list = [t.strip() for t in args.tls.split(",") if t.strip()]
+    if args.mapped_pass is None:
+        args.mapped_pass = tls_list[0] if tls_list else None
     sizes = [int(s) for s in args.sizes.split(",") if s.strip()]
     return common.run_sweep(args.json_out, tls_list, sizes,
                             lambda tls, size: run_one(args, tls, size), print_table,

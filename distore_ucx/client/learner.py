@@ -24,6 +24,7 @@ from one thread only.
 from __future__ import annotations
 
 import logging
+import os
 import time
 from dataclasses import dataclass
 from typing import Any, Iterator
@@ -37,13 +38,12 @@ from ..errors import (
     DistoreError,
     NoData,
     RateLimiterTimeout,
-    UcxError,
 )
 from ..protocol import ITEM_LOCATION
 from ..spec import SLOT_HEADER
 from ..transport import capabilities
-from ..transport.runtime import ProcessWatch, host_id
 from .device import Device, choose_path, resolve_framework
+from .peers import PeerDirectory, local_map_default
 from .prefetch import Prefetcher, Stopped
 from .ring import Ring
 
@@ -91,28 +91,6 @@ def _copy(x):
     return x.clone() if hasattr(x, "clone") else x.copy()
 
 
-class _Peer:
-    """A storage node as the learner reads it: remote key on an endpoint."""
-
-    def __init__(self, runtime, desc: dict):
-        self.node_id = desc["node_id"]
-        self.name = f"node {desc['node_id']} ({desc['name']})"
-        self.worker_address = desc["worker_address"]
-        self.base = np.uint64(desc["arena_base"])
-        # Same host and pid namespace: read through shared memory (CMA), where
-        # UCX has no peer-failure handling and aborts a reader whose peer died;
-        # the node's pid is checked before every batch of reads instead.
-        same_host = bool(desc.get("host_id")) and desc["host_id"] == host_id()
-        self.watch = ProcessWatch(desc["pid"]) if same_host and desc.get("pid") else None
-        # Without shared-memory transports nothing is gained by giving up
-        # peer-failure handling: keep it (a dead peer then fails reads).
-        shm = same_host and runtime.shared_memory
-        ep = runtime.endpoint(self.worker_address, self.name, detect_failures=not shm)
-        self.rkey = _native.RemoteKey(
-            ep, desc["rkey"], desc["arena_base"], desc["arena_size"], self.name
-        )
-
-
 class Learner:
     """Samples batches of one table into host or GPU memory.
 
@@ -128,7 +106,11 @@ class Learner:
     `prefetch + 1` buffers; `ring=` is the older spelling of the ring size,
     `prefetch = ring - 1`); `framework` "numpy" (CPU default), "torch"
     (GPU default; CPU tensors through DLPack, no copy) or "cupy"; `path`
-    "auto" (see `learner.path`) or a forced "gpu-direct" / "host-staged".
+    "auto" (see `learner.path`) or a forced "gpu-direct" / "host-staged";
+    `local_map` (default True, `DISTORE_LOCAL_MAP=0` turns it off): read
+    same-host nodes through a read-only mapping of their arena instead of
+    UCX (`learner.paths` says which node is read how); `copy_threads`:
+    threads that copy large same-host batches (default: up to 4, at least 2).
     """
 
     def __init__(
@@ -144,6 +126,8 @@ class Learner:
         path: str = "auto",
         ring: int | None = None,
         beta: float | None = None,
+        local_map: bool | None = None,
+        copy_threads: int | None = None,
     ):
         """See the class docstring. `beta`: importance-sampling exponent for
         prioritized tables (batch.weights); None leaves weights out."""
@@ -185,19 +169,36 @@ class Learner:
         self._next = 0
         self._prefetcher: Prefetcher | None = None
         self._held: int | None = None  # ring slot of the batch the caller holds (GPU fences)
-        self._peers: dict[int, _Peer] = {}
-        self._rkeys: list = []
-        self._key_lut = np.full(0, -1, np.int64)
-        self._base_lut = np.zeros(0, np.uint64)
+        if local_map is None:
+            local_map = local_map_default()
+        if local_map and self.path == "gpu-direct":
+            log.info("learner on table %r: gpu-direct ring is device memory; same-host nodes "
+                     "are read over UCX", table)
+            local_map = False
+        if copy_threads is None:
+            copy_threads = max(2, min(4, os.cpu_count() or 2))
+        if copy_threads < 1:
+            raise ConfigError(f"copy_threads must be >= 1, got {copy_threads}")
+        self._copy_pool = _native.CopyPool(copy_threads - 1)
+        self._peers = PeerDirectory(client, runtime, local_map)
         self._lengths = np.full(batch_size, self._read, np.uint64)
         self._done_leases: list[int] = []  # leases of batches already read
         self._outstanding = False  # a request for the next batch is in flight
         self._prefetched: dict | None = None  # its reply, if already received
         self._rows = np.arange(batch_size, dtype=np.uint64) * np.uint64(self._slot)
         self.resampled = 0
+        self.torn = 0  # items whose slot was rewritten while copied (resampled)
+        # Endpoints, remote keys and mappings now, not on the first sample.
+        self._peers.connect_all()
         log.info("learner on table %r: device=%s, path=%s, framework=%s, prefetch=%d, "
                  "UCX %s, UCX_TLS=%s", table, self.device, self.path, self.framework, prefetch,
                  _native.ucx_version(), runtime.transports)
+
+    @property
+    def paths(self) -> dict[int, str]:
+        """How each storage node is read: node id -> "mapped" (same host,
+        read-only mapping of its arena) or "ucx:<transports>"."""
+        return self._peers.paths
 
     def sample(self, timeout: float | None = None) -> Batch:
         """The next batch; waits up to `timeout` s for the table to have items.
@@ -373,85 +374,47 @@ class Learner:
         afresh numbers nodes anew, so look every node up again."""
         self._session = self._rpc.session
         self._done_leases = []
-        for node_id in list(self._peers):
-            self._forget(node_id, "the control-plane connection is new", quiet=True)
+        self._peers.forget_all("the control-plane connection is new")
 
     def _gather(self, reply: dict, rows: np.ndarray, dest, slot: int) -> np.ndarray:
-        """Read the sampled items into `rows` of dest; mask of rows that are good."""
+        """Read the sampled items into `rows` of dest; mask of rows that are good.
+
+        Items of mapped (same-host) nodes are copied in one native call,
+        items of the others read with UCX in another; both check every slot's
+        header against the (key, generation) the control plane gave."""
         items = np.frombuffer(reply["items"], ITEM_LOCATION)
         nodes, offsets = items["node"], items["offset"]
         gens, keys = items["generation"], items["key"]
+        peers = self._peers
         for node_id in np.flatnonzero(np.bincount(nodes)):  # once per node, not per item
-            self._check_peer(int(node_id))
-        index = self._key_lut[nodes]
-        known = index >= 0
+            peers.check(int(node_id))
         n = len(rows)
-        if known.all():
-            statuses = _native.gather(
-                self._runtime.worker, self._rkeys, index.astype(np.uint32),
-                self._base_lut[nodes] + offsets, self._lengths[:n], dest, self._rows[rows],
-                self.transfer_timeout,
+        statuses = np.full(n, _native.STATUS_UNREACHABLE, np.int32)  # node gone
+        mapped = peers.map_lut[nodes]
+        m = mapped >= 0
+        if m.any():
+            k = int(m.sum())
+            statuses[m] = _native.mapped_gather(
+                peers.mappings, mapped[m].astype(np.uint32), offsets[m], self._lengths[:k],
+                dest, self._rows[rows[m]], self._copy_pool,
             )
-        else:
-            statuses = np.full(n, -6, np.int32)  # UCS_ERR_UNREACHABLE: node gone
-            if known.any():
-                statuses[known] = _native.gather(
-                    self._runtime.worker, self._rkeys, index[known].astype(np.uint32),
-                    self._base_lut[nodes[known]] + offsets[known],
-                    self._lengths[: int(known.sum())], dest, self._rows[rows[known]],
-                    self.transfer_timeout,
-                )
+        index = peers.key_lut[nodes]
+        u = index >= 0
+        if u.any():
+            k = int(u.sum())
+            statuses[u] = _native.gather(
+                self._runtime.worker, peers.rkeys, index[u].astype(np.uint32),
+                peers.base_lut[nodes[u]] + offsets[u], self._lengths[:k], dest,
+                self._rows[rows[u]], self.transfer_timeout,
+            )
         header = self._ring.headers(slot)[rows]  # (n, 2): key, generation
         good = (statuses == 0) & (header[:, 0] == keys) & (header[:, 1] == gens)
         if not good.all():
-            for node_id in np.unique(nodes[statuses != 0]):  # once per failed node
-                self._forget(int(node_id), "reads from it failed")
+            self.torn += int(np.count_nonzero(statuses == _native.STATUS_TORN))
+            failed = (statuses != 0) & (statuses != _native.STATUS_TORN)
+            for node_id in np.unique(nodes[failed]):  # once per failed node
+                peers.forget(int(node_id), "reads from it failed")
         return good
-
-    def _check_peer(self, node_id: int) -> None:
-        """Make sure the lookup tables know `node_id`, and that it still runs."""
-        peer = self._peers.get(node_id)
-        if peer is None:
-            peer = self._peer(node_id)
-        if peer is not None and peer.watch is not None and not peer.watch.alive():
-            # Without peer-failure handling UCX aborts the process on a read
-            # from a dead peer: never post one.
-            self._forget(node_id, "its process is gone")
-
-    def _peer(self, node_id: int) -> _Peer | None:
-        if node_id >= len(self._key_lut):
-            self._rebuild_luts(node_id + 1)
-        for desc in self._client.nodes():
-            if desc["node_id"] == node_id:
-                try:
-                    peer = _Peer(self._runtime, desc)
-                except (UcxError, DistoreError) as exc:
-                    log.warning("cannot reach %s: %s", desc["name"], exc)
-                    return None
-                self._peers[node_id] = peer
-                self._rebuild_luts()
-                return peer
-        return None  # the node is gone; its items are being dropped
-
-    def _rebuild_luts(self, size: int | None = None) -> None:
-        """node id -> index into the remote keys, and -> arena base."""
-        size = max(size or 0, len(self._key_lut), max(self._peers, default=0) + 1)
-        self._rkeys = [peer.rkey for peer in self._peers.values()]
-        self._key_lut = np.full(size, -1, np.int64)
-        self._base_lut = np.zeros(size, np.uint64)
-        for i, peer in enumerate(self._peers.values()):
-            self._key_lut[peer.node_id] = i
-            self._base_lut[peer.node_id] = peer.base
-
-    def _forget(self, node_id: int, why: str, quiet: bool = False) -> None:
-        peer = self._peers.pop(node_id, None)
-        if peer is None:
-            return
-        if not quiet:
-            log.warning("%s: %s; dropping it and resampling its items", peer.name, why)
-        self._rebuild_luts()
-        del peer.rkey  # the remote key goes before its endpoint
-        self._runtime.drop_endpoint(peer.worker_address)
 
     def _stop_prefetch(self) -> None:
         if self._prefetcher is not None:
@@ -478,8 +441,7 @@ class Learner:
         except DistoreError:
             pass  # the leases will expire
         self._done_leases = []
-        self._rkeys.clear()
-        self._peers.clear()
+        self._peers.close()
         self._ring.close()
         self._rpc.close()
 

@@ -33,6 +33,9 @@ class Node:
     arena_size: int
     pid: int
     host_id: str = ""
+    arena_id: int = 0
+    page_kind: str = ""
+    local_socket: str = ""
     peer: Any = field(repr=False, default=None)
     last_seen: float = 0.0
     used_bytes: int = 0
@@ -50,6 +53,9 @@ class Node:
             "alive": self.alive,
             "pid": self.pid,
             "host_id": self.host_id,
+            "arena_id": self.arena_id,
+            "page_kind": self.page_kind,
+            "local_socket": self.local_socket,
         }
         if with_keys:
             d["worker_address"] = self.worker_address

@@ -9,6 +9,8 @@ Thread safety: one asyncio thread uses an Arena.
 
 from __future__ import annotations
 
+import secrets
+
 import numpy as np
 
 from .._native_loader import _native
@@ -26,15 +28,35 @@ class Arena:
             # Peers read through a read-only mapping: UCX's software
             # transports ignore registration access flags, so only this turns
             # a remote write into a fault instead of changed data.
-            self.region = _native.MemoryRegion.write_protected(runtime.context, size)
+            # The memfd behind it is sealed against writable mappings, so it
+            # can also be handed to same-host learners (transport/local_map.py).
+            self.region = _native.MemoryRegion.write_protected(runtime.context, size, hugepages)
         else:
             self.region = runtime.map_region(size, remote_read=True, hugepages=hugepages)
+        # Names this arena (not the node): a learner that mapped an arena of a
+        # node that restarted never takes the new one for the old.
+        self.arena_id = secrets.randbits(63) | 1
         self.size = size
         self.node_name = node_name
         self._bump = 0
         self._tables: dict[str, SlotTable] = {}
         self._generation = 0
         self.used_bytes = 0
+
+    @property
+    def share_fd(self) -> int:
+        """The sealed memfd same-host learners may map read-only, or -1."""
+        return self.region.share_fd if self.region.is_write_protected else -1
+
+    @property
+    def page_kind(self) -> str:
+        """'hugetlb', 'thp' or '4k': what backs the arena (see page_advice())."""
+        return self.region.page_kind
+
+    @property
+    def high_water(self) -> int:
+        """Bytes of the arena carved so far, from offset 0: every slot lies below."""
+        return self._bump
 
     @property
     def base(self) -> int:
@@ -96,3 +118,42 @@ class Arena:
         _native.scatter_rows(self.region, offsets + np.uint64(SLOT_HEADER), rows)
         _native.scatter_rows(self.region, offsets, header.view(np.uint8))
         return gens
+
+
+def page_advice(page_kind: str) -> str:
+    """What an admin can set to give arenas larger pages; "" when they have them.
+
+    Larger pages make one-sided reads (fewer pages to pin and translate) and
+    same-host copies (fewer TLB misses, fewer first-touch faults) faster.
+    """
+    if page_kind == "hugetlb":
+        return ""
+    shmem = _sysfs("/sys/kernel/mm/transparent_hugepage/shmem_enabled")
+    if page_kind == "thp" and shmem in ("always", "within_size", "advise", "force"):
+        return ""
+    return ("arena on 4 KiB pages; for 2 MiB pages reserve hugepages "
+            "(sysctl vm.nr_hugepages=N, N x 2 MiB >= the arena) or allow shared-memory "
+            "transparent hugepages (echo advise > "
+            "/sys/kernel/mm/transparent_hugepage/shmem_enabled)"
+            + (f"; shmem_enabled is {shmem!r} now" if shmem else ""))
+
+
+def page_size_label(page_kind: str) -> str:
+    """'2 MiB (reserved)', '2 MiB (transparent)' or '4 KiB', as the kernel grants."""
+    if page_kind == "hugetlb":
+        return "2 MiB (reserved hugepages)"
+    if page_kind == "thp" and not page_advice(page_kind):
+        return "2 MiB (transparent hugepages)"
+    return "4 KiB"
+
+
+def _sysfs(path: str) -> str:
+    """The selected value of a sysfs setting like 'always [advise] never'."""
+    try:
+        with open(path) as fh:
+            text = fh.read()
+    except OSError:
+        return ""
+    if "[" in text:
+        return text.split("[", 1)[1].split("]", 1)[0]
+    return text.strip()

@@ -32,8 +32,9 @@ from ..errors import ConnectionFailed, SpecMismatch, Timeout
 from ..spec import SLOT_HEADER
 from ..transport import UcxRuntime
 from ..transport.runtime import host_id
+from ..transport.local_map import LocalMapServer
 from ..transport.rpc import AsyncClient, parse_address, serve
-from .arena import Arena
+from .arena import Arena, page_advice, page_size_label
 
 log = logging.getLogger(__name__)
 
@@ -60,6 +61,7 @@ class StorageNode:
         self.runtime: UcxRuntime | None = None
         self.arena: Arena | None = None
         self.control: AsyncClient | None = None
+        self.local_map: LocalMapServer | None = None  # same-host learners map the arena
         self.inserted = 0
         self._stop = asyncio.Event()
         self._now = asyncio.Event()  # a second SIGTERM: skip the drain
@@ -83,23 +85,30 @@ class StorageNode:
             self.arena = Arena(runtime, cfg.arena_bytes, cfg.hugepages, self.name,
                                write_protect=cfg.write_protect)
             self._token = read_token(cfg.token_file)
+            self._start_local_map()
             server = await serve(host, cfg.port, self._handle, token=self._token)
             port = server.sockets[0].getsockname()[1]
             self._where = (host, port)
             try:
                 await self._join()
                 log.info(
-                    "node %s (id %d) serving %d-byte arena%s at %s:%d over UCX %s",
+                    "node %s (id %d) serving %d-byte arena on %s pages at %s:%d over UCX %s; "
+                    "same-host learners %s",
                     self.name, self.node_id, self.arena.size,
-                    " on hugepages" if self.arena.region.hugepages else "", host, port,
-                    runtime.transports,
+                    page_size_label(self.arena.page_kind), host, port, runtime.transports,
+                    "map it read-only" if self.local_map else "read it over UCX",
                 )
+                advice = page_advice(self.arena.page_kind)
+                if advice:
+                    log.info("node %s: %s", self.name, advice)
                 if ready_file:
                     _write_ready(ready_file, {"node_id": self.node_id,
                                               "address": f"{host}:{port}"})
                 code = await self._serve()
             finally:
                 server.close()
+                if self.local_map is not None:
+                    self.local_map.close()
                 if self.control is not None:
                     await self.control.close()
                 del self.arena  # unmap before the runtime closes
@@ -179,6 +188,9 @@ class StorageNode:
                 arena_size=self.arena.size,
                 pid=os.getpid(),
                 host_id=host_id(),
+                arena_id=self.arena.arena_id,
+                page_kind=self.arena.page_kind,
+                **({"local_socket": self.local_map.name} if self.local_map else {}),
                 **({"node_id": former} if former is not None else {}),
             )
             self.node_id = reply["node_id"]
@@ -195,6 +207,25 @@ class StorageNode:
             await control.close()
             raise
         self._joined.set()
+
+    def _start_local_map(self) -> None:
+        """Offer the sealed arena to same-host learners (a Unix socket, after
+        the store's HMAC handshake); say why not when it cannot be offered."""
+        if self.arena.share_fd < 0:
+            why = ("--no-write-protect leaves the arena unsealed" if not
+                   self.config.write_protect else "this kernel cannot seal it (Linux >= 5.1 "
+                   "has F_SEAL_FUTURE_WRITE)")
+            log.info("node %s: same-host learners read over UCX: %s", self.name, why)
+            return
+        try:
+            self.local_map = LocalMapServer(
+                self.arena.share_fd, self.arena.size, self.arena.arena_id,
+                self.arena.page_kind, self._token, self.name,
+                high_water=lambda: self.arena.high_water if self.arena else 0).start()
+        except OSError as exc:
+            log.warning("node %s: cannot offer its arena to same-host learners (%s); they "
+                        "read over UCX", self.name, exc)
+            self.local_map = None
 
     async def _resend_items(self) -> None:
         """Send the restoring control plane every item we hold, in bounded batches."""

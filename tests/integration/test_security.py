@@ -113,9 +113,9 @@ ATTACK = textwrap.dedent(
     import distore_ucx as ds
     from distore_ucx._native_loader import _native
     client = ds.connect(sys.argv[1])
-    learner = client.learner("t", batch_size=16)
+    learner = client.learner("t", batch_size=16, local_map=False)  # a remote key to abuse
     learner.sample()
-    peer = learner._peers[int(sys.argv[2])]
+    peer = learner._peers.get(int(sys.argv[2]))
     src = client.runtime.map_region(4096)
     src.view()[:] = 0xEE
     status = _native.put(client.runtime.worker, peer.rkey, peer.rkey.remote_base + 16, src,

@@ -1,0 +1,220 @@
+"""The learner's directory of storage nodes: how each one is read, and its liveness.
+
+Each node a learner reads from is a peer of one of two kinds:
+
+- "mapped": the node runs on this host (same `host_id()`) and handed us its
+  sealed arena (transport/local_map.py); its items are copied out of a
+  read-only mapping with plain loads (`_native.mapped_gather`).
+- "ucx:<transports>": a remote key on a UCX endpoint; items are read with
+  one-sided gets (`_native.gather`). Same-host nodes take this path too
+  when mapping is off (`local_map=False`, `DISTORE_LOCAL_MAP=0`), when the
+  node cannot share its arena, or when the learner's ring is device memory
+  (gpu-direct: plain loads cannot write it).
+
+The directory keeps per-node lookup tables (node id -> index into the
+remote keys, into the mappings, and the arena base), so that one batch is
+split into its two kinds with array indexing, never a loop per item.
+Peers are made for every live node when the learner starts (the first
+sample then costs what a warm one does) and whenever a new node id shows up.
+Thread safety: one thread (the learner's sampling thread) uses a directory.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+
+import numpy as np
+
+from .._native_loader import _native
+from ..errors import DistoreError, UcxError
+from ..transport.local_map import receive_arena
+from ..transport.runtime import ProcessWatch, host_id
+
+log = logging.getLogger(__name__)
+
+MAPPED = "mapped"
+
+
+def local_map_default() -> bool:
+    """Whether learners map same-host arenas unless told otherwise
+    (`DISTORE_LOCAL_MAP=0` turns it off, for measuring and debugging)."""
+    return os.environ.get("DISTORE_LOCAL_MAP", "1").strip().lower() not in ("0", "false", "no",
+                                                                           "off")
+
+
+class Peer:
+    """A storage node as the learner reads it: mapped, or a remote key."""
+
+    def __init__(self, runtime, desc: dict, token: bytes | None, local_map: bool):
+        self.node_id = desc["node_id"]
+        self.name = f"node {desc['node_id']} ({desc['name']})"
+        self.worker_address = desc["worker_address"]
+        self.base = np.uint64(desc["arena_base"])
+        self.arena_id = desc.get("arena_id", 0)
+        self.mapping = None
+        self.rkey = None
+        self.endpoint = False
+        same_host = bool(desc.get("host_id")) and desc["host_id"] == host_id()
+        # A same-host node's pid tells us at once when it dies (a dead node's
+        # items are resampled; under UCX shared memory a read from a dead
+        # peer would abort us, so it is checked before every batch).
+        self.watch = ProcessWatch(desc["pid"]) if same_host and desc.get("pid") else None
+        self.why_not_mapped = ""
+        if same_host and local_map and desc.get("local_socket"):
+            try:
+                fd, size, _, high = receive_arena(desc["local_socket"], self.arena_id, token,
+                                                  self.name)
+                try:
+                    self.mapping = _native.MappedArena(fd, size, self.name, high)
+                finally:
+                    os.close(fd)
+            except (DistoreError, OSError) as exc:
+                self.why_not_mapped = str(exc)
+                log.warning("%s: cannot map its arena (%s); reading it over UCX", self.name, exc)
+        elif same_host and not local_map:
+            self.why_not_mapped = "local mapping is off"
+        elif same_host:
+            self.why_not_mapped = "the node does not share its arena (--no-write-protect?)"
+        if self.mapping is None:
+            # Without shared-memory transports nothing is gained by giving up
+            # peer-failure handling: keep it (a dead peer then fails reads).
+            shm = same_host and runtime.shared_memory
+            ep = runtime.endpoint(self.worker_address, self.name, detect_failures=not shm)
+            self.endpoint = True
+            self.rkey = _native.RemoteKey(
+                ep, desc["rkey"], desc["arena_base"], desc["arena_size"], self.name
+            )
+        self.path = MAPPED if self.mapping is not None else f"ucx:{runtime.transports}"
+
+    def release(self, runtime) -> None:
+        """Unmap the arena, or drop the remote key and then its endpoint."""
+        self.mapping = None
+        if self.rkey is not None:
+            self.rkey = None  # the remote key goes before its endpoint
+            runtime.drop_endpoint(self.worker_address)
+        if self.watch is not None:
+            self.watch.close()
+
+
+class PeerDirectory:
+    """Storage nodes by id, with batch lookup tables; see the module docstring.
+
+    >>> peers = PeerDirectory(client, runtime, local_map=True)
+    >>> peers.connect_all()           # warm: endpoints, keys, mappings made now
+    >>> peers.paths                   # {1: "mapped", 2: "ucx:tcp"}
+    """
+
+    def __init__(self, client, runtime, local_map: bool):
+        self._client = client
+        self._runtime = runtime
+        self.local_map = local_map
+        self._peers: dict[int, Peer] = {}
+        self.rkeys: list = []  # remote keys, indexed by key_lut
+        self.mappings: list = []  # mapped arenas, indexed by map_lut
+        self.key_lut = np.full(0, -1, np.int64)
+        self.map_lut = np.full(0, -1, np.int64)
+        self.base_lut = np.zeros(0, np.uint64)
+        self._logged: set[tuple[int, str]] = set()
+
+    @property
+    def paths(self) -> dict[int, str]:
+        """How each known node is read: node id -> "mapped" or "ucx:<transports>"."""
+        return {node_id: peer.path for node_id, peer in self._peers.items()}
+
+    def get(self, node_id: int) -> Peer | None:
+        """The peer of `node_id`, if the directory knows it."""
+        return self._peers.get(node_id)
+
+    def __contains__(self, node_id: int) -> bool:
+        return node_id in self._peers
+
+    def __len__(self) -> int:
+        return len(self._peers)
+
+    def connect_all(self) -> None:
+        """Make a peer for every live node now (endpoints, remote keys and
+        mappings cost a round trip each; the first sample should not pay it)."""
+        try:
+            descs = self._client.nodes()
+        except DistoreError as exc:
+            log.debug("cannot list nodes to warm up: %s", exc)
+            return
+        for desc in descs:
+            if desc["node_id"] not in self._peers:
+                self._add(desc)
+        self._rebuild()
+
+    def check(self, node_id: int) -> None:
+        """Make sure the lookup tables know `node_id`, and that it still runs."""
+        peer = self._peers.get(node_id)
+        if peer is None:
+            peer = self._lookup(node_id)
+        if peer is not None and peer.watch is not None and not peer.watch.alive():
+            # A dead node's mapping would still read fine, but its items are
+            # being dropped; under UCX shared memory a read would abort us.
+            self.forget(node_id, "its process is gone")
+
+    def forget(self, node_id: int, why: str, quiet: bool = False) -> None:
+        """Drop a node: unmap its arena or drop its key and endpoint."""
+        peer = self._peers.pop(node_id, None)
+        if peer is None:
+            return
+        if not quiet:
+            log.warning("%s: %s; dropping it and resampling its items", peer.name, why)
+        self._rebuild()
+        peer.release(self._runtime)
+
+    def forget_all(self, why: str) -> None:
+        """Drop every node (a new control-plane session numbers nodes anew)."""
+        for node_id in list(self._peers):
+            self.forget(node_id, why, quiet=True)
+
+    def close(self) -> None:
+        """Release every peer."""
+        self.rkeys = []
+        self.mappings = []
+        for peer in self._peers.values():
+            peer.release(self._runtime)
+        self._peers.clear()
+
+    # -- internals --------------------------------------------------------
+    def _lookup(self, node_id: int) -> Peer | None:
+        peer = None
+        for desc in self._client.nodes():
+            if desc["node_id"] == node_id:
+                peer = self._add(desc)
+                break
+        # Sized to cover node_id even when it is gone (its items then read as
+        # unreachable and are resampled).
+        self._rebuild(node_id + 1)
+        return peer
+
+    def _add(self, desc: dict) -> Peer | None:
+        try:
+            peer = Peer(self._runtime, desc, self._client.token, self.local_map)
+        except (UcxError, DistoreError) as exc:
+            log.warning("cannot reach %s: %s", desc["name"], exc)
+            return None
+        self._peers[peer.node_id] = peer
+        if (peer.node_id, peer.path) not in self._logged:
+            self._logged.add((peer.node_id, peer.path))
+            log.info("%s: read path %s%s", peer.name, peer.path,
+                     f" ({peer.why_not_mapped})" if peer.why_not_mapped else "")
+        return peer
+
+    def _rebuild(self, size: int | None = None) -> None:
+        """node id -> index into rkeys / mappings (-1: not that kind), and base."""
+        size = max(size or 0, len(self.key_lut), max(self._peers, default=0) + 1)
+        self.rkeys, self.mappings = [], []
+        self.key_lut = np.full(size, -1, np.int64)
+        self.map_lut = np.full(size, -1, np.int64)
+        self.base_lut = np.zeros(size, np.uint64)
+        for peer in self._peers.values():
+            if peer.mapping is not None:
+                self.map_lut[peer.node_id] = len(self.mappings)
+                self.mappings.append(peer.mapping)
+            else:
+                self.key_lut[peer.node_id] = len(self.rkeys)
+                self.rkeys.append(peer.rkey)
+            self.base_lut[peer.node_id] = peer.base

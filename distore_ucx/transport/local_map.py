@@ -1,0 +1,210 @@
+"""Same-host mapping: a storage node hands its sealed arena to local learners.
+
+A storage node's arena is a memfd sealed against any new writable mapping
+(native/memory.cc). A learner on the same host (same boot id, pid and
+network namespace: `runtime.host_id()`) connects to the node's Unix domain
+socket (abstract namespace, named in the node's description), proves the
+store's token with the same HMAC challenge as every other connection, and
+receives the memfd (`SCM_RIGHTS`). It maps it PROT_READ and from then on
+reads that node's items with plain loads: no system call and no page
+pinning per item. The seals make a writable mapping of the fd impossible,
+so a learner still cannot change storage.
+
+Wire format (fixed sizes, nothing else is read, so a hostile peer costs a
+few bytes and at most `HANDSHAKE_TIMEOUT` seconds of the serving thread):
+
+    node -> learner   b"DSMP" version:u8 token_required:u8 nonce:32
+    learner -> node   b"DSMP" mac:32 arena_id:u64
+    node -> learner   b"OK" arena_id:u64 size:u64 page_kind:8s high_water:u64   + the fd
+                   or b"NO" length:u16 message
+
+Without a token, only a peer of the same user (or root) may map the arena
+(`SO_PEERCRED`). Thread safety: a LocalMapServer runs one accept thread.
+"""
+
+from __future__ import annotations
+
+import hmac
+import logging
+import os
+import secrets
+import socket
+import struct
+import threading
+
+from ..errors import ConnectionFailed
+from ..protocol import auth_mac
+
+log = logging.getLogger(__name__)
+
+MAGIC = b"DSMP"
+VERSION = 1
+HANDSHAKE_TIMEOUT = 2.0
+_HELLO = struct.Struct("<4sBB32s")
+_PROOF = struct.Struct("<4s32sQ")
+_GRANT = struct.Struct("<2sQQ8sQ")
+
+
+def socket_name(pid: int) -> str:
+    """A fresh abstract-namespace socket name for a node process ("@..." form)."""
+    return f"@distore-arena-{pid}-{secrets.token_hex(8)}"
+
+
+def _address(name: str) -> str:
+    # "@name" is Linux's abstract namespace: no file to clean up, and it is
+    # private to the network namespace (which host_id() includes).
+    return "\0" + name[1:] if name.startswith("@") else name
+
+
+def _recv_exact(sock: socket.socket, n: int) -> bytes:
+    buf = b""
+    while len(buf) < n:
+        part = sock.recv(n - len(buf))
+        if not part:
+            raise ConnectionError("peer closed the connection during the handshake")
+        buf += part
+    return buf
+
+
+class LocalMapServer:
+    """Serves a node's sealed arena fd to same-host learners that prove the token.
+
+    >>> server = LocalMapServer(region.share_fd, region.size, arena_id, token=None)
+    >>> server.start(); server.name   # goes into the node's description
+    """
+
+    def __init__(self, fd: int, size: int, arena_id: int, page_kind: str,
+                 token: bytes | None, node_name: str = "node", high_water=None):
+        """`high_water()`: bytes of the arena written so far (from offset 0),
+        which a learner maps at once; None: the whole arena."""
+        self.fd = fd
+        self.high_water = high_water or (lambda: size)
+        self.size = size
+        self.arena_id = arena_id
+        self.page_kind = page_kind
+        self.token = token
+        self.node_name = node_name
+        self.name = socket_name(os.getpid())
+        self.granted = 0
+        self.refused = 0
+        self._sock: socket.socket | None = None
+        self._thread: threading.Thread | None = None
+        self._stopping = False
+
+    def start(self) -> "LocalMapServer":
+        """Listen and serve on a background thread (it blocks in accept, idle)."""
+        self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self._sock.bind(_address(self.name))
+        self._sock.listen(64)
+        self._thread = threading.Thread(target=self._serve, name="distore-local-map",
+                                        daemon=True)
+        self._thread.start()
+        return self
+
+    def close(self) -> None:
+        """Stop serving (learners that mapped the arena keep their mappings)."""
+        self._stopping = True
+        if self._sock is not None:
+            try:
+                self._sock.shutdown(socket.SHUT_RDWR)  # wakes the blocked accept
+            except OSError:
+                pass
+            self._sock.close()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+
+    def _serve(self) -> None:
+        while not self._stopping:
+            try:
+                conn, _ = self._sock.accept()
+            except OSError:
+                return  # closed
+            with conn:
+                try:
+                    conn.settimeout(HANDSHAKE_TIMEOUT)
+                    self._grant(conn)
+                except (OSError, ConnectionError, struct.error) as exc:
+                    self.refused += 1
+                    log.debug("same-host map handshake failed: %s", exc)
+
+    def _refuse(self, conn: socket.socket, why: str) -> None:
+        self.refused += 1
+        log.warning("node %s refused to share its arena with a local process: %s",
+                    self.node_name, why)
+        msg = why.encode()[:1024]
+        conn.sendall(b"NO" + struct.pack("<H", len(msg)) + msg)
+
+    def _grant(self, conn: socket.socket) -> None:
+        nonce = secrets.token_bytes(32)
+        conn.sendall(_HELLO.pack(MAGIC, VERSION, self.token is not None, nonce))
+        magic, mac, arena_id = _PROOF.unpack(_recv_exact(conn, _PROOF.size))
+        if magic != MAGIC:
+            raise ConnectionError("not a distore same-host map request")
+        if self.token is not None:
+            if not hmac.compare_digest(mac, auth_mac(self.token, nonce)):
+                self._refuse(conn, "wrong token")
+                return
+        else:
+            creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED,
+                                    struct.calcsize("3i"))
+            _, uid, _ = struct.unpack("3i", creds)
+            if uid not in (0, os.getuid()):
+                self._refuse(conn, f"uid {uid} is not this node's user and the store has no "
+                                   "token; start the store with --token-file")
+                return
+        if arena_id != self.arena_id:
+            self._refuse(conn, f"arena {arena_id:#x} is not this node's ({self.arena_id:#x}); "
+                               "the node restarted: look it up again")
+            return
+        grant = _GRANT.pack(b"OK", self.arena_id, self.size, self.page_kind.encode()[:8],
+                            min(int(self.high_water()), self.size))
+        socket.send_fds(conn, [grant], [self.fd])
+        self.granted += 1
+
+
+def receive_arena(name: str, arena_id: int, token: bytes | None, node: str,
+                  timeout: float = 5.0) -> tuple[int, int, str, int]:
+    """Ask a same-host node for its arena: (fd, size, page_kind, high_water),
+    high_water being the bytes it has written so far (map them at once).
+
+    The caller owns the returned fd (map it, then close it). Raises
+    ConnectionFailed saying why when the node refuses or cannot be reached.
+    """
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.settimeout(timeout)
+    try:
+        try:
+            sock.connect(_address(name))
+            magic, version, wants_token, nonce = _HELLO.unpack(_recv_exact(sock, _HELLO.size))
+        except (OSError, ConnectionError, struct.error) as exc:
+            raise ConnectionFailed(f"cannot reach {node}'s same-host map socket ({exc})") from None
+        if magic != MAGIC or version != VERSION:
+            raise ConnectionFailed(f"{node}'s map socket speaks another protocol "
+                                   f"(version {version}); upgrade both to the same release")
+        if wants_token and token is None:
+            raise ConnectionFailed(f"{node} requires a token to share its arena: pass "
+                                   "token_file= (or set DISTORE_TOKEN_FILE)")
+        mac = auth_mac(token, nonce) if wants_token else bytes(32)
+        sock.sendall(_PROOF.pack(MAGIC, mac, arena_id))
+        try:
+            msg, fds, _, _ = socket.recv_fds(sock, _GRANT.size, 1)
+        except OSError as exc:
+            raise ConnectionFailed(f"{node} did not answer the map request ({exc})") from None
+        if msg[:2] == b"NO":
+            for fd in fds:
+                os.close(fd)
+            rest = msg[2:] + sock.recv(4096)
+            (n,) = struct.unpack("<H", rest[:2])
+            raise ConnectionFailed(f"{node} refused to share its arena: "
+                                   f"{rest[2:2 + n].decode(errors='replace')}")
+        if len(msg) < _GRANT.size or msg[:2] != b"OK" or len(fds) != 1:
+            for fd in fds:
+                os.close(fd)
+            raise ConnectionFailed(f"{node} sent a malformed map grant")
+        _, got_id, size, kind, high_water = _GRANT.unpack(msg)
+        if got_id != arena_id:
+            os.close(fds[0])
+            raise ConnectionFailed(f"{node} granted arena {got_id:#x}, not {arena_id:#x}")
+        return fds[0], size, kind.rstrip(b"\0").decode(), high_water
+    finally:
+        sock.close()

@@ -1,0 +1,105 @@
+// Same-host reads: a storage node's arena mapped read-only in a learner,
+// and the batched copy out of such mappings.
+//
+// Ownership: a MappedArena owns its mapping (munmap on destruction) but not
+// the file descriptor it was made from (the caller closes it). A CopyPool
+// owns its threads; they sleep on a condition variable when idle.
+// Thread safety: a MappedArena's mapping is fixed; only its populated
+// high-water mark moves (under a mutex). A CopyPool runs one batch at a
+// time (run() is serialised by the caller: one learner thread uses it).
+//
+// Why the copy is safe against a node that rewrites a slot meanwhile: the
+// node writes a slot seqlock style (an invalid header first, then the
+// payload, then the real header, with release fences between; generations
+// never repeat). The reader copies header + payload, then (after an acquire
+// fence) reads the source header again; the item is good only if the
+// header it copied equals the one it re-read, and the caller then checks
+// that header against the (key, generation) it was given. A node that dies
+// leaves its mapping readable (the pages belong to the memfd, not to the
+// process), so a crash cannot fault the reader.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace distore {
+
+class MappedArena {
+ public:
+  // Maps `size` bytes of `fd` PROT_READ, MAP_SHARED, and its first
+  // `populate` bytes' page tables at once (the node's high-water mark).
+  // Throws UcxError if the mapping fails. `peer` names the node in errors.
+  MappedArena(int fd, size_t size, std::string peer, size_t populate = 0);
+  ~MappedArena();
+  MappedArena(const MappedArena&) = delete;
+  MappedArena& operator=(const MappedArena&) = delete;
+
+  const uint8_t* base() const { return base_; }
+  size_t size() const { return size_; }
+  const std::string& peer() const { return peer_; }
+  size_t populated() const { return populated_.load(); }
+  // Maps the page tables of [0, end) (rounded up to 2 MiB) if not done yet,
+  // in one system call; thread safe.
+  void populate_to(size_t end);
+
+ private:
+  uint8_t* base_ = nullptr;
+  size_t size_ = 0;
+  std::string peer_;
+  std::mutex populate_mu_;
+  std::atomic<size_t> populated_{0};
+};
+
+class CopyPool {
+ public:
+  // `helpers` threads besides the caller (0: everything on the caller).
+  explicit CopyPool(unsigned helpers);
+  ~CopyPool();
+  CopyPool(const CopyPool&) = delete;
+  CopyPool& operator=(const CopyPool&) = delete;
+
+  unsigned helpers() const { return static_cast<unsigned>(threads_.size()); }
+  // Runs job(i) for every i in [0, parts) on the helpers and the caller;
+  // returns when all are done.
+  void run(size_t parts, const std::function<void(size_t)>& job);
+
+ private:
+  void work();
+  size_t drain(const std::function<void(size_t)>& job, size_t parts);
+
+  std::mutex mu_;
+  std::condition_variable wake_, done_;
+  std::vector<std::thread> threads_;
+  const std::function<void(size_t)>* job_ = nullptr;
+  size_t parts_ = 0;
+  std::atomic<size_t> next_{0};
+  size_t finished_ = 0;
+  unsigned busy_ = 0;  // helpers inside the current batch
+  uint64_t epoch_ = 0;
+  bool stop_ = false;
+};
+
+struct MappedItem {
+  uint32_t arena_index;  // index into the arenas vector
+  uint64_t offset;       // slot offset within the arena
+  uint64_t length;       // header + payload bytes
+  uint64_t dest_offset;  // where in dest
+};
+
+// Copies every item from its arena into dest (dest_size bytes), splitting
+// the work over `pool` when the batch holds `parallel_bytes` or more; then
+// re-reads each item's 16-byte header from the arena and writes 0 (good)
+// or kStatusTorn into statuses. Validates every item before copying and
+// throws UcxError if one is out of bounds. Call without the GIL.
+void mapped_gather(const std::vector<const MappedArena*>& arenas, const MappedItem* items,
+                   size_t n, uint8_t* dest, size_t dest_size, CopyPool* pool,
+                   size_t parallel_bytes, int32_t* statuses);
+
+}  // namespace distore
