@@ -165,10 +165,12 @@ class LocalCluster:
         self.kill_control(sig)
         return self.start_control(restore)
 
-    def add_node(self, arena_bytes: int | None = None) -> Process:
-        """Start one more storage node and wait until it has registered."""
+    def add_node(self, arena_bytes: int | None = None,
+                 extra_args: list[str] | None = None) -> Process:
+        """Start one more storage node and wait until it has registered.
+        `extra_args`: more `distore node` flags (e.g. ["--no-write-protect"])."""
         args = ["node", "--control", self.address, "--host", self.host,
-                "--arena", str(arena_bytes or self.arena_bytes)]
+                "--arena", str(arena_bytes or self.arena_bytes), *(extra_args or [])]
         if not self.hugepages:
             args.append("--no-hugepages")
         if self.reconnect_timeout is not None:

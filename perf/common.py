@@ -116,10 +116,9 @@ def check_rows(got: np.ndarray, idx: np.ndarray, what: str) -> bool:
 def serve(tls: str, size: int, slots: int) -> int:
     """The node mode: map and fill an arena, say hello on stdout, serve until stdin closes."""
     apply_ucx_env(tls)
-    from distore_ucx.transport.runtime import UcxRuntime
-
     from distore_ucx._native_loader import _native
     from distore_ucx.transport.local_map import LocalMapServer
+    from distore_ucx.transport.runtime import UcxRuntime
 
     rt = UcxRuntime(progress_thread=True, config=ucx_env(tls))
     share = None

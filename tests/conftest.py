@@ -16,6 +16,10 @@ os.environ.setdefault("UCX_LOG_LEVEL", "error")
 os.environ.setdefault("UCX_NET_DEVICES", "lo")
 
 TRANSPORTS = ["tcp", "sm"]
+# Read paths a test can ask for with
+#   @pytest.mark.parametrize("tls", ["tcp", "sm", "mapped"], indirect=True)
+# "tcp"/"sm": learners read over UCX with that UCX_TLS (same-host mapping
+# off); "mapped": UCX_TLS=sm and same-host learners map the nodes' arenas.
 
 
 def _has_cuda() -> bool:
@@ -35,10 +39,15 @@ def pytest_collection_modifyitems(config, items):
 
 @pytest.fixture(params=TRANSPORTS)
 def tls(request, monkeypatch):
-    """UCX_TLS for the test and every process it starts."""
-    monkeypatch.setenv("UCX_TLS", request.param)
+    """UCX_TLS for the test and every process it starts ("mapped": sm, with
+    same-host learners reading mapped arenas; otherwise mapping is off so
+    that the UCX read path is what runs)."""
+    mapped = request.param == "mapped"
+    value = "sm" if mapped else request.param
+    monkeypatch.setenv("UCX_TLS", value)
     monkeypatch.setenv("UCX_NET_DEVICES", "lo")  # loopback only, never another interface
-    return request.param
+    monkeypatch.setenv("DISTORE_LOCAL_MAP", "1" if mapped else "0")
+    return value
 
 
 @pytest.fixture

@@ -26,8 +26,9 @@ from __future__ import annotations
 import logging
 import os
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import Any
 
 import numpy as np
 
@@ -72,7 +73,7 @@ class Batch:
     table_size: int
     weights: np.ndarray | None = None
 
-    def clone(self) -> "Batch":
+    def clone(self) -> Batch:
         """A copy that stays valid after the learner reuses its buffer (on the
         same device, in the same framework)."""
         if isinstance(self.data, dict):
@@ -386,6 +387,7 @@ class Learner:
         nodes, offsets = items["node"], items["offset"]
         gens, keys = items["generation"], items["key"]
         peers = self._peers
+        peers.sweep()  # a same-host node that died: unmap it now
         for node_id in np.flatnonzero(np.bincount(nodes)):  # once per node, not per item
             peers.check(int(node_id))
         n = len(rows)
@@ -445,7 +447,7 @@ class Learner:
         self._ring.close()
         self._rpc.close()
 
-    def __enter__(self) -> "Learner":
+    def __enter__(self) -> Learner:
         return self
 
     def __exit__(self, *exc) -> None:

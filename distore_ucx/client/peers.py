@@ -155,6 +155,13 @@ class PeerDirectory:
             # being dropped; under UCX shared memory a read would abort us.
             self.forget(node_id, "its process is gone")
 
+    def sweep(self) -> None:
+        """Forget same-host nodes whose process ended (their mappings are
+        unmapped even when no batch names them any more)."""
+        for node_id, peer in list(self._peers.items()):
+            if peer.watch is not None and not peer.watch.alive():
+                self.forget(node_id, "its process is gone")
+
     def forget(self, node_id: int, why: str, quiet: bool = False) -> None:
         """Drop a node: unmap its arena or drop its key and endpoint."""
         peer = self._peers.pop(node_id, None)

@@ -114,7 +114,10 @@ class Arena:
         header = np.empty((k, 2), dtype=np.uint64)
         header[:, 0] = keys
         header[:, 1] = gens
-        # Payload first, header last: two batched copies, no staging copy.
+        # Seqlock order (readers re-check the header after copying): an invalid
+        # header first, then the payload, then the real header. A reader that
+        # copied any byte of the new payload sees a header that changed.
+        _native.scatter_rows(self.region, offsets, np.zeros((k, SLOT_HEADER), np.uint8))
         _native.scatter_rows(self.region, offsets + np.uint64(SLOT_HEADER), rows)
         _native.scatter_rows(self.region, offsets, header.view(np.uint8))
         return gens

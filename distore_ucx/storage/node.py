@@ -31,9 +31,9 @@ from ..config import NodeConfig, read_token
 from ..errors import ConnectionFailed, SpecMismatch, Timeout
 from ..spec import SLOT_HEADER
 from ..transport import UcxRuntime
-from ..transport.runtime import host_id
 from ..transport.local_map import LocalMapServer
 from ..transport.rpc import AsyncClient, parse_address, serve
+from ..transport.runtime import host_id
 from .arena import Arena, page_advice, page_size_label
 
 log = logging.getLogger(__name__)

@@ -91,7 +91,7 @@ class LocalMapServer:
         self._thread: threading.Thread | None = None
         self._stopping = False
 
-    def start(self) -> "LocalMapServer":
+    def start(self) -> LocalMapServer:
         """Listen and serve on a background thread (it blocks in accept, idle)."""
         self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self._sock.bind(_address(self.name))
@@ -158,8 +158,8 @@ class LocalMapServer:
             return
         grant = _GRANT.pack(b"OK", self.arena_id, self.size, self.page_kind.encode()[:8],
                             min(int(self.high_water()), self.size))
+        self.granted += 1  # counted first: the peer may look before we return
         socket.send_fds(conn, [grant], [self.fd])
-        self.granted += 1
 
 
 def receive_arena(name: str, arena_id: int, token: bytes | None, node: str,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import threading
 import time
 
 import numpy as np
@@ -23,6 +24,10 @@ def check(batch) -> None:
     assert np.array_equal(batch.data["obs"], expect)
 
 
+ALL_PATHS = pytest.mark.parametrize("tls", ["tcp", "sm", "mapped"], indirect=True)
+
+
+@ALL_PATHS
 def test_killed_node_is_dropped_within_3s_and_sampling_continues(cluster, client, tls):
     client.create_table("t", capacity=10_000, spec=SPEC)
     with client.writer(max_items=100) as writer:
@@ -66,6 +71,7 @@ def test_killed_node_is_dropped_within_3s_and_sampling_continues(cluster, client
         check(learner.sample())
 
 
+@ALL_PATHS
 def test_reads_in_flight_when_a_node_dies_are_resampled(cluster, client, tls):
     client.create_table("t", capacity=10_000, spec=SPEC)
     with client.writer(max_items=50) as writer:
@@ -77,6 +83,33 @@ def test_reads_in_flight_when_a_node_dies_are_resampled(cluster, client, tls):
     # No wait: the first samples may still name the dead node's items.
     for _ in range(30):
         check(learner.sample())
+
+
+@pytest.mark.parametrize("tls", ["tcp", "mapped"], indirect=True)
+def test_node_killed_while_the_learner_reads_flat_out(cluster, client, tls):
+    # The learner never pauses: the kill lands in the middle of reads (for
+    # "mapped", in the middle of plain loads from the dead node's arena).
+    client.create_table("t", capacity=10_000, spec=SPEC)
+    with client.writer(max_items=100) as writer:
+        for i in range(20):
+            writer.insert("t", items(i * 100, 100))
+    learner = client.learner("t", batch_size=128)
+    if tls == "sm":
+        assert set(learner.paths.values()) == {"mapped"}
+    killer = threading.Timer(1.0, cluster.kill_node, args=(0,))
+    sampled, t0 = 0, time.monotonic()
+    killer.start()
+    try:
+        while time.monotonic() - t0 < 4.0:
+            batch = learner.sample(timeout=10)
+            check(batch)  # every byte of every item, all along
+            sampled += len(batch)
+    finally:
+        killer.cancel()
+    alive = [n for n in client.status()["nodes"] if n["alive"]]
+    assert len(alive) == 1 and sampled > 1000
+    assert len(learner.paths) == 1  # the dead node's peer (and mapping) is gone
+    learner.close()
 
 
 def test_every_process_is_stopped_even_when_the_test_body_fails(tls):

@@ -7,6 +7,9 @@ import pytest
 
 import distore_ucx as ds
 
+# Every test here runs over each read path: UCX tcp, UCX sm, same-host mapped.
+pytestmark = pytest.mark.parametrize("tls", ["tcp", "sm", "mapped"], indirect=True)
+
 SPEC = {"obs": ((4, 21, 21), "uint8"), "action": ((), "int64"), "reward": ((), "float32")}
 
 

@@ -236,6 +236,7 @@ def test_fuzzed_messages_leave_both_servers_serving(monkeypatch):
         assert all(p.alive() for p in [cluster.control, *cluster.nodes])
 
 
+@pytest.mark.parametrize("tls", ["tcp", "sm", "mapped"], indirect=True)
 def test_no_torn_reads_while_eviction_runs_constantly(make_cluster, tls):
     cluster = make_cluster(nodes=2, arena_bytes=16 << 20)
     with ds.connect(cluster.address) as client:

@@ -1,0 +1,97 @@
+"""The same-host mapped read path end to end: mixed batches, forcing UCX,
+node restarts, tokens."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+
+import distore_ucx as ds
+
+SPEC = {"obs": ((4000,), "uint8"), "key": ((), "uint64")}
+
+
+def items(keys_from: int, n: int) -> dict:
+    k = np.arange(keys_from, keys_from + n, dtype=np.uint64)
+    return {"obs": (k[:, None] * 7 + np.arange(4000)).astype(np.uint8), "key": k}
+
+
+def check(batch) -> None:
+    expect = (batch.data["key"][:, None] * 7 + np.arange(4000)).astype(np.uint8)
+    assert np.array_equal(batch.data["obs"], expect)
+
+
+def fill(client, table="t", n=400, start=0):
+    with client.writer(max_items=50) as writer:
+        for i in range(start, start + n, 50):
+            writer.insert(table, items(i, 50))
+
+
+@pytest.mark.parametrize("tls", ["tcp", "sm"], indirect=True)
+def test_one_batch_mixes_mapped_and_ucx_nodes(make_cluster, tls, monkeypatch):
+    monkeypatch.setenv("DISTORE_LOCAL_MAP", "1")
+    cluster = make_cluster(nodes=1)
+    cluster.add_node(extra_args=["--no-write-protect"])  # cannot share: read over UCX
+    with ds.connect(cluster.address) as client:
+        client.create_table("t", capacity=10_000, spec=SPEC)
+        fill(client)
+        with client.learner("t", batch_size=64) as learner:
+            assert sorted(learner.paths.values()) == ["mapped", f"ucx:{tls}"]
+            for _ in range(40):
+                check(learner.sample())
+            assert learner.resampled == 0
+
+
+def test_local_map_off_reads_over_ucx(make_cluster, tls, monkeypatch):
+    monkeypatch.setenv("DISTORE_LOCAL_MAP", "1")
+    cluster = make_cluster(nodes=2)
+    with ds.connect(cluster.address) as client:
+        client.create_table("t", capacity=10_000, spec=SPEC)
+        fill(client)
+        with client.learner("t", batch_size=32, local_map=False) as learner:
+            assert set(learner.paths.values()) == {f"ucx:{tls}"}
+            check(learner.sample())
+        monkeypatch.setenv("DISTORE_LOCAL_MAP", "0")
+        with client.learner("t", batch_size=32) as learner:
+            assert set(learner.paths.values()) == {f"ucx:{tls}"}
+            check(learner.sample())
+
+
+def test_a_restarted_node_is_mapped_anew_never_stale(make_cluster, monkeypatch):
+    monkeypatch.setenv("DISTORE_LOCAL_MAP", "1")
+    cluster = make_cluster(nodes=2)
+    with ds.connect(cluster.address) as client:
+        client.create_table("t", capacity=10_000, spec=SPEC)
+        fill(client)
+        learner = client.learner("t", batch_size=64)
+        old = dict(learner.paths)
+        assert set(old.values()) == {"mapped"}
+        for _ in range(5):
+            check(learner.sample())
+        cluster.kill_node(0)
+        new = cluster.add_node().info["node_id"]
+        fill(client, n=400, start=10_000)
+        for _ in range(60):
+            check(learner.sample(timeout=10))
+        assert learner.paths.get(new) == "mapped"
+        assert len(learner.paths) == 2  # the dead node's mapping is gone
+        learner.close()
+
+
+def test_mapping_with_a_token(tmp_path, monkeypatch):
+    monkeypatch.setenv("DISTORE_LOCAL_MAP", "1")
+    monkeypatch.delenv("DISTORE_TOKEN_FILE", raising=False)
+    token = tmp_path / "token"
+    token.write_bytes(os.urandom(32).hex().encode())
+    token.chmod(0o600)
+    with ds.LocalCluster(nodes=2, arena_bytes=16 << 20, token_file=str(token),
+                         env={"UCX_TLS": "tcp"}, log_level="WARNING") as cluster:
+        with ds.connect(cluster.address, token_file=str(token)) as client:
+            client.create_table("t", capacity=1000, spec=SPEC)
+            fill(client)
+            with client.learner("t", batch_size=32) as learner:
+                assert set(learner.paths.values()) == {"mapped"}
+                for _ in range(10):
+                    check(learner.sample())

@@ -1,0 +1,216 @@
+"""Same-host mapping: sealed arenas, the fd handshake, the mapped gather."""
+
+from __future__ import annotations
+
+import ctypes
+import mmap
+import os
+import socket
+import threading
+
+import numpy as np
+import pytest
+
+from distore_ucx import errors
+from distore_ucx._native_loader import _native
+from distore_ucx.transport import UcxRuntime
+from distore_ucx.transport.local_map import LocalMapServer, receive_arena
+
+SIZE = 4 << 20
+ARENA_ID = 0x1234_5678
+
+
+@pytest.fixture
+def runtime():
+    with UcxRuntime(progress_thread=False, config={"TLS": "tcp"}) as rt:
+        yield rt
+
+
+@pytest.fixture
+def region(runtime):
+    r = _native.MemoryRegion.write_protected(runtime.context, SIZE, False)
+    r.view()[:] = np.arange(SIZE, dtype=np.uint64).astype(np.uint8)
+    return r
+
+
+def serve(region, token=None, high_water=None):
+    return LocalMapServer(region.share_fd, region.size, ARENA_ID, region.page_kind, token,
+                          "test-node", high_water=high_water).start()
+
+
+def test_sealed_arena_fd_cannot_be_mapped_or_made_writable(region):
+    fd = region.share_fd
+    assert fd >= 0
+    with pytest.raises(PermissionError):
+        mmap.mmap(fd, SIZE, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ | mmap.PROT_WRITE)
+    with pytest.raises(OSError):
+        os.pwrite(fd, b"x", 0)
+    with pytest.raises(OSError):
+        os.ftruncate(fd, SIZE * 2)
+    # A read-only mapping works, and mprotect cannot make it writable.
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mmap.restype = ctypes.c_void_p
+    libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int,
+                          ctypes.c_int, ctypes.c_long]
+    libc.mprotect.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+    addr = libc.mmap(None, SIZE, mmap.PROT_READ, mmap.MAP_SHARED, fd, 0)
+    assert addr not in (None, ctypes.c_void_p(-1).value)
+    try:
+        assert libc.mprotect(addr, SIZE, mmap.PROT_READ | mmap.PROT_WRITE) == -1
+        assert ctypes.get_errno() in (13, 1)  # EACCES / EPERM
+        assert ctypes.string_at(addr + 5, 3) == bytes([5, 6, 7])
+    finally:
+        libc.munmap(addr, SIZE)
+
+
+def test_unprotected_regions_have_no_fd_to_share(runtime):
+    assert runtime.map_region(1 << 20, remote_read=True).share_fd == -1
+
+
+def test_fd_is_granted_after_the_handshake_and_maps_the_same_bytes(region):
+    server = serve(region, high_water=lambda: 1 << 20)
+    try:
+        fd, size, kind, high = receive_arena(server.name, ARENA_ID, None, "test-node")
+        try:
+            arena = _native.MappedArena(fd, size, "test-node", high)
+        finally:
+            os.close(fd)
+        assert size == SIZE and kind == region.page_kind and high == 1 << 20
+        assert arena.populated >= 1 << 20
+        assert bytes(np.frombuffer(ctypes.string_at(arena.address + 300, 4), np.uint8)) == \
+            bytes(region.view()[300:304])
+        # Bytes written by the owner after mapping are seen at once.
+        region.view()[100:108] = 0xAB
+        assert ctypes.string_at(arena.address + 100, 8) == b"\xab" * 8
+        assert server.granted == 1
+    finally:
+        server.close()
+
+
+def test_fd_is_refused_without_the_token_or_for_another_arena(region):
+    token = b"0123456789abcdef0123456789abcdef"
+    server = serve(region, token=token)
+    try:
+        with pytest.raises(errors.ConnectionFailed, match="requires a token"):
+            receive_arena(server.name, ARENA_ID, None, "test-node")
+        with pytest.raises(errors.ConnectionFailed, match="wrong token"):
+            receive_arena(server.name, ARENA_ID, b"x" * 32, "test-node")
+        with pytest.raises(errors.ConnectionFailed, match="restarted"):
+            receive_arena(server.name, ARENA_ID + 1, token, "test-node")
+        # Garbage and a silent peer cost nothing lasting: the server still grants.
+        for junk in (b"GET / HTTP/1.1\r\n\r\n" + b"x" * 100, b""):
+            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+                s.connect("\0" + server.name[1:])
+                s.sendall(junk)
+        fd, _, _, _ = receive_arena(server.name, ARENA_ID, token, "test-node")
+        os.close(fd)
+        assert server.granted == 1 and server.refused >= 3
+    finally:
+        server.close()
+
+
+def mapped(region):
+    server = serve(region)
+    try:
+        fd, size, _, high = receive_arena(server.name, ARENA_ID, None, "test-node")
+    finally:
+        server.close()
+    try:
+        return _native.MappedArena(fd, size, "test-node", high)
+    finally:
+        os.close(fd)
+
+
+@pytest.mark.parametrize("helpers,item", [(0, 4096), (1, 4096), (1, 1 << 20), (3, 300_000)])
+def test_mapped_gather_copies_every_item(runtime, region, helpers, item):
+    arena = mapped(region)
+    n = min(8, SIZE // item)
+    rng = np.random.default_rng(helpers)
+    slots = rng.permutation(SIZE // item)[:n].astype(np.uint64)
+    dest = runtime.map_region(n * item)
+    st = _native.mapped_gather([arena], np.zeros(n, np.uint32), slots * np.uint64(item),
+                               np.full(n, item, np.uint64), dest,
+                               np.arange(n, dtype=np.uint64) * np.uint64(item),
+                               _native.CopyPool(helpers), 1)
+    assert not st.any()
+    src = region.view()
+    got = dest.view()[: n * item].reshape(n, item)
+    for i, s in enumerate(slots):
+        assert np.array_equal(got[i], src[int(s) * item:(int(s) + 1) * item])
+
+
+def test_mapped_gather_refuses_out_of_bounds_items(runtime, region):
+    arena = mapped(region)
+    dest = runtime.map_region(1 << 16)
+    one = np.zeros(1, np.uint32)
+    with pytest.raises(errors.OutOfBoundsError, match="outside the mapped arena"):
+        _native.mapped_gather([arena], one, np.array([SIZE - 100], np.uint64),
+                              np.array([4096], np.uint64), dest, np.zeros(1, np.uint64), None)
+    with pytest.raises(errors.OutOfBoundsError, match="destination"):
+        _native.mapped_gather([arena], one, np.zeros(1, np.uint64),
+                              np.array([4096], np.uint64), dest,
+                              np.array([1 << 16], np.uint64), None)
+    with pytest.raises(errors.InvalidArgument, match="arena index"):
+        _native.mapped_gather([arena], np.ones(1, np.uint32), np.zeros(1, np.uint64),
+                              np.array([4096], np.uint64), dest, np.zeros(1, np.uint64), None)
+
+
+def test_seqlock_rewrites_during_copies_are_never_accepted(runtime, region):
+    # A writer rewrites one slot again and again in seqlock order (invalid
+    # header, payload of its generation's byte, header); the reader copies it
+    # flat out. Every copy accepted must be whole: its payload all equal to
+    # the low byte of the generation in its header.
+    slot, item = 0, 256 << 10
+    arena = mapped(region)
+    view = region.view()
+    stop = threading.Event()
+
+    def write():
+        gen = 1
+        while not stop.is_set():
+            view[slot:slot + 16] = 0
+            view[slot + 16:slot + item] = gen & 0xFF
+            view[slot:slot + 16] = np.array([7, gen], np.uint64).view(np.uint8)
+            gen += 1
+            if gen % 4 == 0:
+                stop.wait(0.0003)  # leave windows where the slot is whole
+
+    view[slot:slot + 16] = np.array([7, 0], np.uint64).view(np.uint8)
+    view[slot + 16:slot + item] = 0
+    dest = runtime.map_region(item)
+    out = dest.view()[:item]
+    writer = threading.Thread(target=write)
+    writer.start()
+    accepted = torn = bad = 0
+    try:
+        for _ in range(6000):
+            st = _native.mapped_gather([arena], np.zeros(1, np.uint32),
+                                       np.array([slot], np.uint64), np.array([item], np.uint64),
+                                       dest, np.zeros(1, np.uint64), None)
+            key, gen = out[:16].view(np.uint64)
+            if st[0] == _native.STATUS_TORN or key != 7:
+                torn += 1
+                continue
+            accepted += 1
+            bad += int((out[16:] != (gen & 0xFF)).any())
+    finally:
+        stop.set()
+        writer.join()
+    assert accepted > 0
+    assert bad == 0, f"{bad} torn copies accepted ({accepted} accepted, {torn} refused)"
+
+
+def test_copy_pool_threads_sleep_when_idle():
+    import time
+
+    import psutil
+
+    pool = _native.CopyPool(3)
+    assert pool.helpers == 3
+    proc = psutil.Process()
+    t0 = proc.cpu_times()
+    time.sleep(0.5)
+    t1 = proc.cpu_times()
+    assert (t1.user + t1.system) - (t0.user + t0.system) < 0.05
+    del pool
