@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from itertools import pairwise
+
 import numpy as np
 import pytest
 
@@ -41,7 +43,7 @@ def check_disjoint(arena: Arena) -> None:
              for o in t.cols["offset"][: t.n]]
     spans += [(s, s + n) for s, n in arena.free_extents]
     spans.sort()
-    for (_, end), (start, _) in zip(spans, spans[1:]):
+    for (_, end), (start, _) in pairwise(spans):
         assert end <= start
     assert all(0 <= s and e <= arena.bump <= arena.size for s, e in spans)
 
