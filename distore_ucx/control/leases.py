@@ -23,43 +23,40 @@ from typing import Any
 
 import numpy as np
 
-ID_BITS = 63  # lease ids are in [1, 2**63): they fit msgpack's and numpy's int64
+ID_BITS = 62  # lease ids are in [1, 2**62]: they fit msgpack's and numpy's int64
+_HALF = ID_BITS // 2
+_MASK = (1 << _HALF) - 1
 
 
 class LeaseIds:
-    """Lease ids in [1, 2**63): unguessable, and never repeated by one instance.
+    """Lease ids in [1, 2**62]: unguessable, and never repeated by one instance.
 
-    The n-th id is a 4-round Feistel permutation of n over 64 bits, keyed by
-    128 random bits, walked until it lands in [1, 2**63) (cycle walking keeps
-    it a permutation of that range). Knowing some ids tells nothing about
-    the others without the key; a new instance (a restarted control plane)
-    draws a new key, so an old id names a new lease only by a 2**-63 chance,
-    and even then the new lease's owner is another connection.
+    The n-th id is 1 + a 4-round Feistel permutation of n over 62 bits,
+    keyed by 128 random bits (BLAKE2b as the round function). Knowing some
+    ids tells nothing about the others without the key; a new instance (a
+    restarted control plane) draws a new key, so an old id names a new lease
+    only by a 2**-62 chance, and even then the new lease's owner is another
+    connection. About 6 us an id.
     """
 
     def __init__(self, key: bytes | None = None):
-        self._key = key or secrets.token_bytes(16)
+        key = key or secrets.token_bytes(16)
+        self._rounds = [hashlib.blake2b(key=key, digest_size=8, person=b"lease%d" % i)
+                        for i in range(4)]
         self._n = 0
 
-    def _round(self, i: int, half: int) -> int:
-        digest = hashlib.blake2b(half.to_bytes(4, "little"), digest_size=4, key=self._key,
-                                 person=b"lease%d" % i).digest()
-        return int.from_bytes(digest, "little")
-
     def _permute(self, x: int) -> int:
-        left, right = x >> 32, x & 0xFFFFFFFF
-        for i in range(4):
-            left, right = right, left ^ self._round(i, right)
-        return left << 32 | right
+        left, right = x >> _HALF, x & _MASK
+        for keyed in self._rounds:
+            h = keyed.copy()
+            h.update(right.to_bytes(4, "little"))
+            left, right = right, left ^ (int.from_bytes(h.digest(), "little") & _MASK)
+        return left << _HALF | right
 
     def next(self) -> int:
         """The next id."""
         self._n += 1
-        x = self._n
-        while True:
-            x = self._permute(x)
-            if 0 < x < 1 << ID_BITS:
-                return x
+        return self._permute(self._n) + 1
 
 
 @dataclass

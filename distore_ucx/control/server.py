@@ -279,7 +279,7 @@ class ControlPlane:
                 peer.state["refusal_logged"] = True
                 log.warning("%s tried to release %d lease(s) another connection holds; refused "
                             "(a buggy or hostile client; further refusals from it are only "
-                            "counted, see `distore status`)", peer.address, refused)
+                            "counted, see `distore status --json`)", peer.address, refused)
         return refused
 
     def _release(self, leases) -> None:

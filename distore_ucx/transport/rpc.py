@@ -9,6 +9,8 @@ this channel is plain TCP, and UCX carries the one-sided reads.
 CLI); `serve` runs an asyncio server whose handler answers each request;
 `AsyncClient` is the asyncio side used by storage nodes towards the control
 plane, and also receives the control plane's pushes on the same socket.
+All three authenticate through transport/auth.py and read frames through
+transport/frames.py, which bounds a frame's length before reading it.
 """
 
 from __future__ import annotations
