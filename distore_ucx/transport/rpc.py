@@ -229,6 +229,11 @@ class Client:
         except (OSError, protocol.ProtocolError) as exc:
             self._drop()
             raise errors.ConnectionFailed(f"lost the connection to the {self.name}: {exc}") from None
+        if msg.get("id") == 0 and not msg.get("ok"):
+            # The server refused this connection's traffic (a frame over its
+            # limit, a malformed message) and hangs up: say why.
+            self._drop()
+            raise_remote(msg, self.name)
         mid = self._pending.pop(0)
         if msg.get("id") != mid:
             self._drop()
