@@ -13,14 +13,19 @@ from __future__ import annotations
 
 import difflib
 import json
+import logging
 import os
 import re
+import stat
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from .errors import ConfigError
+from .protocol import MAX_FRAME, MAX_SAMPLE
+
+log = logging.getLogger(__name__)
 
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?i?b?)?\s*$", re.IGNORECASE)
 _UNITS = {"": 1, "b": 1, "k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12}
@@ -49,12 +54,17 @@ def read_token(path: str | None) -> bytes | None:
 
     Besides cli.py this is the one place that reads the environment, so that
     library users get the same token the command line would use.
+
+    Like ssh with a private key, it warns (logger ``distore_ucx.config``)
+    when the file is readable or writable by its group or by others: anyone
+    who can read the token can join the store.
     """
     path = path or os.environ.get("DISTORE_TOKEN_FILE") or None
     if path is None:
         return None
     try:
         with open(path, "rb") as fh:
+            mode = os.fstat(fh.fileno()).st_mode
             token = fh.read().strip()
     except OSError as exc:
         raise ConfigError(f"cannot read the token file {path!r}: {exc.strerror}") from None
@@ -63,6 +73,12 @@ def read_token(path: str | None) -> bytes | None:
             f"the token in {path!r} is {len(token)} bytes; use at least {MIN_TOKEN_BYTES} "
             "(e.g. head -c 32 /dev/urandom | base64 > FILE)"
         )
+    if stat.S_ISREG(mode) and mode & 0o077:
+        who = " and ".join(w for w, bits in (("its group", 0o070), ("others", 0o007))
+                           if mode & bits)
+        log.warning("the token file %s is accessible to %s (mode %04o): anyone who can read "
+                    "it can join the store. Run: chmod 600 %s", path, who,
+                    stat.S_IMODE(mode), path)
     return token
 
 
@@ -82,6 +98,12 @@ class ControlConfig:
     checkpoint_interval: float = 60.0  # seconds between periodic checkpoints (0 = none)
     restore: bool = False  # start from the checkpoint; nodes re-send their items
     restore_grace: float = 60.0  # how long nodes have to re-send them
+    # What one connection may cost the control plane (docs/operations.md).
+    max_sample: int = MAX_SAMPLE  # items one sample request may ask for
+    max_leased_items: int = 1 << 20  # leased items one connection may hold at once
+    max_writer_ids: int = 1024  # writers one connection may register
+    max_frame: int = 256 << 20  # bytes of one message from an authenticated peer
+    max_pending: int = 64  # requests of one connection waiting for their answers
 
     def __post_init__(self):
         if self.restore and not self.checkpoint:
@@ -89,6 +111,18 @@ class ControlConfig:
                               "restore from")
         if self.checkpoint_interval < 0 or self.restore_grace <= 0:
             raise ConfigError("checkpoint_interval must be >= 0 and restore_grace > 0 (seconds)")
+        if not 1 <= self.max_sample <= MAX_SAMPLE:
+            raise ConfigError(f"control.max_sample is {self.max_sample}; it must be between 1 "
+                              f"and {MAX_SAMPLE} (the protocol's limit)")
+        if self.max_leased_items < self.max_sample:
+            raise ConfigError(f"control.max_leased_items ({self.max_leased_items}) must be at "
+                              f"least control.max_sample ({self.max_sample}), or no sample of "
+                              "the largest size could ever be leased")
+        if self.max_writer_ids < 1 or self.max_pending < 1:
+            raise ConfigError("control.max_writer_ids and control.max_pending must be >= 1")
+        if not 1 << 16 <= self.max_frame <= MAX_FRAME:
+            raise ConfigError(f"control.max_frame is {self.max_frame} bytes; it must be "
+                              f"between 64KiB and {MAX_FRAME} (1GiB)")
 
 
 @dataclass(frozen=True)
@@ -373,6 +407,19 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("control.restore_grace", _to_float, 60.0, "--restore-grace", _CTRL,
             "after --restore, how long nodes have to re-send their items before the "
             "checkpointed items no node re-sent are dropped (s)"),
+    Setting("control.max_sample", _to_int, MAX_SAMPLE, "--max-sample", _CTRL,
+            "items one sample request may ask for (at most 65536)"),
+    Setting("control.max_leased_items", _to_int, 1 << 20, "--max-leased-items", _CTRL,
+            "leased items one connection may hold at once; a sample over it fails with "
+            "LimitExceeded (learners release each batch with their next request)"),
+    Setting("control.max_writer_ids", _to_int, 1024, "--max-writer-ids", _CTRL,
+            "writers one connection may register (writer ids are never reused)"),
+    Setting("control.max_frame", _to_size, 256 << 20, "--max-frame", _CTRL,
+            "largest message the control plane reads from an authenticated peer, e.g. "
+            "256MiB (before authenticating, only the handshake's few hundred bytes)"),
+    Setting("control.max_pending", _to_int, 64, "--max-pending", _CTRL,
+            "requests of one connection waiting for answers before the control plane "
+            "stops reading it"),
     Setting("auth.token_file", _to_token_file, "", "--token-file", ("control",) + _CLIENTS,
             "file holding the shared secret every connection must prove (HMAC challenge)",
             env="DISTORE_TOKEN_FILE"),
@@ -550,6 +597,10 @@ class Settings:
             checkpoint=self["control.checkpoint"],
             checkpoint_interval=self["control.checkpoint_interval"],
             restore=self["control.restore"], restore_grace=self["control.restore_grace"],
+            max_sample=self["control.max_sample"],
+            max_leased_items=self["control.max_leased_items"],
+            max_writer_ids=self["control.max_writer_ids"], max_frame=self["control.max_frame"],
+            max_pending=self["control.max_pending"],
         )
 
     def control_address(self) -> str:

@@ -55,6 +55,11 @@ class StorageFull(DistoreError):
     """No storage node has room for the insert: add nodes or lower capacity."""
 
 
+class LimitExceeded(DistoreError):
+    """A request went over a per-connection limit of the server (outstanding
+    leases, sample size, writer ids); the message names the setting."""
+
+
 class RateLimiterTimeout(Timeout):
     """A rate limiter kept a call blocked past its timeout; the message has the counts."""
 

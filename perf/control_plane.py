@@ -119,7 +119,7 @@ def bench_decide(args, out):
         cpu = []
         for _ in range(args.iters):
             t = time.process_time_ns()
-            for lease in leases.take(prev):
+            for lease in leases.take(prev)[0]:
                 table.unlease(lease.recs)
             recs, probs, _ = table.sample(32)
             lid = leases.grant("t", recs)

@@ -4,15 +4,59 @@ A learner's sample takes one lease on every item of the batch; it releases
 the lease with its next request (piggybacked) or explicitly, and a lease
 that is never released expires after `timeout` seconds, so a learner that
 dies cannot pin memory forever.
+
+A lease belongs to the connection that took it. Its id is unguessable (a
+keyed permutation of a counter, so ids never repeat within a run, and each
+run draws a new key), and only its owner may release it: another
+connection's release of it is refused and counted, and the lease stays.
+When a connection closes its leases are *not* released: its reads may still
+be in flight over UCX, so they expire normally.
 """
 
 from __future__ import annotations
 
-import itertools
+import hashlib
+import secrets
 import time
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
+
+ID_BITS = 62  # lease ids are in [1, 2**62]: they fit msgpack's and numpy's int64
+_HALF = ID_BITS // 2
+_MASK = (1 << _HALF) - 1
+
+
+class LeaseIds:
+    """Lease ids in [1, 2**62]: unguessable, and never repeated by one instance.
+
+    The n-th id is 1 + a 4-round Feistel permutation of n over 62 bits,
+    keyed by 128 random bits (BLAKE2b as the round function). Knowing some
+    ids tells nothing about the others without the key; a new instance (a
+    restarted control plane) draws a new key, so an old id names a new lease
+    only by a 2**-62 chance, and even then the new lease's owner is another
+    connection. About 6 us an id.
+    """
+
+    def __init__(self, key: bytes | None = None):
+        key = key or secrets.token_bytes(16)
+        self._rounds = [hashlib.blake2b(key=key, digest_size=8, person=b"lease%d" % i)
+                        for i in range(4)]
+        self._n = 0
+
+    def _permute(self, x: int) -> int:
+        left, right = x >> _HALF, x & _MASK
+        for keyed in self._rounds:
+            h = keyed.copy()
+            h.update(right.to_bytes(4, "little"))
+            left, right = right, left ^ (int.from_bytes(h.digest(), "little") & _MASK)
+        return left << _HALF | right
+
+    def next(self) -> int:
+        """The next id."""
+        self._n += 1
+        return self._permute(self._n) + 1
 
 
 @dataclass
@@ -20,38 +64,64 @@ class Lease:
     table: str
     recs: np.ndarray
     deadline: float
+    owner: Any = None  # the connection (rpc.Peer) that took it
 
 
 class Leases:
-    """Outstanding leases by id."""
+    """Outstanding leases by id, with their owners and per-owner item counts."""
 
-    def __init__(self, timeout: float, first_id: int = 1):
-        """`first_id`: where lease ids start; each control-plane run starts
-        elsewhere, so a lease id from before a restart never names a new lease."""
+    def __init__(self, timeout: float, key: bytes | None = None):
+        """`key`: the id permutation's key (random by default; tests fix it)."""
         self.timeout = timeout
-        self._ids = itertools.count(first_id)
+        self._ids = LeaseIds(key)
         self._leases: dict[int, Lease] = {}
+        self._held: dict[Any, int] = {}  # owner -> leased items outstanding
+        self.refused = 0  # releases of another connection's lease, refused
 
-    def grant(self, table: str, recs: np.ndarray, now: float | None = None) -> int:
-        """A new lease id covering `recs` of `table`."""
-        lid = next(self._ids)
-        self._leases[lid] = Lease(table, recs, (now or time.monotonic()) + self.timeout)
+    def grant(self, table: str, recs: np.ndarray, owner: Any = None,
+              now: float | None = None) -> int:
+        """A new lease id covering `recs` of `table`, owned by `owner`."""
+        lid = self._ids.next()
+        self._leases[lid] = Lease(table, recs, (now or time.monotonic()) + self.timeout, owner)
+        self._held[owner] = self._held.get(owner, 0) + len(recs)
         return lid
 
-    def take(self, lease_ids) -> list[Lease]:
-        """Remove and return the given leases (unknown ids are ignored: expired)."""
-        out = []
+    def held(self, owner: Any) -> int:
+        """Leased items `owner` holds now."""
+        return self._held.get(owner, 0)
+
+    def _drop(self, lid: int) -> Lease:
+        lease = self._leases.pop(lid)
+        left = self._held[lease.owner] - len(lease.recs)
+        if left:
+            self._held[lease.owner] = left
+        else:
+            del self._held[lease.owner]
+        return lease
+
+    def take(self, lease_ids, owner: Any = None) -> tuple[list[Lease], int]:
+        """Remove and return `owner`'s leases among the given ids, and how many
+        ids named another owner's lease (refused: those leases stay). Unknown
+        ids are ignored (expired, or from before a restart)."""
+        out, refused = [], 0
         for lid in lease_ids:
-            lease = self._leases.pop(lid, None) if isinstance(lid, int) else None
-            if lease is not None:
-                out.append(lease)
-        return out
+            if not isinstance(lid, int) or isinstance(lid, bool):
+                continue
+            lease = self._leases.get(lid)
+            if lease is None:
+                continue
+            if lease.owner is not owner:
+                refused += 1
+                continue
+            out.append(self._drop(lid))
+        self.refused += refused
+        return out, refused
 
     def expired(self, now: float | None = None) -> list[Lease]:
         """Remove and return every lease past its deadline."""
         now = now or time.monotonic()
         gone = [lid for lid, lease in self._leases.items() if lease.deadline <= now]
-        return self.take(gone)
+        return [self._drop(lid) for lid in gone]
 
     def __len__(self) -> int:
         return len(self._leases)

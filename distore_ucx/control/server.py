@@ -21,6 +21,7 @@ from ..config import ControlConfig, read_token
 from ..errors import (
     CheckpointError,
     ConfigError,
+    LimitExceeded,
     NoData,
     RateLimiterTimeout,
     TableExists,
@@ -50,7 +51,9 @@ class ControlPlane:
         # built from writer ids); with a checkpoint file they are persisted.
         self.ids = IdState(config.checkpoint + ".ids" if config.checkpoint else None)
         self.members = Membership(config.heartbeat_timeout, self.ids)
-        self.leases = Leases(config.lease_timeout, first_id=(self.ids.incarnation << 40) + 1)
+        # Lease ids are unguessable and owned by the connection that took
+        # them (control/leases.py); a new run draws a new id key.
+        self.leases = Leases(config.lease_timeout)
         self._changed: dict[str, asyncio.Event] = {}  # set when a table's counts change
         self._seed = itertools.count(config.seed) if config.seed is not None else None
         self._stop = asyncio.Event()
@@ -169,6 +172,7 @@ class ControlPlane:
             self.config.host, self.config.port, self.handle, self._on_close,
             concurrent=frozenset({"items_added"}),  # may wait on a rate limiter
             token=read_token(self.config.token_file),
+            max_frame=self.config.max_frame, max_pending=self.config.max_pending,
         )
         self.port = server.sockets[0].getsockname()[1]
         loop = asyncio.get_running_loop()
@@ -194,6 +198,8 @@ class ControlPlane:
                 self._release(expired)
 
     def _on_close(self, peer: Peer) -> None:
+        # The connection's leases are not released here: reads it posted may
+        # still be in flight over UCX. They expire after lease_timeout.
         node_id = peer.state.get("node_id")
         if node_id is not None and self.members.is_alive(node_id):
             self._node_died(node_id, "its control connection closed")
@@ -261,6 +267,20 @@ class ControlPlane:
             if node is None or not node.alive:
                 continue
             node.peer.push("free", table=table, offsets=freed.offsets[freed.nodes == node_id])
+
+    def _release_owned(self, peer: Peer, lease_ids) -> int:
+        """Release `peer`'s leases among `lease_ids`; returns how many ids named
+        another connection's lease (refused: logged once per connection)."""
+        mine, refused = self.leases.take(lease_ids, peer)
+        self._release(mine)
+        if refused:
+            peer.state["leases_refused"] = peer.state.get("leases_refused", 0) + refused
+            if not peer.state.get("refusal_logged"):
+                peer.state["refusal_logged"] = True
+                log.warning("%s tried to release %d lease(s) another connection holds; refused "
+                            "(a buggy or hostile client; further refusals from it are only "
+                            "counted, see `distore status --json`)", peer.address, refused)
+        return refused
 
     def _release(self, leases) -> None:
         for lease in leases:
@@ -344,7 +364,21 @@ class ControlPlane:
         return {"leased": leased}
 
     def op_register_writer(self, peer: Peer, f: dict) -> dict:
+        """A writer id never handed out before; at most control.max_writer_ids
+        per connection, so one client cannot use up the 2**24 of a store (ids
+        are not reused: keys `writer_id << 40 | seq` of a closed writer may
+        still be in tables, in nodes' slots and in checkpoints)."""
+        limit = self.config.max_writer_ids
+        taken = peer.state.get("writer_ids", 0) if peer is not None else 0
+        if taken >= limit:
+            raise LimitExceeded(
+                f"this connection registered {taken} writers, the most one connection may "
+                f"(control.max_writer_ids = {limit}): reuse a writer instead of making one per "
+                "batch, connect again (ds.connect) for more, or raise --max-writer-ids"
+            )
         wid = self.ids.writer_id()
+        if peer is not None:
+            peer.state["writer_ids"] = taken + 1
         if wid >= MAX_WRITERS:
             raise ConfigError("this control plane ran out of writer ids; restart it")
         return {"writer_id": wid, "key_bits": KEY_BITS}
@@ -385,6 +419,7 @@ class ControlPlane:
             "nodes": [n.describe(with_keys=False) for n in self.members.nodes.values()],
             "tables": [t.info() for t in self.tables.values()],
             "leases": len(self.leases),
+            "leases_refused": self.leases.refused,
             "incarnation": self.ids.incarnation,
             "checkpoint": self.last_checkpoint,
             "restoring_s": None if restoring is None else max(0.0, restoring - time.monotonic()),
@@ -415,18 +450,37 @@ class ControlPlane:
         return {"evicted": int(len(freed.nodes))}
 
     async def op_sample(self, peer: Peer, f: dict) -> dict:
-        if "release" in f:
-            self._release(self.leases.take(f["release"]))
+        """Sample n items under a lease owned by this connection.
+
+        `release` (lease ids of earlier batches) is handled first; ids of
+        another connection's leases are refused and counted in the reply's
+        `refused`, not failed: the sample itself is still answered."""
+        refused = self._release_owned(peer, f["release"]) if "release" in f else 0
         table = self._table(f["table"])
         n = f["n"]
+        if n > self.config.max_sample:
+            raise LimitExceeded(
+                f"table {table.name!r}: a sample of {n} items is more than one request may ask "
+                f"for (control.max_sample = {self.config.max_sample}); sample smaller "
+                "batches, or raise --max-sample"
+            )
+        held, limit = self.leases.held(peer), self.config.max_leased_items
+        if held + n > limit:
+            raise LimitExceeded(
+                f"table {table.name!r}: this connection holds leases on {held} items and asks "
+                f"for {n} more, over its limit (control.max_leased_items = {limit}). Release "
+                "read batches (a learner releases each batch with its next request; close "
+                "idle learners), or raise --max-leased-items"
+            )
         await self._wait(table, lambda: table.can_sample(n), "sample", n, f.get("timeout", 0.0))
         size = table.size  # the size the probabilities refer to
         recs, probs, freed = table.sample(n)
         self._free(table.name, freed)
         self._touch(table)
-        lease = self.leases.grant(table.name, recs)
+        lease = self.leases.grant(table.name, recs, peer)
         return {
             "lease": lease,
+            "refused": refused,
             "table_size": size,
             "items": table.store.location[recs],  # protocol.ITEM_LOCATION records
             "probabilities": probs,
@@ -441,8 +495,12 @@ class ControlPlane:
         return {"updated": updated, "missing": len(f["keys"]) - updated}
 
     def op_release(self, peer: Peer, f: dict) -> dict:
-        self._release(self.leases.take(f["leases"]))
-        return {}
+        """Release this connection's leases. Ids of another connection's leases
+        are refused: they are counted in `refused` (and logged once per
+        connection) rather than failing the request, because a learner whose
+        connection was re-made may legitimately send ids its old connection
+        owned; those leases expire."""
+        return {"refused": self._release_owned(peer, f["leases"])}
 
 
 def main(config: ControlConfig, ready_file: str | None = None) -> int:

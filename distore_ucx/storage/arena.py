@@ -1,9 +1,18 @@
 """The storage node's arena: one registered region carved into slots.
 
-Each table gets slots of its own fixed size, taken from a shared bump
-pointer and recycled through its SlotTable (storage/slots.py), which also
-keeps what each acknowledged slot holds; a slot is freed only when the
-control plane says so, which it does only once no lease covers it.
+Each table gets slots of its own fixed size, recycled through its
+SlotTable (storage/slots.py), which also keeps what each acknowledged slot
+holds; a slot is freed only when the control plane says so, which it does
+only once no lease covers it.
+
+Space is shared between tables: new slots come first from free extents
+(space another table gave back), then from a bump pointer. When every slot
+of a table is free again, the table gives all its space back as extents
+(merged with their neighbours; an extent that reaches the bump pointer
+lowers it), so any table, of any slot size, can use it. A table's slots
+stay in ascending offset order (SlotTable's lookup relies on it): a table
+that holds slots takes only extents above its highest one; an empty table
+takes any.
 Thread safety: one asyncio thread uses an Arena.
 """
 
@@ -39,6 +48,9 @@ class Arena:
         self.size = size
         self.node_name = node_name
         self._bump = 0
+        # Free extents below the bump pointer, sorted by start, never adjacent.
+        self._ext_start = np.empty(0, np.int64)
+        self._ext_len = np.empty(0, np.int64)
         self._tables: dict[str, SlotTable] = {}
         self._generation = 0
         self.used_bytes = 0
@@ -65,14 +77,16 @@ class Arena:
 
     def allocate(self, table: str, slot_size: int, k: int) -> np.ndarray:
         """Offsets of k free slots of `slot_size` bytes for `table`; all or nothing."""
-        slots = self._tables.setdefault(table, SlotTable(slot_size))
+        slots = self._tables.get(table)
+        if slots is None:
+            slots = self._tables[table] = SlotTable(slot_size)
         if slots.slot_size != slot_size:
             raise StorageFull(
                 f"table {table!r} changed its slot size ({slots.slot_size} -> {slot_size}) on "
                 f"node {self.node_name}: recreate it under a new name"
             )
         rest = k - min(k, slots.free_slots)
-        if self._bump + rest * slot_size > self.size:
+        if rest > self._room(slot_size, slots.end):
             raise StorageFull(
                 f"node {self.node_name}: arena full ({self.used_bytes} of {self.size} bytes "
                 f"used) while inserting {k} items of {slot_size} bytes into table {table!r}. "
@@ -80,11 +94,70 @@ class Arena:
                 "--arena"
             )
         reused = slots.reuse(k)
-        fresh = self._bump + np.arange(rest, dtype=np.uint64) * np.uint64(slot_size)
+        fresh = self._carve(slot_size, rest, slots.end)
         slots.carve(fresh)
-        self._bump += rest * slot_size
         self.used_bytes += k * slot_size
         return np.concatenate([reused, fresh]) if len(reused) else fresh
+
+    @property
+    def free_extents(self) -> list[tuple[int, int]]:
+        """(offset, bytes) of space given back below the bump pointer."""
+        return list(zip(self._ext_start.tolist(), self._ext_len.tolist()))
+
+    @property
+    def bump(self) -> int:
+        """Offset of the first byte never carved (or given back at the top)."""
+        return self._bump
+
+    def _eligible(self, floor: int) -> np.ndarray:
+        # An extent never straddles a table's slot, so it lies wholly above
+        # `floor` (the end of the table's highest slot) or wholly below.
+        return np.flatnonzero(self._ext_start >= floor)
+
+    def _room(self, slot_size: int, floor: int) -> int:
+        """How many new slots of `slot_size` a table whose slots end at
+        `floor` could get: from extents above it, then the bump region."""
+        idx = self._eligible(floor)
+        return int((self._ext_len[idx] // slot_size).sum()) + (self.size - self._bump) // slot_size
+
+    def _carve(self, slot_size: int, m: int, floor: int) -> np.ndarray:
+        """Offsets of m new slots (ascending, all above `floor`): from free
+        extents first, then the bump pointer. The caller checked _room."""
+        idx = self._eligible(floor)
+        fit = self._ext_len[idx] // slot_size
+        before = np.cumsum(fit) - fit
+        take = np.clip(m - before, 0, fit)
+        used, take = idx[take > 0], take[take > 0]
+        got = int(take.sum())
+        within = np.arange(got, dtype=np.int64) - np.repeat(np.cumsum(take) - take, take)
+        from_ext = np.repeat(self._ext_start[used], take) + within * slot_size
+        self._ext_start[used] += take * slot_size
+        self._ext_len[used] -= take * slot_size
+        keep = self._ext_len > 0
+        self._ext_start, self._ext_len = self._ext_start[keep], self._ext_len[keep]
+        from_bump = self._bump + np.arange(m - got, dtype=np.int64) * slot_size
+        self._bump += (m - got) * slot_size
+        return np.concatenate([from_ext, from_bump]).astype(np.uint64)
+
+    def _give_back(self, offsets: np.ndarray, slot_size: int) -> None:
+        """Return slots (ascending offsets) to the free extents, merged."""
+        offsets = offsets.astype(np.int64)
+        first = np.ones(len(offsets), bool)
+        first[1:] = np.diff(offsets) != slot_size  # where a run of adjacent slots starts
+        starts = np.flatnonzero(first)
+        lens = np.diff(np.append(starts, len(offsets))) * slot_size
+        st = np.concatenate([self._ext_start, offsets[starts]])
+        ln = np.concatenate([self._ext_len, lens])
+        order = np.argsort(st, kind="stable")
+        st, end = st[order], st[order] + ln[order]
+        head = np.ones(len(st), bool)
+        head[1:] = st[1:] != end[:-1]  # not touching the previous extent
+        heads = np.flatnonzero(head)
+        st, end = st[heads], np.maximum.reduceat(end, heads)
+        if len(st) and end[-1] == self._bump:
+            self._bump = int(st[-1])
+            st, end = st[:-1], end[:-1]
+        self._ext_start, self._ext_len = st, end - st
 
     def commit(self, table: str, offsets: np.ndarray, keys, generations, priorities) -> None:
         """The control plane acknowledged these slots' items: remember what they hold."""
@@ -101,6 +174,10 @@ class Arena:
             raise ValueError(f"node {self.node_name}: free of slots never allocated in table "
                              f"{table!r}") from None
         self.used_bytes -= freed * slots.slot_size
+        if slots.free_slots == slots.n:
+            # Every slot of the table is free: its space goes back to all tables.
+            self._give_back(slots.cols["offset"][: slots.n], slots.slot_size)
+            del self._tables[table]
 
     def tables(self) -> dict[str, SlotTable]:
         """Every table that has slots here, by name."""

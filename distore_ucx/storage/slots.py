@@ -6,9 +6,10 @@ LIVE slots keep the item's key, generation and insert priority: after the
 control plane restarts, the node re-sends them, because the node's slot
 table is the truth about which bytes it holds.
 
-Slots are numbered in the order they were carved from the arena; since the
-arena's bump pointer only grows, their offsets ascend with their number, so
-offset -> number is a binary search, done for a whole batch at once.
+Slots are numbered in the order they were carved from the arena, and the
+arena gives a table new slots only above its existing ones (storage/arena.py),
+so offsets ascend with their number and offset -> number is a binary
+search, done for a whole batch at once.
 Thread safety: one asyncio thread uses a SlotTable.
 """
 
@@ -37,6 +38,11 @@ class SlotTable:
         """Slots ready for reuse."""
         return self._nfree
 
+    @property
+    def end(self) -> int:
+        """Offset just past the highest slot (0 without slots): new slots go above it."""
+        return int(self.cols["offset"][self.n - 1]) + self.slot_size if self.n else 0
+
     def reuse(self, k: int) -> np.ndarray:
         """Up to k FREE slots, now ALLOCATED: their offsets."""
         k = min(k, self._nfree)
@@ -48,6 +54,8 @@ class SlotTable:
     def carve(self, offsets: np.ndarray) -> None:
         """Record freshly carved slots (ascending offsets, above every earlier one), ALLOCATED."""
         k = len(offsets)
+        if k and (offsets[0] < self.end or (np.diff(offsets.astype(np.int64)) <= 0).any()):
+            raise ValueError("new slots must ascend, above every earlier slot of the table")
         if self.n + k > len(self.cols["state"]):
             new = max(self.n + k, 2 * len(self.cols["state"]))
             for name, col in self.cols.items():

@@ -9,14 +9,14 @@ this channel is plain TCP, and UCX carries the one-sided reads.
 CLI); `serve` runs an asyncio server whose handler answers each request;
 `AsyncClient` is the asyncio side used by storage nodes towards the control
 plane, and also receives the control plane's pushes on the same socket.
+All three authenticate through transport/auth.py and read frames through
+transport/frames.py, which bounds a frame's length before reading it.
 """
 
 from __future__ import annotations
 
 import asyncio
-import hmac
 import itertools
-import secrets
 import logging
 import socket
 import threading
@@ -24,6 +24,24 @@ import time
 from typing import Any, Awaitable, Callable
 
 from .. import errors, protocol
+from . import auth
+from .frames import FrameTooLarge, read_frame, recv_exact
+
+__all__ = [
+    "AsyncClient",
+    "Client",
+    "FrameTooLarge",
+    "Peer",
+    "parse_address",
+    "raise_remote",
+    "read_frame",
+    "serve",
+]
+
+# Defaults of what one authenticated connection may hold in flight on a
+# server (the control plane takes its own from ControlConfig).
+MAX_PENDING = 64  # requests read but not yet answered
+HANDSHAKE_TIMEOUT = 10.0  # seconds a new connection has to authenticate
 
 log = logging.getLogger(__name__)
 
@@ -136,29 +154,8 @@ class Client:
                 delay = min(delay * 2, 1.0)
 
     def _authenticate(self, token: bytes | None) -> None:
-        try:
-            n, meta = protocol.read_header(self._recv_exact(protocol.HEADER_SIZE))
-            nonce = protocol.check_hello(protocol.decode(self._recv_exact(n), meta))
-        except socket.timeout:
-            raise errors.Timeout(f"the {self.name} sent no greeting within {self.timeout} s")
-        except (OSError, protocol.ProtocolError) as exc:
-            raise errors.ConnectionFailed(f"bad greeting from the {self.name}: {exc}") from None
-        if nonce is None:
-            return
-        if token is None:
-            raise errors.AuthenticationFailed(
-                f"the {self.name} requires a token: pass token_file= (or set "
-                "DISTORE_TOKEN_FILE) to the file holding the store's shared secret"
-            )
         with self._lock:
-            self._send("auth", {"mac": protocol.auth_mac(token, nonce)})
-            try:
-                self._receive(None)
-            except errors.DistoreError as exc:
-                raise errors.AuthenticationFailed(
-                    f"the {self.name} refused our token ({exc}); check that both sides use "
-                    "the same token file"
-                ) from None
+            auth.client_handshake(self._sock, token, self.name)
 
     def call(self, op: str, reply_timeout: float | None = None, **fields: Any) -> dict[str, Any]:
         """Send one request and wait for its reply; raises the peer's error.
@@ -232,6 +229,11 @@ class Client:
         except (OSError, protocol.ProtocolError) as exc:
             self._drop()
             raise errors.ConnectionFailed(f"lost the connection to the {self.name}: {exc}") from None
+        if msg.get("id") == 0 and not msg.get("ok"):
+            # The server refused this connection's traffic (a frame over its
+            # limit, a malformed message) and hangs up: say why.
+            self._drop()
+            raise_remote(msg, self.name)
         mid = self._pending.pop(0)
         if msg.get("id") != mid:
             self._drop()
@@ -241,15 +243,7 @@ class Client:
         return msg
 
     def _recv_exact(self, n: int) -> bytes:
-        buf = bytearray(n)
-        view = memoryview(buf)
-        got = 0
-        while got < n:
-            k = self._sock.recv_into(view[got:])
-            if k == 0:
-                raise ConnectionResetError("peer closed the connection")
-            got += k
-        return bytes(buf)
+        return recv_exact(self._sock, n)
 
     def _drop(self) -> None:
         """Close a failed connection; the next request may make a new one."""
@@ -296,18 +290,6 @@ class Peer:
             self.writer.close()
 
 
-async def read_frame(reader: asyncio.StreamReader) -> dict[str, Any] | None:
-    """Next message, or None at a clean end of stream."""
-    try:
-        header = await reader.readexactly(protocol.HEADER_SIZE)
-    except asyncio.IncompleteReadError as exc:
-        if exc.partial:
-            raise protocol.ProtocolError("connection closed inside a frame header") from None
-        return None
-    n, meta = protocol.read_header(header)
-    return protocol.decode(await reader.readexactly(n), meta)
-
-
 async def serve(
     host: str,
     port: int,
@@ -315,6 +297,9 @@ async def serve(
     on_close: Callable[[Peer], None] | None = None,
     concurrent: frozenset[str] = frozenset(),
     token: bytes | None = None,
+    max_frame: int = protocol.MAX_FRAME,
+    max_pending: int = MAX_PENDING,
+    handshake_timeout: float = HANDSHAKE_TIMEOUT,
 ) -> asyncio.base_events.Server:
     """Start a server; `handler(peer, op, fields)` returns the reply fields.
 
@@ -325,9 +310,17 @@ async def serve(
     connection is closed; other connections go on.
 
     With a `token`, every connection must first answer the greeting's
-    challenge (HMAC-SHA256 of a fresh nonce); until it has, any other request
-    gets an error and the connection is closed, so an unauthenticated peer
-    learns nothing (no worker address, no remote key, no data).
+    challenge (transport/auth.py) within `handshake_timeout` seconds. Until
+    it has, no frame longer than auth.MAX_HANDSHAKE_FRAME is read (a longer
+    announced one closes the connection, its body unread), and any other
+    request gets an error and the connection is closed, so an
+    unauthenticated peer learns nothing (no worker address, no remote key,
+    no data) and makes the server hold a few hundred bytes at most.
+
+    After it, a frame longer than `max_frame` closes the connection unread,
+    and at most `max_pending` requests of one connection wait for their
+    answers: beyond that the server stops reading the connection (TCP then
+    pushes back on its sender) until one is answered.
     """
 
     async def answer(peer: Peer, writer, mid: int, op: str, fields: dict) -> None:
@@ -350,13 +343,27 @@ async def serve(
         if sock is not None:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         peer = Peer(reader, writer)
-        nonce = secrets.token_bytes(32) if token is not None else None
-        peer.state["authenticated"] = token is None
-        writer.writelines(protocol.encode(protocol.hello(nonce)))
+        peer.state["authenticated"] = False
         try:
+            try:
+                ok = await asyncio.wait_for(
+                    auth.server_handshake_async(reader, writer, token, peer.address),
+                    handshake_timeout)
+            except asyncio.TimeoutError:
+                log.warning("authentication failed for %s: no answer within %g s",
+                            peer.address, handshake_timeout)
+                ok = False
+            if not ok:
+                return
+            peer.state["authenticated"] = True
             while True:
+                if len(peer.tasks) >= max_pending:
+                    # Enough of this connection's requests are waiting: read
+                    # no more of it until one is answered.
+                    await asyncio.wait(set(peer.tasks), return_when=asyncio.FIRST_COMPLETED)
+                    continue
                 try:
-                    msg = await read_frame(reader)
+                    msg = await read_frame(reader, max_frame)
                 except protocol.ProtocolError as exc:
                     log.warning("closing %s: %s", peer.address, exc)
                     writer.writelines(protocol.encode(protocol.error_reply(0, exc)))
@@ -368,18 +375,6 @@ async def serve(
                     op, fields = protocol.validate_request(msg)
                 except protocol.ProtocolError as exc:
                     log.warning("closing %s: %s", peer.address, exc)
-                    writer.writelines(protocol.encode(protocol.error_reply(mid, exc)))
-                    break
-                if not peer.state["authenticated"]:
-                    if op == "auth" and hmac.compare_digest(
-                        fields["mac"], protocol.auth_mac(token, nonce)
-                    ):
-                        peer.state["authenticated"] = True
-                        writer.writelines(protocol.encode(protocol.reply(mid)))
-                        continue
-                    reason = "wrong token" if op == "auth" else f"{op!r} before authenticating"
-                    log.warning("authentication failed for %s: %s", peer.address, reason)
-                    exc = errors.AuthenticationFailed(f"authentication failed: {reason}")
                     writer.writelines(protocol.encode(protocol.error_reply(mid, exc)))
                     break
                 if op in concurrent:
@@ -438,23 +433,7 @@ class AsyncClient:
         writer.get_extra_info("socket").setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         label = f"{name} at {address}"
         try:
-            nonce = protocol.check_hello(await asyncio.wait_for(read_frame(reader), timeout))
-            if nonce is not None:
-                if token is None:
-                    raise errors.AuthenticationFailed(
-                        f"the {label} requires a token (--token-file / DISTORE_TOKEN_FILE)"
-                    )
-                writer.writelines(protocol.encode(
-                    protocol.request("auth", 1, mac=protocol.auth_mac(token, nonce))))
-                msg = await asyncio.wait_for(read_frame(reader), timeout)
-                if not msg or not msg.get("ok"):
-                    raise errors.AuthenticationFailed(
-                        f"the {label} refused our token; check that both sides use the same "
-                        "token file"
-                    )
-        except (asyncio.TimeoutError, protocol.ProtocolError, ConnectionError) as exc:
-            writer.close()
-            raise errors.ConnectionFailed(f"no valid greeting from the {label}: {exc}") from None
+            await auth.client_handshake_async(reader, writer, token, label, timeout)
         except BaseException:
             writer.close()
             raise

@@ -194,3 +194,38 @@ def test_the_example_distore_toml_is_valid():
 
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     assert check_file(os.path.join(root, "cluster", "distore.toml")) == []
+
+
+def test_a_token_file_others_can_read_is_warned_about(tmp_path, caplog):
+    from distore_ucx.config import read_token
+
+    path = tmp_path / "token"
+    path.write_bytes(b"s" * 32)
+    path.chmod(0o600)
+    with caplog.at_level("WARNING", logger="distore_ucx.config"):
+        assert read_token(str(path)) == b"s" * 32
+    assert not caplog.records
+    path.chmod(0o644)
+    with caplog.at_level("WARNING", logger="distore_ucx.config"):
+        assert read_token(str(path)) == b"s" * 32
+    (record,) = caplog.records
+    assert "accessible to its group and others (mode 0644)" in record.getMessage()
+    assert f"chmod 600 {path}" in record.getMessage()
+
+
+def test_per_connection_limits_are_settings_with_clear_errors(tmp_path):
+    from distore_ucx.config import ControlConfig
+
+    toml = tmp_path / "distore.toml"
+    toml.write_text("[control]\nmax_sample = 512\nmax_leased_items = 4096\n"
+                    "max_writer_ids = 8\nmax_frame = \"64MiB\"\nmax_pending = 4\n")
+    cfg = resolve({"control.max_pending": "16"}, {"DISTORE_CONTROL_MAX_WRITER_IDS": "9"},
+                  str(toml)).control()
+    assert (cfg.max_sample, cfg.max_leased_items, cfg.max_writer_ids, cfg.max_frame,
+            cfg.max_pending) == (512, 4096, 9, 64 << 20, 16)
+    with pytest.raises(ConfigError, match="max_sample is 70000"):
+        ControlConfig(max_sample=70_000)
+    with pytest.raises(ConfigError, match="max_leased_items .100. must be at least"):
+        ControlConfig(max_sample=200, max_leased_items=100)
+    with pytest.raises(ConfigError, match="max_frame"):
+        ControlConfig(max_frame=100)

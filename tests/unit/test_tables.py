@@ -136,5 +136,5 @@ def test_leases_expire():
     a = leases.grant("t", np.arange(3), now=100.0)
     leases.grant("t", np.arange(2), now=103.0)
     assert [lease.recs.tolist() for lease in leases.expired(now=105.5)] == [[0, 1, 2]]
-    assert leases.take([a]) == []
+    assert leases.take([a]) == ([], 0)
     assert len(leases) == 1

@@ -1,0 +1,236 @@
+"""The authentication handshake: a shared-secret challenge and response.
+
+Every server greets a new connection with a hello frame carrying a fresh
+random nonce when it wants a token; the client answers with an ``auth``
+request whose ``mac`` is HMAC-SHA256(token, context + nonce)
+(protocol.auth_mac); the server compares it in constant time and replies
+ok, or with an AuthenticationFailed error and closes the connection. The
+token itself never crosses the wire, and a recorded answer is worthless on
+the next connection (another nonce).
+
+Three layers, usable from any transport that carries our frames:
+
+- the primitives: ``make_challenge()``, ``answer(token, nonce)``,
+  ``verify(token, nonce, mac)``;
+- the framed exchange over plain blocking sockets (TCP or Unix):
+  ``client_handshake(sock, token, name)``, ``server_handshake(sock, token,
+  peer)``;
+- the same over asyncio streams: ``client_handshake_async``,
+  ``server_handshake_async``.
+
+Until a peer has proved the token, a server reads no frame longer than
+MAX_HANDSHAKE_FRAME bytes: an unauthenticated peer cannot make it buffer
+anything larger (frames.FrameTooLarge, and the connection is closed).
+
+Example, a blocking Unix-socket server and client::
+
+    conn, _ = listener.accept()
+    if not auth.server_handshake(conn, token, "unix peer"):
+        conn.close()
+    ...
+    auth.client_handshake(sock, token, "storage node")   # raises if refused
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import logging
+import secrets
+import socket
+
+from .. import errors, protocol
+from .frames import read_frame, recv_frame, send_frame
+
+log = logging.getLogger(__name__)
+
+NONCE_BYTES = 32
+# The hello and the auth request/reply are well under 200 bytes; nothing
+# longer is read from a peer before it is authenticated.
+MAX_HANDSHAKE_FRAME = 512
+AUTH_ID = 1  # message id of the auth request (the connection's first)
+
+
+def make_challenge() -> bytes:
+    """A fresh random nonce for one connection's challenge."""
+    return secrets.token_bytes(NONCE_BYTES)
+
+
+def answer(token: bytes, nonce: bytes) -> bytes:
+    """The response to a challenge: HMAC-SHA256(token, context + nonce)."""
+    return protocol.auth_mac(token, nonce)
+
+
+def verify(token: bytes, nonce: bytes, mac) -> bool:
+    """Whether `mac` answers `nonce` with `token` (constant-time compare)."""
+    if not isinstance(mac, (bytes, bytearray, memoryview)):
+        return False
+    return hmac.compare_digest(bytes(mac), answer(token, nonce))
+
+
+# -- what both transports share -------------------------------------------------
+
+def _judge(msg, token: bytes, nonce: bytes) -> tuple[dict, str | None]:
+    """The server's reply to the first frame of a connection, and why it
+    failed (None: authenticated)."""
+    mid = msg.get("id", 0) if isinstance(msg, dict) else 0
+    try:
+        op, fields = protocol.validate_request(msg)
+    except protocol.ProtocolError as exc:
+        reason = f"malformed first message ({exc})"
+    else:
+        if op == "auth" and verify(token, nonce, fields["mac"]):
+            return protocol.reply(mid), None
+        reason = "wrong token" if op == "auth" else f"{op!r} before authenticating"
+    exc = errors.AuthenticationFailed(f"authentication failed: {reason}")
+    return protocol.error_reply(mid, exc), reason
+
+
+def _no_token(name: str) -> errors.AuthenticationFailed:
+    return errors.AuthenticationFailed(
+        f"the {name} requires a token: pass token_file= (or set DISTORE_TOKEN_FILE, or "
+        "--token-file) to the file holding the store's shared secret"
+    )
+
+
+def _refused(name: str, msg) -> errors.AuthenticationFailed:
+    why = msg.get("message", "no reason given") if isinstance(msg, dict) else "connection closed"
+    return errors.AuthenticationFailed(
+        f"the {name} refused our token ({why}); check that both sides use the same token file"
+    )
+
+
+# -- blocking sockets -------------------------------------------------------------
+
+def server_handshake(sock: socket.socket, token: bytes | None, peer: str = "peer") -> bool:
+    """Greet a new connection and, with a token, check its answer.
+
+    Returns True when the peer may go on (no token required, or it proved
+    it); False when it failed, after telling it why (the caller closes the
+    socket). The socket's timeout bounds each read.
+    """
+    nonce = make_challenge() if token is not None else None
+    try:
+        send_frame(sock, protocol.hello(nonce))
+        if token is None:
+            return True
+        msg = recv_frame(sock, MAX_HANDSHAKE_FRAME, "handshake frame")
+    except protocol.ProtocolError as exc:
+        log.warning("authentication failed for %s: %s", peer, exc)
+        try:
+            send_frame(sock, protocol.error_reply(0, exc))
+        except OSError:
+            pass
+        return False
+    except OSError as exc:
+        log.warning("authentication failed for %s: %s", peer, exc)
+        return False
+    reply, reason = _judge(msg, token, nonce)
+    if reason is not None:
+        log.warning("authentication failed for %s: %s", peer, reason)
+    try:
+        send_frame(sock, reply)
+    except OSError:
+        return False
+    return reason is None
+
+
+def client_handshake(sock: socket.socket, token: bytes | None, name: str) -> None:
+    """Read a server's greeting and answer its challenge with `token`.
+
+    `name` says who the server is in errors ("control plane at H:P").
+    Raises errors.Timeout (no greeting within the socket's timeout),
+    errors.ConnectionFailed (not a distore-ucx server, or it went away) or
+    errors.AuthenticationFailed (we have no token, or it refused ours).
+    """
+    try:
+        nonce = protocol.check_hello(recv_frame(sock, MAX_HANDSHAKE_FRAME, "greeting"))
+    except TimeoutError:
+        raise errors.Timeout(
+            f"the {name} sent no greeting within {sock.gettimeout()} s"
+        ) from None
+    except (OSError, protocol.ProtocolError) as exc:
+        raise errors.ConnectionFailed(f"bad greeting from the {name}: {exc}") from None
+    if nonce is None:
+        return
+    if token is None:
+        raise _no_token(name)
+    try:
+        send_frame(sock, protocol.request("auth", AUTH_ID, mac=answer(token, nonce)))
+        msg = recv_frame(sock, MAX_HANDSHAKE_FRAME, "authentication reply")
+    except TimeoutError:
+        raise errors.Timeout(f"the {name} did not answer our token within "
+                             f"{sock.gettimeout()} s") from None
+    except (OSError, protocol.ProtocolError) as exc:
+        raise _refused(name, {"message": str(exc)}) from None
+    if not msg.get("ok"):
+        raise _refused(name, msg)
+
+
+# -- asyncio streams -----------------------------------------------------------------
+
+async def server_handshake_async(reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+                                 token: bytes | None, peer: str = "peer") -> bool:
+    """As server_handshake, over asyncio streams (the caller bounds the time
+    with asyncio.wait_for and closes the writer when this returns False)."""
+    nonce = make_challenge() if token is not None else None
+    writer.writelines(protocol.encode(protocol.hello(nonce)))
+    if token is None:
+        return True
+    try:
+        msg = await read_frame(reader, MAX_HANDSHAKE_FRAME, "handshake frame")
+    except protocol.ProtocolError as exc:
+        log.warning("authentication failed for %s: %s", peer, exc)
+        writer.writelines(protocol.encode(protocol.error_reply(0, exc)))
+        return False
+    if msg is None:
+        return False
+    reply, reason = _judge(msg, token, nonce)
+    if reason is not None:
+        log.warning("authentication failed for %s: %s", peer, reason)
+    writer.writelines(protocol.encode(reply))
+    return reason is None
+
+
+async def client_handshake_async(reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+                                 token: bytes | None, name: str, timeout: float) -> None:
+    """As client_handshake, over asyncio streams; `timeout` bounds each read.
+
+    Raises errors.ConnectionFailed (no valid greeting in time, or the
+    connection broke) or errors.AuthenticationFailed.
+    """
+    try:
+        first = await asyncio.wait_for(read_frame(reader, MAX_HANDSHAKE_FRAME, "greeting"),
+                                       timeout)
+        nonce = protocol.check_hello(first)
+    except (asyncio.TimeoutError, protocol.ProtocolError, ConnectionError) as exc:
+        raise errors.ConnectionFailed(f"no valid greeting from the {name}: {exc}") from None
+    if nonce is None:
+        return
+    if token is None:
+        raise _no_token(name)
+    writer.writelines(protocol.encode(
+        protocol.request("auth", AUTH_ID, mac=answer(token, nonce))))
+    try:
+        msg = await asyncio.wait_for(
+            read_frame(reader, MAX_HANDSHAKE_FRAME, "authentication reply"), timeout)
+    except asyncio.TimeoutError:
+        raise errors.ConnectionFailed(
+            f"the {name} did not answer our token within {timeout} s") from None
+    except (protocol.ProtocolError, ConnectionError) as exc:
+        raise _refused(name, {"message": str(exc)}) from None
+    if not msg or not msg.get("ok"):
+        raise _refused(name, msg)
+
+
+__all__ = [
+    "MAX_HANDSHAKE_FRAME",
+    "NONCE_BYTES",
+    "answer",
+    "client_handshake",
+    "client_handshake_async",
+    "make_challenge",
+    "server_handshake",
+    "server_handshake_async",
+    "verify",
+]

@@ -1,0 +1,257 @@
+"""Hostile clients and what one connection may cost (issue #17): lease
+ownership, nothing buffered before login, per-connection limits, and arena
+space shared between tables."""
+
+from __future__ import annotations
+
+import collections
+import os
+import socket
+import threading
+import time
+
+import numpy as np
+import psutil
+import pytest
+
+import distore_ucx as ds
+from distore_ucx import protocol
+from distore_ucx.transport.frames import recv_frame
+
+SPEC = {"payload": ((240,), "uint8"), "key": ((), "uint64")}
+
+
+def make(keys: np.ndarray) -> dict:
+    """Items whose payload is a function of their key."""
+    keys = np.asarray(keys, np.uint64)
+    payload = ((keys[:, None] * np.uint64(2654435761)) >> np.uint64(7)).astype(np.uint8) + \
+        np.arange(240, dtype=np.uint8)
+    return {"payload": payload, "key": keys}
+
+
+def wrong(batch) -> int:
+    """Items of a batch whose bytes are not what was inserted under their key."""
+    d = batch.data
+    bad = d["key"] != batch.keys
+    bad |= (make(batch.keys)["payload"] != d["payload"]).any(axis=1)
+    return int(bad.sum())
+
+
+def insert(writer, table: str, n: int) -> None:
+    keys = writer._key_base + np.uint64(writer._seq) + np.arange(n, dtype=np.uint64)
+    assert np.array_equal(writer.insert(table, make(keys)), keys)
+
+
+def read(path: str) -> str:
+    with open(path) as fh:
+        return fh.read()
+
+
+def record_leases(learner, seen: collections.deque) -> None:
+    """Note every lease id the learner's connection is given (what a leak
+    of the victim's ids to an attacker would reveal)."""
+    conn = learner._rpc
+    for name in ("call", "receive"):
+        orig = getattr(conn, name)
+
+        def wrapped(*args, _orig=orig, **kwargs):
+            reply = _orig(*args, **kwargs)
+            if isinstance(reply, dict) and "lease" in reply:
+                seen.append(reply["lease"])
+            return reply
+
+        setattr(conn, name, wrapped)
+
+
+def test_only_the_connection_that_took_a_lease_can_release_it(make_cluster, tls):
+    cluster = make_cluster(nodes=1, arena_bytes=16 << 20)
+    with ds.connect(cluster.address) as client:
+        client.create_table("small", capacity=64, spec=SPEC)
+        stop = threading.Event()
+        seen: collections.deque = collections.deque(maxlen=64)
+        attack = {"releases": 0, "refused": 0, "own_refused": 0}
+        errors: list[Exception] = []
+
+        def write():  # constant eviction: a freed slot is reused at once
+            try:
+                with ds.connect(cluster.address) as c2, c2.writer(max_items=16) as w:
+                    while not stop.is_set():
+                        insert(w, "small", 16)
+                        w.flush()
+            except Exception as exc:  # noqa: BLE001 - the test asserts there were none
+                errors.append(exc)
+
+        def attacker():
+            try:
+                with ds.connect(cluster.address) as c3:
+                    conn = c3.connection()
+                    while not stop.is_set():
+                        own = conn.call("sample", table="small", n=1, timeout=10.0)
+                        lid = own["lease"]
+                        guesses = [lid + d for d in range(-64, 65) if d] + list(seen)
+                        reply = conn.call("release", leases=guesses)
+                        attack["releases"] += len(guesses)
+                        attack["refused"] += reply["refused"]
+                        # Its own lease, released by itself, is never refused.
+                        attack["own_refused"] += conn.call("release", leases=[lid])["refused"]
+                    conn.close()
+            except Exception as exc:  # noqa: BLE001 - the test asserts there were none
+                errors.append(exc)
+
+        threads = [threading.Thread(target=write), threading.Thread(target=attacker)]
+        learner = client.learner("small", batch_size=32)
+        record_leases(learner, seen)
+        threads[0].start()
+        learner.sample(timeout=30)
+        threads[1].start()
+        sampled = bad = 0
+        try:
+            t0 = time.monotonic()
+            while (sampled < 20_000 or attack["refused"] < 100) and time.monotonic() - t0 < 60:
+                batch = learner.sample(timeout=10)
+                bad += wrong(batch)
+                sampled += len(batch)
+        finally:
+            stop.set()
+            for th in threads:
+                th.join(30)
+        assert not errors, errors
+        assert sampled >= 20_000 and bad == 0
+        assert attack["refused"] >= 100 and attack["own_refused"] == 0
+        assert client.call("status")["leases_refused"] >= attack["refused"]
+        assert client.table_info("small")["deletes"] > 1000  # eviction really ran
+        log = read(cluster.control.log_path)
+        assert log.count("tried to release") == 1  # once per connection
+
+
+@pytest.fixture
+def token_file(tmp_path, monkeypatch):
+    monkeypatch.delenv("DISTORE_TOKEN_FILE", raising=False)
+    path = tmp_path / "token"
+    path.write_bytes(os.urandom(32).hex().encode())
+    path.chmod(0o600)
+    return str(path)
+
+
+def announce_a_gigabyte(address: str) -> float:
+    """Connect without a token, announce a 1 GiB frame and start sending it;
+    returns how long the server took to answer and hang up."""
+    host, port = address.rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=10) as s:
+        assert recv_frame(s)["hello"]["nonce"]
+        t0 = time.monotonic()
+        s.sendall(protocol.HEADER.pack(1 << 30, 64))
+        reply = recv_frame(s)  # answered from the header alone
+        took = time.monotonic() - t0
+        assert reply["ok"] is False and "at most 512" in reply["message"]
+        chunk = bytes(1 << 20)
+        sent = 0
+        with pytest.raises(OSError) as exc_info:
+            while sent < 1 << 30:  # the server hangs up long before
+                s.sendall(chunk)
+                sent += len(chunk)
+        assert not isinstance(exc_info.value, TimeoutError), "the server kept the connection"
+        assert sent < 64 << 20
+        return took
+
+
+def test_a_peer_without_the_token_cannot_make_a_server_buffer(token_file):
+    with ds.LocalCluster(nodes=1, arena_bytes=16 << 20, token_file=token_file,
+                         env={"UCX_TLS": "tcp"}, log_level="WARNING") as cluster, \
+            ds.connect(cluster.address, token_file=token_file) as client:
+        client.create_table("t", capacity=100, spec=SPEC)
+        node_address = client.nodes()[0]["address"]
+        procs = {cluster.address: psutil.Process(cluster.control.pid),
+                 node_address: psutil.Process(cluster.nodes[0].pid)}
+        stop = threading.Event()
+        attacks: list[float] = []
+        errors: list[Exception] = []
+
+        def attack():
+            try:
+                while not stop.is_set():
+                    for address in procs:
+                        attacks.append(announce_a_gigabyte(address))
+            except Exception as exc:  # noqa: BLE001 - the test asserts there were none
+                errors.append(exc)
+
+        before = {a: p.memory_info().rss for a, p in procs.items()}
+        th = threading.Thread(target=attack)
+        th.start()
+        latencies = []
+        try:
+            deadline = time.monotonic() + 60
+            while (len(attacks) < 20 or len(latencies) < 50) and time.monotonic() < deadline \
+                    and not errors:
+                t0 = time.monotonic()
+                client.table_info("t")
+                latencies.append(time.monotonic() - t0)
+        finally:
+            stop.set()
+            th.join(60)
+        assert not errors, errors
+        assert len(attacks) >= 20 and max(attacks) < 2.0
+        for address, p in procs.items():
+            assert p.memory_info().rss - before[address] < 32 << 20, address
+        assert sorted(latencies)[len(latencies) // 2] < 0.1 and max(latencies) < 2.0
+        log = read(cluster.control.log_path)
+        assert "accepts at most 512" in log
+
+
+def test_per_connection_limits_are_clear_errors_naming_their_setting(monkeypatch):
+    env = {"UCX_TLS": "tcp", "DISTORE_CONTROL_MAX_SAMPLE": "100",
+           "DISTORE_CONTROL_MAX_LEASED_ITEMS": "250", "DISTORE_CONTROL_MAX_WRITER_IDS": "3"}
+    with ds.LocalCluster(nodes=1, arena_bytes=16 << 20, env=env,
+                         log_level="WARNING") as cluster, ds.connect(cluster.address) as client:
+        client.create_table("t", capacity=1000, spec=SPEC)
+        for _ in range(3):
+            with client.writer() as w:
+                insert(w, "t", 100)
+        with pytest.raises(ds.LimitExceeded, match="control.max_writer_ids = 3"):
+            client.writer()
+        with ds.connect(cluster.address) as other, other.writer() as w:  # per connection
+            insert(w, "t", 10)
+        conn = client.connection()
+        with pytest.raises(ds.LimitExceeded, match="control.max_sample = 100"):
+            conn.call("sample", table="t", n=101, timeout=5.0)
+        a = conn.call("sample", table="t", n=100, timeout=5.0)["lease"]
+        conn.call("sample", table="t", n=100, timeout=5.0)
+        with pytest.raises(ds.LimitExceeded, match="control.max_leased_items = 250"):
+            conn.call("sample", table="t", n=100, timeout=5.0)
+        # Another connection has its own allowance; releasing makes room again.
+        client.connection().call("sample", table="t", n=100, timeout=5.0)
+        assert conn.call("sample", table="t", n=100, timeout=5.0, release=[a])["refused"] == 0
+        conn.close()
+
+
+def wait_for(predicate, timeout: float = 30.0, what: str = "condition") -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)
+
+
+def test_space_a_drained_table_gives_back_is_used_by_another():
+    arena = 4 << 20
+    with ds.LocalCluster(nodes=1, arena_bytes=arena, env={"UCX_TLS": "tcp"},
+                         log_level="WARNING") as cluster, ds.connect(cluster.address) as client:
+        info = client.create_table("a", capacity=10_000, spec=((20_000,), "uint8"),
+                                   sampler=ds.Fifo(), max_times_sampled=1)
+        n_a = arena // info["slot_size"]
+        with client.writer(max_items=16) as w:
+            w.insert("a", np.ones((n_a, 20_000), np.uint8))
+        with pytest.raises(ds.StorageFull), client.writer() as w:  # the arena is full
+            w.insert("a", np.ones((1, 20_000), np.uint8))
+            w.flush()
+        conn = client.connection()
+        lease = conn.call("sample", table="a", n=n_a, timeout=10.0)["lease"]
+        conn.call("release", leases=[lease])  # each item sampled once: all leave
+        conn.close()
+        wait_for(lambda: client.nodes()[0]["used_bytes"] == 0, what="table a's slots freed")
+        info = client.create_table("b", capacity=10_000, spec=((7_000,), "uint8"))
+        n_b = arena // info["slot_size"]
+        with client.writer(max_items=64) as w:
+            w.insert("b", np.full((n_b, 7_000), 7, np.uint8))
+        assert client.table_info("b")["size"] == n_b
+        batch = client.learner("b", batch_size=n_b).sample(timeout=10)
+        assert (batch.data == 7).all()
