@@ -134,13 +134,20 @@ MESSAGES: dict[str, tuple[F, ...]] = {
     ),
     "status": (),
     # storage node
-    "insert": (
+    "insert": (  # a descriptor: the node pulls the items from the writer's staging buffer
         F("table", "str", **_NAME),
         F("slot_size", "int", lo=1, hi=1 << 34),
         F("item_bytes", "int", lo=1, hi=1 << 34),
         F("keys", "u64[]"),
         F("priorities", "f64[]"),
-        F("payload", "bytes", max_len=MAX_FRAME),
+        F("offsets", "u64[]"),  # of each item in the staging buffer
+        F("lengths", "u64[]"),  # of each item (= item_bytes)
+        F("worker_address", "bytes", max_len=1 << 16),  # the writer's UCX worker
+        F("rkey", "bytes", max_len=1 << 16),  # the staging buffer's packed remote key
+        F("base", "int", lo=0, hi=2**64 - 1),  # the staging buffer's address
+        F("size", "int", lo=1, hi=2**64 - 1),
+        F("pid", "int", required=False, lo=1, hi=2**31),  # same-host writers
+        F("host_id", "str", required=False, max_len=128),
         F("timeout", "float", required=False, lo=0, hi=86400),
     ),
     "free": (
