@@ -171,7 +171,7 @@ class TableSpec:
         """Copy items lo..hi of `arrays` (from `arrays()`) into the rows of
         `out`, an (hi - lo, item_bytes) uint8 array: one copy per field."""
         k = hi - lo
-        if sum(f.nbytes for f in self.fields) < self.item_bytes:
+        if len(self.fields) > 1 and sum(f.nbytes for f in self.fields) < self.item_bytes:
             out[:] = 0  # alignment padding between fields
         for f, a in zip(self.fields, arrays):
             out[:, f.offset : f.offset + f.nbytes] = a[lo:hi].reshape(k, -1).view(np.uint8)

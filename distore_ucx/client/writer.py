@@ -315,19 +315,24 @@ class Writer:
                 unstored.append(batch.all_keys())
             self._free.append(batch.buffer)
         self._open.clear()
-        hint = self._deadlock_hint(exc, failed.table)
+        hint = self._deadlock_hint(exc, failed.table, failed.n)
         return _Failed(exc, stored, unstored, hint)
 
-    def _deadlock_hint(self, exc: Exception, table: str) -> str:
+    def _deadlock_hint(self, exc: Exception, table: str, n: int) -> str:
+        """When the table admits no more inserts until it is sampled, say that
+        a process that both inserts and samples on one thread waits forever."""
         if not isinstance(exc, RateLimiterTimeout):
             return ""
         try:
             info = self._client.table_info(table)
         except Exception:  # the hint is a courtesy; the error stands without it
             return ""
-        state = info.get("rate_limiter_state", {})
-        if state.get("can_insert", True) or info["size"] < state.get("min_size_to_sample", 0):
+        state = info.get("rate_limiter_state")
+        if not state:
             return ""
+        if (info["size"] + n <= state["min_size_to_sample"]
+                or state["diff"] + n * state["samples_per_insert"] <= state["max_diff"]):
+            return ""  # it was not waiting for samples
         return (
             f" Table {table!r} takes no more inserts until it is sampled (samples so far: "
             f"{info['samples']}). If the process that samples it is this one (inserting and "
@@ -382,8 +387,8 @@ class _Failed(Exception):
         exc.not_stored = len(exc.unstored_keys)
         text = exc.args[0] if exc.args else str(exc)
         exc.args = (
-            (f"{text} [{exc.not_stored} items not stored (.unstored_keys); "
-            f"{len(exc.stored_keys)} other items in flight were stored (.stored_keys); the "
-            f"writer holds nothing now]{self.hint}"),
+            (f"{text} [{len(exc.stored_keys)} other items in flight were stored (.stored_keys) "
+             f"and the writer holds nothing now; .unstored_keys: {exc.not_stored} items not "
+             f"stored]{self.hint}"),
         )
         raise exc
