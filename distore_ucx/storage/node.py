@@ -1,9 +1,12 @@
 """The storage node process: `distore node --control HOST:PORT --arena 4GiB`.
 
-Owns one arena registered with UCX for remote READ. Writers send inserts
-over the control channel; the node writes them into slots, reports them to
-the control plane in one message per batch and acknowledges the writer only
-once the control plane has them (an acknowledged insert is sampleable).
+Owns one arena registered with UCX for remote READ. Writers send insert
+descriptors over the control channel; the node pulls each batch one-sided
+from the writer's staging buffer straight into slots (storage/pulls.py, on a
+pull thread, off the event loop), reports them to the control plane in one
+message per batch and acknowledges the writer only once the control plane
+has them (an acknowledged insert is sampleable). A batch that cannot be
+read or registered frees its slots before the error reply.
 Learners read slots one-sided; the node does nothing for a read, except over
 TCP where UCX emulates RMA and the worker's event-driven progress thread
 answers. The control plane tells the node which slots to free.

@@ -142,12 +142,12 @@ def test_a_writer_killed_with_batches_in_flight_leaves_nothing_behind(client, cl
 
 def descriptor(region, keys, **over):
     n = len(keys)
-    f = dict(table="t", slot_size=ds.TableSpec.parse(((ITEM,), "uint8")).slot_size,
-             item_bytes=ITEM, keys=keys, priorities=np.ones(n),
-             offsets=np.arange(n, dtype=np.uint64) * np.uint64(ITEM),
-             lengths=np.full(n, ITEM, np.uint64), worker_address=over.pop("worker_address"),
-             rkey=region.pack_rkey(), base=region.address, size=region.size,
-             pid=os.getpid(), host_id=host_id(), timeout=5.0)
+    f = {"table": "t", "slot_size": ds.TableSpec.parse(((ITEM,), "uint8")).slot_size,
+             "item_bytes": ITEM, "keys": keys, "priorities": np.ones(n),
+             "offsets": np.arange(n, dtype=np.uint64) * np.uint64(ITEM),
+             "lengths": np.full(n, ITEM, np.uint64), "worker_address": over.pop("worker_address"),
+             "rkey": region.pack_rkey(), "base": region.address, "size": region.size,
+             "pid": os.getpid(), "host_id": host_id(), "timeout": 5.0}
     f.update(over)
     return {k: v for k, v in f.items() if v is not None}
 
@@ -162,13 +162,13 @@ def test_malformed_insert_descriptors_get_an_error_and_the_node_serves_on(client
     me = runtime.address
     keys = np.arange(1, 5, dtype=np.uint64) + np.uint64(1 << 60)
     bad = {
-        "lengths": dict(lengths=np.full(4, ITEM - 1, np.uint64)),
-        "outside": dict(offsets=np.array([0, 1, 2, 1 << 20], np.uint64) * np.uint64(ITEM)),
-        "overlapping the end": dict(offsets=np.full(4, (1 << 20) - 100, np.uint64)),
-        "wrapping": dict(base=2**64 - 4096, size=4096),
-        "no such rkey": dict(rkey=b"DSRK" + os.urandom(40), pid=None),
-        "another process": dict(pid=client.nodes()[0]["pid"], rkey=b"garbage"),
-        "unmapped source": dict(base=4096, size=1 << 20, rkey=b"garbage"),
+        "lengths": {"lengths": np.full(4, ITEM - 1, np.uint64)},
+        "outside": {"offsets": np.array([0, 1, 2, 1 << 20], np.uint64) * np.uint64(ITEM)},
+        "overlapping the end": {"offsets": np.full(4, (1 << 20) - 100, np.uint64)},
+        "wrapping": {"base": 2**64 - 4096, "size": 4096},
+        "no such rkey": {"rkey": b"DSRK" + os.urandom(40), "pid": None},
+        "another process": {"pid": client.nodes()[0]["pid"], "rkey": b"garbage"},
+        "unmapped source": {"base": 4096, "size": 1 << 20, "rkey": b"garbage"},
     }
     for name, over in bad.items():
         with pytest.raises((ds.DistoreError, RemoteError)) as info:
