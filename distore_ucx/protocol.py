@@ -2,8 +2,9 @@
 
 Frames on the control channel (TCP) are an 8-byte header (body length,
 metadata length; little-endian uint32), a msgpack map, and optionally a raw
-binary payload (the items of an insert), which is never copied into or out
-of msgpack. A request is ``{"v": VERSION, "op": name, "id": n, ...fields}``;
+binary payload, which is never copied into or out of msgpack (no message
+declares one now: an insert is a descriptor, the node pulls the items over
+UCX). A request is ``{"v": VERSION, "op": name, "id": n, ...fields}``;
 its reply is ``{"id": n, "ok": True, ...}`` or ``{"id": n, "ok": False,
 "error": class_name, "message": text}``. A push (``id`` 0) gets no reply.
 Arrays travel as raw little-endian bytes of a declared dtype. Encoding,
@@ -23,7 +24,7 @@ import msgpack
 import numpy as np
 
 VERSION = 1
-MAX_FRAME = 1 << 30  # 1 GiB: one insert batch at most
+MAX_FRAME = 1 << 30  # 1 GiB: any one frame
 MAX_NAME = 128
 MAX_ITEMS = 1 << 24  # per message
 MAX_SAMPLE = 1 << 16  # items in one sample request
