@@ -13,6 +13,7 @@ import numpy as np
 
 from .._native_loader import _native
 from ..errors import StorageFull
+from ..spec import SLOT_HEADER
 from .slots import SlotTable
 
 
@@ -28,14 +29,14 @@ class Arena:
             self.region = _native.MemoryRegion.write_protected(runtime.context, size)
         else:
             self.region = runtime.map_region(size, remote_read=True, hugepages=hugepages)
-        self._context = runtime.context
-        self._local = None  # the writable alias, registered for local access (pulls)
         self.size = size
         self.node_name = node_name
         self._bump = 0
         self._tables: dict[str, SlotTable] = {}
         self._generation = 0
         self.used_bytes = 0
+        self._context = runtime.context
+        self._local = None  # the writable alias, registered for local access (pulls)
 
     @property
     def base(self) -> int:
@@ -109,9 +110,23 @@ class Arena:
              src_addresses: np.ndarray, lengths: np.ndarray, timeout: float) -> np.ndarray:
         """Read a writer's staged items one-sided into allocated slots (one
         native call, GIL released: run it off the event loop); returns the
-        per-item ucs_status_t. `source` is a storage.pull.Source. A slot
+        per-item ucs_status_t. `source` is a storage.pulls.Source. A slot
         whose read failed keeps an invalid header (key 0, generation 0)."""
         return _native.pull(
             self.region, self.local_region if source.rkey is not None else None,
             source.worker, source.rkey, source.pid, source.base, source.size,
             offsets, src_addresses, lengths, keys, generations, timeout)
+
+    def write(self, offsets: np.ndarray, keys: np.ndarray, rows: np.ndarray) -> np.ndarray:
+        """Write items (header + packed rows) into slots; returns their generations.
+        (The insert path now pulls instead: see pull.)"""
+        k = len(offsets)
+        gens = self._generation + 1 + np.arange(k, dtype=np.uint64)
+        self._generation += k
+        header = np.empty((k, 2), dtype=np.uint64)
+        header[:, 0] = keys
+        header[:, 1] = gens
+        # Payload first, header last: two batched copies, no staging copy.
+        _native.scatter_rows(self.region, offsets + np.uint64(SLOT_HEADER), rows)
+        _native.scatter_rows(self.region, offsets, header.view(np.uint8))
+        return gens

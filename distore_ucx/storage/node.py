@@ -36,8 +36,8 @@ from ..config import NodeConfig, read_token
 from ..errors import ConnectionFailed, SpecMismatch, Timeout, from_native
 from ..spec import SLOT_HEADER
 from ..transport import UcxRuntime
-from ..transport.rpc import AsyncClient, parse_address, serve
 from ..transport.runtime import host_id
+from ..transport.rpc import AsyncClient, parse_address, serve
 from .arena import Arena
 from .pulls import Sources
 
