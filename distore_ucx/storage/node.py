@@ -39,7 +39,6 @@ from ..transport import UcxRuntime
 from ..transport.runtime import host_id
 from ..transport.rpc import AsyncClient, parse_address, serve
 from .arena import Arena
-from .pulls import Sources
 
 log = logging.getLogger(__name__)
 
@@ -383,7 +382,11 @@ class StorageNode:
                 source.name,
             )
 
-    def _sources(self) -> Sources:
+    def _sources(self):
+        """Writers' staging buffers this node reads (storage/pulls.py), made on
+        first use; these helpers keep their state out of start-up code."""
+        from .pulls import Sources
+
         if getattr(self, "_pull_sources", None) is None:
             self._pull_sources = Sources(self.runtime)
         return self._pull_sources
