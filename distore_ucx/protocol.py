@@ -2,8 +2,9 @@
 
 Frames on the control channel (TCP) are an 8-byte header (body length,
 metadata length; little-endian uint32), a msgpack map, and optionally a raw
-binary payload (the items of an insert), which is never copied into or out
-of msgpack. A request is ``{"v": VERSION, "op": name, "id": n, ...fields}``;
+binary payload, which is never copied into or out of msgpack (no message
+declares one now: an insert is a descriptor, the node pulls the items over
+UCX). A request is ``{"v": VERSION, "op": name, "id": n, ...fields}``;
 its reply is ``{"id": n, "ok": True, ...}`` or ``{"id": n, "ok": False,
 "error": class_name, "message": text}``. A push (``id`` 0) gets no reply.
 Arrays travel as raw little-endian bytes of a declared dtype. Encoding,
@@ -23,7 +24,7 @@ import msgpack
 import numpy as np
 
 VERSION = 1
-MAX_FRAME = 1 << 30  # 1 GiB: one insert batch at most
+MAX_FRAME = 1 << 30  # 1 GiB: any one frame
 MAX_NAME = 128
 MAX_ITEMS = 1 << 24  # per message
 MAX_SAMPLE = 1 << 16  # items in one sample request
@@ -139,13 +140,20 @@ MESSAGES: dict[str, tuple[F, ...]] = {
     ),
     "status": (),
     # storage node
-    "insert": (
+    "insert": (  # a descriptor: the node pulls the items from the writer's staging buffer
         F("table", "str", **_NAME),
         F("slot_size", "int", lo=1, hi=1 << 34),
         F("item_bytes", "int", lo=1, hi=1 << 34),
         F("keys", "u64[]"),
         F("priorities", "f64[]"),
-        F("payload", "bytes", max_len=MAX_FRAME),
+        F("offsets", "u64[]"),  # of each item in the staging buffer
+        F("lengths", "u64[]"),  # of each item (= item_bytes)
+        F("worker_address", "bytes", max_len=1 << 16),  # the writer's UCX worker
+        F("rkey", "bytes", max_len=1 << 16),  # the staging buffer's packed remote key
+        F("base", "int", lo=0, hi=2**64 - 1),  # the staging buffer's address
+        F("size", "int", lo=1, hi=2**64 - 1),
+        F("pid", "int", required=False, lo=1, hi=2**31),  # same-host writers
+        F("host_id", "str", required=False, max_len=128),
         F("timeout", "float", required=False, lo=0, hi=86400),
     ),
     "free": (

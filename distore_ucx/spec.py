@@ -120,6 +120,15 @@ class TableSpec:
         A field given with the spec's shape is one item; with an extra leading
         dimension it is a batch. Every field must agree on the batch size.
         """
+        n, arrays = self.arrays(data)
+        out = np.empty((n, self.item_bytes), dtype=np.uint8)
+        self.pack_into(out, arrays, 0, n)
+        return out
+
+    def arrays(self, data: Any) -> tuple[int, list[np.ndarray]]:
+        """Check one item or a batch against the spec: (n, one array per field,
+        each with a leading batch dimension and the field's dtype). Nothing is
+        copied unless a dtype must be converted; `pack_into` then copies."""
         if self.unnamed:
             data = {UNNAMED: data}
         elif not isinstance(data, Mapping):
@@ -156,12 +165,16 @@ class TableSpec:
             elif n != count:
                 raise SpecMismatch(f"fields disagree on the batch size ({n} vs {count})")
             arrays.append(a)
-        out = np.zeros((n, self.item_bytes), dtype=np.uint8)
+        return n, [np.ascontiguousarray(a) for a in arrays]
+
+    def pack_into(self, out: np.ndarray, arrays: list[np.ndarray], lo: int, hi: int) -> None:
+        """Copy items lo..hi of `arrays` (from `arrays()`) into the rows of
+        `out`, an (hi - lo, item_bytes) uint8 array: one copy per field."""
+        k = hi - lo
+        if len(self.fields) > 1 and sum(f.nbytes for f in self.fields) < self.item_bytes:
+            out[:] = 0  # alignment padding between fields
         for f, a in zip(self.fields, arrays):
-            out[:, f.offset : f.offset + f.nbytes] = np.ascontiguousarray(a).reshape(n, -1).view(
-                np.uint8
-            )
-        return out
+            out[:, f.offset : f.offset + f.nbytes] = a[lo:hi].reshape(k, -1).view(np.uint8)
 
     def views(self, buffer: np.ndarray, n: int, stride: int, base: int = SLOT_HEADER):
         """Per-field views of n items laid out every `stride` bytes in `buffer`.

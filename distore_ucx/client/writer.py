@@ -1,39 +1,97 @@
 """Writer: inserts items (actor side), batched under the hood.
 
-`insert` packs items by the table's spec and returns their keys at once;
-items are sent to storage nodes in batches (round robin over live nodes),
-with a bounded number of batches in flight. They are sampleable once the
-node has acknowledged them: `flush()` sends what is buffered and waits for
-every acknowledgement, and raises if any insert failed. Nothing is dropped
-silently: a failed batch raises from `insert` or `flush`.
+`insert` packs items by the table's spec straight into a staging buffer
+(one copy from the caller's arrays) and returns their keys at once. A full
+buffer (or `flush`) becomes a batch: the writer sends its storage node a
+small descriptor over the control connection (keys, priorities, the
+buffer's remote key, address and item offsets) and the node reads the items
+one-sided, straight into its arena slots (storage/pulls.py), then
+acknowledges. Items are sampleable once acknowledged.
+
+Staging memory is bounded: a pool of `max_in_flight` buffers of
+`batch_bytes`, registered with UCX once, remote-READ only and write-protected
+(a node cannot write the writer's memory). A buffer is refilled only after
+its batch's acknowledgement. An item larger than `batch_bytes` grows the
+buffer it goes to (to the item's size, kept for later items), so the bound
+is `max_in_flight` x max(`batch_bytes`, largest item). Each buffer has its
+own connection to each node, so batches in flight wait on a rate limiter
+side by side and each waits at most `timeout` from when it was sent.
+
+Nothing is dropped silently: when a batch fails, `insert`/`flush` settles
+every other batch of the writer and raises; the exception carries
+`stored_keys`, `unstored_keys` and `not_stored` (the count), and the
+writer is empty afterwards. A node that dies with a batch in flight: the
+batch goes to another node (the control plane drops whatever the dead
+node held, so nothing is doubled).
 
 Order: a table's FIFO order is the order in which the control plane
-registers batches. With `max_in_flight` > 1, two batches of one writer sent
-to different nodes may be registered in either order; `max_in_flight=1`
-keeps a writer's items in insertion order, at some cost in insert rate.
+registers batches. With `max_in_flight` > 1, two batches of one writer may
+be registered in either order; `max_in_flight=1` keeps a writer's items in
+insertion order, at some cost in insert rate.
 """
 
 from __future__ import annotations
 
 import itertools
 import logging
+import os
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..errors import ConnectionFailed, ConfigError, StorageFull
+from .._native_loader import _native
+from ..errors import ConfigError, ConnectionFailed, RateLimiterTimeout, StorageFull
 from ..transport import rpc
+from ..transport.runtime import host_id
 
 log = logging.getLogger(__name__)
+
+_PAGE = 1 << 12
+
+
+class _Buffer:
+    """One staging buffer: memory registered once, read-only to peers."""
+
+    def __init__(self, runtime, index: int, size: int):
+        self.index = index
+        self._runtime = runtime
+        self._map(size)
+
+    def _map(self, size: int) -> None:
+        size = -(-size // _PAGE) * _PAGE
+        self.region = _native.MemoryRegion.write_protected(self._runtime.context, size)
+        self.view = self.region.view()  # the writable alias
+        self.rkey = self.region.pack_rkey()
+        self.base = self.region.address  # what the node reads
+        self.size = self.region.size
+
+    def grow(self, size: int) -> None:
+        """Make room for at least `size` bytes (an item larger than batch_bytes)."""
+        if size > self.size:
+            self.view = self.region = None
+            self._map(size)
 
 
 @dataclass
 class _Batch:
+    """Items of one table staged in one buffer."""
+
     table: str
-    rows: np.ndarray  # (n, item_bytes) uint8
-    keys: np.ndarray
-    priorities: np.ndarray
+    spec: object
+    buffer: _Buffer
+    capacity: int  # items that fit
+    n: int = 0
+    keys: list = field(default_factory=list)
+    priorities: list = field(default_factory=list)
+
+    def rows(self, k: int) -> np.ndarray:
+        """The next k free rows of the buffer, as an (k, item_bytes) uint8 view."""
+        ib = self.spec.item_bytes
+        return self.buffer.view[self.n * ib : (self.n + k) * ib].reshape(k, ib)
+
+    def all_keys(self) -> np.ndarray:
+        return np.concatenate(self.keys) if len(self.keys) != 1 else self.keys[0]
 
 
 class Writer:
@@ -51,8 +109,9 @@ class Writer:
         max_in_flight: int = 2,
         timeout: float = 60.0,
     ):
-        """`timeout`: how long an insert may wait for a rate limiter (or a node)
-        before failing with RateLimiterTimeout (or Timeout)."""
+        """`timeout`: how long a batch may wait for a rate limiter (or a node)
+        before failing with RateLimiterTimeout (or Timeout); staging memory is
+        `max_in_flight` buffers of `batch_bytes` (see the module docstring)."""
         if batch_bytes < 1 or max_items < 1 or max_in_flight < 1:
             raise ConfigError("batch_bytes, max_items and max_in_flight must be positive")
         self._client = client
@@ -64,50 +123,73 @@ class Writer:
         self.writer_id = reply["writer_id"]
         self._key_base = np.uint64(self.writer_id << reply["key_bits"])
         self._seq = 0
-        self._pending: dict[str, list[_Batch]] = {}
-        self._pending_bytes: dict[str, int] = {}
+        self._runtime = client.runtime
+        self._me = {"worker_address": self._runtime.address, "pid": os.getpid(),
+                    "host_id": host_id()}
+        self._buffers: list[_Buffer] = []
+        self._free: list[_Buffer] = []
+        self._open: dict[str, _Batch] = {}  # one batch being filled per table
         self._in_flight: deque[tuple[rpc.Client, _Batch, int, set[int]]] = deque()
-        # Keyed by node id and address: a control plane that restarted afresh
-        # may give a known address another id, or a known id another node.
-        self._conns: dict[tuple[int, str], rpc.Client] = {}
+        # Keyed by node id, address and buffer: a control plane that restarted
+        # afresh may give a known address another id, or a known id another node.
+        self._conns: dict[tuple[int, str, int], rpc.Client] = {}
         self._nodes: list[dict] = []
         self._rr = itertools.count()
         self._sent: dict[int, int] = {}  # bytes sent to each node (placement)
+        self._paths: dict[int, str] = {}  # how each node reads our buffers (logged once)
         self.inserted = 0
         self._closed = False
+
+    @property
+    def paths(self) -> dict[int, str]:
+        """How each storage node read this writer's batches, by node id
+        (e.g. 'cma (same host)' or 'ucx (UCX_TLS=tcp)')."""
+        return dict(self._paths)
 
     def insert(self, table: str, data, priority=1.0) -> np.ndarray:
         """Insert one item or a batch (leading dimension); returns the new keys.
 
         `priority` is a scalar or one value per item. Keys are uint64, unique
-        across the control plane.
+        across the control plane. Raises (see the module docstring) when a
+        batch of this writer could not be stored.
         """
         if self._closed:
             raise ConfigError("this writer is closed")
         spec = self._client.spec(table)
-        rows = spec.pack(data)
-        n = len(rows)
+        n, arrays = spec.arrays(data)
         prio = np.broadcast_to(np.asarray(priority, dtype=np.float64), (n,)).copy()
         if not np.isfinite(prio).all() or (prio < 0).any():
             raise ValueError("priorities must be finite and non-negative")
         keys = self._key_base + np.uint64(self._seq) + np.arange(n, dtype=np.uint64)
         self._seq += n
-        self._pending.setdefault(table, []).append(_Batch(table, rows, keys, prio))
-        self._pending_bytes[table] = self._pending_bytes.get(table, 0) + rows.nbytes
-        pending_items = sum(len(b.keys) for b in self._pending[table])
-        if self._pending_bytes[table] >= self.batch_bytes or pending_items >= self.max_items:
-            self._send_pending(table)
+        done = 0
+        try:
+            while done < n:
+                batch = self._batch(table, spec)
+                k = min(n - done, batch.capacity - batch.n)
+                spec.pack_into(batch.rows(k), arrays, done, done + k)
+                batch.keys.append(keys[done : done + k])
+                batch.priorities.append(prio[done : done + k])
+                batch.n += k
+                done += k
+                if batch.n == batch.capacity:
+                    self._send(self._open.pop(table), set())
+        except _Failed as failed:
+            failed.raise_with(keys[done:])
         return keys
 
     def flush(self) -> None:
         """Send everything buffered and wait until every item is stored."""
-        for table in list(self._pending):
-            self._send_pending(table)
-        while self._in_flight:
-            self._complete_oldest()
+        try:
+            for table in list(self._open):
+                self._send(self._open.pop(table), set())
+            while self._in_flight:
+                self._complete_oldest()
+        except _Failed as failed:
+            failed.raise_with(None)
 
     def close(self) -> None:
-        """Flush, then close the connections to storage nodes."""
+        """Flush, then close the connections to storage nodes and free the buffers."""
         if self._closed:
             return
         try:
@@ -117,6 +199,10 @@ class Writer:
             for conn in self._conns.values():
                 conn.close()
             self._conns.clear()
+            self._open.clear()
+            self._in_flight.clear()
+            self._free.clear()
+            self._buffers.clear()
 
     def __enter__(self) -> "Writer":
         return self
@@ -125,40 +211,56 @@ class Writer:
         self.close()
 
     # -- internals -------------------------------------------------------
-    def _send_pending(self, table: str) -> None:
-        batches = self._pending.pop(table, [])
-        self._pending_bytes.pop(table, None)
-        if not batches:
-            return
-        rows = np.concatenate([b.rows for b in batches]) if len(batches) > 1 else batches[0].rows
-        keys = np.concatenate([b.keys for b in batches]) if len(batches) > 1 else batches[0].keys
-        prio = (
-            np.concatenate([b.priorities for b in batches])
-            if len(batches) > 1
-            else batches[0].priorities
-        )
-        # Messages stay bounded and large inserts spread over the nodes.
-        step = max(1, min(self.max_items, self.batch_bytes // max(1, rows.shape[1])))
-        for i in range(0, len(keys), step):
-            while len(self._in_flight) >= self.max_in_flight:
+    def _batch(self, table: str, spec) -> _Batch:
+        """The open batch of `table`, with room for at least one item."""
+        batch = self._open.get(table)
+        if batch is not None:
+            return batch
+        buf = self._buffer()
+        buf.grow(spec.item_bytes)
+        capacity = min(self.max_items, max(1, min(self.batch_bytes, buf.size) // spec.item_bytes))
+        batch = _Batch(table, spec, buf, capacity)
+        self._open[table] = batch
+        return batch
+
+    def _buffer(self) -> _Buffer:
+        """A staging buffer no batch uses; waits for acknowledgements if need be."""
+        while not self._free:
+            if len(self._buffers) < self.max_in_flight:
+                buf = _Buffer(self._runtime, len(self._buffers), self.batch_bytes)
+                self._buffers.append(buf)
+                return buf
+            if self._in_flight:
                 self._complete_oldest()
-            chunk = _Batch(table, rows[i : i + step], keys[i : i + step], prio[i : i + step])
-            self._send(chunk, exclude=set())
+            else:  # every buffer holds another table's open batch: send one
+                self._send(self._open.pop(next(iter(self._open))), set())
+        return self._free.pop()
 
     def _send(self, batch: _Batch, exclude: set[int]) -> None:
-        spec = self._client.spec(batch.table)
+        keys = batch.all_keys()
+        prios = np.concatenate(batch.priorities) if len(batch.priorities) != 1 else \
+            batch.priorities[0]
+        ib = batch.spec.item_bytes
         while True:
-            node_id, conn = self._next_node(exclude)
+            try:
+                node_id, conn = self._next_node(exclude, batch.buffer.index)
+            except StorageFull as exc:
+                raise self._settle(exc, batch) from None
             try:
                 conn.send(
                     "insert",
                     table=batch.table,
-                    slot_size=spec.slot_size,
-                    item_bytes=spec.item_bytes,
-                    keys=batch.keys,
-                    priorities=batch.priorities,
-                    payload=batch.rows,
+                    slot_size=batch.spec.slot_size,
+                    item_bytes=ib,
+                    keys=keys,
+                    priorities=prios,
+                    offsets=np.arange(batch.n, dtype=np.uint64) * np.uint64(ib),
+                    lengths=np.full(batch.n, ib, np.uint64),
+                    rkey=batch.buffer.rkey,
+                    base=batch.buffer.base,
+                    size=batch.buffer.size,
                     timeout=float(self.timeout),
+                    **self._me,
                 )
             except ConnectionFailed as exc:
                 log.warning("storage node %d unreachable (%s); trying another", node_id, exc)
@@ -166,35 +268,79 @@ class Writer:
                 exclude.add(node_id)
                 continue
             self._in_flight.append((conn, batch, node_id, exclude))
-            self._sent[node_id] = self._sent.get(node_id, 0) + batch.rows.nbytes
+            self._sent[node_id] = self._sent.get(node_id, 0) + batch.n * ib
             return
 
     def _complete_oldest(self) -> None:
         conn, batch, node_id, exclude = self._in_flight.popleft()
         try:
-            conn.receive(self.timeout + 15.0)  # the node's own deadline comes first
+            reply = conn.receive(self.timeout + 15.0)  # the node's own deadline comes first
         except ConnectionFailed as exc:
-            # The node died; the control plane drops whatever it had stored.
+            # The node died (or is leaving); the control plane drops whatever
+            # it had stored, and our buffer still holds the batch.
             log.warning("lost storage node %d during an insert (%s); resending", node_id, exc)
             self._drop(node_id)
             self._send(batch, exclude | {node_id})  # acknowledged later, like the rest
             return
         except Exception as exc:
-            # Settle every other batch in flight, so that after the error the
-            # writer is in a known state, and say how many items were lost.
-            lost = len(batch.keys)
-            while self._in_flight:
-                other = self._in_flight.popleft()
-                try:
-                    other[0].receive(self.timeout + 15.0)
-                    self.inserted += len(other[1].keys)
-                except Exception:
-                    lost += len(other[1].keys)
-            exc.args = (f"{exc.args[0] if exc.args else exc} [{lost} items not stored]",)
-            raise
-        self.inserted += len(batch.keys)
+            raise self._settle(exc, batch) from None
+        self._stored(batch, node_id, reply)
 
-    def _next_node(self, exclude: set[int]) -> tuple[int, rpc.Client]:
+    def _stored(self, batch: _Batch, node_id: int, reply: dict) -> None:
+        self.inserted += batch.n
+        self._free.append(batch.buffer)
+        via = reply.get("via", "?")
+        if self._paths.get(node_id) != via:
+            self._paths[node_id] = via
+            log.info("writer %d: storage node %d reads inserts via %s", self.writer_id,
+                     node_id, via)
+
+    def _settle(self, exc: Exception, failed: _Batch) -> _Failed:
+        """After `failed` could not be stored: wait for every other batch in
+        flight, drop the open ones, and describe what was and was not stored."""
+        stored, unstored = [], [failed.all_keys()]
+        self._free.append(failed.buffer)
+        while self._in_flight:
+            conn, batch, node_id, _ = self._in_flight.popleft()
+            try:
+                reply = conn.receive(self.timeout + 15.0)
+            except Exception:
+                unstored.append(batch.all_keys())
+                self._free.append(batch.buffer)
+                continue
+            stored.append(batch.all_keys())
+            self._stored(batch, node_id, reply)
+        for batch in self._open.values():
+            if batch.keys:
+                unstored.append(batch.all_keys())
+            self._free.append(batch.buffer)
+        self._open.clear()
+        hint = self._deadlock_hint(exc, failed.table, failed.n)
+        return _Failed(exc, stored, unstored, hint)
+
+    def _deadlock_hint(self, exc: Exception, table: str, n: int) -> str:
+        """When the table admits no more inserts until it is sampled, say that
+        a process that both inserts and samples on one thread waits forever."""
+        if not isinstance(exc, RateLimiterTimeout):
+            return ""
+        try:
+            info = self._client.table_info(table)
+        except Exception:  # the hint is a courtesy; the error stands without it
+            return ""
+        state = info.get("rate_limiter_state")
+        if not state:
+            return ""
+        if (info["size"] + n <= state["min_size_to_sample"]
+                or state["diff"] + n * state["samples_per_insert"] <= state["max_diff"]):
+            return ""  # it was not waiting for samples
+        return (
+            f" Table {table!r} takes no more inserts until it is sampled (samples so far: "
+            f"{info['samples']}). If the process that samples it is this one (inserting and "
+            "sampling from one thread), it deadlocks: sample from another thread or process, "
+            "flush in smaller steps between samples, or loosen the rate limiter."
+        )
+
+    def _next_node(self, exclude: set[int], buffer: int) -> tuple[int, rpc.Client]:
         nodes = [n for n in self._nodes if n["node_id"] not in exclude]
         if not nodes:
             self._nodes = self._client.nodes()
@@ -208,14 +354,41 @@ class Writer:
         # The node this writer has sent the fewest bytes to: round robin by
         # batch would send every first chunk of a split insert to one node.
         node = min(nodes, key=lambda n: (self._sent.get(n["node_id"], 0), next(self._rr)))
-        conn = self._conns.get((node["node_id"], node["address"]))
+        key = (node["node_id"], node["address"], buffer)
+        conn = self._conns.get(key)
         if conn is None:
             conn = rpc.Client(node["address"], self.timeout, name=f"storage node {node['name']}",
                               token=self._client.token)
-            self._conns[(node["node_id"], node["address"])] = conn
+            self._conns[key] = conn
         return node["node_id"], conn
 
     def _drop(self, node_id: int) -> None:
         for key in [k for k in self._conns if k[0] == node_id]:
             self._conns.pop(key).close()
         self._nodes = [n for n in self._nodes if n["node_id"] != node_id]
+
+
+class _Failed(Exception):
+    """Internal: a batch failed and the writer has settled; carries the counts
+    until the public call adds the keys it had not staged yet and re-raises
+    the original error."""
+
+    def __init__(self, exc: Exception, stored: list, unstored: list, hint: str):
+        super().__init__(str(exc))
+        self.exc, self.stored, self.unstored, self.hint = exc, stored, unstored, hint
+
+    def raise_with(self, more: np.ndarray | None):
+        """Raise the original error, its message and attributes completed."""
+        exc = self.exc
+        unstored = self.unstored + ([more] if more is not None and len(more) else [])
+        empty = np.empty(0, np.uint64)
+        exc.stored_keys = np.concatenate(self.stored) if self.stored else empty
+        exc.unstored_keys = np.concatenate(unstored) if unstored else empty
+        exc.not_stored = len(exc.unstored_keys)
+        text = exc.args[0] if exc.args else str(exc)
+        exc.args = (
+            (f"{text} [{len(exc.stored_keys)} other items in flight were stored (.stored_keys) "
+             f"and the writer holds nothing now; .unstored_keys: {exc.not_stored} items not "
+             f"stored]{self.hint}"),
+        )
+        raise exc

@@ -54,6 +54,8 @@ class Arena:
         self._tables: dict[str, SlotTable] = {}
         self._generation = 0
         self.used_bytes = 0
+        self._context = runtime.context
+        self._local = None  # the writable alias, registered for local access (pulls)
 
     @property
     def share_fd(self) -> int:
@@ -183,8 +185,40 @@ class Arena:
         """Every table that has slots here, by name."""
         return dict(self._tables)
 
+    def next_generations(self, k: int) -> np.ndarray:
+        """k fresh generations; a generation is never handed out twice."""
+        gens = self._generation + 1 + np.arange(k, dtype=np.uint64)
+        self._generation += k
+        return gens
+
+    @property
+    def local_region(self):
+        """The arena as a destination of this process's own UCX reads: its
+        writable alias registered for LOCAL access only. No remote key is
+        ever packed from it (peers get the read-only registration's key)."""
+        if self._local is None:
+            if not self.region.is_write_protected:
+                self._local = self.region
+            else:
+                view = self.region.view()  # keeps the region (and its pages) alive
+                self._local = _native.MemoryRegion.register(
+                    self._context, view.ctypes.data, self.size, view, 0)
+        return self._local
+
+    def pull(self, source, offsets: np.ndarray, keys: np.ndarray, generations: np.ndarray,
+             src_addresses: np.ndarray, lengths: np.ndarray, timeout: float) -> np.ndarray:
+        """Read a writer's staged items one-sided into allocated slots (one
+        native call, GIL released: run it off the event loop); returns the
+        per-item ucs_status_t. `source` is a storage.pulls.Source. A slot
+        whose read failed keeps an invalid header (key 0, generation 0)."""
+        return _native.pull(
+            self.region, self.local_region if source.rkey is not None else None,
+            source.worker, source.rkey, source.pid, source.base, source.size,
+            offsets, src_addresses, lengths, keys, generations, timeout)
+
     def write(self, offsets: np.ndarray, keys: np.ndarray, rows: np.ndarray) -> np.ndarray:
-        """Write items (header + packed rows) into slots; returns their generations."""
+        """Write items (header + packed rows) into slots; returns their generations.
+        (The insert path now pulls instead: see pull.)"""
         k = len(offsets)
         gens = self._generation + 1 + np.arange(k, dtype=np.uint64)
         self._generation += k

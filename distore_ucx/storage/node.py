@@ -1,9 +1,12 @@
 """The storage node process: `distore node --control HOST:PORT --arena 4GiB`.
 
-Owns one arena registered with UCX for remote READ. Writers send inserts
-over the control channel; the node writes them into slots, reports them to
-the control plane in one message per batch and acknowledges the writer only
-once the control plane has them (an acknowledged insert is sampleable).
+Owns one arena registered with UCX for remote READ. Writers send insert
+descriptors over the control channel; the node pulls each batch one-sided
+from the writer's staging buffer straight into slots (storage/pulls.py, on a
+pull thread, off the event loop), reports them to the control plane in one
+message per batch and acknowledges the writer only once the control plane
+has them (an acknowledged insert is sampleable). A batch that cannot be
+read or registered frees its slots before the error reply.
 Learners read slots one-sided; the node does nothing for a read, except over
 TCP where UCX emulates RMA and the worker's event-driven progress thread
 answers. The control plane tells the node which slots to free.
@@ -24,11 +27,13 @@ import os
 import signal
 import socket
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
+from .._native_loader import _native
 from ..config import NodeConfig, read_token
-from ..errors import ConnectionFailed, SpecMismatch, Timeout
+from ..errors import ConnectionFailed, SpecMismatch, Timeout, from_native
 from ..spec import SLOT_HEADER
 from ..transport import UcxRuntime
 from ..transport.local_map import LocalMapServer
@@ -39,6 +44,7 @@ from .arena import Arena, page_advice, page_size_label
 log = logging.getLogger(__name__)
 
 RESEND_BATCH = 1 << 16  # items per items_restored message after a re-join
+PULL_TIMEOUT = 30.0  # s for reading one insert batch from a writer
 
 
 def route_address(control_host: str) -> str:
@@ -311,7 +317,7 @@ class StorageNode:
 
     async def _handle(self, peer, op: str, f: dict):
         if op == "insert":
-            return await self._insert(f)
+            return await self._insert(peer, f)
         if op == "node_info":
             return {
                 "node_id": self.node_id,
@@ -322,25 +328,33 @@ class StorageNode:
             }
         raise ConnectionFailed(f"storage node does not serve {op!r}")
 
-    async def _insert(self, f: dict) -> dict:
+    async def _insert(self, peer, f: dict) -> dict:
+        """Pull a writer's staged batch into slots, have the control plane
+        register it, then acknowledge. On any failure the slots are freed
+        before the error reply: the control plane never saw them, and their
+        headers stay invalid."""
         if self._leaving:  # the writer resends to another node on this error
             raise ConnectionFailed(f"storage node {self.name} is shutting down")
         keys = f["keys"]
         k = len(keys)
         item_bytes, slot_size = f["item_bytes"], f["slot_size"]
-        payload = f["payload"]
-        if k == 0 or len(payload) != k * item_bytes or slot_size < SLOT_HEADER + item_bytes:
+        lengths = f["lengths"]
+        if k == 0 or slot_size < SLOT_HEADER + item_bytes or (lengths != item_bytes).any():
             raise SpecMismatch(
-                f"insert into {f['table']!r}: {len(payload)} payload bytes for {k} items of "
-                f"{item_bytes} bytes in {slot_size}-byte slots"
+                f"insert into {f['table']!r}: {k} items of lengths {_lengths(lengths)} for "
+                f"items of {item_bytes} bytes in {slot_size}-byte slots"
             )
-        rows = np.frombuffer(payload, dtype=np.uint8).reshape(k, item_bytes)
+        source = self._sources().get(peer, f)
+        if not peer.state.get("watched"):
+            peer.state["watched"] = True
+            asyncio.get_running_loop().create_task(self._forget_writer(peer))
         table = f["table"]
         offsets = self.arena.allocate(table, slot_size, k)
         wait = f.get("timeout", 60.0)  # a rate limiter (or a control-plane restart) may hold it
         deadline = time.monotonic() + wait
         try:
-            gens = self.arena.write(offsets, keys, rows)
+            gens = self.arena.next_generations(k)
+            await self._pull(source, offsets, keys, gens, f["offsets"], lengths)
             while True:
                 await self._until_joined(deadline, k)
                 left = max(0.0, deadline - time.monotonic())
@@ -374,7 +388,50 @@ class StorageNode:
             raise
         self.arena.commit(table, offsets, keys, gens, f["priorities"])
         self.inserted += k
-        return {"n": k, "evicted": reply.get("evicted", 0)}
+        return {"n": k, "evicted": reply.get("evicted", 0), "via": source.via}
+
+    async def _pull(self, source, offsets, keys, gens, src_offsets, lengths) -> None:
+        """Read the batch into its slots on the pull thread (the event loop
+        keeps serving); raise if any item could not be read."""
+        loop = asyncio.get_running_loop()
+        addresses = np.uint64(source.base) + src_offsets
+        job = loop.run_in_executor(self._puller(), self.arena.pull, source, offsets, keys,
+                                   gens, addresses, lengths, PULL_TIMEOUT)
+        try:
+            statuses = await asyncio.shield(job)
+        except asyncio.CancelledError:
+            # The slots are freed by the caller: never while the thread writes them.
+            await asyncio.wait([job])
+            raise
+        bad = np.flatnonzero(statuses)
+        if bad.size:
+            status = int(statuses[bad[0]])
+            raise from_native(
+                status, _native.status_name(status),
+                f"storage node {self.name} could not read {bad.size} of {len(statuses)} "
+                f"items from {source.name} (via {source.via}); none of the batch was stored",
+                source.name,
+            )
+
+    def _sources(self):
+        """Writers' staging buffers this node reads (storage/pulls.py), made on
+        first use; these helpers keep their state out of start-up code."""
+        from .pulls import Sources
+
+        if getattr(self, "_pull_sources", None) is None:
+            self._pull_sources = Sources(self.runtime)
+        return self._pull_sources
+
+    def _puller(self) -> ThreadPoolExecutor:
+        # One thread: pulls of one node run one after another, off the loop.
+        if getattr(self, "_pull_thread", None) is None:
+            self._pull_thread = ThreadPoolExecutor(1, thread_name_prefix="pull")
+        return self._pull_thread
+
+    async def _forget_writer(self, peer) -> None:
+        """Drop a writer's cached endpoint and remote keys when its connection closes."""
+        await peer.closed.wait()
+        self._sources().drop(peer)
 
     async def _until_joined(self, deadline: float, k: int) -> None:
         """Wait until we are registered with a control plane, or raise Timeout."""
@@ -388,6 +445,11 @@ class StorageNode:
                 f"the insert of {k} items waited its timeout and was not stored. Restart the "
                 "control plane (with --restore to keep the store's contents)"
             ) from None
+
+
+def _lengths(lengths: np.ndarray) -> str:
+    values = np.unique(lengths)
+    return ", ".join(str(v) for v in values[:4]) + (", ..." if len(values) > 4 else "")
 
 
 def _write_ready(path: str, info: dict) -> None:

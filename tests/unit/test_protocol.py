@@ -62,16 +62,29 @@ def test_invalid_requests_are_rejected(msg, message):
 
 def test_payload_travels_raw_after_the_metadata():
     rows = np.arange(24, dtype=np.uint8).reshape(4, 6)
-    msg = protocol.request(
-        "insert", 5, table="t", slot_size=64, item_bytes=6, keys=np.arange(4, dtype=np.uint64),
-        priorities=np.ones(4), payload=rows,
-    )
+    msg = protocol.request("node_info", 5, payload=rows)
     parts = protocol.encode(msg)
     assert len(parts) == 3 and bytes(parts[2]) == rows.tobytes()
-    op, fields = protocol.validate_request(roundtrip(msg))
-    assert bytes(fields["payload"]) == rows.tobytes() and op == "insert"
+    assert bytes(roundtrip(msg)["payload"]) == rows.tobytes()
     with pytest.raises(ProtocolError, match="after the metadata"):
         protocol.decode(msgpack.packb({"id": 1, "payload": b"x"}))
+
+
+def test_an_insert_is_a_descriptor_not_the_bytes():
+    keys = np.arange(4, dtype=np.uint64)
+    fields = {"table": "t", "slot_size": 64, "item_bytes": 6, "keys": keys, "priorities": np.ones(4),
+                  "offsets": keys * np.uint64(6), "lengths": np.full(4, 6, np.uint64),
+                  "worker_address": b"w" * 40, "rkey": b"DSRK" + b"k" * 20, "base": 1 << 40,
+                  "size": 1 << 20, "pid": 1234, "host_id": "h", "timeout": 2.0}
+    op, got = protocol.validate_request(roundtrip(protocol.request("insert", 5, **fields)))
+    assert op == "insert" and "payload" not in got
+    assert np.array_equal(got["offsets"], keys * np.uint64(6)) and got["base"] == 1 << 40
+    short = dict(fields, lengths=np.full(3, 6, np.uint64))
+    with pytest.raises(ProtocolError, match="lengths"):
+        protocol.validate_request(roundtrip(protocol.request("insert", 6, **short)))
+    with pytest.raises(ProtocolError, match="missing field 'rkey'"):
+        protocol.validate_request(roundtrip(protocol.request(
+            "insert", 7, **{k: v for k, v in fields.items() if k != "rkey"})))
 
 
 def test_undecodable_and_oversized_frames():

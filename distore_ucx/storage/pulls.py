@@ -1,0 +1,152 @@
+"""Where a storage node pulls inserts from: each writer's staging buffers.
+
+A writer stages a batch in memory registered with UCX (remote READ only,
+write-protected) and sends the node a descriptor; the node reads the items
+one-sided, straight into its arena slots (storage/arena.py `Arena.pull`).
+A `Source` is one staging buffer as the node reads it:
+
+- through UCX: an endpoint to the writer's worker (with peer-failure
+  handling, so a writer that dies mid-read fails the read instead of
+  hanging it) and the buffer's remote key unpacked on it;
+- from a same-host writer when UCX may use shared memory: the writer's
+  process, read with process_vm_readv. That is what UCX's CMA transport does
+  underneath, but UCX has no peer-failure handling on shared memory and
+  aborts the reading process when the peer died (seen with UCX 1.21): a
+  storage node must outlive any writer. The writer's pid is trusted only
+  once it is shown to own the writer's control connection.
+
+Sources are cached per control connection, keyed by (worker address, remote
+key), and dropped with it. Thread safety: used from the node's event loop;
+a Source is immutable and may be handed to the pull thread.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+from collections import OrderedDict
+from dataclasses import dataclass
+
+from .._native_loader import _native
+from ..errors import ConfigError, ConnectionFailed
+from ..transport.runtime import host_id
+
+log = logging.getLogger(__name__)
+
+MAX_SOURCES = 64  # cached staging buffers per writer connection
+
+
+@dataclass(frozen=True)
+class Source:
+    """One writer staging buffer, ready to be read."""
+
+    name: str  # the writer, for messages
+    via: str  # "cma" or "ucx"
+    base: int  # address of the staging buffer in the writer
+    size: int
+    worker: object | None = None  # our UCX worker (ucx)
+    rkey: object | None = None  # _native.RemoteKey (ucx)
+    pid: int = 0  # the writer's pid (cma)
+
+
+class Sources:
+    """The node's cache of writers' staging buffers, per connection."""
+
+    def __init__(self, runtime):
+        self.runtime = runtime
+        self._users: dict[bytes, int] = {}  # worker address -> connections using it
+
+    def get(self, peer, f: dict) -> Source:
+        """The Source an insert descriptor names (cached on `peer`)."""
+        cache = peer.state.get("sources")
+        if cache is None:
+            cache = peer.state["sources"] = OrderedDict()
+            peer.state["worker_addresses"] = set()
+        key = (f["worker_address"], f["rkey"], f["base"], f["size"])
+        src = cache.get(key)
+        if src is not None:
+            cache.move_to_end(key)
+            return src
+        src = self._make(peer, f)
+        cache[key] = src
+        if len(cache) > MAX_SOURCES:
+            cache.popitem(last=False)
+        return src
+
+    def drop(self, peer) -> None:
+        """The writer's connection closed: forget its buffers, and its endpoint
+        once no other connection of that writer uses it."""
+        cache = peer.state.pop("sources", None)
+        if cache is not None:
+            cache.clear()
+        for address in peer.state.pop("worker_addresses", ()):
+            self._users[address] -= 1
+            if self._users[address] == 0:
+                del self._users[address]
+                self.runtime.drop_endpoint(address)
+
+    def _make(self, peer, f: dict) -> Source:
+        name = f"writer at {peer.address}" + (f" (pid {f['pid']})" if f.get("pid") else "")
+        base, size = f["base"], f["size"]
+        if base + size > 2**64:
+            raise ConnectionFailed(f"{name}: staging buffer [{base}, +{size}) wraps around")
+        same_host = bool(f.get("host_id")) and f["host_id"] == host_id()
+        if same_host and f.get("pid") and self.runtime.shared_memory:
+            if peer.state.get("verified_pid") == f["pid"] or _owns_connection(f["pid"], peer):
+                peer.state["verified_pid"] = f["pid"]
+                return Source(name, "cma (same host)", base, size, pid=f["pid"])
+            log.warning("%s: pid %d does not own its connection; reading through UCX", name,
+                        f["pid"])
+        if not self.runtime.peer_failure_detection:
+            raise ConfigError(
+                f"storage node cannot read inserts from {name} safely: UCX_TLS="
+                f"{self.runtime.transports} has no peer-failure handling, and a read from a "
+                "writer that died would abort the node. Run writers on the node's host (same "
+                "pid namespace), or allow a transport with failure handling (e.g. tcp)"
+            )
+        address = f["worker_address"]
+        ep = self.runtime.endpoint(address, name, detect_failures=True)
+        rkey = _native.RemoteKey(ep, f["rkey"], base, size, name)
+        if address not in peer.state["worker_addresses"]:
+            peer.state["worker_addresses"].add(address)
+            self._users[address] = self._users.get(address, 0) + 1
+        return Source(name, f"ucx (UCX_TLS={self.runtime.transports})", base, size, worker=self.runtime.worker, rkey=rkey)
+
+
+def _owns_connection(pid: int, peer) -> bool:
+    """Whether process `pid` holds the far end of `peer`'s TCP connection
+    (same host, IPv4): the writer's claimed pid is then its own."""
+    sock = peer.writer.get_extra_info("socket")
+    far = peer.writer.get_extra_info("peername")
+    if sock is None or far is None or sock.family != socket.AF_INET:
+        return False
+    near = sock.getsockname()
+
+    def hexaddr(addr) -> str:
+        return socket.inet_aton(addr[0])[::-1].hex().upper() + f":{addr[1]:04X}"
+
+    want_local, want_remote = hexaddr(far), hexaddr(near)
+    inode = None
+    try:
+        with open("/proc/net/tcp") as fh:
+            next(fh)
+            for line in fh:
+                cols = line.split()
+                if cols[1] == want_local and cols[2] == want_remote:
+                    inode = cols[9]
+                    break
+        if inode is None:
+            return False
+        target = f"socket:[{inode}]"
+        fd_dir = f"/proc/{pid}/fd"
+        return any(_readlink(os.path.join(fd_dir, fd)) == target for fd in os.listdir(fd_dir))
+    except OSError:
+        return False
+
+
+def _readlink(path: str) -> str:
+    try:
+        return os.readlink(path)
+    except OSError:
+        return ""

@@ -1,0 +1,184 @@
+"""Bandwidth of the insert path (writer -> storage node), with a same-run ucx_perftest baseline.
+
+For each UCX transport in ``--tls`` (default ``sm,tcp``) a LocalCluster (control plane and
+one storage node) runs with that ``UCX_TLS``; this process is the writer. For each item
+size in ``--sizes`` it times:
+
+one
+    one item per ``writer.insert()`` call, ``--items`` items (at least ``--min-bytes`` worth),
+    then ``flush()``: batching happens under the hood.
+batched
+    ``--batch`` items per ``insert()`` call (default 32), same total.
+
+GB/s is 10^9 bytes of item payload per second, from the first insert to the end of the
+final flush (everything acknowledged, so sampleable). The table is FIFO with a capacity
+that fits the arena, so long runs evict. The writer's ``paths`` say how the node read the
+batches (``cma (same host)`` or ``ucx (UCX_TLS=...)``).
+
+perftest
+    ``ucx_perftest -t ucp_get -s SIZE -O BATCH`` between two local processes with the same
+    UCX settings: what UCX itself reaches reading items of that size, a batch in flight.
+
+After each run a sample of the table is read back and checked against what was written
+(the item's bytes encode its index); a mismatch makes the exit status 1.
+
+Output: JSON lines on stdout, then a short table; progress on stderr. Only 127.0.0.1 is
+used. Example (brief run; the lead measures final figures on a quiet machine)::
+
+    cd /tmp && /work/main/.venv/bin/python /work/main/perf/insert_bandwidth.py \\
+        --sizes 3K,110K,3M,10M --seconds 2 --json-out /tmp/insert.jsonl
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+import common
+import numpy as np
+from common import apply_ucx_env, fmt, log, measure_perftest, size_list
+
+MiB = 1 << 20
+DEFAULT_SIZES = "3K,110K,3M,10M"
+
+
+def pattern(index: np.ndarray, size: int) -> np.ndarray:
+    """Items whose bytes encode their index: (len(index), size) uint8."""
+    base = (np.arange(size, dtype=np.uint64) * np.uint64(2654435761)) >> np.uint64(7)
+    return ((base[None, :] + index.astype(np.uint64)[:, None]) & np.uint64(0xFF)).astype(np.uint8)
+
+
+def run_mode(ds, client, tls: str, size: int, mode: str, args) -> dict:
+    table = f"ins_{tls.replace(',', '_')}_{size}_{mode}"
+    # Every table of the run shares the arena: each gets an equal part of half
+    # of it (the rest: slots of batches in flight, not yet evicted for).
+    share = int(args.arena * 0.5) // (len(args.sizes) * len(args.modes))
+    capacity = max(8, share // (size + 64))
+    client.create_table(table, capacity, ((size,), np.uint8), sampler=ds.Uniform(),
+                        remover=ds.Fifo())
+    per_call = 1 if mode == "one" else args.batch
+    n_src = max(per_call, 64)
+    src = pattern(np.arange(n_src), size)  # made before timing: the writer's data
+    batch_bytes = max(args.batch_bytes, 2 * size)
+    writer = client.writer(batch_bytes=batch_bytes, max_in_flight=args.in_flight)
+    # Warm up: buffers registered, connections and endpoints made, and every
+    # slot of the table written once, so that the timed part measures the
+    # steady state of a full store (slots reused, arena pages faulted in).
+    warm = 0
+    while warm < capacity + per_call:
+        writer.insert(table, src[:per_call] if per_call > 1 else src[0])
+        warm += per_call
+    writer.flush()
+    n = 0
+    t0 = time.perf_counter()
+    deadline = t0 + args.seconds
+    while time.perf_counter() < deadline or n * size < args.min_bytes:
+        i = n % n_src
+        if per_call == 1:
+            writer.insert(table, src[i])
+        else:
+            j = min(i, n_src - per_call)
+            writer.insert(table, src[j : j + per_call])
+        n += per_call
+    writer.flush()
+    elapsed = time.perf_counter() - t0
+    paths = sorted(set(writer.paths.values()))
+    writer.close()
+    ok = verify(client, table, src, size)
+    return {"tls": tls, "item_bytes": size, "mode": mode, "per_call": per_call,
+            "items": n, "seconds": elapsed, "gbps": n * size / elapsed / 1e9,
+            "items_per_s": n / elapsed, "via": ",".join(paths), "verified": ok}
+
+
+def verify(client, table: str, src: np.ndarray, size: int) -> bool:
+    """Sample a few items and check each is one of the items written, whole."""
+    learner = client.learner(table, 8)
+    try:
+        batch = learner.sample()
+        got = np.asarray(batch.data).reshape(len(batch), size)
+        first = got[:, 0].astype(np.int64)
+        # item i starts with pattern byte (0 + i) & 0xFF: recover i modulo 256, then compare
+        cand = src[:256] if len(src) >= 256 else src
+        ok = True
+        for row, b in zip(got, first):
+            idx = np.flatnonzero(cand[:, 0] == b)
+            if not any(np.array_equal(row, src[k]) for k in idx):
+                log(f"MISMATCH: table {table}: a sampled item matches no written item")
+                ok = False
+        return ok
+    finally:
+        learner.close()
+
+
+def run_tls(args, tls: str, out) -> list[dict]:
+    import distore_ucx as ds
+
+    apply_ucx_env(tls)
+    rows = []
+    env = {"UCX_TLS": tls, "UCX_LOG_LEVEL": "error"}
+    with ds.LocalCluster(nodes=1, arena_bytes=args.arena, env=env, log_level="WARNING") as c:
+        client = ds.connect(c.address)
+        try:
+            for size in args.sizes:
+                pt, why = measure_perftest(tls, size, args.batch, args.batch * 200,
+                                           args.batch * 20, args.perftest_timeout)
+                if why:
+                    log(f"[{tls}] ucx_perftest: {why}")
+                for mode in args.modes:
+                    log(f"[{tls}] {size} B, {mode}")
+                    row = run_mode(ds, client, tls, size, mode, args)
+                    row["perftest_gbps"] = pt["gbps"] if pt else None
+                    row["ratio_vs_perftest"] = row["gbps"] / pt["gbps"] if pt else None
+                    rows.append(row)
+                    out.write(row)
+        finally:
+            client.close()
+    return rows
+
+
+def print_rows(rows: list[dict]) -> None:
+    head = ["tls", "item_B", "mode", "items", "GB/s", "items/s", "perf_GB/s", "vs_perf",
+            "via", "ok"]
+    lines = [[r["tls"], str(r["item_bytes"]), r["mode"], str(r["items"]), fmt(r["gbps"], ".3g"),
+              fmt(r["items_per_s"], ".3g"), fmt(r["perftest_gbps"], ".3g"),
+              fmt(r["ratio_vs_perftest"], ".2f"), r["via"], "yes" if r["verified"] else "NO"]
+             for r in rows]
+    common.print_table(head, lines)
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--tls", default="sm,tcp", help="UCX_TLS per pass (default sm,tcp)")
+    p.add_argument("--sizes", default=DEFAULT_SIZES, help="item sizes, K/M suffixes allowed")
+    p.add_argument("--modes", default="one,batched", help="one, batched or both")
+    p.add_argument("--batch", type=int, default=32, help="items per call in batched mode")
+    p.add_argument("--seconds", type=float, default=2.0, help="timed seconds per run")
+    p.add_argument("--min-bytes", type=int, default=64 * MiB, help="at least this much per run")
+    p.add_argument("--arena", type=int, default=1 << 30,
+                   help="storage arena bytes (every slot is written once before timing)")
+    p.add_argument("--batch-bytes", type=int, default=4 * MiB, help="writer batch_bytes")
+    p.add_argument("--in-flight", type=int, default=2, help="writer max_in_flight")
+    p.add_argument("--perftest-timeout", type=float, default=120.0)
+    p.add_argument("--json-out", help="also write the JSON lines to this file")
+    args = p.parse_args(argv)
+    args.sizes = size_list(args.sizes)
+    args.modes = [m.strip() for m in args.modes.split(",") if m.strip()]
+    if set(args.modes) - {"one", "batched"} or not args.modes:
+        p.error("--modes: one, batched")
+    return args
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    rows = []
+    with common.JsonLines(args.json_out) as out:
+        for tls in [t.strip() for t in args.tls.split(",") if t.strip()]:
+            rows += run_tls(args, tls, out)
+    print()
+    print_rows(rows)
+    return 0 if all(r["verified"] for r in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,248 @@
+"""The insert path: writers stage batches, storage nodes pull them one-sided.
+
+Over UCX_TLS=tcp (UCX gets through the node's endpoint to the writer) and
+sm (same host: the node reads the writer's process), every inserted item is
+read back whole; a writer killed with batches in flight leaves no slot
+behind and nothing half-written; malformed descriptors get an error reply
+and the node goes on serving; a writer held by a rate limiter fails after
+its timeout with the exact keys stored and not stored.
+"""
+
+from __future__ import annotations
+
+import inspect
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import numpy as np
+import pytest
+
+import distore_ucx as ds
+from distore_ucx._native_loader import _native
+from distore_ucx.errors import RemoteError
+from distore_ucx.transport import rpc
+from distore_ucx.transport.runtime import host_id
+
+ITEM = 3000  # bytes: the first 8 hold the item's index, the rest derive from it
+
+
+def items(index: np.ndarray) -> np.ndarray:
+    """Items whose bytes all follow from their index (so a torn one is visible)."""
+    index = np.asarray(index, np.uint64)
+    body = (np.arange(ITEM - 8, dtype=np.uint64)[None, :] * np.uint64(31)
+            + index[:, None] * np.uint64(7)) & np.uint64(0xFF)
+    out = np.empty((len(index), ITEM), np.uint8)
+    out[:, :8] = index[:, None].view(np.uint8).reshape(len(index), 8)
+    out[:, 8:] = body.astype(np.uint8)
+    return out
+
+
+ITEMS_SOURCE = textwrap.indent(inspect.getsource(items), "    ").strip()
+
+
+def whole(rows: np.ndarray) -> np.ndarray:
+    """Which sampled rows are exactly the item their first 8 bytes name."""
+    index = rows[:, :8].copy().view(np.uint64).ravel()
+    return (rows == items(index)).all(axis=1)
+
+
+def wait_for(cond, what: str, timeout: float = 10.0):
+    deadline = time.monotonic() + timeout
+    while not (value := cond()):
+        assert time.monotonic() < deadline, what
+        time.sleep(0.05)
+    return value
+
+
+def node_bytes_match_table(client, table: str) -> bool:
+    info = client.table_info(table)
+    used = sum(n["used_bytes"] for n in client.status()["nodes"])
+    return used == info["size"] * info["slot_size"]
+
+
+def test_every_item_arrives_whole_one_per_call_and_batched(client, tls):
+    client.create_table("t", capacity=10_000, spec=((ITEM,), "uint8"))
+    writer = client.writer(batch_bytes=64 << 10, max_in_flight=3)
+    src = items(np.arange(1500))
+    keys = [writer.insert("t", row) for row in src[:500]]  # one per call
+    keys.append(writer.insert("t", src[500:1500]))  # one call, many batches
+    writer.flush()
+    keys = np.concatenate(keys)
+    assert client.table_info("t")["size"] == 1500 == writer.inserted
+    via = set(writer.paths.values())
+    assert via == ({"cma (same host)"} if tls == "sm" else {"ucx (UCX_TLS=tcp)"}), via
+    learner = client.learner("t", batch_size=100)
+    seen = set()
+    for _ in range(60):
+        batch = learner.sample()
+        assert whole(batch.data).all()
+        index = batch.data[:, :8].copy().view(np.uint64).ravel()
+        assert np.array_equal(keys[index.astype(np.int64)], batch.keys)  # key <-> content
+        seen.update(index.tolist())
+    assert len(seen) > 1200
+    learner.close()
+    writer.close()
+
+
+def test_an_item_larger_than_batch_bytes_grows_its_buffer(client, tls):
+    client.create_table("big", capacity=10, spec=((300_000,), "uint8"))
+    data = np.random.default_rng(3).integers(0, 256, (3, 300_000), dtype=np.uint8)
+    with client.writer(batch_bytes=64 << 10, max_in_flight=2) as writer:
+        keys = writer.insert("big", data)
+    batch = client.learner("big", batch_size=12).sample()
+    for key, row in zip(batch.keys, batch.data):
+        assert np.array_equal(row, data[int(np.flatnonzero(keys == key)[0])])
+
+
+WRITER = textwrap.dedent("""
+    import numpy as np, distore_ucx as ds
+    ITEM = {item}
+    {items}
+    c = ds.connect({address!r})
+    w = c.writer(batch_bytes=256 << 10, max_in_flight=4)
+    src = items(np.arange(4096))
+    w.insert("t", src[:64]); w.flush()
+    print("ready", flush=True)
+    i = 0
+    while True:
+        w.insert("t", src[i % 4096]); i += 1
+""")
+
+
+def test_a_writer_killed_with_batches_in_flight_leaves_nothing_behind(client, cluster, tls,
+                                                                     tmp_path):
+    client.create_table("t", capacity=2000, spec=((ITEM,), "uint8"), remover=ds.Fifo())
+    for attempt in range(3):  # kill at different moments
+        proc = subprocess.Popen(
+            [sys.executable, "-c", WRITER.format(items=ITEMS_SOURCE, item=ITEM,
+                                                 address=cluster.address)],
+            stdout=subprocess.PIPE, text=True, cwd=tmp_path)
+        try:
+            assert proc.stdout.readline().strip() == "ready"
+            time.sleep(0.2 + 0.3 * attempt)  # batches in flight at some point
+        finally:
+            proc.send_signal(signal.SIGKILL)
+            proc.wait()
+            proc.stdout.close()
+        # Slots of batches the node was pulling or registering come back.
+        wait_for(lambda: node_bytes_match_table(client, "t"),
+                 "the nodes hold slots the control plane does not know")
+    assert all(n["alive"] for n in client.status()["nodes"])
+    learner = client.learner("t", batch_size=200)
+    for _ in range(10):
+        assert whole(learner.sample().data).all()  # nothing half-written is sampled
+    learner.close()
+    with client.writer() as w:  # and the nodes take inserts as before
+        w.insert("t", items(np.arange(10)))
+
+
+def descriptor(region, keys, **over):
+    n = len(keys)
+    f = {"table": "t", "slot_size": ds.TableSpec.parse(((ITEM,), "uint8")).slot_size,
+             "item_bytes": ITEM, "keys": keys, "priorities": np.ones(n),
+             "offsets": np.arange(n, dtype=np.uint64) * np.uint64(ITEM),
+             "lengths": np.full(n, ITEM, np.uint64), "worker_address": over.pop("worker_address"),
+             "rkey": region.pack_rkey(), "base": region.address, "size": region.size,
+             "pid": os.getpid(), "host_id": host_id(), "timeout": 5.0}
+    f.update(over)
+    return {k: v for k, v in f.items() if v is not None}
+
+
+def test_malformed_insert_descriptors_get_an_error_and_the_node_serves_on(client, tls):
+    client.create_table("t", capacity=1000, spec=((ITEM,), "uint8"))
+    runtime = client.runtime
+    region = _native.MemoryRegion.write_protected(runtime.context, 1 << 20)
+    region.view()[: 4 * ITEM] = items(np.arange(4)).ravel()
+    node = client.nodes()[0]
+    conn = rpc.Client(node["address"], 10.0, name="node", token=client.token)
+    me = runtime.address
+    keys = np.arange(1, 5, dtype=np.uint64) + np.uint64(1 << 60)
+    bad = {
+        "lengths": {"lengths": np.full(4, ITEM - 1, np.uint64)},
+        "outside": {"offsets": np.array([0, 1, 2, 1 << 20], np.uint64) * np.uint64(ITEM)},
+        "overlapping the end": {"offsets": np.full(4, (1 << 20) - 100, np.uint64)},
+        "wrapping": {"base": 2**64 - 4096, "size": 4096},
+        "no such rkey": {"rkey": b"DSRK" + os.urandom(40), "pid": None},
+        "another process": {"pid": client.nodes()[0]["pid"], "rkey": b"garbage"},
+        "unmapped source": {"base": 4096, "size": 1 << 20, "rkey": b"garbage"},
+    }
+    for name, over in bad.items():
+        with pytest.raises((ds.DistoreError, RemoteError)) as info:
+            conn.call("insert", **descriptor(region, keys, worker_address=me, **over))
+        assert str(info.value), name
+    assert client.table_info("t")["size"] == 0  # none of them stored anything
+    wait_for(lambda: node_bytes_match_table(client, "t"), "a refused insert kept its slots")
+    # A well-formed descriptor on the same connection still works.
+    reply = conn.call("insert", **descriptor(region, keys, worker_address=me))
+    assert reply["n"] == 4
+    conn.close()
+    batch = client.learner("t", batch_size=8).sample()
+    assert whole(batch.data).all()
+
+
+def test_a_writer_held_by_a_rate_limiter_fails_at_its_timeout_with_exact_keys(client, tls):
+    client.create_table("t", capacity=10_000, spec=((ITEM,), "uint8"),
+                        rate_limiter=ds.SampleToInsertRatio(samples_per_insert=1.0,
+                                                            min_size_to_sample=1,
+                                                            error_buffer=100))
+    writer = client.writer(max_items=40, max_in_flight=3, timeout=2.0)
+    all_keys = []
+    t0 = time.monotonic()
+    with pytest.raises(ds.RateLimiterTimeout) as info:
+        for i in range(100):
+            all_keys.append(writer.insert("t", items(np.arange(20 * i, 20 * i + 20))))
+        writer.flush()
+    waited = time.monotonic() - t0
+    exc = info.value
+    assert 2.0 <= waited < 3.5, waited  # one timeout, not one per batch in flight
+    issued = np.concatenate(all_keys + [exc.unstored_keys])
+    stored = writer.inserted
+    size = client.table_info("t")["size"]
+    assert size == stored  # every acknowledged item, and only those, is in the table
+    assert exc.not_stored == len(exc.unstored_keys) > 0
+    assert not set(exc.stored_keys.tolist()) & set(exc.unstored_keys.tolist())
+    # The keys not stored are exactly those issued and not acknowledged.
+    assert len(set(issued.tolist())) == stored + exc.not_stored
+    assert f"{exc.not_stored} items not stored" in str(exc)
+    assert "deadlock" in str(exc)
+    # Not stored means not sampleable: sample everything there is.
+    learner = client.learner("t", batch_size=size)
+    batch = learner.sample()
+    assert not set(batch.keys.tolist()) & set(exc.unstored_keys.tolist())
+    learner.close()
+    writer.close()
+
+
+def test_batches_in_flight_to_a_node_that_dies_are_resent_once(make_cluster, tls):
+    cluster = make_cluster(nodes=2, arena_bytes=64 << 20)
+    client = ds.connect(cluster.address)
+    # Each item sampled exactly once: sampling everything lists the table's keys.
+    client.create_table("t", capacity=20_000, spec=((ITEM,), "uint8"),
+                        rate_limiter=ds.Queue(20_000))
+    writer = client.writer(batch_bytes=32 * ITEM, max_in_flight=4)
+    first = writer.insert("t", items(np.arange(2000)))
+    in_flight = [b.all_keys() for _, b, _, _ in writer._in_flight]
+    assert in_flight  # batches were on their way when the node died
+    cluster.kill_node(0)  # SIGKILL
+    second = writer.insert("t", items(np.arange(2000, 4000)))
+    writer.flush()  # no error: what the dead node had in flight went elsewhere
+    size = client.table_info("t")["size"]
+    learner = client.learner("t", batch_size=size)
+    batch = learner.sample()
+    got = batch.keys.tolist()
+    assert len(set(got)) == len(got) == size  # nothing doubled
+    assert whole(batch.data).all()
+    assert set(second.tolist()) <= set(got)  # nothing sent after the death lost
+    # Batches in flight at the death are there, unless the dead node had
+    # acknowledged them (then they went with it, as its stored items did).
+    lost = set(first.tolist()) - set(got)
+    for keys in in_flight:
+        k = set(keys.tolist())
+        assert k <= set(got) or k <= lost
+    learner.close()
+    writer.close()
+    client.close()

@@ -1,0 +1,96 @@
+"""The node's pull of a writer's staged batch into arena slots (native/pull.cc).
+
+In one process: the 'writer' staging buffer and the arena both live here, and
+the node side reads them by pid (process_vm_readv), as it does a same-host
+writer's.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from distore_ucx._native_loader import _native
+from distore_ucx.errors import OutOfBoundsError
+from distore_ucx.storage.arena import Arena
+from distore_ucx.storage.pulls import Source
+from distore_ucx.transport import UcxRuntime
+
+ITEM, SLOT = 1000, 1024
+
+
+@pytest.fixture(scope="module")
+def runtime():
+    with UcxRuntime() as rt:
+        yield rt
+
+
+@pytest.fixture
+def staged(runtime):
+    region = _native.MemoryRegion.write_protected(runtime.context, 1 << 16)
+    rows = np.random.default_rng(0).integers(0, 256, (8, ITEM), dtype=np.uint8)
+    region.view()[: rows.size] = rows.ravel()
+    return region, rows
+
+
+def pull(arena, region, pid, slots, offsets, lengths=None):
+    n = len(slots)
+    src = Source("self", "cma", region.address, region.size, pid=pid)
+    keys = np.arange(100, 100 + n, dtype=np.uint64)
+    gens = arena.next_generations(n)
+    lengths = np.full(n, ITEM, np.uint64) if lengths is None else lengths
+    statuses = arena.pull(src, slots, keys, gens, np.uint64(region.address) + offsets, lengths,
+                          5.0)
+    return statuses, keys, gens
+
+
+def headers(arena, slots):
+    view = arena.region.view()
+    return np.stack([view[s : s + 16].view(np.uint64) for s in slots.astype(np.int64)])
+
+
+def test_items_land_after_the_header_and_the_header_comes_last(runtime, staged):
+    import os
+
+    region, rows = staged
+    arena = Arena(runtime, 1 << 20)
+    slots = np.arange(8, dtype=np.uint64)[::-1] * np.uint64(SLOT)  # any order
+    statuses, keys, gens = pull(arena, region, os.getpid(), slots,
+                                np.arange(8, dtype=np.uint64) * np.uint64(ITEM))
+    assert not statuses.any()
+    view = arena.region.view()
+    for i, s in enumerate(slots.astype(np.int64)):
+        assert np.array_equal(view[s + 16 : s + 16 + ITEM], rows[i])
+    assert np.array_equal(headers(arena, slots), np.stack([keys, gens], axis=1))
+    assert (np.diff(gens) == 1).all() and (arena.next_generations(1) > gens.max()).all()
+
+
+def test_a_source_range_outside_the_buffer_is_refused_before_any_write(runtime, staged):
+    import os
+
+    region, _ = staged
+    arena = Arena(runtime, 1 << 20)
+    arena.region.view()[:SLOT] = 7
+    slots = np.zeros(1, np.uint64)
+    with pytest.raises(OutOfBoundsError, match="staging buffer"):
+        pull(arena, region, os.getpid(), slots, np.array([region.size - 10], np.uint64))
+    with pytest.raises(OutOfBoundsError, match="arena"):
+        pull(arena, region, os.getpid(), np.array([(1 << 20) - 100], np.uint64),
+             np.zeros(1, np.uint64))
+    assert (arena.region.view()[:SLOT] == 7).all()  # not even the header was touched
+
+
+def test_a_dead_writer_fails_the_read_and_leaves_headers_invalid(runtime, staged):
+    region, _ = staged
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()  # exited and reaped: its pid names no process now
+    arena = Arena(runtime, 1 << 20)
+    arena.region.view()[: 4 * SLOT] = 9
+    slots = np.arange(4, dtype=np.uint64) * np.uint64(SLOT)
+    statuses, _, _ = pull(arena, region, dead.pid, slots,
+                          np.arange(4, dtype=np.uint64) * np.uint64(ITEM))
+    assert (statuses != 0).all()
+    assert (headers(arena, slots) == 0).all()  # invalid: (key 0, generation 0)
