@@ -17,7 +17,9 @@ from .control.rate_limiters import MinSize, Queue, RateLimiter, SampleToInsertRa
 from .control.selectors import Fifo, Lifo, MaxHeap, MinHeap, Prioritized, Selector, Uniform
 from .errors import (
     AuthenticationFailed,
+    CapacityWarning,
     CheckpointError,
+    Closed,
     ConfigError,
     ConnectionFailed,
     DistoreError,
@@ -70,4 +72,6 @@ __all__ = [
     "UcxError",
     "AuthenticationFailed",
     "CheckpointError",
+    "Closed",
+    "CapacityWarning",
 ]

@@ -24,6 +24,7 @@ import numpy as np
 
 from ..errors import ConnectionFailed, ConfigError, StorageFull
 from ..transport import rpc
+from .client import check_insert, ensure_open
 
 log = logging.getLogger(__name__)
 
@@ -82,8 +83,7 @@ class Writer:
         `priority` is a scalar or one value per item. Keys are uint64, unique
         across the control plane.
         """
-        if self._closed:
-            raise ConfigError("this writer is closed")
+        check_insert(self, table, data, priority)
         spec = self._client.spec(table)
         rows = spec.pack(data)
         n = len(rows)
@@ -101,6 +101,7 @@ class Writer:
 
     def flush(self) -> None:
         """Send everything buffered and wait until every item is stored."""
+        ensure_open(self, "writer")
         for table in list(self._pending):
             self._send_pending(table)
         while self._in_flight:

@@ -1,0 +1,169 @@
+"""What a new user meets in the first hour: closed objects, tables that can
+never fit, and small traps, each with an error that says what to do."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tempfile
+import textwrap
+import warnings
+
+import numpy as np
+import pytest
+
+import distore_ucx as ds
+
+SPEC = ((64,), "uint8")
+
+
+@pytest.fixture(scope="module")
+def store():
+    with ds.LocalCluster(nodes=2, arena_bytes=2 << 20, log_level="WARNING") as cluster:
+        yield cluster
+
+
+@pytest.fixture
+def client(store):
+    c = ds.connect(store.address)
+    yield c
+    c.close()
+
+
+def test_closed_learner_writer_and_client_say_they_are_closed(store):
+    client = ds.connect(store.address)
+    client.create_table("closed", capacity=100, spec=SPEC)
+    writer = client.writer()
+    writer.insert("closed", np.zeros((8, 64), np.uint8))
+    writer.close()
+    with pytest.raises(ds.Closed, match="this writer is closed"):
+        writer.insert("closed", np.zeros(64, np.uint8))
+    with pytest.raises(ds.Closed, match="this writer is closed"):
+        writer.flush()
+    learner = client.learner("closed", batch_size=4)
+    learner.sample()
+    learner.close()
+    with pytest.raises(ds.Closed, match="this learner of table 'closed' is closed"):
+        learner.sample()
+    with pytest.raises(ds.Closed, match="this learner of table 'closed' is closed"):
+        next(iter(learner))
+    with pytest.raises(ds.Closed):
+        learner.update_priorities(np.zeros(1, np.uint64), [1.0])
+    live = client.learner("closed", batch_size=4, prefetch=1)
+    next(iter(live))
+    client.close()  # closes its learners too
+    with pytest.raises(ds.Closed, match="this learner of table 'closed' is closed"):
+        next(iter(live))
+    with pytest.raises(ds.Closed, match="this client is closed: connect again"):
+        client.table_info("closed")
+    with pytest.raises(ds.Closed):
+        client.writer()
+    assert issubclass(ds.Closed, ds.DistoreError)
+
+
+def test_an_item_larger_than_every_arena_is_refused_at_create(client):
+    with pytest.raises(ds.ConfigError, match=r"one item takes \d+ bytes .* the largest storage "
+                                             r"node's arena is 2097152 bytes"):
+        client.create_table("huge", capacity=1, spec=((3 << 20,), "uint8"))
+    assert "huge" not in [t["name"] for t in client.tables()]
+
+
+def test_a_capacity_beyond_every_arena_warns_at_create(client):
+    with pytest.warns(ds.CapacityWarning, match=r"table 'big': capacity 100000 x 128-byte "
+                                                r"slots .* 2 live storage nodes"):
+        info = client.create_table("big", capacity=100_000, spec=SPEC)
+    assert info["capacity"] == 100_000 and "warnings" not in info
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # one that fits says nothing
+        client.create_table("small", capacity=100, spec=SPEC)
+
+
+def test_storage_full_names_the_table_that_holds_the_space():
+    with ds.LocalCluster(nodes=1, arena_bytes=2 << 20, log_level="WARNING") as one, \
+            ds.connect(one.address) as client:
+        with pytest.warns(ds.CapacityWarning):
+            client.create_table("hog", capacity=40_000, spec=((1000,), "uint8"))
+        client.create_table("victim", capacity=100, spec=((1000,), "uint8"))
+        with pytest.raises(ds.StorageFull) as info, client.writer(max_items=64) as w:
+            for _ in range(50):  # 3.2 MB: more than the arena holds
+                w.insert("hog", np.zeros((64, 1000), np.uint8))
+        assert "Lower table 'hog'" in str(info.value)  # it holds the space itself
+        with pytest.raises(ds.StorageFull) as info, client.writer() as w:
+            w.insert("victim", np.zeros((10, 1000), np.uint8))
+        text = str(info.value)
+        assert "the space is held by table 'hog'" in text
+        assert "Table 'hog' holds the most: give it a smaller capacity" in text
+        assert "Lower table 'victim'" not in text
+
+
+def test_table_exists_says_which_fields_differ(client):
+    client.create_table("twice", capacity=10, spec=SPEC)
+    with pytest.raises(ds.TableExists, match=r"capacity: 10 there, 20 asked") as info:
+        client.create_table("twice", capacity=20, spec=SPEC, sampler=ds.Lifo())
+    assert "sampler: {'kind': 'uniform'" in str(info.value)
+    assert "spec" not in str(info.value)
+
+
+def test_wrong_number_of_priorities_says_how_many(client):
+    client.create_table("prios", capacity=100, spec=SPEC)
+    with client.writer() as w:
+        with pytest.raises(ValueError, match=r"3 priorities \(shape \(3,\)\) for 5 items"):
+            w.insert("prios", np.zeros((5, 64), np.uint8), priority=[1.0, 2.0, 3.0])
+        w.insert("prios", np.zeros((5, 64), np.uint8), priority=np.arange(5.0))
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"sampler": ds.Prioritized}, (r"sampler=ds.Prioritized is the function, not a sampler: "
+                                   r"call it, e.g. sampler=ds.Prioritized\(alpha=0.6\)")),
+    ({"remover": ds.Fifo}, r"remover=ds.Fifo is the function.*remover=ds.Fifo\(\)"),
+    ({"rate_limiter": ds.Queue}, r"rate_limiter=ds.Queue is the function.*ds.Queue\(size\)"),
+])
+def test_an_uncalled_sampler_says_call_it(client, kwargs, message):
+    with pytest.raises(ds.ConfigError, match=message):
+        client.create_table("uncalled", capacity=10, spec=SPEC, **kwargs)
+
+
+def test_a_list_of_pixel_values_goes_into_a_uint8_field(client):
+    client.create_table("lists", capacity=10, spec={"obs": ((2, 2), "uint8")})
+    with client.writer() as w:
+        w.insert("lists", {"obs": [[1, 2], [3, 255]]})
+    with client.learner("lists", batch_size=1) as learner:
+        assert learner.sample().data["obs"].tolist() == [[[1, 2], [3, 255]]]
+
+
+def test_a_batch_larger_than_the_queue_is_refused_at_once(client):
+    client.create_table("q", capacity=100, spec=SPEC, rate_limiter=ds.Queue(10))
+    with pytest.raises(ds.ConfigError, match=r"table 'q': Queue\(10\) can never hand out 64 "
+                                             r"items at once .* batch_size <= 10"):
+        client.learner("q", batch_size=64, timeout=60)
+    client.learner("q", batch_size=10).close()
+
+
+PROGRAM = """
+import numpy as np
+import distore_ucx as ds
+cluster = ds.LocalCluster(nodes=1, arena_bytes=4 << 20, log_level="WARNING").start()
+client = ds.connect(cluster.address)
+client.create_table("t", capacity=100, spec=((8,), "uint8"))
+w = client.writer()
+w.insert("t", np.zeros((10, 8), np.uint8))
+w.flush()
+client.learner("t", batch_size=4).sample()
+next(iter(client.learner("t", batch_size=4, prefetch=2)))  # a prefetch thread too
+print("sampled", flush=True)
+# no close() anywhere
+"""
+
+
+@pytest.mark.parametrize("tls", ["tcp", "sm"])
+def test_a_program_that_never_closes_exits_quietly(tls):
+    env = dict(os.environ, UCX_TLS=tls, UCX_NET_DEVICES="lo")
+    env.pop("UCX_LOG_LEVEL", None)  # UCX's own default: its warnings are shown
+    out = subprocess.run([sys.executable, "-c", textwrap.dedent(PROGRAM)], capture_output=True,
+                         text=True, timeout=120, env=env, cwd=tempfile.gettempdir(),
+                         check=False)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "sampled"
+    assert "progress thread should be explicitly stopped" not in out.stderr, out.stderr
+    assert "WARN" not in out.stderr and "Traceback" not in out.stderr, out.stderr
