@@ -8,6 +8,7 @@ import subprocess
 import sys
 import tempfile
 import textwrap
+import time
 import warnings
 
 import numpy as np
@@ -167,3 +168,53 @@ def test_a_program_that_never_closes_exits_quietly(tls):
     assert out.stdout.strip() == "sampled"
     assert "progress thread should be explicitly stopped" not in out.stderr, out.stderr
     assert "WARN" not in out.stderr and "Traceback" not in out.stderr, out.stderr
+
+
+def _cli(*args, timeout=60):
+    return subprocess.run([sys.executable, "-m", "distore_ucx", *args], capture_output=True,
+                          text=True, timeout=timeout, cwd=tempfile.gettempdir(), check=False)
+
+
+def test_the_control_plane_listens_on_loopback_by_default(tmp_path):
+    psutil = pytest.importorskip("psutil")
+    ready = tmp_path / "control.ready"
+    proc = subprocess.Popen([sys.executable, "-m", "distore_ucx", "--log-level", "WARNING",
+                             "control", "--port", "0", "--ready-file", str(ready)],
+                            cwd=tempfile.gettempdir(), stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 60
+        while not ready.exists():
+            assert proc.poll() is None and time.monotonic() < deadline, "control did not start"
+            time.sleep(0.05)  # polling a file, with a deadline
+        listening = [c.laddr for c in psutil.Process(proc.pid).net_connections("tcp")
+                     if c.status == psutil.CONN_LISTEN]
+        assert listening and all(addr.ip == "127.0.0.1" for addr in listening), listening
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+
+
+@pytest.mark.parametrize("argv, role", [
+    (["control", "--host", "0.0.0.0", "--port", "0"], "control plane on 0.0.0.0"),
+    (["node", "--control", "127.0.0.1:1", "--host", "0.0.0.0", "--arena", "16MiB"],
+     "storage node on 0.0.0.0"),
+])
+def test_listening_beyond_loopback_without_a_token_is_refused(argv, role):
+    out = _cli(*argv)
+    assert out.returncode == 2, out.stdout + out.stderr
+    assert f"refusing to run the {role} without a token" in out.stderr
+    assert "--token-file FILE" in out.stderr and "--insecure" in out.stderr
+
+
+def test_insecure_is_allowed_and_logged_loudly(caplog):
+    from distore_ucx import cli
+    from distore_ucx.config import resolve
+
+    settings = resolve({"control.host": "0.0.0.0", "auth.insecure": True}, {})
+    with caplog.at_level("WARNING", logger="distore_ucx.cli"):
+        cli._refuse_exposure("control plane", "0.0.0.0", settings)
+    loud = [r for r in caplog.records if r.levelname == "WARNING" and "INSECURE" in r.message]
+    assert len(loud) >= 2
+    with pytest.raises(ds.ConfigError, match="refusing"):
+        cli._refuse_exposure("control plane", "0.0.0.0", resolve({}, {}))
