@@ -59,7 +59,9 @@ class Arena:
                 f"node {self.node_name}: arena full ({self.used_bytes} of {self.size} bytes "
                 f"used) while inserting {k} items of {slot_size} bytes into table {table!r}; "
                 f"the space is held by {holders or 'no table yet'}. "
-                + (f"Lower table {table!r}'s capacity, or " if top == table else
+                + (f"One item of table {table!r} is larger than this whole arena: make "
+                   "items smaller, or " if slot_size > self.size else
+                   f"Lower table {table!r}'s capacity, or " if top == table else
                    f"Table {top!r} holds the most: give it a smaller capacity, or ")
                 + "start more storage nodes or give nodes a larger --arena"
             )
