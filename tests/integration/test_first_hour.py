@@ -72,7 +72,7 @@ def test_an_item_larger_than_every_arena_is_refused_at_create(client):
 
 def test_a_capacity_beyond_every_arena_warns_at_create(store, client):
     with pytest.warns(ds.CapacityWarning, match=r"table 'big': capacity 100000 x 128-byte "
-                                                r"slots .* 2 live storage nodes"):
+                                                r"slots .* the 2 live storage node\(s\)"):
         info = client.create_table("big", capacity=100_000, spec=SPEC)
     assert info["capacity"] == 100_000 and "warnings" not in info
     with open(os.path.join(store.log_dir, "control.log")) as fh:  # and in its log
