@@ -23,7 +23,7 @@ from ..transport import rpc
 log = logging.getLogger(__name__)
 
 # Learners closed so far (they keep no flag of their own); see ensure_open.
-_CLOSED: "weakref.WeakSet[Any]" = weakref.WeakSet()
+_CLOSED: weakref.WeakSet[Any] = weakref.WeakSet()
 
 
 def mark_closed(obj: Any) -> None:
@@ -95,6 +95,7 @@ class Client:
         self._children: list[Any] = []
         self._specs: dict[str, TableSpec] = {}
         self._closed = False
+        self._connections: weakref.WeakSet[rpc.Client] = weakref.WeakSet()  # see connection()
 
     # -- tables ----------------------------------------------------------
     def create_table(
@@ -219,7 +220,9 @@ class Client:
     def connection(self) -> rpc.Client:
         """A new, separate connection to the control plane (it reconnects by itself)."""
         ensure_open(self, "client")
-        return rpc.Client(self.address, self.timeout, token=self.token, reconnect=self.timeout)
+        conn = rpc.Client(self.address, self.timeout, token=self.token, reconnect=self.timeout)
+        self._connections.add(conn)
+        return conn
 
     def close(self) -> None:
         """Close writers (flushing them), learners, the UCX runtime, the connection."""
@@ -248,13 +251,19 @@ class Client:
 # Clients that made a UCX runtime. At interpreter exit, before the runtimes
 # close, their learners are closed (prefetch threads stopped, remote keys and
 # rings released), so that nothing reads through a runtime being torn down.
-_WITH_RUNTIME: "weakref.WeakSet[Client]" = weakref.WeakSet()
+_WITH_RUNTIME: weakref.WeakSet[Client] = weakref.WeakSet()
+_EXIT_TIMEOUT = 2.0  # seconds a request may take at interpreter exit
 
 
 def _close_learners_at_exit() -> None:
     from .learner import Learner
 
     for client in list(_WITH_RUNTIME):
+        # Exiting: release leases if the control plane answers at once, but
+        # never wait for one that went away (they expire by themselves).
+        for conn in [client._rpc, *client._connections]:
+            conn.reconnect = 0.0
+            conn.timeout = min(conn.timeout, _EXIT_TIMEOUT)
         for child in list(client._children):
             if isinstance(child, Learner):
                 try:

@@ -165,7 +165,7 @@ class UcxRuntime:
 # calls close() would otherwise leave the progress thread running into
 # interpreter teardown (ucxx then warns, and destructors may run on that
 # thread): stop them at exit, newest first, before modules are torn down.
-_LIVE: "weakref.WeakKeyDictionary[UcxRuntime, int]" = weakref.WeakKeyDictionary()
+_LIVE: weakref.WeakKeyDictionary[UcxRuntime, int] = weakref.WeakKeyDictionary()
 _ORDER = itertools.count()
 _AT_EXIT: list = []  # callables run before the runtimes close (owners release first)
 
