@@ -1,14 +1,18 @@
 """distore-ucx: a distributed replay store with a one-sided UCX sample path.
 
+>>> import numpy as np
 >>> import distore_ucx as ds
->>> with ds.LocalCluster(nodes=2, arena_bytes=1 << 30) as cluster:
-...     client = ds.connect(cluster.address)
-...     client.create_table("replay", capacity=10_000,
+>>> with ds.LocalCluster(nodes=2, arena_bytes=64 << 20) as cluster, \\
+...         ds.connect(cluster.address) as client:
+...     client.create_table("replay", capacity=1_000,
 ...                         spec={"obs": ((4, 84, 84), "uint8"), "reward": ((), "float32")})
 ...     writer = client.writer()
+...     obs, r = np.zeros((32, 4, 84, 84), np.uint8), np.zeros(32, np.float32)
 ...     keys = writer.insert("replay", {"obs": obs, "reward": r}, priority=1.0)
 ...     writer.flush()
 ...     batch = client.learner("replay", batch_size=32).sample()
+
+README.md has the same, runnable as written.
 """
 
 from .client import Batch, Client, Learner, Writer, connect
@@ -17,7 +21,9 @@ from .control.rate_limiters import MinSize, Queue, RateLimiter, SampleToInsertRa
 from .control.selectors import Fifo, Lifo, MaxHeap, MinHeap, Prioritized, Selector, Uniform
 from .errors import (
     AuthenticationFailed,
+    CapacityWarning,
     CheckpointError,
+    Closed,
     ConfigError,
     ConnectionFailed,
     DistoreError,
@@ -72,4 +78,6 @@ __all__ = [
     "UcxError",
     "AuthenticationFailed",
     "CheckpointError",
+    "Closed",
+    "CapacityWarning",
 ]

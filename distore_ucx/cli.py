@@ -22,8 +22,8 @@ import sys
 import threading
 import time
 
-from .config import SETTINGS, Settings, check_file, resolve
-from .errors import DistoreError
+from .config import SETTINGS, Settings, check_exposure, check_file, resolve
+from .errors import ConfigError, DistoreError
 
 log = logging.getLogger(__name__)
 
@@ -51,10 +51,7 @@ def _add_settings(parser: argparse.ArgumentParser, command: str) -> None:
                                 const=False, help="register the arena through its writable "
                                 "mapping (transparent hugepages can back it, but software "
                                 "transports then accept remote writes)")
-        elif s.name == "control.restore":
-            parser.add_argument("--restore", dest=s.name, action="store_const", const=True,
-                                default=None, help=text)
-        elif s.name == "ucx.system_library":
+        elif s.name in ("control.restore", "auth.insecure", "ucx.system_library"):
             parser.add_argument(s.flag, dest=s.name, action="store_const", const=True,
                                 default=None, help=text)
         else:
@@ -94,10 +91,14 @@ def build_parser() -> argparse.ArgumentParser:
     cfg = sub.add_parser("config", help="check or show configuration")
     csub = cfg.add_subparsers(dest="config_command", required=True)
     chk = csub.add_parser("check", help="validate a distore.toml; say what is wrong and where")
-    chk.add_argument("file", help="the distore.toml to check")
+    chk.add_argument("file", nargs="?", default=None,
+                     help="the distore.toml to check (or --config FILE; default DISTORE_CONFIG)")
     show = csub.add_parser("show", help="print every setting's resolved value and its source")
     show.add_argument("file", nargs="?", default=None,
-                      help="a distore.toml (default: DISTORE_CONFIG, if set)")
+                      help="a distore.toml (or --config FILE; default: DISTORE_CONFIG, if set)")
+    for sp in (chk, show):  # both spellings, as the other subcommands take --config
+        sp.add_argument("--config", metavar="FILE", default=None,
+                        help="the distore.toml (same as the positional FILE)")
 
     d = sub.add_parser("demo", help="run a local cluster with a writer and a verifying learner")
     d.add_argument("--seconds", type=float, default=20.0, help="how long to sample (default 20)")
@@ -184,11 +185,18 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "control":
             from .control.server import main as control_main
 
-            return control_main(settings.control(), args.ready_file)
+            config = settings.control()
+            _refuse_exposure("control plane", config.host, settings)
+            return control_main(config, args.ready_file)
         if args.command == "node":
             from .storage.node import main as node_main
+            from .storage.node import route_address
+            from .transport.rpc import parse_address
 
-            return node_main(settings.node(), args.ready_file)
+            config = settings.node()
+            host = config.host or route_address(parse_address(config.control)[0])
+            _refuse_exposure("storage node", host, settings)
+            return node_main(config, args.ready_file)
         if args.command == "status":
             address = settings["control.address"] or "127.0.0.1:7700"
             return _status(address, args, settings["auth.token_file"] or None)
@@ -201,6 +209,15 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         return 130
     return 1
+
+
+def _refuse_exposure(role: str, host: str, settings: Settings) -> None:
+    """A process listening beyond loopback needs a token or --insecure (then
+    says so loudly in its log)."""
+    warning = check_exposure(role, host, settings["auth.token_file"], settings["auth.insecure"])
+    if warning:
+        for _ in range(3):  # hard to miss in a log
+            log.warning("%s", warning)
 
 
 def _doctor(args) -> int:
@@ -217,14 +234,21 @@ def _doctor(args) -> int:
 # -- distore config ---------------------------------------------------------
 
 def _config(args) -> int:
+    if args.file and args.config and args.file != args.config:
+        raise ConfigError(f"two files given ({args.file} and --config {args.config}): "
+                          "give one")
     if args.config_command == "check":
-        problems = check_file(args.file)
+        path = args.file or args.config or os.environ.get("DISTORE_CONFIG")
+        if not path:
+            raise ConfigError("which file? distore config check FILE (or --config FILE, "
+                              "or DISTORE_CONFIG)")
+        problems = check_file(path)
         if problems:
-            print(f"{args.file}: {len(problems)} problem(s)", file=sys.stderr)
+            print(f"{path}: {len(problems)} problem(s)", file=sys.stderr)
             for p in problems:
                 print(f"  {p}", file=sys.stderr)
             return 1
-        print(f"{args.file}: ok")
+        print(f"{path}: ok")
         return 0
     settings = settings_from(args)
     shown = {}

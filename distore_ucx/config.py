@@ -86,7 +86,7 @@ def read_token(path: str | None) -> bytes | None:
 class ControlConfig:
     """Settings of the control plane process."""
 
-    host: str = "0.0.0.0"
+    host: str = "127.0.0.1"  # loopback unless asked: see check_exposure
     port: int = 7700
     heartbeat_interval: float = 0.5  # seconds between a node's heartbeats
     heartbeat_timeout: float = 2.0  # a node silent this long is dropped
@@ -254,11 +254,35 @@ def _to_token_file(v: Any) -> str:
         return path
     try:
         with open(path, "rb") as fh:
-            if not fh.read(4096).strip():
-                raise ValueError(f"token file {path} is empty: put the shared secret in it")
+            token = fh.read(4096).strip()
     except OSError as exc:
         raise ValueError(f"cannot read token file {path}: {exc.strerror}") from None
+    if not token:
+        raise ValueError(f"token file {path} is empty: put the shared secret in it")
+    if len(token) < MIN_TOKEN_BYTES:  # the processes refuse it (read_token)
+        raise ValueError(f"the token in {path} is {len(token)} bytes; use at least "
+                         f"{MIN_TOKEN_BYTES} (e.g. head -c 32 /dev/urandom | base64 > FILE)")
     return path
+
+
+def _at_least(low: float, parse: Callable[[Any], Any], strict: bool, what: str,
+              shown: str = ""):
+    """`parse`, then refuse values below `low` (or equal to it when `strict`),
+    as the processes would at start."""
+    def check(v: Any) -> Any:
+        value = parse(v)
+        if value < low or (strict and value == low):
+            raise ValueError(f"{what} must be {'>' if strict else '>='} {shown or low}, "
+                             f"got {v!r}")
+        return value
+    return check
+
+
+def _to_port(v: Any) -> int:
+    port = _to_int(v)
+    if not 0 <= port <= 65535:
+        raise ValueError(f"a port is 0-65535 (0 = any free port), got {v!r}")
+    return port
 
 
 def _to_options(v: Any) -> dict[str, str]:
@@ -308,39 +332,54 @@ def _names(registry: Any) -> list[str]:
     return [str(n) for n in registry]
 
 
+class TableProblems(ValueError):
+    """Every problem of one ``[[tables]]`` entry (``.problems``), not only the first."""
+
+    def __init__(self, problems: list[str]):
+        super().__init__("; ".join(problems))
+        self.problems = problems
+
+
 def table_config(entry: Any) -> TableConfig:
-    """One ``[[tables]]`` entry, checked: name, capacity, spec, sampler, remover."""
+    """One ``[[tables]]`` entry, checked: name, capacity, spec, sampler, remover.
+
+    Raises TableProblems listing every problem of the entry.
+    """
     from .control.tables import REMOVERS, SAMPLERS
     from .spec import TableSpec
 
     if not isinstance(entry, Mapping):
-        raise ValueError(f"expected a table (name, capacity, spec, ...), got {entry!r}")
+        raise TableProblems([f"expected a table (name, capacity, spec, ...), got {entry!r}"])
+    problems = []
     allowed = {"name", "capacity", "spec", "sampler", "remover"}
     unknown = sorted(set(entry) - allowed)
     if unknown:
-        raise ValueError(
+        problems.append(
             f"unknown key(s) {', '.join(unknown)} (allowed: {', '.join(sorted(allowed))})"
         )
-    for key in ("name", "capacity", "spec"):
-        if key not in entry:
-            raise ValueError(f"missing {key!r}")
-    name = entry["name"]
-    if not isinstance(name, str) or not 0 < len(name) <= 128 or not name.isprintable():
-        raise ValueError(f"name {name!r} must be 1-128 printable characters")
-    cap = entry["capacity"]
-    if isinstance(cap, bool) or not isinstance(cap, int) or cap < 1:
-        raise ValueError(f"table {name!r}: capacity must be a positive integer, got {cap!r}")
-    spec = _spec_from_toml(entry["spec"])
-    try:
-        TableSpec.parse(spec)
-    except ConfigError as exc:
-        raise ValueError(f"table {name!r}: spec: {exc}") from None
+    problems += [f"missing {key!r}" for key in ("name", "capacity", "spec") if key not in entry]
+    name = entry.get("name")
+    if "name" in entry and (not isinstance(name, str) or not 0 < len(name) <= 128
+                            or not name.isprintable()):
+        problems.append(f"name {name!r} must be 1-128 printable characters")
+    label = f"table {name!r}: " if isinstance(name, str) else ""
+    cap = entry.get("capacity")
+    if "capacity" in entry and (isinstance(cap, bool) or not isinstance(cap, int) or cap < 1):
+        problems.append(f"{label}capacity must be a positive integer, got {cap!r}")
+    spec = _spec_from_toml(entry.get("spec"))
+    if "spec" in entry:
+        try:
+            TableSpec.parse(spec)
+        except ConfigError as exc:
+            problems.append(f"{label}spec: {exc}")
     sampler = entry.get("sampler", "uniform")
     remover = entry.get("remover", "fifo")
     if sampler not in _names(SAMPLERS):
-        raise ValueError(f"table {name!r}: sampler {sampler!r} unknown (have {_names(SAMPLERS)})")
+        problems.append(f"{label}sampler {sampler!r} unknown (have {_names(SAMPLERS)})")
     if remover not in _names(REMOVERS):
-        raise ValueError(f"table {name!r}: remover {remover!r} unknown (have {_names(REMOVERS)})")
+        problems.append(f"{label}remover {remover!r} unknown (have {_names(REMOVERS)})")
+    if problems:
+        raise TableProblems(problems)
     return TableConfig(name, cap, spec, sampler, remover)
 
 
@@ -388,23 +427,24 @@ _CLIENTS = ("node", "status", "checkpoint")  # commands that talk to a control p
 SETTINGS: tuple[Setting, ...] = (
     Setting("control.address", _to_address, None, "--control", _CLIENTS,
             "control plane HOST:PORT, as nodes and clients reach it", env="DISTORE_CONTROL"),
-    Setting("control.host", _to_str, "0.0.0.0", "--host", _CTRL,
-            "address the control plane listens on", env="DISTORE_HOST"),
-    Setting("control.port", _to_int, 7700, "--port", _CTRL,
+    Setting("control.host", _to_str, "127.0.0.1", "--host", _CTRL,
+            "address the control plane listens on (default loopback only; another one "
+            "needs a token file or --insecure)", env="DISTORE_HOST"),
+    Setting("control.port", _to_port, 7700, "--port", _CTRL,
             "control plane port (0 = any free port)", env="DISTORE_PORT"),
-    Setting("control.heartbeat_timeout", _to_float, 2.0, "--heartbeat-timeout", _CTRL,
+    Setting("control.heartbeat_timeout", _at_least(0, _to_float, True, "a time"), 2.0, "--heartbeat-timeout", _CTRL,
             "drop a storage node silent this long (s)"),
-    Setting("control.lease_timeout", _to_float, 30.0, "--lease-timeout", _CTRL,
+    Setting("control.lease_timeout", _at_least(0, _to_float, True, "a time"), 30.0, "--lease-timeout", _CTRL,
             "a sampled slot is protected this long at most (s)"),
     Setting("control.seed", _to_int, None, "--seed", _CTRL, "seed the samplers (tests)"),
     Setting("control.checkpoint", _to_str, "", "--checkpoint", _CTRL,
             "checkpoint file: tables, priorities and use counts are written there "
             "periodically, on SIGTERM and on `distore checkpoint` (\"\" = none)"),
-    Setting("control.checkpoint_interval", _to_float, 60.0, "--checkpoint-interval", _CTRL,
+    Setting("control.checkpoint_interval", _at_least(0, _to_float, False, "a time"), 60.0, "--checkpoint-interval", _CTRL,
             "seconds between periodic checkpoints (0 = only on SIGTERM and on demand)"),
     Setting("control.restore", _to_bool, False, "--restore", _CTRL,
             "start from the checkpoint file; storage nodes re-send the items they hold"),
-    Setting("control.restore_grace", _to_float, 60.0, "--restore-grace", _CTRL,
+    Setting("control.restore_grace", _at_least(0, _to_float, True, "a time"), 60.0, "--restore-grace", _CTRL,
             "after --restore, how long nodes have to re-send their items before the "
             "checkpointed items no node re-sent are dropped (s)"),
     Setting("control.max_sample", _to_int, MAX_SAMPLE, "--max-sample", _CTRL,
@@ -423,21 +463,24 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("auth.token_file", _to_token_file, "", "--token-file", ("control",) + _CLIENTS,
             "file holding the shared secret every connection must prove (HMAC challenge)",
             env="DISTORE_TOKEN_FILE"),
-    Setting("node.arena", _to_size, 4 << 30, "--arena", _NODE, "arena size, e.g. 64GiB",
+    Setting("auth.insecure", _to_bool, False, "--insecure", ("control", "node"),
+            "listen on a non-loopback address without a token file: anyone who can reach "
+            "it can read and write the store (trusted, isolated networks only)"),
+    Setting("node.arena", _at_least(1 << 20, _to_size, False, "an arena", "1MiB"), 4 << 30, "--arena", _NODE, "arena size, e.g. 64GiB",
             env="DISTORE_ARENA"),
     Setting("node.host", _to_str, "", "--host", _NODE,
             "address writers and learners reach this node at (default: the one that routes "
             "to the control plane)"),
-    Setting("node.port", _to_int, 0, "--port", _NODE, "insert port (0 = any free)"),
+    Setting("node.port", _to_port, 0, "--port", _NODE, "insert port (0 = any free)"),
     Setting("node.name", _to_str, "", "--name", _NODE, "node name in status output"),
     Setting("node.hugepages", _to_bool, True, "--hugepages", _NODE,
             "back the arena with 2 MiB pages where possible (--no-hugepages: never)"),
     Setting("node.write_protect", _to_bool, True, "--write-protect", _NODE,
             "peers read the arena through a read-only mapping, so a remote write faults "
             "(--no-write-protect: one writable mapping, transparent hugepages)"),
-    Setting("node.drain_timeout", _to_float, 2.0, "--drain-timeout", _NODE,
+    Setting("node.drain_timeout", _at_least(0, _to_float, False, "a time"), 2.0, "--drain-timeout", _NODE,
             "on SIGTERM, after deregistering, reads in flight get this long (s)"),
-    Setting("node.reconnect_timeout", _to_float, 120.0, "--reconnect-timeout", _NODE,
+    Setting("node.reconnect_timeout", _at_least(0, _to_float, False, "a time"), 120.0, "--reconnect-timeout", _NODE,
             "after losing the control plane, keep the arena and try to re-join this long "
             "before exiting (s)"),
     Setting("ucx.tls", _to_str, None, "--ucx-tls", ("control", "node", "status"),
@@ -529,9 +572,10 @@ def load_file(path: str) -> tuple[dict[str, Any], list[Problem]]:
             for i, entry in enumerate(body):
                 try:
                     good.append(table_config(entry))
-                except ValueError as exc:
+                except TableProblems as exc:
                     line = _locate(lines, "tables", "", i)
-                    problems.append(Problem(f"{path}:{line or '?'} [[tables]] #{i + 1}", str(exc)))
+                    problems += [Problem(f"{path}:{line or '?'} [[tables]] #{i + 1}", text)
+                                 for text in exc.problems]
             names = [t.name for t in good]
             for dup in sorted({n for n in names if names.count(n) > 1}):
                 problems.append(Problem(f"{path} [[tables]]", f"two tables named {dup!r}"))
@@ -624,6 +668,49 @@ class Settings:
         )
 
 
+def is_loopback(host: str) -> bool:
+    """Whether listening on `host` is reachable from this machine only
+    ("" and 0.0.0.0 mean every interface; a name counts when every address it
+    resolves to is loopback)."""
+    import ipaddress
+    import socket
+
+    if host in ("", "0.0.0.0", "::", "*"):
+        return False
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        pass
+    try:
+        infos = socket.getaddrinfo(host, None)
+    except OSError:
+        return False
+    return bool(infos) and all(ipaddress.ip_address(i[4][0]).is_loopback for i in infos)
+
+
+def check_exposure(role: str, host: str, token_file: str, insecure: bool) -> str | None:
+    """Refuse to listen beyond loopback without a token, unless `insecure`.
+
+    Returns the warning to log loudly when a non-loopback address is served
+    without a token because `insecure` was given; None when all is well.
+    Raises ConfigError otherwise, saying what to pass.
+    """
+    if is_loopback(host) or token_file:
+        return None
+    where = host or "every interface"
+    if not insecure:
+        raise ConfigError(
+            f"refusing to run the {role} on {where} without a token: anyone who can reach "
+            "it could read and overwrite the store. Pass --token-file FILE (the same file "
+            "to every process; make one with: head -c 32 /dev/urandom | base64 > FILE), "
+            "or --insecure on a trusted, isolated network, or listen on loopback "
+            "(--host 127.0.0.1)"
+        )
+    return (f"INSECURE: the {role} listens on {where} without a token (--insecure): anyone "
+            "who can reach this address can read, insert and delete data. Use --token-file "
+            "FILE outside trusted, isolated networks")
+
+
 def resolve(flags: Mapping[str, Any], environ: Mapping[str, str],
             path: str | None = None) -> Settings:
     """Every setting's value: CLI flag > DISTORE_* variable > TOML file > default.
@@ -671,4 +758,5 @@ def check_file(path: str) -> list[Problem]:
 __all__ = [
     "ControlConfig", "NodeConfig", "TableConfig", "UcxConfig", "Settings", "Setting",
     "SETTINGS", "Problem", "resolve", "load_file", "check_file", "parse_size", "table_config",
+    "TableProblems", "check_exposure", "is_loopback",
 ]

@@ -74,7 +74,8 @@ def run_demo(args) -> int:
 
     # Everything runs on this host: keep UCX's TCP lanes on loopback.
     os.environ.setdefault("UCX_NET_DEVICES", "lo")
-    out = sys.stdout
+    # With --json, stdout holds the summary alone: live lines go to stderr.
+    out = sys.stderr if args.json else sys.stdout
     tty = out.isatty()
     print(f"distore demo: starting a control plane and {args.nodes} storage nodes "
           f"({args.arena} arena each) ...", file=out, flush=True)
@@ -151,7 +152,7 @@ def run_demo(args) -> int:
     ok = not problems and bad_key == 0 and bad_sum == 0 and sampled > 0 and counter.value > 0
     summary["ok"] = ok
     if args.json:
-        print(json.dumps(summary), file=out)
+        print(json.dumps(summary), file=sys.stdout)
     else:
         print(f"\nsummary: {sampled} items in {summary['batches']} batches over "
               f"{summary['seconds']} s; sample path {summary['sample_gb_per_s']} GB/s "

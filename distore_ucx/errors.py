@@ -52,7 +52,16 @@ class SpecMismatch(DistoreError, ValueError):
 
 
 class StorageFull(DistoreError):
-    """No storage node has room for the insert: add nodes or lower capacity."""
+    """No storage node has room for the insert; the message says which tables
+    hold the space: add nodes, give them larger arenas, or shrink those tables."""
+
+
+class Closed(DistoreError):
+    """A client, writer or learner was used after close(): make a new one."""
+
+
+class CapacityWarning(UserWarning):
+    """A table's capacity cannot fit in the storage nodes registered now."""
 
 
 class LimitExceeded(DistoreError):

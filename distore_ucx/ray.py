@@ -23,7 +23,7 @@ import sys
 import tempfile
 from collections.abc import Mapping, Sequence
 
-from .config import check_file, parse_size
+from .config import check_file, load_file, parse_size
 from .errors import ConfigError, ConnectionFailed, DistoreError
 
 log = logging.getLogger(__name__)
@@ -167,6 +167,8 @@ def deploy(
     hugepages: bool = True,
     heartbeat_timeout: float | None = None,
     startup_timeout: float = 120.0,
+    token_file: str | None = None,
+    insecure: bool = False,
 ) -> str:
     """Start a store on the connected Ray cluster; returns the control plane address.
 
@@ -177,6 +179,11 @@ def deploy(
     given here win over it. env: extra environment (UCX_TLS, UCX_NET_DEVICES,
     ...) for every process. Actors are detached and named `{name}-control`,
     `{name}-node-{i}`: they outlive the driver until `shutdown(name)`.
+    token_file: the store's shared secret, a file at that path on every Ray
+    node (clients pass it to `connect(address, token_file=...)`); also taken
+    from `env`'s or this process's DISTORE_TOKEN_FILE, or config_file's
+    [auth] token_file. The processes listen on their Ray node's address, so
+    a token is required unless `insecure=True` (trusted, isolated networks).
 
     >>> address = deploy(nodes=4, arena="64GiB", env={"UCX_TLS": "rc,sm,self"})
     """
@@ -203,6 +210,20 @@ def deploy(
         )
     env = dict(env or {})
     common = ["--config", config_file] if config_file else []
+    token_file = (token_file or env.get("DISTORE_TOKEN_FILE")
+                  or os.environ.get("DISTORE_TOKEN_FILE"))
+    if token_file:
+        common += ["--token-file", os.path.abspath(token_file)]
+    elif insecure:
+        common += ["--insecure"]
+    elif not (config_file and load_file(config_file)[0].get("auth.token_file")):
+        raise ConfigError(
+            "deploy: the control plane and storage nodes listen on their Ray nodes' "
+            "addresses, reachable by anyone on that network: pass token_file= (a file "
+            "holding the shared secret at that path on every Ray node; make one with "
+            "head -c 32 /dev/urandom | base64 > FILE), or insecure=True on a trusted, "
+            "isolated network"
+        )
     control_args = [*common, "--host", "0.0.0.0", "--port", str(port)]
     if heartbeat_timeout is not None:
         control_args += ["--heartbeat-timeout", str(heartbeat_timeout)]

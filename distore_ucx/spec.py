@@ -143,7 +143,8 @@ class TableSpec:
         arrays = []
         n = None
         for f in self.fields:
-            a = np.asarray(data[f.name])
+            raw = data[f.name]
+            a = np.asarray(raw)
             if a.shape == f.shape:
                 k, a = None, a.reshape((1,) + f.shape)
             elif a.shape[1:] == f.shape and a.ndim == len(f.shape) + 1:
@@ -154,11 +155,7 @@ class TableSpec:
                     f"(one item) nor (n, *{f.shape}) (a batch)"
                 )
             if a.dtype != f.dtype:
-                if not np.can_cast(a.dtype, f.dtype, casting="same_kind"):
-                    raise SpecMismatch(
-                        f"field {f.name or '<array>'!r}: dtype {a.dtype} cannot be stored as {f.dtype}"
-                    )
-                a = a.astype(f.dtype)
+                a = _cast(f, a, from_python=not isinstance(raw, np.ndarray))
             count = 1 if k is None else k
             if n is None:
                 n = count
@@ -175,6 +172,19 @@ class TableSpec:
             out[:] = 0  # alignment padding between fields
         for f, a in zip(self.fields, arrays):
             out[:, f.offset : f.offset + f.nbytes] = a[lo:hi].reshape(k, -1).view(np.uint8)
+
+    def count(self, data: Any) -> int:
+        """How many items `data` holds (1 for one item, n for a batch), judged
+        by its first field's shape, without packing it."""
+        f = self.fields[0]
+        if self.unnamed:
+            value = data
+        elif isinstance(data, Mapping) and f.name in data:
+            value = data[f.name]
+        else:
+            return 1
+        shape = np.shape(value)
+        return 1 if shape == f.shape or len(shape) != len(f.shape) + 1 else shape[0]
 
     def views(self, buffer: np.ndarray, n: int, stride: int, base: int = SLOT_HEADER):
         """Per-field views of n items laid out every `stride` bytes in `buffer`.
@@ -197,3 +207,31 @@ class TableSpec:
                 strides=(stride,) + tuple(reversed(inner)),
             )
         return out[UNNAMED] if self.unnamed else out
+
+
+def _cast(f: Field, a: np.ndarray, from_python: bool) -> np.ndarray:
+    """`a` as field `f`'s dtype, or SpecMismatch saying why it cannot be.
+
+    Python lists and scalars become int64 or float64 arrays: they are stored
+    whenever every value fits the field's dtype (a list of pixel values for a
+    uint8 field). A numpy array must already have a dtype that converts
+    without changing kind (float64 to float32 does; int64 to uint8 does not).
+    """
+    name = f.name or "<array>"
+    if from_python and a.dtype.kind in "iub" and f.dtype.kind in "iu":
+        info = np.iinfo(f.dtype)
+        if a.size and (a.min() < info.min or a.max() > info.max):
+            raise SpecMismatch(
+                f"field {name!r}: values from {a.min()} to {a.max()} do not fit in {f.dtype} "
+                f"({info.min}..{info.max})"
+            )
+        return a.astype(f.dtype)
+    if from_python and a.dtype.kind in "iub" and f.dtype.kind in "fc":
+        return a.astype(f.dtype)
+    if not np.can_cast(a.dtype, f.dtype, casting="same_kind"):
+        raise SpecMismatch(
+            f"field {name!r}: an array of dtype {a.dtype} cannot be stored as {f.dtype} "
+            f"without changing its values' kind: convert it first "
+            f"(np.asarray(x, dtype=np.{f.dtype.name}))"
+        )
+    return a.astype(f.dtype)

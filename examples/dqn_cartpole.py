@@ -31,6 +31,22 @@ SPEC = {
 TABLE = "cartpole"
 
 
+EXTRAS = ("torch", "gymnasium")
+
+
+def require_extras() -> None:
+    """Raise ImportError saying what to install when torch or gymnasium is missing."""
+    import importlib.util
+
+    missing = [name for name in EXTRAS if importlib.util.find_spec(name) is None]
+    if missing:
+        raise ImportError(
+            f"examples/dqn_cartpole.py needs {' and '.join(missing)}, which are not "
+            "installed: pip install 'distore-ucx[examples]' (from a source checkout: "
+            "pip install '.[examples]')"
+        )
+
+
 def make_net():
     """The Q-network: 4 -> 128 -> 128 -> 2."""
     import torch
@@ -86,6 +102,7 @@ def actor(address: str, seed: int, weights_q, returns_q, stop) -> None:
 
 def train(args) -> dict:
     """Runs the actor and the learner; returns a summary dict."""
+    require_extras()
     import torch
 
     import distore_ucx as ds
@@ -184,6 +201,11 @@ def main(argv=None) -> int:
     p.add_argument("--max-steps", type=int, default=0, help="stop after this many training "
                    "steps (0: no limit)")
     args = p.parse_args(argv)
+    try:
+        require_extras()
+    except ImportError as exc:
+        print(exc, file=sys.stderr)
+        return 2
     summary = train(args)
     solved = summary["solved_seconds"] is not None
     print(f"\n{summary['episodes']} episodes, {summary['train_steps']} training steps in "

@@ -37,7 +37,7 @@ DEFAULTS = {
     "UCX_TLS": "rc,sm,self",  # InfiniBand / RoCE; "tcp" on clusters without RDMA
     "UCX_NET_DEVICES": "mlx5_0:1",
     "HEARTBEAT_TIMEOUT": "2.0",
-    "TOKEN_SECRET": "distore-token",  # Secret with key "token"; optional
+    "TOKEN_SECRET": "distore-token",  # Secret with key "token" (required: create it first)
     "LEARNER_GPUS": "1",
 }
 

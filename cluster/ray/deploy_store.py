@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """Start (or stop) a distore-ucx store on a running Ray cluster.
 
-    python3 cluster/ray/deploy_store.py --arena 64GiB            # every Ray node
-    python3 cluster/ray/deploy_store.py --nodes 4 --env UCX_TLS=rc,sm,self
+    python3 cluster/ray/deploy_store.py --arena 64GiB --token-file /shared/token   # every Ray node
+    python3 cluster/ray/deploy_store.py --nodes 4 --token-file /shared/token --env UCX_TLS=rc,sm,self
     python3 cluster/ray/deploy_store.py --shutdown
 
 Prints the control plane address (give it to writers and learners as
@@ -36,6 +36,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--env", action="append", default=[], metavar="NAME=VALUE",
                    help="environment for every process, e.g. UCX_TLS=rc,sm,self (repeatable)")
     p.add_argument("--no-hugepages", action="store_true", help="never use 2 MiB pages")
+    p.add_argument("--token-file", default=None,
+                   help="the shared secret, a file at that path on every Ray node (required "
+                        "unless --insecure; clients pass it too)")
+    p.add_argument("--insecure", action="store_true",
+                   help="run without a token (trusted, isolated networks only)")
     p.add_argument("--shutdown", action="store_true", help="stop the store named --name")
     args = p.parse_args(argv)
 
@@ -50,7 +55,8 @@ def main(argv: list[str] | None = None) -> int:
     env = dict(item.split("=", 1) for item in args.env)
     address = dray.deploy(nodes, arena=args.arena, name=args.name, namespace=args.namespace,
                           control_node=args.control_node, port=args.port,
-                          config_file=args.config, env=env, hugepages=not args.no_hugepages)
+                          config_file=args.config, env=env, hugepages=not args.no_hugepages,
+                          token_file=args.token_file, insecure=args.insecure)
     for node in dray.storage_nodes(args.name, namespace=args.namespace):
         print(f"storage node {node['node_id']} at {node['address']} on Ray node "
               f"{node['ray_node_id']}", file=sys.stderr)

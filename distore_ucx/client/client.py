@@ -2,15 +2,67 @@
 
 from __future__ import annotations
 
+import logging
+import math
 import threading
+import warnings
+import weakref
 from typing import Any
 
+import numpy as np
+
+from ..config import read_token
+from ..control import rate_limiters as _rate_limiters
+from ..control import selectors as _selectors
 from ..control.rate_limiters import RateLimiter
 from ..control.selectors import Selector
-from ..config import read_token
-from ..errors import ConfigError
+from ..errors import CapacityWarning, Closed, ConfigError
 from ..spec import TableSpec
 from ..transport import rpc
+
+log = logging.getLogger(__name__)
+
+# Learners closed so far (they keep no flag of their own); see ensure_open.
+_CLOSED: weakref.WeakSet[Any] = weakref.WeakSet()
+
+
+def mark_closed(obj: Any) -> None:
+    """Remember that `obj` (a Learner) was closed, so that ensure_open refuses it."""
+    _CLOSED.add(obj)
+
+
+def ensure_open(obj: Any, what: str) -> None:
+    """Raise Closed when `obj` (a client, writer or learner) was closed.
+
+    Called first thing by their public methods, so that a closed object
+    says so instead of failing somewhere deep inside.
+    """
+    if getattr(obj, "_closed", False) is True or obj in _CLOSED:
+        table = getattr(obj, "table", None)
+        which = f"{what} of table {table!r}" if isinstance(table, str) else what
+        raise Closed(f"this {which} is closed: {_REOPEN.get(what, 'make a new one')}")
+
+
+_REOPEN = {
+    "client": "connect again with ds.connect(address)",
+    "writer": "make a new one with client.writer()",
+    "learner": "make a new one with client.learner(table, batch_size)",
+}
+
+
+def check_insert(writer: Any, table: str, data: Any, priority: Any) -> None:
+    """What Writer.insert checks before packing: the writer is open, and a
+    per-item priority list has one value per item."""
+    ensure_open(writer, "writer")
+    prio = np.asarray(priority)
+    if prio.ndim == 0:
+        return
+    n = writer._client.spec(table).count(data)
+    if prio.shape != (n,) and prio.size != 1:
+        raise ValueError(
+            f"table {table!r}: {prio.size} priorities (shape {prio.shape}) for {n} items: "
+            "give one priority per item, or one scalar for all"
+        )
 
 
 def connect(address: str, timeout: float = 30.0, token_file: str | None = None) -> "Client":
@@ -42,6 +94,8 @@ class Client:
         self._runtime = None
         self._children: list[Any] = []
         self._specs: dict[str, TableSpec] = {}
+        self._closed = False
+        self._connections: weakref.WeakSet[rpc.Client] = weakref.WeakSet()  # see connection()
 
     # -- tables ----------------------------------------------------------
     def create_table(
@@ -66,6 +120,9 @@ class Client:
         ...                     spec={"obs": ((4, 84, 84), "uint8"), "reward": ((), "float32")},
         ...                     sampler=ds.Prioritized(0.6), remover=ds.Fifo())
         """
+        for role, value in (("sampler", sampler), ("remover", remover),
+                            ("rate_limiter", rate_limiter)):
+            _refuse_uncalled(role, value)
         parsed = TableSpec.parse(spec)
         if not isinstance(capacity, int) or capacity < 1:
             raise ConfigError(f"capacity must be a positive integer, got {capacity!r}")
@@ -84,6 +141,9 @@ class Client:
             "create_table", name=name, capacity=capacity, spec=parsed.to_wire(), **fields
         )
         self._specs[name] = parsed
+        for text in info.get("warnings", ()):
+            # The control plane logged it too; the caller sees it here.
+            warnings.warn(text, CapacityWarning, stacklevel=2)
         return _strip(info)
 
     def table_info(self, name: str) -> dict:
@@ -123,6 +183,7 @@ class Client:
         """A Writer for inserting items; see Writer for options."""
         from .writer import Writer
 
+        ensure_open(self, "client")
         w = Writer(self, **options)
         self._children.append(w)
         return w
@@ -131,6 +192,8 @@ class Client:
         """A Learner sampling `batch_size` items of `table` into `device` memory."""
         from .learner import Learner
 
+        ensure_open(self, "client")
+        _refuse_unadmittable(self.table_info(table), table, batch_size)
         learner = Learner(self, table, batch_size, device=device, **options)
         self._children.append(learner)
         return learner
@@ -141,17 +204,25 @@ class Client:
         with self._lock:
             if self._runtime is None:
                 from ..transport import UcxRuntime
+                from ..transport.runtime import close_at_exit
 
+                if not _WITH_RUNTIME:
+                    close_at_exit(_close_learners_at_exit)
+                _WITH_RUNTIME.add(self)
                 self._runtime = UcxRuntime()
             return self._runtime
 
     def call(self, op: str, **fields: Any) -> dict:
         """One request to the control plane (low level)."""
+        ensure_open(self, "client")
         return self._rpc.call(op, **fields)
 
     def connection(self) -> rpc.Client:
         """A new, separate connection to the control plane (it reconnects by itself)."""
-        return rpc.Client(self.address, self.timeout, token=self.token, reconnect=self.timeout)
+        ensure_open(self, "client")
+        conn = rpc.Client(self.address, self.timeout, token=self.token, reconnect=self.timeout)
+        self._connections.add(conn)
+        return conn
 
     def close(self) -> None:
         """Close writers (flushing them), learners, the UCX runtime, the connection."""
@@ -162,6 +233,7 @@ class Client:
                 child.close()
             except Exception as exc:  # close everything, then report
                 first_error = first_error or exc
+        self._closed = True
         if self._runtime is not None:
             self._runtime.close()
             self._runtime = None
@@ -176,5 +248,70 @@ class Client:
         self.close()
 
 
+# Clients that made a UCX runtime. At interpreter exit, before the runtimes
+# close, their learners are closed (prefetch threads stopped, remote keys and
+# rings released), so that nothing reads through a runtime being torn down.
+_WITH_RUNTIME: weakref.WeakSet[Client] = weakref.WeakSet()
+_EXIT_TIMEOUT = 2.0  # seconds a request may take at interpreter exit
+
+
+def _close_learners_at_exit() -> None:
+    from .learner import Learner
+
+    for client in list(_WITH_RUNTIME):
+        # Exiting: release leases if the control plane answers at once, but
+        # never wait for one that went away (they expire by themselves).
+        for conn in [client._rpc, *client._connections]:
+            conn.reconnect = 0.0
+            conn.timeout = min(conn.timeout, _EXIT_TIMEOUT)
+        for child in list(client._children):
+            if isinstance(child, Learner):
+                try:
+                    child.close()
+                except Exception as exc:  # exiting anyway; close the others
+                    log.debug("at exit: closing a learner of table %r: %s", child.table, exc)
+
+
 def _strip(reply: dict) -> dict:
-    return {k: v for k, v in reply.items() if k not in ("id", "ok")}
+    return {k: v for k, v in reply.items() if k not in ("id", "ok", "warnings")}
+
+
+# The factories a user may pass uncalled (sampler=ds.Prioritized).
+_FACTORIES = {
+    "Uniform": "Uniform()", "Prioritized": "Prioritized(alpha=0.6)", "Fifo": "Fifo()",
+    "Lifo": "Lifo()", "MinHeap": "MinHeap()", "MaxHeap": "MaxHeap()",
+    "MinSize": "MinSize(1)", "Queue": "Queue(size)",
+    "SampleToInsertRatio": "SampleToInsertRatio(samples_per_insert=..., "
+                           "min_size_to_sample=..., error_buffer=...)",
+}
+
+
+def _refuse_uncalled(role: str, value: Any) -> None:
+    """A factory passed instead of what it makes (sampler=ds.Prioritized): say
+    to call it, instead of failing on the function's repr."""
+    if value is None or isinstance(value, (Selector, RateLimiter, str, dict)):
+        return
+    name = getattr(value, "__name__", None)
+    if callable(value) and (getattr(_selectors, str(name), None) is value
+                            or getattr(_rate_limiters, str(name), None) is value):
+        raise ConfigError(f"{role}=ds.{name} is the function, not a {role}: call it, "
+                          f"e.g. {role}=ds.{_FACTORIES.get(name, name + '(...)')}")
+    raise ConfigError(f"{role} must be made by one of ds.{', ds.'.join(_FACTORIES)} "
+                      f"(called), got {value!r}")
+
+
+def _refuse_unadmittable(info: dict, table: str, batch_size: int) -> None:
+    """A batch the table's rate limiter could never admit at once (a Queue(10)
+    asked for 64 items) is refused here, not after waiting out a timeout."""
+    limiter = info.get("rate_limiter") or {}
+    lo, hi = limiter.get("min_diff"), limiter.get("max_diff")
+    if lo is None or hi is None or not (math.isfinite(lo) and math.isfinite(hi)):
+        return
+    if batch_size > hi - lo:
+        kind = limiter.get("kind")
+        what = f"Queue({int(hi)})" if kind == "queue" else f"its {kind} rate limiter"
+        raise ConfigError(
+            f"table {table!r}: {what} can never hand out {batch_size} items at once "
+            f"(at most {int(hi - lo)}): use batch_size <= {int(hi - lo)}, or recreate the "
+            "table with a larger limit"
+        )

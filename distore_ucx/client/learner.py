@@ -43,6 +43,7 @@ from ..errors import (
 from ..protocol import ITEM_LOCATION
 from ..spec import SLOT_HEADER
 from ..transport import capabilities
+from .client import ensure_open, mark_closed
 from .device import Device, choose_path, resolve_framework
 from .peers import PeerDirectory, local_map_default
 from .prefetch import Prefetcher, Stopped
@@ -209,6 +210,7 @@ class Learner:
         overlaps the transfer. While the learner is being iterated, this
         takes the next prefetched batch instead.
         """
+        ensure_open(self, "learner")
         wait = float(self.timeout if timeout is None else timeout)
         if self._prefetcher is not None:
             return self._take(wait)
@@ -221,6 +223,7 @@ class Learner:
     def __iter__(self) -> Iterator[Batch]:
         """Batches forever, `prefetch` of them in flight on a background thread
         (none with prefetch=0). Each stays valid until the next is taken."""
+        ensure_open(self, "learner")
         if self.prefetch == 0:
             while True:
                 yield self.sample()
@@ -321,6 +324,7 @@ class Learner:
         Thread safe: it uses the client's connection, not the learner's.
         >>> learner.update_priorities(batch.keys, np.abs(td_errors) + 1e-6)
         """
+        ensure_open(self, "learner")
         keys = np.ascontiguousarray(keys, dtype=np.uint64).reshape(-1)
         prios = np.ascontiguousarray(priorities, dtype=np.float64).reshape(-1)
         if len(keys) != len(prios):
@@ -426,6 +430,7 @@ class Learner:
     def close(self) -> None:
         """Stop the prefetch thread; release the last lease, the learner's
         buffers and remote keys."""
+        mark_closed(self)
         self._stop_prefetch()
         try:
             if not self._rpc.connected:

@@ -44,6 +44,7 @@ from .._native_loader import _native
 from ..errors import ConfigError, ConnectionFailed, RateLimiterTimeout, StorageFull
 from ..transport import rpc
 from ..transport.runtime import host_id
+from .client import check_insert, ensure_open
 
 log = logging.getLogger(__name__)
 
@@ -153,8 +154,7 @@ class Writer:
         across the control plane. Raises (see the module docstring) when a
         batch of this writer could not be stored.
         """
-        if self._closed:
-            raise ConfigError("this writer is closed")
+        check_insert(self, table, data, priority)
         spec = self._client.spec(table)
         n, arrays = spec.arrays(data)
         prio = np.broadcast_to(np.asarray(priority, dtype=np.float64), (n,)).copy()
@@ -180,6 +180,7 @@ class Writer:
 
     def flush(self) -> None:
         """Send everything buffered and wait until every item is stored."""
+        ensure_open(self, "writer")
         try:
             for table in list(self._open):
                 self._send(self._open.pop(table), set())

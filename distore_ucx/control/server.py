@@ -391,18 +391,56 @@ class ControlPlane:
         existing = self.tables.get(name)
         if existing is not None:
             if existing.definition() != table.definition():
+                old, new = existing.to_definition(), table.to_definition()
+                differ = "; ".join(f"{k}: {old[k]!r} there, {new[k]!r} asked"
+                                   for k in old if old[k] != new.get(k))
                 raise TableExists(
-                    f"table {name!r} exists with another definition (capacity "
-                    f"{existing.capacity}, sampler {existing.sampler.kind}, remover "
-                    f"{existing.remover.kind}, rate limiter {existing.rate_limiter.kind}, "
-                    f"max_times_sampled {existing.max_times_sampled}): use another name"
+                    f"table {name!r} exists with another definition ({differ}): create it "
+                    "with the same definition to reuse it, or use another name"
                 )
             return existing.info()
+        warnings = self._check_fit(name, spec.slot_size, table.capacity)
         self.tables[name] = table
         log.info("table %r created: capacity %d, %d-byte items, sampler %s, remover %s, %s",
                  name, table.capacity, spec.item_bytes, table.sampler.kind, table.remover.kind,
                  table.rate_limiter.kind)
-        return table.info()
+        for text in warnings:
+            log.warning("%s", text)
+        return {**table.info(), "warnings": warnings}
+
+    def _check_fit(self, name: str, slot_size: int, capacity: int) -> list[str]:
+        """Refuse a table whose items fit no live node's arena; warnings when
+        its capacity cannot fit in the live nodes' arenas (nodes may join later)."""
+        nodes = self.members.alive()
+        if not nodes:
+            return []
+        arenas = [n.arena_size for n in nodes]
+        if slot_size > max(arenas):
+            raise ConfigError(
+                f"table {name!r}: one item takes {slot_size} bytes in an arena (header and "
+                f"padding included) but the largest storage node's arena is {max(arenas)} "
+                "bytes: no item could ever be stored. Start storage nodes with a larger "
+                "--arena, or make the items smaller"
+            )
+        room = sum(a // slot_size for a in arenas)  # slots, if this table had every arena
+        need = capacity * slot_size
+        if capacity > room:
+            return [(f"table {name!r}: capacity {capacity} x {slot_size}-byte slots = {need} "
+                     f"bytes, but the arenas of the {len(nodes)} live storage node(s) hold at most "
+                     f"{room} such items ({sum(arenas)} bytes): inserts will fail with "
+                     "StorageFull before the table is full. Lower the capacity, or start more "
+                     "storage nodes or larger arenas")]
+        others = {t.name: t.capacity * t.spec.slot_size for t in self.tables.values()}
+        # Only the table that tips the sum over is warned about (once was enough
+        # for tables that did not fit alone).
+        if need + sum(others.values()) > sum(arenas) >= sum(others.values()):
+            return [(f"table {name!r}: capacity {capacity} x {slot_size}-byte slots = {need} "
+                     f"bytes fits the live nodes' arenas ({sum(arenas)} bytes) alone, but not "
+                     f"together with the other tables' capacities "
+                     f"({', '.join(f'{k}: {v} bytes' for k, v in others.items())}): whichever "
+                     "fills first takes the space, and inserts into the others fail with "
+                     "StorageFull")]
+        return []
 
     def op_table_info(self, peer: Peer, f: dict) -> dict:
         return self._table(f["name"]).info()

@@ -89,11 +89,19 @@ class Arena:
             )
         rest = k - min(k, slots.free_slots)
         if rest > self._room(slot_size, slots.end):
+            held = sorted(((t.n * t.slot_size, name) for name, t in self._tables.items()
+                           if t.n), reverse=True)  # carved slots stay with their table
+            holders = ", ".join(f"table {name!r} ({b} bytes)" for b, name in held)
+            top = held[0][1] if held else table
             raise StorageFull(
                 f"node {self.node_name}: arena full ({self.used_bytes} of {self.size} bytes "
-                f"used) while inserting {k} items of {slot_size} bytes into table {table!r}. "
-                "Lower the table's capacity, start more storage nodes, or give nodes a larger "
-                "--arena"
+                f"used) while inserting {k} items of {slot_size} bytes into table {table!r}; "
+                f"the space is held by {holders or 'no table yet'}. "
+                + (f"One item of table {table!r} is larger than this whole arena: make "
+                   "items smaller, or " if slot_size > self.size else
+                   f"Lower table {table!r}'s capacity, or " if top == table else
+                   f"Table {top!r} holds the most: give it a smaller capacity, or ")
+                + "start more storage nodes or give nodes a larger --arena"
             )
         reused = slots.reuse(k)
         fresh = self._carve(slot_size, rest, slots.end)

@@ -14,10 +14,13 @@ closed before the worker's progress thread stops.
 
 from __future__ import annotations
 
+import atexit
+import itertools
 import logging
 import os
 import select
 import threading
+import weakref
 
 from .._native_loader import _native
 from ..errors import ConnectionFailed
@@ -57,6 +60,7 @@ class UcxRuntime:
             # polling_mode=False: the thread sleeps in epoll until UCX has work.
             self.worker.start_progress_thread(polling_mode=False)
         self._closed = False
+        _LIVE[self] = next(_ORDER)  # closed at interpreter exit if nobody did
         self._error_handling = not _shared_memory_only(self.transports)
         log.debug("UCX %s runtime started (tls=%s)", _native.ucx_version(), self.transports)
 
@@ -155,6 +159,36 @@ class UcxRuntime:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+# Runtimes not closed yet, with their creation order. A program that never
+# calls close() would otherwise leave the progress thread running into
+# interpreter teardown (ucxx then warns, and destructors may run on that
+# thread): stop them at exit, newest first, before modules are torn down.
+_LIVE: weakref.WeakKeyDictionary[UcxRuntime, int] = weakref.WeakKeyDictionary()
+_ORDER = itertools.count()
+_AT_EXIT: list = []  # callables run before the runtimes close (owners release first)
+
+
+def close_at_exit(callback) -> None:
+    """Run `callback()` at interpreter exit before the UCX runtimes close, so
+    that objects holding UCX resources (learners' remote keys and rings)
+    release them first. Last registered runs first."""
+    _AT_EXIT.append(callback)
+
+
+@atexit.register
+def _close_live_runtimes() -> None:
+    for callback in reversed(_AT_EXIT):
+        try:
+            callback()
+        except Exception as exc:  # exiting anyway: say what, close the rest
+            log.debug("at exit: %s", exc)
+    for runtime in sorted(_LIVE.keys(), key=lambda r: _LIVE.get(r, 0), reverse=True):
+        try:
+            runtime.close()
+        except Exception as exc:
+            log.debug("at exit: closing a UCX runtime: %s", exc)
 
 
 # UCX transports that cannot detect a peer's failure (no

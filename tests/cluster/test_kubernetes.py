@@ -101,3 +101,23 @@ def test_unknown_parameters_are_refused():
     listed = subprocess.run([sys.executable, RENDER, "--list"], capture_output=True, text=True,
                             timeout=60).stdout
     assert "RDMA_RESOURCE=rdma/rdma_shared_device_a" in listed
+
+
+def test_every_process_proves_the_token_secret_which_is_required():
+    """The control plane and storage nodes listen beyond loopback, which
+    distore refuses without a token: each container gets DISTORE_TOKEN_FILE
+    on a mounted Secret that is not optional (so is the learner)."""
+    documents = docs(TOKEN_SECRET="my-secret")
+    pods = {d["kind"]: d["spec"]["template"]["spec"] for d in documents
+            if d["kind"] in ("Deployment", "DaemonSet", "Job")}
+    assert set(pods) == {"Deployment", "DaemonSet", "Job"}
+    for kind, pod in pods.items():
+        (container,) = pod["containers"]
+        env = {e["name"]: e.get("value") for e in container["env"]}
+        mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
+        volumes = {v["name"]: v for v in pod["volumes"]}
+        assert env["DISTORE_TOKEN_FILE"] == mounts["token"] + "/token", kind
+        secret = volumes["token"]["secret"]
+        assert secret["secretName"] == "my-secret" and not secret.get("optional"), kind
+    toml = by_kind(documents, "ConfigMap")["data"]["distore.toml"]
+    assert 'host = "0.0.0.0"' in toml and "insecure" not in toml

@@ -54,6 +54,12 @@ with ds.connect(os.environ["DISTORE_CONTROL"]) as client:
             b = learner.sample().data
             assert np.array_equal(b, (b[:, :1] + np.arange(128)).astype(np.uint8))
 print(f"LEARNER OK with {len(nodes)} nodes", flush=True)
+# The store listens on every interface: it must refuse a peer without the token.
+os.environ.pop("DISTORE_TOKEN_FILE")
+try:
+    ds.connect(os.environ["DISTORE_CONTROL"], timeout=5).status()
+except ds.AuthenticationFailed:
+    print("TOKEN REQUIRED", flush=True)
 """
 
 
@@ -75,7 +81,7 @@ def test_sbatch_script_runs_store_and_learner_and_stops_them(tmp_path):
         LEARNER=f"{sys.executable} {tmp_path / 'learner.py'}",
         ARENA="32MiB", UCX_TLS="tcp", UCX_NET_DEVICES="lo",
         RAPIDS_LIBUCX_PREFER_SYSTEM_LIBRARY="false", STARTUP_TIMEOUT="90",
-        DISTORE_NODE_HUGEPAGES="false",
+        DISTORE_NODE_HUGEPAGES="false", CONTROL_BIND="127.0.0.1",  # loopback only in tests
     )
     with socket.socket() as s:  # the script dials a fixed port: pick a free one
         s.bind(("127.0.0.1", 0))
@@ -87,7 +93,9 @@ def test_sbatch_script_runs_store_and_learner_and_stops_them(tmp_path):
     assert "storage nodes on 2 hosts" in text
     assert "LEARNER OK with 2 nodes" in text
     assert "learner exited with 0; stopping the store" in text
+    assert "TOKEN REQUIRED" in text
     assert "Traceback" not in text
+    assert not list(tmp_path.glob(".distore-token-*")), "the job's token file was left behind"
 
 
 def test_sbatch_script_refuses_to_run_without_a_learner(tmp_path):

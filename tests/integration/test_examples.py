@@ -29,3 +29,19 @@ def test_dqn_cartpole_returns_improve(monkeypatch):
     first, last = returns[:20].mean(), returns[-20:].mean()
     # A random policy averages ~22; learning shows as a clear rise.
     assert last > 2 * first and last > 50, (first, last)
+
+
+def test_dqn_cartpole_without_the_extra_says_what_to_install():
+    import subprocess
+    import sys
+
+    # Run it as a user would, with torch and gymnasium made unimportable.
+    path = os.path.abspath(os.path.join(EXAMPLES, "dqn_cartpole.py"))
+    code = ("import runpy, sys; sys.modules['torch'] = None; sys.modules['gymnasium'] = None; "
+            f"sys.argv = [{path!r}]; runpy.run_path({path!r}, run_name='__main__')")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=120, check=False)
+    assert out.returncode == 2, out.stdout + out.stderr
+    assert "needs torch and gymnasium" in out.stderr
+    assert "pip install 'distore-ucx[examples]'" in out.stderr
+    assert "Traceback" not in out.stderr

@@ -42,16 +42,26 @@ def ray_cluster(monkeypatch, tmp_path):
 
 
 @pytest.mark.slow
-def test_deploy_puts_one_storage_node_on_each_ray_node(ray_cluster):
+def test_deploy_puts_one_storage_node_on_each_ray_node(ray_cluster, tmp_path):
     env = {"UCX_TLS": "tcp", "UCX_NET_DEVICES": "lo"}
-    address = dray.deploy(arena="32MiB", hugepages=False, env=env, heartbeat_timeout=1.0)
+    # The processes listen on the Ray nodes' addresses: no token, no store.
+    with pytest.raises(ds.ConfigError, match="pass token_file=.*or insecure=True"):
+        dray.deploy(arena="32MiB", hugepages=False, env=env)
+    with pytest.raises(ds.ConfigError, match="no store named"):
+        dray.address()  # nothing was started
+    token = tmp_path / "token"
+    token.write_text("a-shared-secret-of-32-bytes-long\n")
+    address = dray.deploy(arena="32MiB", hugepages=False, env=env, heartbeat_timeout=1.0,
+                          token_file=str(token))
     assert dray.address() == address
     placed = dray.storage_nodes()
     ray_nodes = {n["NodeID"] for n in ray.nodes() if n["Alive"]}
     assert len(ray_nodes) == 2
     assert {p["ray_node_id"] for p in placed} == ray_nodes  # one per Ray node, pinned
 
-    with ds.connect(address) as client:
+    with pytest.raises(ds.AuthenticationFailed):
+        ds.connect(address, timeout=5).status()
+    with ds.connect(address, token_file=str(token)) as client:
         status = client.status()
         assert sorted(n["node_id"] for n in status["nodes"] if n["alive"]) == sorted(
             p["node_id"] for p in placed)

@@ -132,7 +132,8 @@ def test_learner_waits_for_the_first_insert(client, cluster, tls):
 def test_storage_full_fails_loudly(make_cluster, tls):
     cluster = make_cluster(nodes=1, arena_bytes=1 << 20)
     with ds.connect(cluster.address) as client:
-        client.create_table("big", capacity=1000, spec={"x": ((64 << 10,), "uint8")})
+        with pytest.warns(ds.CapacityWarning, match="at most 15 such items"):
+            client.create_table("big", capacity=1000, spec={"x": ((64 << 10,), "uint8")})
         writer = client.writer(max_items=4)
         with pytest.raises(ds.StorageFull, match=r"arena full.*items not stored"):
             for _ in range(10):

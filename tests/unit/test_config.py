@@ -165,7 +165,7 @@ def test_token_file_must_be_readable_and_not_empty(tmp_path):
     with pytest.raises(ConfigError, match="cannot read token file"):
         resolve({}, {"DISTORE_TOKEN_FILE": str(tmp_path / "nope")})
     good = tmp_path / "token"
-    good.write_text("s3cret\n")
+    good.write_text("s3cret-of-24-bytes-long\n")
     s = resolve({}, {"DISTORE_TOKEN_FILE": str(good), "DISTORE_CONTROL": "h:1"})
     assert s.node().token_file == str(good) and s.control().token_file == str(good)
 
