@@ -28,6 +28,7 @@ class Report:
     nics: list = field(default_factory=list)
     rdma_devices: list = field(default_factory=list)
     hugepages: dict = field(default_factory=dict)
+    local_map: dict = field(default_factory=dict)
     frameworks: dict = field(default_factory=dict)
     paths: dict = field(default_factory=dict)
     missing: list = field(default_factory=list)
@@ -157,6 +158,57 @@ def hugepage_info() -> dict:
     }
 
 
+def local_map_info() -> dict:
+    """Whether same-host learners can map storage arenas here: a memfd sealed
+    against writable mappings, passed over a Unix socket (SCM_RIGHTS), maps
+    read-only and refuses a writable mapping; and what pages arenas get."""
+    import fcntl
+    import mmap
+    import socket
+
+    from .storage.arena import page_advice, page_size_label
+
+    out = {"works": False, "why": ""}
+    hugepages = hugepage_info().get("total", 0) > 0
+    kind = "hugetlb" if hugepages else "thp"
+    out["arena_pages"] = page_size_label(kind)
+    out["advice"] = page_advice(kind)
+    seal_future_write = getattr(fcntl, "F_SEAL_FUTURE_WRITE", 0x0010)
+    fd = a = b = None
+    try:
+        fd = os.memfd_create("distore-doctor", os.MFD_ALLOW_SEALING | os.MFD_CLOEXEC)
+        os.ftruncate(fd, 1 << 16)
+        fcntl.fcntl(fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW
+                    | seal_future_write | fcntl.F_SEAL_SEAL)
+        a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        socket.send_fds(a, [b"x"], [fd])
+        _, fds, _, _ = socket.recv_fds(b, 1, 1)
+        try:
+            with mmap.mmap(fds[0], 1 << 16, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ):
+                pass
+            try:
+                mmap.mmap(fds[0], 1 << 16, flags=mmap.MAP_SHARED,
+                          prot=mmap.PROT_READ | mmap.PROT_WRITE).close()
+                out["why"] = "the sealed memfd still allowed a writable mapping"
+                return out
+            except PermissionError:
+                pass
+        finally:
+            for f in fds:
+                os.close(f)
+        out["works"] = True
+    except (OSError, AttributeError) as exc:
+        out["why"] = (f"{exc} (needs Linux >= 5.1 for F_SEAL_FUTURE_WRITE and Python >= 3.9); "
+                      "same-host learners then read over UCX")
+    finally:
+        for s in (a, b):
+            if s is not None:
+                s.close()
+        if fd is not None:
+            os.close(fd)
+    return out
+
+
 def framework_info() -> dict:
     """torch / CuPy: installed version and whether they see a GPU."""
     out = {}
@@ -187,6 +239,7 @@ def diagnose() -> Report:
     r.gpus, r.gpu_error = gpu_info()
     r.nics, r.rdma_devices = nic_info()
     r.hugepages = hugepage_info()
+    r.local_map = local_map_info()
     r.frameworks = framework_info()
     miss = r.missing.append
     has_gpu = bool(r.gpus) or cuda_present()
@@ -221,13 +274,18 @@ def diagnose() -> Report:
     if r.hugepages.get("total", 0) == 0:
         miss(("hugepages", "no reserved 2 MiB pages (storage nodes fall back to transparent "
                            "hugepages): echo 1024 | sudo tee /proc/sys/vm/nr_hugepages"))
+    if not r.local_map.get("works"):
+        miss(("same-host mapping", r.local_map.get("why", "")))
+    if r.local_map.get("advice"):
+        miss(("arena pages", r.local_map["advice"]))
     if r.ucx.get("gpu_direct"):
         cuda_path = "gpu-direct"
     elif has_gpu:
         cuda_path = "host-staged"
     else:
         cuda_path = "unavailable (no GPU)"
-    r.paths = {"cpu": "host", "cuda": cuda_path}
+    r.paths = {"cpu": "host", "cuda": cuda_path,
+               "same-host nodes": "mapped" if r.local_map.get("works") else "ucx"}
     return r
 
 
@@ -271,6 +329,10 @@ def format_report(r: Report) -> list[str]:
     h = r.hugepages
     lines.append(f"hugepages: {h.get('total', 0)} reserved ({h.get('free', 0)} free) of "
                  f"{h.get('size') or '?'}; transparent: {h.get('transparent') or '?'}")
+    m = r.local_map
+    lines.append(f"same-host mapping: {'works' if m.get('works') else 'NOT available'} "
+                 f"(learners on a node's host read its arena read-only with plain loads); "
+                 f"arena pages: {m.get('arena_pages', '?')}")
     for name, f in r.frameworks.items():
         if not f["installed"]:
             lines.append(f"{name}: not installed")
@@ -279,7 +341,8 @@ def format_report(r: Report) -> list[str]:
             lines.append(f"{name} {f.get('version', '')}{extra}: GPU "
                          f"{'available' if f.get('cuda_available') else 'not available'}")
     lines.append(f"learner paths: device='cpu' -> {r.paths['cpu']}; "
-                 f"device='cuda' -> {r.paths['cuda']}")
+                 f"device='cuda' -> {r.paths['cuda']}; same-host nodes -> "
+                 f"{r.paths['same-host nodes']}")
     for what, fix in r.missing:
         lines.append(f"MISSING {what}: {fix}")
     if not r.missing:

@@ -24,6 +24,9 @@ def test_doctor_reports_ucx_and_what_is_missing():
     assert text.startswith("UCX 1.") and "transports:" in text and "tcp/" in text
     assert "CUDA support: cuda_copy=" in text and "hugepages:" in text
     assert "learner paths: device='cpu' -> host" in text
+    # This kernel (>= 5.1) seals memfds against writable mappings.
+    assert "same-host mapping: works" in text and "arena pages:" in text
+    assert "same-host nodes -> mapped" in text
     if not cuda_present():
         assert "GPUs: none found" in text
         assert "MISSING GPU: no NVIDIA GPU or driver found" in text
@@ -42,4 +45,5 @@ def test_doctor_json():
     assert report["ucx"]["origin"] in ("wheel", "system")
     assert "host" in report["ucx"]["memory_types"]
     assert report["paths"]["cpu"] == "host"
+    assert report["local_map"]["works"] is True and report["local_map"]["arena_pages"]
     assert all(len(m) == 2 for m in report["missing"])
