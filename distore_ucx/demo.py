@@ -91,8 +91,10 @@ def run_demo(args) -> int:
         writer.start()
         learner = client.learner(TABLE, batch_size=args.batch_size)
         item_bytes = learner.spec.item_bytes
+        read_paths = dict(learner.paths)
+        node_paths = ", ".join(f"node {n}: {p}" for n, p in sorted(read_paths.items()))
         print(f"control plane {cluster.address}; writer pid {writer.pid}; learner path "
-              f"{learner.path}; UCX_TLS={client.runtime.transports}; "
+              f"{learner.path}; reads {node_paths}; UCX_TLS={client.runtime.transports}; "
               f"{item_bytes}-byte items, batches of {args.batch_size}", file=out, flush=True)
         learner.sample(timeout=60)  # first data
         latencies, bad_key, bad_sum, sampled = [], 0, 0, 0
@@ -133,6 +135,7 @@ def run_demo(args) -> int:
         client.close()
     lat = np.array(latencies) * 1e3
     summary = {
+        "read_paths": {str(n): p for n, p in sorted(read_paths.items())},
         "seconds": round(wall, 2),
         "batches": len(latencies),
         "items_sampled": sampled,

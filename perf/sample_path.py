@@ -1,0 +1,164 @@
+"""The sample path end to end, through the public API: learner.sample() back to back.
+
+For each workload (W1: 32 x 110 KB prioritized, W2: 8 x 3 MB uniform, W3: 4 x 10 MB
+prioritized, as issue #12 states them) it starts a LocalCluster of ``--nodes`` storage
+nodes on this host (write protection on, the default), fills a table of ``--fill-bytes``
+with items whose every byte is known, and times ``learner.sample()`` called back to
+back for ``--seconds`` with each read path:
+
+mapped
+    the default: same-host nodes' arenas mapped read-only, plain-load copies.
+ucx
+    ``local_map=False``: the same nodes read over UCX with the ``--tls`` in force.
+
+Baseline, same run: a numpy gather of the same number of rows of the same size from an
+in-process array of the same total size (``np.take(..., mode="clip")``, random rows):
+the single-core memory-copy ceiling. Sampled bytes per second are item bytes x items
+over wall time (GB/s = 10^9 B/s); p50/p99 are per ``sample()`` call. The first and the
+last batch of each run are checked byte for byte (exit status 1 on a mismatch).
+
+Output: one JSON line per (workload, path) on stdout, then a table; progress on stderr.
+
+    cd /tmp && <venv>/bin/python <repo>/perf/sample_path.py --seconds 5
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+import common
+import numpy as np
+from common import JsonLines, apply_ucx_env, fmt, log
+
+MiB = 1 << 20
+WORKLOADS = {
+    "W1": (112_896, 32, "prioritized"),
+    "W2": (3 * MiB, 8, "uniform"),
+    "W3": (10 * MiB, 4, "prioritized"),
+}
+
+
+_PATTERN: dict[int, np.ndarray] = {}
+
+
+def items(keys: np.ndarray, size: int) -> np.ndarray:
+    """Rows whose bytes follow from their key (byte j of key k: (k + j) mod 251)."""
+    pattern = _PATTERN.setdefault(size, (np.arange(size) % 251).astype(np.uint16))
+    shift = (np.asarray(keys, np.uint64) % np.uint64(251)).astype(np.uint16)
+    return ((pattern[None, :] + shift[:, None]) % 251).astype(np.uint8)
+
+
+def check(batch, size: int) -> bool:
+    """Every byte of every item as inserted (the key is stored in the first 8 bytes)."""
+    data = batch.data
+    key = data[:, :8].copy().view(np.uint64)[:, 0]
+    expect = items(key, size)
+    expect[:, :8] = data[:, :8]
+    return bool(np.array_equal(data, expect))
+
+
+def numpy_baseline(size: int, batch: int, n_rows: int, seconds: float) -> dict:
+    """np.take of `batch` random rows of an (n_rows, size) array, back to back."""
+    arena = np.ones((n_rows, size), np.uint8)
+    out = np.empty((batch, size), np.uint8)
+    rng = np.random.default_rng(0)
+    for _ in range(5):
+        np.take(arena, rng.integers(0, n_rows, batch), axis=0, out=out, mode="clip")
+    lat = []
+    t0 = time.perf_counter()
+    while time.perf_counter() - t0 < seconds:
+        idx = rng.integers(0, n_rows, batch)
+        t = time.perf_counter()
+        np.take(arena, idx, axis=0, out=out, mode="clip")
+        lat.append(time.perf_counter() - t)
+    wall = time.perf_counter() - t0
+    lat = np.array(lat)
+    return {"gbps": len(lat) * batch * size / wall / 1e9,
+            "p50_ms": float(np.percentile(lat, 50)) * 1e3,
+            "p99_ms": float(np.percentile(lat, 99)) * 1e3}
+
+
+def run_workload(args, name: str) -> list[dict]:
+    import distore_ucx as ds
+
+    size, batch, sampler = WORKLOADS[name]
+    n = max(4 * batch, args.fill_bytes // size)
+    arena = n * (size + 64) // args.nodes + 64 * MiB
+    log(f"[{name}] {n} items of {size} B over {args.nodes} nodes, batch {batch}")
+    rows = []
+    with ds.LocalCluster(nodes=args.nodes, arena_bytes=arena,
+                         env={"UCX_TLS": args.tls}) as cluster, \
+            ds.connect(cluster.address) as client:
+        client.create_table(
+            "t", capacity=n, spec=((size,), "uint8"),
+            sampler=ds.Prioritized(alpha=0.6) if sampler == "prioritized" else ds.Uniform())
+        with client.writer(max_items=max(1, (4 * MiB) // size)) as writer:
+            for i in range(0, n, 8):
+                keys = np.arange(i, min(n, i + 8), dtype=np.uint64)
+                data = items(keys, size)
+                data[:, :8] = keys[:, None].view(np.uint8)
+                writer.insert("t", data, priority=np.random.default_rng(i).random(len(keys)) + 0.1)
+        base = numpy_baseline(size, batch, n, args.seconds)
+        for path in args.paths:
+            with client.learner("t", batch_size=batch, local_map=path == "mapped",
+                                copy_threads=args.copy_threads) as learner:
+                ok = check(learner.sample(), size)
+                for _ in range(10):
+                    learner.sample()
+                lat = []
+                t0 = time.perf_counter()
+                while time.perf_counter() - t0 < args.seconds:
+                    t = time.perf_counter()
+                    learner.sample()
+                    lat.append(time.perf_counter() - t)
+                wall = time.perf_counter() - t0
+                ok &= check(learner.sample(), size)
+                lat = np.array(lat)
+                gbps = len(lat) * batch * size / wall / 1e9
+                rows.append({
+                    "workload": name, "item_bytes": size, "batch": batch, "sampler": sampler,
+                    "path": path, "paths": sorted(set(learner.paths.values())),
+                    "tls": args.tls, "gbps": gbps,
+                    "p50_ms": float(np.percentile(lat, 50)) * 1e3,
+                    "p99_ms": float(np.percentile(lat, 99)) * 1e3,
+                    "numpy_gbps": base["gbps"], "vs_numpy": gbps / base["gbps"],
+                    "resampled": learner.resampled, "verified": ok,
+                })
+                log(f"[{name}] {path}: {gbps:.2f} GB/s (numpy {base['gbps']:.2f})")
+    return rows
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--workloads", default="W1,W2,W3")
+    p.add_argument("--paths", default="mapped,ucx", help="mapped and/or ucx")
+    p.add_argument("--tls", default="sm", help="UCX_TLS for the cluster and the ucx path")
+    p.add_argument("--nodes", type=int, default=2)
+    p.add_argument("--fill-bytes", type=int, default=768 * MiB,
+                   help="bytes stored in the table (default 768 MiB, beyond any cache)")
+    p.add_argument("--seconds", type=float, default=5.0)
+    p.add_argument("--copy-threads", type=int, default=None)
+    p.add_argument("--json-out")
+    args = p.parse_args(argv)
+    args.paths = [x.strip() for x in args.paths.split(",") if x.strip()]
+    apply_ucx_env(args.tls)
+    rows = []
+    with JsonLines(args.json_out) as out:
+        for name in [w.strip() for w in args.workloads.split(",") if w.strip()]:
+            for row in run_workload(args, name):
+                out.write(row)
+                rows.append(row)
+    head = ["work", "item_B", "batch", "path", "GB/s", "p50_ms", "p99_ms", "numpy_GB/s",
+            "vs_np", "ok"]
+    common.print_table(head, [[r["workload"], str(r["item_bytes"]), str(r["batch"]),
+                               r["path"], fmt(r["gbps"], ".3g"), fmt(r["p50_ms"], ".3f"),
+                               fmt(r["p99_ms"], ".3f"), fmt(r["numpy_gbps"], ".3g"),
+                               fmt(r["vs_numpy"], ".2f"), "yes" if r["verified"] else "NO"]
+                              for r in rows])
+    return 0 if all(r["verified"] for r in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
