@@ -22,6 +22,13 @@ and with ``--plot`` a PNG of latency against item size.
 
     cd /tmp && <venv>/bin/python <repo>/perf/latency.py \\
         --json-out /tmp/latency.jsonl --plot /tmp/latency.png
+
+``--first-sample`` measures something else instead: a new learner's first
+``learner.sample()`` against its warm ones (p50 of the next 200), through the public
+API on a LocalCluster of 2 nodes, for each read path (same-host mapped, and UCX with
+each ``--tls``), ``--learners`` fresh learners each. The first sample should cost
+no more than 2x a warm one: endpoints, remote keys and mappings are made when the
+learner is created, not on its first read.
 """
 
 from __future__ import annotations
@@ -137,6 +144,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--quick", action="store_true", help=f"sizes {QUICK_SIZES}, 64 MiB each")
     p.add_argument("--json-out", help="also write the JSON lines to this file")
     p.add_argument("--plot", help="write a PNG of latency vs item size (needs matplotlib)")
+    p.add_argument("--first-sample", action="store_true",
+                   help="measure a new learner's first sample against warm ones instead")
+    p.add_argument("--learners", type=int, default=5,
+                   help="fresh learners per path with --first-sample (default 5)")
     args = p.parse_args(argv)
     if args.batch < 1:
         p.error("--batch must be positive")
@@ -145,9 +156,55 @@ def parse_args(argv=None) -> argparse.Namespace:
     return args
 
 
+def first_sample(args) -> int:
+    """First vs warm learner.sample() per read path (see the module docstring)."""
+    import time
+
+    import distore_ucx as ds
+
+    rows = []
+    size, batch = 112_896, 32
+    paths = [("mapped", "sm")] + [(f"ucx:{t}", t) for t in args.tls.split(",") if t.strip()]
+    with common.JsonLines(args.json_out) as out:
+        for path, tls in paths:
+            apply_ucx_env(tls)
+            with ds.LocalCluster(nodes=2, arena_bytes=256 * MiB, env={"UCX_TLS": tls}) as c, \
+                    ds.connect(c.address) as client:
+                client.create_table("t", capacity=1000, spec=((size,), "uint8"))
+                with client.writer() as w:
+                    w.insert("t", np.ones((1000, size), np.uint8))
+                firsts, warms = [], []
+                for _ in range(args.learners):
+                    with client.learner("t", batch_size=batch,
+                                        local_map=path == "mapped") as learner:
+                        t0 = time.perf_counter()
+                        learner.sample()
+                        firsts.append(time.perf_counter() - t0)
+                        lat = []
+                        for _ in range(200):
+                            t0 = time.perf_counter()
+                            learner.sample()
+                            lat.append(time.perf_counter() - t0)
+                        warms.append(float(np.percentile(lat, 50)))
+            row = {"path": path, "item_bytes": size, "batch": batch,
+                   "first_ms": float(np.median(firsts)) * 1e3,
+                   "first_max_ms": float(np.max(firsts)) * 1e3,
+                   "warm_p50_ms": float(np.median(warms)) * 1e3}
+            row["first_vs_warm"] = row["first_ms"] / row["warm_p50_ms"]
+            out.write(row)
+            rows.append(row)
+    head = ["path", "first_ms", "first_max_ms", "warm_p50_ms", "first/warm"]
+    common.print_table(head, [[r["path"], fmt(r["first_ms"], ".3f"),
+                               fmt(r["first_max_ms"], ".3f"), fmt(r["warm_p50_ms"], ".3f"),
+                               fmt(r["first_vs_warm"], ".2f")] for r in rows])
+    return 0
+
+
 def main(argv=None) -> int:
     """Run the sweep; exit status 1 if any gathered byte was wrong."""
     args = parse_args(argv)
+    if args.first_sample:
+        return first_sample(args)
     tls_list = [t.strip() for t in args.tls.split(",") if t.strip()]
     return common.run_sweep(args.json_out, tls_list, args.sizes,
                             lambda tls, size: measure(args, tls, size), print_table,

@@ -95,3 +95,17 @@ def test_mapping_with_a_token(tmp_path, monkeypatch):
                 assert set(learner.paths.values()) == {"mapped"}
                 for _ in range(10):
                     check(learner.sample())
+
+
+@pytest.mark.parametrize("tls", ["tcp", "sm", "mapped"], indirect=True)
+def test_learner_reaches_every_node_when_created_not_on_first_sample(make_cluster, tls):
+    # Endpoints, remote keys and mappings are made by client.learner(), so the
+    # first sample costs what a warm one does (perf/latency.py --first-sample).
+    cluster = make_cluster(nodes=2)
+    with ds.connect(cluster.address) as client:
+        client.create_table("t", capacity=1000, spec=SPEC)
+        fill(client, n=100)
+        with client.learner("t", batch_size=16) as learner:
+            ids = {n["node_id"] for n in client.nodes()}
+            assert set(learner.paths) == ids  # before any sample
+            check(learner.sample())
