@@ -107,7 +107,7 @@ class Writer:
         client,
         batch_bytes: int = 4 << 20,
         max_items: int = 1024,
-        max_in_flight: int = 2,
+        max_in_flight: int = 4,
         timeout: float = 60.0,
     ):
         """`timeout`: how long a batch may wait for a rate limiter (or a node)
