@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <cmath>
 #include <cstring>
+#include <utility>
 #include <vector>
 
 #include <ucp/api/ucp.h>
@@ -38,6 +39,16 @@ uintptr_t handle_of(const nb::object& obj, const char* what) {
   return nb::cast<uintptr_t>(obj.attr("handle"));
 }
 
+using StatusArray = nb::ndarray<nb::numpy, int32_t, nb::ndim<1>>;
+
+// A numpy array for the per-item statuses of a batch of n, owned by Python,
+// and its data for native code to fill (without the GIL) before returning it.
+std::pair<StatusArray, int32_t*> new_statuses(size_t n) {
+  auto* statuses = new int32_t[n > 0 ? n : 1];
+  nb::capsule owner(statuses, [](void* p) noexcept { delete[] static_cast<int32_t*>(p); });
+  return {StatusArray(statuses, {n}, owner), statuses};
+}
+
 nb::ndarray<nb::numpy, int32_t, nb::ndim<1>> gather_py(
     nb::object worker, std::vector<const RemoteKey*> rkeys, Vec<uint32_t> key_index,
     Vec<uint64_t> remote_address, Vec<uint64_t> length, const MemoryRegion& dest,
@@ -52,13 +63,12 @@ nb::ndarray<nb::numpy, int32_t, nb::ndim<1>> gather_py(
   for (size_t i = 0; i < n; ++i) {
     items[i] = GatherItem{key_index(i), remote_address(i), length(i), dest_offset(i)};
   }
-  auto* statuses = new int32_t[n > 0 ? n : 1];
-  nb::capsule owner(statuses, [](void* p) noexcept { delete[] static_cast<int32_t*>(p); });
+  auto [array, statuses] = new_statuses(n);
   {
     nb::gil_scoped_release release;
     gather(worker_h, rkeys, items.data(), n, dest, timeout_s, statuses);
   }
-  return nb::ndarray<nb::numpy, int32_t, nb::ndim<1>>(statuses, {n}, owner);
+  return array;
 }
 
 // Copies row i of `src` (n x row bytes) to dest + offsets[i]; the storage
@@ -315,14 +325,13 @@ nb::ndarray<nb::numpy, int32_t, nb::ndim<1>> mapped_gather_py(
   for (size_t i = 0; i < n; ++i) {
     items[i] = MappedItem{arena_index(i), offset(i), length(i), dest_offset(i)};
   }
-  auto* statuses = new int32_t[n > 0 ? n : 1];
-  nb::capsule owner(statuses, [](void* p) noexcept { delete[] static_cast<int32_t*>(p); });
+  auto [array, statuses] = new_statuses(n);
   {
     nb::gil_scoped_release release;
     mapped_gather(arenas, items.data(), n, reinterpret_cast<uint8_t*>(dest.local_address()),
                   dest.size(), pool, parallel_bytes, statuses);
   }
-  return nb::ndarray<nb::numpy, int32_t, nb::ndim<1>>(statuses, {n}, owner);
+  return array;
 }
 
 void bind_mapped(nb::module_& m) {
@@ -483,14 +492,13 @@ NB_MODULE(_native, m) {
           items[i] = PullItem{slot_offsets(i), src_addresses(i), lengths(i), keys(i),
                               generations(i)};
         }
-        auto* statuses = new int32_t[n > 0 ? n : 1];
-        nb::capsule owner(statuses, [](void* p) noexcept { delete[] static_cast<int32_t*>(p); });
+        auto [array, statuses] = new_statuses(n);
         {
           nb::gil_scoped_release release;
           pull(arena, dest, w, rkey, static_cast<pid_t>(pid), src_base, src_size, items.data(),
                n, timeout_s, statuses);
         }
-        return nb::ndarray<nb::numpy, int32_t, nb::ndim<1>>(statuses, {n}, owner);
+        return array;
       },
       "arena"_a, "dest"_a.none(), "worker"_a.none(), "rkey"_a.none(), "pid"_a, "src_base"_a,
       "src_size"_a, "slot_offsets"_a, "src_addresses"_a, "lengths"_a, "keys"_a,

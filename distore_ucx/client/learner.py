@@ -192,6 +192,13 @@ class Learner:
         self.torn = 0  # items whose slot was rewritten while copied (resampled)
         # Endpoints, remote keys and mappings now, not on the first sample.
         self._peers.connect_all()
+        # And the first batch's locations are asked for now (without waiting
+        # for data), so the first sample() overlaps that round trip like every
+        # later one. Not where sampling uses items up (see _consuming).
+        self._early = False
+        if not self._consuming:
+            self._prefetch(0.0)
+            self._early = True
         log.info("learner on table %r: device=%s, path=%s, framework=%s, prefetch=%d, "
                  "UCX %s, UCX_TLS=%s", table, self.device, self.path, self.framework, prefetch,
                  _native.ucx_version(), runtime.transports)
@@ -351,12 +358,18 @@ class Learner:
             return reply
         if self._outstanding:
             self._outstanding = False
+            early, self._early = self._early, False
             try:
                 return self._rpc.receive(wait + 10.0)
             except ConnectionFailed as exc:
                 # The control plane went away with our request: ask again
                 # (the call waits for it to come back, up to the timeout).
                 log.warning("table %r: %s; asking again", self.table, exc)
+            except (NoData, RateLimiterTimeout):
+                if not early:
+                    raise
+                # The request made at creation does not wait for data: this
+                # one does, up to the caller's timeout.
         return self._rpc.call("sample", reply_timeout=wait + 10.0,
                               **self._sample_fields(self.batch_size, wait))
 
