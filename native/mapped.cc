@@ -68,7 +68,7 @@ MappedArena::MappedArena(int fd, size_t size, std::string peer, size_t populate)
   populate_to(populate);
 }
 
-void MappedArena::populate_to(size_t end) {
+void MappedArena::populate_to(size_t end) const {
   if (end <= populated_.load(std::memory_order_acquire)) return;
   std::lock_guard<std::mutex> lock(populate_mu_);
   const size_t from = populated_.load(std::memory_order_relaxed);
@@ -195,7 +195,7 @@ void mapped_gather(const std::vector<const MappedArena*>& arenas, const MappedIt
     reach[it.arena_index] = std::max<size_t>(reach[it.arena_index], it.offset + it.length);
   }
   for (size_t a = 0; a < arenas.size(); ++a) {
-    if (reach[a] != 0) const_cast<MappedArena*>(arenas[a])->populate_to(reach[a]);
+    if (reach[a] != 0) arenas[a]->populate_to(reach[a]);
   }
 
   if (pool == nullptr || pool->helpers() == 0 || total < parallel_bytes) {

@@ -47,14 +47,14 @@ class MappedArena {
   size_t populated() const { return populated_.load(); }
   // Maps the page tables of [0, end) (rounded up to 2 MiB) if not done yet,
   // in one system call; thread safe.
-  void populate_to(size_t end);
+  void populate_to(size_t end) const;
 
  private:
   uint8_t* base_ = nullptr;
   size_t size_ = 0;
   std::string peer_;
-  std::mutex populate_mu_;
-  std::atomic<size_t> populated_{0};
+  mutable std::mutex populate_mu_;
+  mutable std::atomic<size_t> populated_{0};
 };
 
 class CopyPool {

@@ -71,28 +71,6 @@ nb::ndarray<nb::numpy, int32_t, nb::ndim<1>> gather_py(
   return array;
 }
 
-// Copies row i of `src` (n x row bytes) to dest + offsets[i]; the storage
-// node's batched slot write. Bounds are checked before anything is copied.
-void scatter_rows(MemoryRegion& dest, Vec<uint64_t> offsets,
-                  nb::ndarray<const uint8_t, nb::ndim<2>, nb::c_contig, nb::device::cpu> src) {
-  const size_t n = offsets.shape(0);
-  const size_t row = src.shape(1);
-  if (src.shape(0) != n) {
-    throw UcxError(kStatusBadArgument, "scatter_rows: offsets and rows differ in length");
-  }
-  for (size_t i = 0; i < n; ++i) {
-    if (row > dest.size() || offsets(i) > dest.size() - row) {
-      throw UcxError(kStatusOutOfBounds, "scatter_rows: row " + std::to_string(i) +
-                                             " at offset " + std::to_string(offsets(i)) +
-                                             " exceeds the region");
-    }
-  }
-  auto* base = reinterpret_cast<uint8_t*>(dest.local_address());
-  const uint8_t* s = src.data();
-  nb::gil_scoped_release release;
-  for (size_t i = 0; i < n; ++i) std::memcpy(base + offsets(i), s + i * row, row);
-}
-
 template <typename T>
 nb::ndarray<nb::numpy, T, nb::ndim<1>> to_numpy(std::vector<T>&& v) {
   auto* heap = new std::vector<T>(std::move(v));
@@ -470,8 +448,6 @@ NB_MODULE(_native, m) {
       "worker"_a, "key"_a, "remote_address"_a, "src"_a, "length"_a, "timeout"_a = 10.0,
       "One-sided write (returns the ucs_status_t); arenas must refuse it.");
 
-  m.def("scatter_rows", &scatter_rows, "dest"_a, "offsets"_a, "src"_a,
-        "Copy row i of the 2-D uint8 `src` to dest.address + offsets[i], GIL released.");
 
   m.def(
       "pull",

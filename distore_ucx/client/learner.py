@@ -406,7 +406,7 @@ class Learner:
         peers = self._peers
         peers.sweep()  # a same-host node that died: unmap it now
         for node_id in np.flatnonzero(np.bincount(nodes)):  # once per node, not per item
-            peers.check(int(node_id))
+            peers.check(int(node_id))  # known ones cost a dict look-up
         n = len(rows)
         statuses = np.full(n, _native.STATUS_UNREACHABLE, np.int32)  # node gone
         mapped = peers.map_lut[nodes]

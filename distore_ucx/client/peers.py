@@ -54,7 +54,6 @@ class Peer:
         self.arena_id = desc.get("arena_id", 0)
         self.mapping = None
         self.rkey = None
-        self.endpoint = False
         same_host = bool(desc.get("host_id")) and desc["host_id"] == host_id()
         # A same-host node's pid tells us at once when it dies (a dead node's
         # items are resampled; under UCX shared memory a read from a dead
@@ -81,7 +80,6 @@ class Peer:
             # peer-failure handling: keep it (a dead peer then fails reads).
             shm = same_host and runtime.shared_memory
             ep = runtime.endpoint(self.worker_address, self.name, detect_failures=not shm)
-            self.endpoint = True
             self.rkey = _native.RemoteKey(
                 ep, desc["rkey"], desc["arena_base"], desc["arena_size"], self.name
             )
@@ -126,12 +124,6 @@ class PeerDirectory:
         """The peer of `node_id`, if the directory knows it."""
         return self._peers.get(node_id)
 
-    def __contains__(self, node_id: int) -> bool:
-        return node_id in self._peers
-
-    def __len__(self) -> int:
-        return len(self._peers)
-
     def connect_all(self) -> None:
         """Make a peer for every live node now (endpoints, remote keys and
         mappings cost a round trip each; the first sample should not pay it)."""
@@ -146,18 +138,17 @@ class PeerDirectory:
         self._rebuild()
 
     def check(self, node_id: int) -> None:
-        """Make sure the lookup tables know `node_id`, and that it still runs."""
-        peer = self._peers.get(node_id)
-        if peer is None:
-            peer = self._lookup(node_id)
-        if peer is not None and peer.watch is not None and not peer.watch.alive():
-            # A dead node's mapping would still read fine, but its items are
-            # being dropped; under UCX shared memory a read would abort us.
-            self.forget(node_id, "its process is gone")
+        """Make sure the lookup tables know `node_id` (a node met for the
+        first time is looked up; liveness is sweep()'s)."""
+        if node_id not in self._peers:
+            self._lookup(node_id)
+            self.sweep()
 
     def sweep(self) -> None:
-        """Forget same-host nodes whose process ended (their mappings are
-        unmapped even when no batch names them any more)."""
+        """Forget same-host nodes whose process ended, once per batch before
+        reading: a dead node's mapping would still read fine, but its items
+        are being dropped, and under UCX shared memory a read from it would
+        abort us. Mappings go even when no batch names the node any more."""
         for node_id, peer in list(self._peers.items()):
             if peer.watch is not None and not peer.watch.alive():
                 self.forget(node_id, "its process is gone")

@@ -24,7 +24,6 @@ import numpy as np
 
 from .._native_loader import _native
 from ..errors import StorageFull
-from ..spec import SLOT_HEADER
 from .slots import SlotTable
 
 
@@ -223,23 +222,6 @@ class Arena:
             self.region, self.local_region if source.rkey is not None else None,
             source.worker, source.rkey, source.pid, source.base, source.size,
             offsets, src_addresses, lengths, keys, generations, timeout)
-
-    def write(self, offsets: np.ndarray, keys: np.ndarray, rows: np.ndarray) -> np.ndarray:
-        """Write items (header + packed rows) into slots; returns their generations.
-        (The insert path now pulls instead: see pull.)"""
-        k = len(offsets)
-        gens = self._generation + 1 + np.arange(k, dtype=np.uint64)
-        self._generation += k
-        header = np.empty((k, 2), dtype=np.uint64)
-        header[:, 0] = keys
-        header[:, 1] = gens
-        # Seqlock order (readers re-check the header after copying): an invalid
-        # header first, then the payload, then the real header. A reader that
-        # copied any byte of the new payload sees a header that changed.
-        _native.scatter_rows(self.region, offsets, np.zeros((k, SLOT_HEADER), np.uint8))
-        _native.scatter_rows(self.region, offsets + np.uint64(SLOT_HEADER), rows)
-        _native.scatter_rows(self.region, offsets, header.view(np.uint8))
-        return gens
 
 
 def page_advice(page_kind: str) -> str:

@@ -24,7 +24,6 @@ Without a token, only a peer of the same user (or root) may map the arena
 
 from __future__ import annotations
 
-import hmac
 import logging
 import os
 import secrets
@@ -33,7 +32,7 @@ import struct
 import threading
 
 from ..errors import ConnectionFailed
-from ..protocol import auth_mac
+from . import auth
 
 log = logging.getLogger(__name__)
 
@@ -135,13 +134,13 @@ class LocalMapServer:
         conn.sendall(b"NO" + struct.pack("<H", len(msg)) + msg)
 
     def _grant(self, conn: socket.socket) -> None:
-        nonce = secrets.token_bytes(32)
+        nonce = auth.make_challenge()
         conn.sendall(_HELLO.pack(MAGIC, VERSION, self.token is not None, nonce))
         magic, mac, arena_id = _PROOF.unpack(_recv_exact(conn, _PROOF.size))
         if magic != MAGIC:
             raise ConnectionError("not a distore same-host map request")
         if self.token is not None:
-            if not hmac.compare_digest(mac, auth_mac(self.token, nonce)):
+            if not auth.verify(self.token, nonce, mac):
                 self._refuse(conn, "wrong token")
                 return
         else:
@@ -184,7 +183,7 @@ def receive_arena(name: str, arena_id: int, token: bytes | None, node: str,
         if wants_token and token is None:
             raise ConnectionFailed(f"{node} requires a token to share its arena: pass "
                                    "token_file= (or set DISTORE_TOKEN_FILE)")
-        mac = auth_mac(token, nonce) if wants_token else bytes(32)
+        mac = auth.answer(token, nonce) if wants_token else bytes(32)
         sock.sendall(_PROOF.pack(MAGIC, mac, arena_id))
         try:
             msg, fds, _, _ = socket.recv_fds(sock, _GRANT.size, 1)

@@ -19,6 +19,14 @@ def items(keys_from: int, n: int) -> dict:
     return {"obs": (k[:, None] + np.arange(1024)).astype(np.uint8), "key": k}
 
 
+def fill(client, batches: int, per: int) -> None:
+    """Table "t" with batches x per items, keys from 0."""
+    client.create_table("t", capacity=10_000, spec=SPEC)
+    with client.writer(max_items=per) as writer:
+        for i in range(batches):
+            writer.insert("t", items(i * per, per))
+
+
 def check(batch) -> None:
     expect = (batch.data["key"][:, None] + np.arange(1024)).astype(np.uint8)
     assert np.array_equal(batch.data["obs"], expect)
@@ -29,10 +37,7 @@ ALL_PATHS = pytest.mark.parametrize("tls", ["tcp", "sm", "mapped"], indirect=Tru
 
 @ALL_PATHS
 def test_killed_node_is_dropped_within_3s_and_sampling_continues(cluster, client, tls):
-    client.create_table("t", capacity=10_000, spec=SPEC)
-    with client.writer(max_items=100) as writer:
-        for i in range(10):
-            writer.insert("t", items(i * 100, 100))
+    fill(client, 10, 100)
     assert client.table_info("t")["size"] == 1000
     learner = client.learner("t", batch_size=64)
     for _ in range(5):
@@ -73,10 +78,7 @@ def test_killed_node_is_dropped_within_3s_and_sampling_continues(cluster, client
 
 @ALL_PATHS
 def test_reads_in_flight_when_a_node_dies_are_resampled(cluster, client, tls):
-    client.create_table("t", capacity=10_000, spec=SPEC)
-    with client.writer(max_items=50) as writer:
-        for i in range(8):
-            writer.insert("t", items(i * 50, 50))
+    fill(client, 8, 50)
     learner = client.learner("t", batch_size=32)
     check(learner.sample())
     cluster.kill_node(1)
@@ -89,10 +91,7 @@ def test_reads_in_flight_when_a_node_dies_are_resampled(cluster, client, tls):
 def test_node_killed_while_the_learner_reads_flat_out(cluster, client, tls):
     # The learner never pauses: the kill lands in the middle of reads (for
     # "mapped", in the middle of plain loads from the dead node's arena).
-    client.create_table("t", capacity=10_000, spec=SPEC)
-    with client.writer(max_items=100) as writer:
-        for i in range(20):
-            writer.insert("t", items(i * 100, 100))
+    fill(client, 20, 100)
     learner = client.learner("t", batch_size=128)
     if tls == "sm":
         assert set(learner.paths.values()) == {"mapped"}
