@@ -242,4 +242,39 @@ void mapped_gather(const std::vector<const MappedArena*>& arenas, const MappedIt
   }
 }
 
+void mapped_gather_located(const std::vector<const MappedArena*>& arenas,
+                           const int64_t* map_lut, size_t lut_size, const ItemLocation* items,
+                           size_t n, const uint64_t* dest_offset, size_t length, uint8_t* dest,
+                           size_t dest_size, CopyPool* pool, size_t parallel_bytes,
+                           int32_t* statuses) {
+  std::vector<MappedItem> mapped;
+  std::vector<size_t> row;  // mapped[k] is the batch's item row[k]
+  mapped.reserve(n);
+  row.reserve(n);
+  for (size_t i = 0; i < n; ++i) {
+    const uint32_t node = items[i].node;
+    const int64_t index = node < lut_size ? map_lut[node] : -1;
+    if (index < 0 || static_cast<size_t>(index) >= arenas.size()) {
+      statuses[i] = kStatusNotMapped;
+      continue;
+    }
+    mapped.push_back(MappedItem{static_cast<uint32_t>(index), items[i].offset, length,
+                                dest_offset[i]});
+    row.push_back(i);
+  }
+  std::vector<int32_t> copied(mapped.size());
+  mapped_gather(arenas, mapped.data(), mapped.size(), dest, dest_size, pool, parallel_bytes,
+                copied.data());
+  for (size_t k = 0; k < mapped.size(); ++k) {
+    const size_t i = row[k];
+    if (copied[k] != 0) {
+      statuses[i] = copied[k];
+      continue;
+    }
+    uint64_t header[2];
+    std::memcpy(header, dest + dest_offset[i], kHeader);
+    statuses[i] = header[0] == items[i].key && header[1] == items[i].generation ? 0 : kStatusStale;
+  }
+}
+
 }  // namespace distore

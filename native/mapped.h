@@ -102,4 +102,28 @@ void mapped_gather(const std::vector<const MappedArena*>& arenas, const MappedIt
                    size_t n, uint8_t* dest, size_t dest_size, CopyPool* pool,
                    size_t parallel_bytes, int32_t* statuses);
 
+// One sampled item as the control plane sends it (protocol.ITEM_LOCATION).
+struct ItemLocation {
+  uint32_t node;
+  uint32_t pad;
+  uint64_t offset;      // slot offset within the node's arena
+  uint64_t generation;  // the slot header's second word
+  uint64_t key;         // the slot header's first word
+};
+static_assert(sizeof(ItemLocation) == 32, "ItemLocation must match protocol.ITEM_LOCATION");
+
+// A whole sampled batch, as the learner gets it: every item whose node has a
+// mapping (map_lut[node] >= 0, an index into `arenas`) is copied to
+// dest + dest_offset[i] (length bytes: header + payload) by mapped_gather,
+// then its copied header is checked against the item's (key, generation).
+// statuses[i]: 0 (good), kStatusTorn (rewritten during the copy),
+// kStatusStale (the slot holds another item now), or kStatusNotMapped (the
+// item's node is not mapped here: nothing was copied; the caller reads it
+// another way). Throws like mapped_gather. Call without the GIL.
+void mapped_gather_located(const std::vector<const MappedArena*>& arenas,
+                           const int64_t* map_lut, size_t lut_size, const ItemLocation* items,
+                           size_t n, const uint64_t* dest_offset, size_t length, uint8_t* dest,
+                           size_t dest_size, CopyPool* pool, size_t parallel_bytes,
+                           int32_t* statuses);
+
 }  // namespace distore

@@ -7,6 +7,8 @@ std::string status_name(int status) {
     case kStatusOutOfBounds: return "DISTORE_OUT_OF_BOUNDS";
     case kStatusBadArgument: return "DISTORE_BAD_ARGUMENT";
     case kStatusTorn: return "DISTORE_TORN_READ";
+    case kStatusStale: return "DISTORE_STALE_SLOT";
+    case kStatusNotMapped: return "DISTORE_NOT_MAPPED";
 #define DISTORE_STATUS(s) case s: return #s;
     DISTORE_STATUS(UCS_OK)
     DISTORE_STATUS(UCS_INPROGRESS)

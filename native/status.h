@@ -20,6 +20,8 @@ namespace distore {
 constexpr int kStatusOutOfBounds = -1000;  // address range outside a remote region
 constexpr int kStatusBadArgument = -1001;  // malformed batch arrays
 constexpr int kStatusTorn = -1002;         // slot rewritten while it was copied (seqlock)
+constexpr int kStatusStale = -1003;        // the slot holds another item than the one asked for
+constexpr int kStatusNotMapped = -1004;    // the item's node is not mapped: read it another way
 
 class UcxError : public std::runtime_error {
  public:

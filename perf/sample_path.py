@@ -82,15 +82,18 @@ def numpy_baseline(size: int, batch: int, n_rows: int, seconds: float) -> dict:
 
 def run_workload(args, name: str) -> list[dict]:
     import distore_ucx as ds
+    from distore_ucx.storage.arena import page_size_label
 
     size, batch, sampler = WORKLOADS[name]
     n = max(4 * batch, args.fill_bytes // size)
     arena = n * (size + 64) // args.nodes + 64 * MiB
     log(f"[{name}] {n} items of {size} B over {args.nodes} nodes, batch {batch}")
     rows = []
-    with ds.LocalCluster(nodes=args.nodes, arena_bytes=arena,
+    with ds.LocalCluster(nodes=args.nodes, arena_bytes=arena, hugepages=args.hugepages,
                          env={"UCX_TLS": args.tls}) as cluster, \
             ds.connect(cluster.address) as client:
+        pages = sorted({page_size_label(d.get("page_kind", "")) for d in client.nodes()})
+        log(f"[{name}] arena pages: {', '.join(pages)}")
         client.create_table(
             "t", capacity=n, spec=((size,), "uint8"),
             sampler=ds.Prioritized(alpha=0.6) if sampler == "prioritized" else ds.Uniform())
@@ -124,7 +127,7 @@ def run_workload(args, name: str) -> list[dict]:
                     "p50_ms": float(np.percentile(lat, 50)) * 1e3,
                     "p99_ms": float(np.percentile(lat, 99)) * 1e3,
                     "numpy_gbps": base["gbps"], "vs_numpy": gbps / base["gbps"],
-                    "resampled": learner.resampled, "verified": ok,
+                    "resampled": learner.resampled, "verified": ok, "arena_pages": pages,
                 })
                 log(f"[{name}] {path}: {gbps:.2f} GB/s (numpy {base['gbps']:.2f})")
     return rows
@@ -140,6 +143,9 @@ def main(argv=None) -> int:
                    help="bytes stored in the table (default 768 MiB, beyond any cache)")
     p.add_argument("--seconds", type=float, default=5.0)
     p.add_argument("--copy-threads", type=int, default=None)
+    p.add_argument("--hugepages", action=argparse.BooleanOptionalAction, default=True,
+                   help="ask for 2 MiB arena pages, as `distore node` does (default); "
+                        "granted only where the admin allows (see `distore doctor`)")
     p.add_argument("--json-out")
     args = p.parse_args(argv)
     args.paths = [x.strip() for x in args.paths.split(",") if x.strip()]
@@ -151,11 +157,12 @@ def main(argv=None) -> int:
                 out.write(row)
                 rows.append(row)
     head = ["work", "item_B", "batch", "path", "GB/s", "p50_ms", "p99_ms", "numpy_GB/s",
-            "vs_np", "ok"]
+            "vs_np", "ok", "arena_pages"]
     common.print_table(head, [[r["workload"], str(r["item_bytes"]), str(r["batch"]),
                                r["path"], fmt(r["gbps"], ".3g"), fmt(r["p50_ms"], ".3f"),
                                fmt(r["p99_ms"], ".3f"), fmt(r["numpy_gbps"], ".3g"),
-                               fmt(r["vs_numpy"], ".2f"), "yes" if r["verified"] else "NO"]
+                               fmt(r["vs_numpy"], ".2f"), "yes" if r["verified"] else "NO",
+                               "/".join(r["arena_pages"])]
                               for r in rows])
     return 0 if all(r["verified"] for r in rows) else 1
 

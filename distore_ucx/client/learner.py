@@ -164,41 +164,49 @@ class Learner:
         self._runtime = runtime
         caps = capabilities.query(runtime.context) if dev.is_cuda else None
         self.path = choose_path(dev, caps, path)
-        self._ring = Ring(runtime, self.spec, batch_size, prefetch + 1, dev, self.framework,
-                          self.path)
-        self._rpc = client.connection()
-        self._session = self._rpc.session  # a new one means a new control-plane connection
-        self._next = 0
-        self._prefetcher: Prefetcher | None = None
-        self._held: int | None = None  # ring slot of the batch the caller holds (GPU fences)
+        if copy_threads is None:
+            copy_threads = max(2, min(4, os.cpu_count() or 2))
+        if copy_threads < 1:
+            raise ConfigError(f"copy_threads must be >= 1, got {copy_threads}")
         if local_map is None:
             local_map = local_map_default()
         if local_map and self.path == "gpu-direct":
             log.info("learner on table %r: gpu-direct ring is device memory; same-host nodes "
                      "are read over UCX", table)
             local_map = False
-        if copy_threads is None:
-            copy_threads = max(2, min(4, os.cpu_count() or 2))
-        if copy_threads < 1:
-            raise ConfigError(f"copy_threads must be >= 1, got {copy_threads}")
-        self._copy_pool = _native.CopyPool(copy_threads - 1)
-        self._peers = PeerDirectory(client, runtime, local_map)
-        self._lengths = np.full(batch_size, self._read, np.uint64)
+        self._rpc = client.connection()
+        self._session = self._rpc.session  # a new one means a new control-plane connection
         self._done_leases: list[int] = []  # leases of batches already read
         self._outstanding = False  # a request for the next batch is in flight
         self._prefetched: dict | None = None  # its reply, if already received
-        self._rows = np.arange(batch_size, dtype=np.uint64) * np.uint64(self._slot)
-        self.resampled = 0
-        self.torn = 0  # items whose slot was rewritten while copied (resampled)
-        # Endpoints, remote keys and mappings now, not on the first sample.
-        self._peers.connect_all()
-        # And the first batch's locations are asked for now (without waiting
-        # for data), so the first sample() overlaps that round trip like every
-        # later one. Not where sampling uses items up (see _consuming).
+        # The first batch's locations are asked for first (without waiting for
+        # data): the control plane answers while the ring, the endpoints and
+        # the mappings are made below, so the first sample() finds the reply
+        # waiting. Not where sampling uses items up (see _consuming).
         self._early = False
         if not self._consuming:
             self._prefetch(0.0)
             self._early = True
+        self._next = 0
+        self._prefetcher: Prefetcher | None = None
+        self._held: int | None = None  # ring slot of the batch the caller holds (GPU fences)
+        self._lengths = np.full(batch_size, self._read, np.uint64)
+        self._rows = np.arange(batch_size, dtype=np.uint64) * np.uint64(self._slot)
+        self.resampled = 0
+        self.torn = 0  # items whose slot was rewritten while copied (resampled)
+        self._ring = self._peers = None
+        try:
+            self._ring = Ring(runtime, self.spec, batch_size, prefetch + 1, dev,
+                              self.framework, self.path)
+            self._copy_pool = _native.CopyPool(copy_threads - 1)
+            self._peers = PeerDirectory(client, runtime, local_map)
+            # Endpoints, remote keys and mappings now, not on the first sample.
+            self._peers.connect_all()
+        except BaseException:
+            for part in (self._peers, self._ring, self._rpc):  # the request dies with it
+                if part is not None:
+                    part.close()
+            raise
         log.info("learner on table %r: device=%s, path=%s, framework=%s, prefetch=%d, "
                  "UCX %s, UCX_TLS=%s", table, self.device, self.path, self.framework, prefetch,
                  _native.ucx_version(), runtime.transports)
@@ -397,43 +405,57 @@ class Learner:
     def _gather(self, reply: dict, rows: np.ndarray, dest, slot: int) -> np.ndarray:
         """Read the sampled items into `rows` of dest; mask of rows that are good.
 
-        Items of mapped (same-host) nodes are copied in one native call,
-        items of the others read with UCX in another; both check every slot's
-        header against the (key, generation) the control plane gave."""
-        items = np.frombuffer(reply["items"], ITEM_LOCATION)
-        nodes, offsets = items["node"], items["offset"]
-        gens, keys = items["generation"], items["key"]
+        Items of mapped (same-host) nodes are copied and checked in one native
+        call that takes the control plane's records as they came; the rest
+        are read with UCX in another; both check every slot's header against
+        the (key, generation) the control plane gave."""
         peers = self._peers
         peers.sweep()  # a same-host node that died: unmap it now
-        for node_id in np.flatnonzero(np.bincount(nodes)):  # once per node, not per item
-            peers.check(int(node_id))  # known ones cost a dict look-up
-        n = len(rows)
-        statuses = np.full(n, _native.STATUS_UNREACHABLE, np.int32)  # node gone
-        mapped = peers.map_lut[nodes]
-        m = mapped >= 0
-        if m.any():
-            k = int(m.sum())
-            statuses[m] = _native.mapped_gather(
-                peers.mappings, mapped[m].astype(np.uint32), offsets[m], self._lengths[:k],
-                dest, self._rows[rows[m]], self._copy_pool,
-            )
-        index = peers.key_lut[nodes]
-        u = index >= 0
-        if u.any():
-            k = int(u.sum())
-            statuses[u] = _native.gather(
-                self._runtime.worker, peers.rkeys, index[u].astype(np.uint32),
-                peers.base_lut[nodes[u]] + offsets[u], self._lengths[:k], dest,
-                self._rows[rows[u]], self.transfer_timeout,
-            )
-        header = self._ring.headers(slot)[rows]  # (n, 2): key, generation
-        good = (statuses == 0) & (header[:, 0] == keys) & (header[:, 1] == gens)
+        raw = reply["items"]
+        dest_rows = self._rows[rows]
+        statuses = _native.mapped_gather_located(
+            peers.mappings, peers.map_lut, raw, dest_rows, self._read, dest, self._copy_pool)
+        rest = statuses == _native.STATUS_NOT_MAPPED
+        if rest.any():
+            statuses[rest] = self._gather_unmapped(np.frombuffer(raw, ITEM_LOCATION)[rest],
+                                                   dest_rows[rest], rows[rest], dest, slot)
+        good = statuses == 0
         if not good.all():
             self.torn += int(np.count_nonzero(statuses == _native.STATUS_TORN))
-            failed = (statuses != 0) & (statuses != _native.STATUS_TORN)
-            for node_id in np.unique(nodes[failed]):  # once per failed node
-                peers.forget(int(node_id), "reads from it failed")
+            failed = ((statuses != 0) & (statuses != _native.STATUS_TORN)
+                      & (statuses != _native.STATUS_STALE))
+            if failed.any():
+                nodes = np.frombuffer(raw, ITEM_LOCATION)["node"]
+                for node_id in np.unique(nodes[failed]):  # once per failed node
+                    peers.forget(int(node_id), "reads from it failed")
         return good
+
+    def _gather_unmapped(self, items: np.ndarray, dest_rows: np.ndarray, rows: np.ndarray,
+                         dest, slot: int) -> np.ndarray:
+        """Statuses of items whose nodes are not mapped: nodes met for the
+        first time are looked up (and mapped, if they can be), the rest read
+        with one UCX gather and their headers checked."""
+        peers = self._peers
+        nodes = items["node"]
+        for node_id in np.flatnonzero(np.bincount(nodes)):  # once per node, not per item
+            peers.check(int(node_id))  # known ones cost a dict look-up
+        statuses = _native.mapped_gather_located(  # a node just met may be mapped now
+            peers.mappings, peers.map_lut, items.tobytes(), dest_rows, self._read, dest,
+            self._copy_pool)
+        index = peers.key_lut[nodes]
+        u = (statuses == _native.STATUS_NOT_MAPPED) & (index >= 0)
+        statuses[statuses == _native.STATUS_NOT_MAPPED] = _native.STATUS_UNREACHABLE  # gone
+        if u.any():
+            k = int(u.sum())
+            got = _native.gather(
+                self._runtime.worker, peers.rkeys, index[u].astype(np.uint32),
+                peers.base_lut[nodes[u]] + items["offset"][u], self._lengths[:k], dest,
+                dest_rows[u], self.transfer_timeout,
+            )
+            header = self._ring.headers(slot)[rows[u]]  # (k, 2): key, generation
+            same = (header[:, 0] == items["key"][u]) & (header[:, 1] == items["generation"][u])
+            statuses[u] = np.where((got == 0) & ~same, _native.STATUS_STALE, got)
+        return statuses
 
     def _stop_prefetch(self) -> None:
         if self._prefetcher is not None:

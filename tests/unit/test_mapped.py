@@ -140,6 +140,43 @@ def test_mapped_gather_copies_every_item(runtime, region, helpers, item):
         assert np.array_equal(got[i], src[int(s) * item:(int(s) + 1) * item])
 
 
+def test_mapped_gather_located_takes_the_control_planes_records(runtime, region):
+    # Records as protocol.ITEM_LOCATION: node 3 is mapped (lut -> arena 0),
+    # node 5 is not. Slot headers here are the arena's own bytes, so an item
+    # asks for its slot's real (key, generation) to be good, anything else
+    # to be stale; items of node 5 are left untouched for the UCX path.
+    from distore_ucx.protocol import ITEM_LOCATION
+
+    arena = mapped(region)
+    item = 4096
+    src = region.view()
+    offsets = np.array([0, 3, 7, 11, 2], np.uint64) * np.uint64(item)
+    recs = np.zeros(5, ITEM_LOCATION)
+    recs["node"] = [3, 3, 5, 3, 9]
+    recs["offset"] = offsets
+    for i, off in enumerate(offsets):
+        head = src[int(off):int(off) + 16].view(np.uint64)
+        recs["key"][i], recs["generation"][i] = head[0], head[1]
+    recs["generation"][3] += np.uint64(1)  # the slot was reused since
+    lut = np.full(10, -1, np.int64)
+    lut[3] = 0
+    dest = runtime.map_region(5 * item)
+    dest.view()[:] = 0xEE
+    rows = np.arange(5, dtype=np.uint64) * np.uint64(item)
+    st = _native.mapped_gather_located([arena], lut, recs.tobytes(), rows, item, dest,
+                                       _native.CopyPool(1), 1)
+    assert st.tolist() == [0, 0, _native.STATUS_NOT_MAPPED, _native.STATUS_STALE,
+                           _native.STATUS_NOT_MAPPED]
+    got = dest.view()[: 5 * item].reshape(5, item)
+    for i in (0, 1, 3):
+        assert np.array_equal(got[i], src[int(offsets[i]):int(offsets[i]) + item])
+    assert (got[2] == 0xEE).all() and (got[4] == 0xEE).all()  # nodes 5 and 9: not copied
+    with pytest.raises(errors.InvalidArgument, match="32 bytes each"):
+        _native.mapped_gather_located([arena], lut, recs.tobytes()[:-1], rows, item, dest, None)
+    with pytest.raises(errors.InvalidArgument, match="one dest_offset"):
+        _native.mapped_gather_located([arena], lut, recs.tobytes(), rows[:4], item, dest, None)
+
+
 def test_mapped_gather_refuses_out_of_bounds_items(runtime, region):
     arena = mapped(region)
     dest = runtime.map_region(1 << 16)
