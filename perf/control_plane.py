@@ -111,7 +111,7 @@ def bench_decide(args, out):
 
     spec = TableSpec.parse(((112896,), "uint8"))
     for sampler in (Uniform(), Prioritized(0.6)):
-        table = Table("t", N, spec, sampler=sampler, seed=3)
+        table = Table.make("t", N, spec, sampler=sampler, seed=3)
         k = np.arange(N, dtype=np.uint64)
         table.add(1, k, k * np.uint64(spec.slot_size), k, np.ones(N))
         leases = Leases(30.0)
@@ -181,7 +181,7 @@ def bench_checkpoint(args, out):
     n = args.checkpoint_items
     spec = TableSpec.parse(((112896,), "uint8"))
     rng = np.random.default_rng(4)
-    table = Table("t", n, spec, sampler=Prioritized(0.6), seed=3)
+    table = Table.make("t", n, spec, sampler=Prioritized(0.6), seed=3)
     keys = rng.permutation(np.arange(n, dtype=np.uint64) + (np.uint64(1) << np.uint64(40)))
     offsets = np.arange(n, dtype=np.uint64) * np.uint64(spec.slot_size)
     table.add(1, keys, offsets, offsets, rng.uniform(0.1, 2, n))

@@ -18,6 +18,7 @@ from ..control.rate_limiters import RateLimiter
 from ..control.selectors import Selector
 from ..errors import CapacityWarning, Closed, ConfigError
 from ..spec import TableSpec
+from ..table_definition import TableDefinition
 from ..transport import rpc
 
 log = logging.getLogger(__name__)
@@ -123,24 +124,12 @@ class Client:
         for role, value in (("sampler", sampler), ("remover", remover),
                             ("rate_limiter", rate_limiter)):
             _refuse_uncalled(role, value)
-        parsed = TableSpec.parse(spec)
-        if not isinstance(capacity, int) or capacity < 1:
-            raise ConfigError(f"capacity must be a positive integer, got {capacity!r}")
-        if not isinstance(max_times_sampled, int) or max_times_sampled < 0:
-            raise ConfigError(f"max_times_sampled must be an integer >= 0, got {max_times_sampled!r}")
-        fields: dict[str, Any] = {"max_times_sampled": max_times_sampled}
-        if sampler is not None:
-            fields["sampler"] = Selector.from_wire(sampler, "sampler").to_wire()
-        if remover is not None:
-            fields["remover"] = Selector.from_wire(remover, "remover").to_wire()
-        if rate_limiter is not None:
-            if not isinstance(rate_limiter, RateLimiter):
-                raise ConfigError("rate_limiter must be ds.MinSize, ds.SampleToInsertRatio or ds.Queue")
-            fields["rate_limiter"] = rate_limiter.to_wire()
-        info = self.call(
-            "create_table", name=name, capacity=capacity, spec=parsed.to_wire(), **fields
-        )
-        self._specs[name] = parsed
+        if rate_limiter is not None and not isinstance(rate_limiter, RateLimiter):
+            raise ConfigError("rate_limiter must be ds.MinSize, ds.SampleToInsertRatio or ds.Queue")
+        definition = TableDefinition.make(name, capacity, spec, sampler, remover, rate_limiter,
+                                          max_times_sampled)
+        info = self.call("create_table", **definition.to_wire())
+        self._specs[name] = definition.spec
         for text in info.get("warnings", ()):
             # The control plane logged it too; the caller sees it here.
             warnings.warn(text, CapacityWarning, stacklevel=2)

@@ -27,7 +27,7 @@ from ..errors import (
     TableExists,
     TableNotFound,
 )
-from ..spec import TableSpec
+from ..table_definition import TableDefinition
 from ..transport.rpc import Peer, serve
 from . import checkpoint
 from .checkpoint import IdState, Image
@@ -160,11 +160,8 @@ class ControlPlane:
 
     def _create_configured_tables(self) -> None:
         """Create the tables named in the configuration ([[tables]] in distore.toml)."""
-        for t in self.config.tables:
-            self.op_create_table(None, {
-                "name": t.name, "capacity": t.capacity, "spec": TableSpec.parse(t.spec).to_wire(),
-                "sampler": t.sampler, "remover": t.remover,
-            })
+        for definition in self.config.tables:
+            self.create_table(definition)
 
     async def start(self):
         """Start serving and the housekeeping task; returns the server."""
@@ -384,21 +381,23 @@ class ControlPlane:
         return {"writer_id": wid, "key_bits": KEY_BITS}
 
     def op_create_table(self, peer: Peer, f: dict) -> dict:
-        name = f["name"]
-        seed = next(self._seed) if self._seed is not None else None
-        table = Table.from_definition(f, seed)
-        spec = table.spec
+        return self.create_table(TableDefinition.from_wire(f))
+
+    def create_table(self, definition: TableDefinition) -> dict:
+        """Create a table (or return the existing one of the same definition)."""
+        name = definition.name
         existing = self.tables.get(name)
         if existing is not None:
-            if existing.definition() != table.definition():
-                old, new = existing.to_definition(), table.to_definition()
-                differ = "; ".join(f"{k}: {old[k]!r} there, {new[k]!r} asked"
-                                   for k in old if old[k] != new.get(k))
+            if existing.definition != definition:
+                differ = "; ".join(existing.definition.differences(definition))
                 raise TableExists(
                     f"table {name!r} exists with another definition ({differ}): create it "
                     "with the same definition to reuse it, or use another name"
                 )
             return existing.info()
+        seed = next(self._seed) if self._seed is not None else None
+        table = Table(definition, seed)
+        spec = table.spec
         warnings = self._check_fit(name, spec.slot_size, table.capacity)
         self.tables[name] = table
         log.info("table %r created: capacity %d, %d-byte items, sampler %s, remover %s, %s",
