@@ -21,8 +21,10 @@ from ..config import ControlConfig, read_token
 from ..errors import (
     CheckpointError,
     ConfigError,
+    InvalidRequest,
     LimitExceeded,
     NoData,
+    NodeGone,
     RateLimiterTimeout,
     TableExists,
     TableNotFound,
@@ -291,7 +293,8 @@ class ControlPlane:
         """Answer one request (the dispatcher given to rpc.serve)."""
         method = getattr(self, "op_" + op, None)
         if method is None:
-            raise ConfigError(f"the control plane does not serve {op!r}")
+            raise InvalidRequest(f"the control plane does not serve {op!r}: is the peer a "
+                                 "distore-ucx client or node of the same version?")
         result = method(peer, f)
         return await result if asyncio.iscoroutine(result) else result
 
@@ -311,12 +314,12 @@ class ControlPlane:
         """Items a re-registered node still holds (sent only while restoring)."""
         node_id = f["node_id"]
         if peer.state.get("node_id") != node_id or not self.members.is_alive(node_id):
-            raise ConfigError(f"items_restored for node {node_id} from a connection that is not it")
+            raise InvalidRequest(f"items_restored for node {node_id} from a connection that is not it")
         if self._restoring_until is None:
-            raise ConfigError("this control plane is not restoring; a node re-sends its items "
+            raise InvalidRequest("this control plane is not restoring; a node re-sends its items "
                               "only when register_node's reply asks for them")
         if (f["priorities"] < 0).any():
-            raise ConfigError("priorities must be >= 0")
+            raise InvalidRequest("priorities must be >= 0")
         name, n = f["table"], len(f["keys"])
         table = self.tables.get(name)
         if table is None or table.spec.slot_size != f["slot_size"]:
@@ -346,7 +349,7 @@ class ControlPlane:
         """A node shutting down: drop its items from sampling now, not at its timeout."""
         node_id = f["node_id"]
         if peer.state.get("node_id") != node_id:
-            raise ConfigError(
+            raise InvalidRequest(
                 f"deregister_node for node {node_id} from a connection that is not it"
             )
         if self.members.is_alive(node_id):
@@ -465,11 +468,11 @@ class ControlPlane:
     async def op_items_added(self, peer: Peer, f: dict) -> dict:
         node_id = f["node_id"]
         if peer.state.get("node_id") != node_id or not self.members.is_alive(node_id):
-            raise ConfigError(f"items_added for node {node_id} from a connection that is not it")
+            raise InvalidRequest(f"items_added for node {node_id} from a connection that is not it")
         table = self._table(f["table"])
         n = len(f["keys"])
         if (f["priorities"] < 0).any():
-            raise ConfigError("priorities must be >= 0")
+            raise InvalidRequest("priorities must be >= 0")
         if not table.rate_limiter.admits_insert_batch(n):
             raise ConfigError(
                 f"table {table.name!r}: its {table.rate_limiter.kind} rate limiter can never "
@@ -478,7 +481,8 @@ class ControlPlane:
             )
         await self._wait(table, lambda: table.can_insert(n), "insert", n, f.get("timeout", 60.0))
         if not self.members.is_alive(node_id):
-            raise ConfigError(f"node {node_id} was dropped while its insert waited")
+            raise NodeGone(f"storage node {node_id} was dropped while its insert waited for the "
+                           f"rate limiter of table {table.name!r}; the writer resends the batch")
         if "used_bytes" in f:
             self.members.nodes[node_id].used_bytes = f["used_bytes"]
         freed = table.add(node_id, f["keys"], f["offsets"], f["generations"], f["priorities"])
@@ -525,7 +529,7 @@ class ControlPlane:
 
     def op_update_priorities(self, peer: Peer, f: dict) -> dict:
         if (f["priorities"] < 0).any():
-            raise ConfigError("priorities must be >= 0")
+            raise InvalidRequest("priorities must be >= 0")
         table = self._table(f["table"])
         updated = table.update_priorities(f["keys"], f["priorities"])
         self._touch(table)

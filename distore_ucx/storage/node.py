@@ -33,7 +33,7 @@ import numpy as np
 
 from .._native_loader import _native
 from ..config import NodeConfig, read_token
-from ..errors import ConnectionFailed, SpecMismatch, Timeout, from_native
+from ..errors import ConnectionFailed, InvalidRequest, SpecMismatch, Timeout, from_native
 from ..spec import SLOT_HEADER
 from ..transport import UcxRuntime
 from ..transport.local_map import LocalMapServer
@@ -326,7 +326,8 @@ class StorageNode:
                 "used_bytes": self.arena.used_bytes,
                 "inserted": self.inserted,
             }
-        raise ConnectionFailed(f"storage node does not serve {op!r}")
+        raise InvalidRequest(f"storage node {self.name} does not serve {op!r}: is the peer "
+                             "a distore-ucx client of the same version?")
 
     async def _insert(self, peer, f: dict) -> dict:
         """Pull a writer's staged batch into slots, have the control plane
