@@ -49,10 +49,11 @@ def stats(samples_s: list[float]) -> dict:
 
 
 def bench_updates(args, out):
-    from distore_ucx._native_loader import _native
+    from distore_ucx import _tables
+    from distore_ucx.control.selectors import KINDS
 
     rng = np.random.default_rng(0)
-    tree = _native.SumTree(N)
+    tree = _tables.SumTree(N)
     tree.set(np.arange(N, dtype=np.int64), rng.uniform(0.1, 2, N))
     batches = [rng.integers(0, N, 1024) for _ in range(args.batches)]
     values = [rng.uniform(0.1, 2, 1024) for _ in range(args.batches)]
@@ -61,7 +62,7 @@ def bench_updates(args, out):
         tree.set(idx, v)
     tree_rate = len(batches) * 1024 / (time.perf_counter() - t)
 
-    core = _native.TableCore("prioritized", 0.6, "fifo", 1.0, N, 0, 1)
+    core = _tables.TableCore(KINDS.index("prioritized"), 0.6, KINDS.index("fifo"), 1.0, N, 0, 1)
     keys = np.arange(N, dtype=np.uint64)
     core.insert(np.arange(N, dtype=np.int64), keys, rng.uniform(0.1, 2, N))
     kb = [keys[b] for b in batches]

@@ -15,12 +15,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .._native_loader import _native
+from .. import _tables
 from ..table_definition import TableDefinition
 from .checkpoint import TableImage
 from .items import FREE, LIVE, RETIRED, ItemStore
 from .rate_limiters import RateLimiter
-from .selectors import Selector
+from .selectors import KINDS, Selector
 
 
 @dataclass
@@ -99,8 +99,9 @@ class Table:
         self.remover = definition.remover
         self.rate_limiter = definition.rate_limiter
         self.max_times_sampled = definition.max_times_sampled
-        self.core = _native.TableCore(
-            self.sampler.kind, self.sampler.alpha, self.remover.kind, self.remover.alpha,
+        self.core = _tables.TableCore(
+            KINDS.index(self.sampler.kind), self.sampler.alpha,
+            KINDS.index(self.remover.kind), self.remover.alpha,
             self.capacity, self.max_times_sampled,
             secrets.randbits(63) if seed is None else seed,
         )
@@ -289,12 +290,12 @@ class Table:
 
     def lease(self, recs: np.ndarray) -> None:
         """Protect the records' slots from reuse until `unlease`."""
-        _native.lease_add(self.store.leases, recs)
+        _tables.lease_add(self.store.leases, recs)
 
     def unlease(self, recs: np.ndarray) -> Freed:
         """Drop one lease per record; frees RETIRED records left unleased."""
         s = self.store
-        done = _native.lease_release(s.leases, s.state, recs, RETIRED)
+        done = _tables.lease_release(s.leases, s.state, recs, RETIRED)
         if len(done) == 0:
             return Freed.empty()
         freed = Freed(s.node[done].copy(), s.offset[done].copy())

@@ -252,5 +252,5 @@ def test_config_check_loads_no_ucx(tmp_path):
         "assert 'libucp' not in open('/proc/self/maps').read()\n"
     )
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
-                          timeout=120)
+                          timeout=120, cwd=tmp_path)  # the installed package, not the checkout
     assert done.returncode == 0, done.stderr
