@@ -254,3 +254,32 @@ def test_config_check_loads_no_ucx(tmp_path):
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
                           timeout=120, cwd=tmp_path)  # the installed package, not the checkout
     assert done.returncode == 0, done.stderr
+
+
+def test_the_log_level_in_the_file_is_applied(tmp_path):
+    import logging
+
+    from distore_ucx import cli
+
+    path = write(tmp_path, '[log]\nlevel = "warning"\n')
+    root = logging.getLogger()
+    before = root.level
+    try:
+        args = cli.build_parser().parse_args(["status", "--config", path])
+        cli.apply_log_level(cli.settings_from(args, environ={}))
+        assert root.level == logging.WARNING
+        # the flag still wins over the file
+        args = cli.build_parser().parse_args(["--log-level", "DEBUG", "status", "--config", path])
+        cli.apply_log_level(cli.settings_from(args, environ={}))
+        assert root.level == logging.DEBUG
+    finally:
+        root.setLevel(before)
+
+
+def test_config_check_refuses_a_token_the_processes_refuse(tmp_path):
+    short = tmp_path / "short"
+    short.write_text("only12bytes!")
+    short.chmod(0o600)
+    path = write(tmp_path, f'[auth]\ntoken_file = "{short}"\n')
+    (problem,) = check_file(path)
+    assert "12 bytes; use at least 16" in str(problem)
