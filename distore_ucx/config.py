@@ -420,6 +420,41 @@ SETTINGS: tuple[Setting, ...] = (
 )
 
 BY_NAME = {s.name: s for s in SETTINGS}
+
+
+def _show_default(s: Setting) -> str:
+    v = s.default
+    if v is None or v == "" or v == () or v == {}:
+        return "none"
+    if isinstance(v, bool):
+        return str(v).lower()
+    if s.parse is _to_size or s.name == "node.arena":
+        for unit, shift in (("GiB", 30), ("MiB", 20), ("KiB", 10)):
+            if v % (1 << shift) == 0:
+                return f"{v >> shift}{unit}"
+    return f"`{v}`" if isinstance(v, str) else str(v)
+
+
+def settings_table() -> str:
+    """The settings as the Markdown table of docs/deployment.md (which holds
+    it between markers; tests/unit/test_docs.py keeps the two equal).
+
+    Regenerate with: python -c "from distore_ucx.config import settings_table as t; print(t())"
+    """
+    flags = [s.flag for s in SETTINGS]
+    rows = ["| TOML | flag | variable | default | meaning |", "|---|---|---|---|---|"]
+    for s in SETTINGS:
+        toml = f"`[{s.section}] {s.key}`" if "." in s.name else f"`[[{s.name}]]`"
+        flag = f"`{s.flag}`"
+        if s.parse is _to_bool and s.default is True:
+            flag += f" / `--no-{s.flag[2:]}`"
+        if not s.commands:
+            flag += " (before the subcommand)"
+        elif flags.count(s.flag) > 1:
+            flag += f" ({s.commands[0]})"
+        text = " ".join(s.help.split()).replace("|", "\\|")
+        rows.append(f"| {toml} | {flag} | `{s.variable}` | {_show_default(s)} | {text} |")
+    return "\n".join(rows) + "\n"
 SECTIONS = sorted({s.section for s in SETTINGS if "." in s.name})
 
 
@@ -678,6 +713,6 @@ def check_file(path: str) -> list[Problem]:
 
 __all__ = [
     "ControlConfig", "NodeConfig", "UcxConfig", "Settings", "Setting",
-    "SETTINGS", "Problem", "resolve", "load_file", "check_file", "parse_size",
+    "SETTINGS", "Problem", "resolve", "load_file", "check_file", "parse_size", "settings_table",
     "TableProblems", "check_exposure", "is_loopback",
 ]
