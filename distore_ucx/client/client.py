@@ -9,62 +9,20 @@ import warnings
 import weakref
 from typing import Any
 
-import numpy as np
-
 from ..config import read_token
 from ..control import rate_limiters as _rate_limiters
 from ..control import selectors as _selectors
 from ..control.rate_limiters import RateLimiter
 from ..control.selectors import Selector
-from ..errors import CapacityWarning, Closed, ConfigError
+from ..errors import CapacityWarning, ConfigError
 from ..spec import TableSpec
 from ..table_definition import TableDefinition
 from ..transport import rpc
+from .learner import Learner
+from .lifecycle import ensure_open
+from .writer import Writer
 
 log = logging.getLogger(__name__)
-
-# Learners closed so far (they keep no flag of their own); see ensure_open.
-_CLOSED: weakref.WeakSet[Any] = weakref.WeakSet()
-
-
-def mark_closed(obj: Any) -> None:
-    """Remember that `obj` (a Learner) was closed, so that ensure_open refuses it."""
-    _CLOSED.add(obj)
-
-
-def ensure_open(obj: Any, what: str) -> None:
-    """Raise Closed when `obj` (a client, writer or learner) was closed.
-
-    Called first thing by their public methods, so that a closed object
-    says so instead of failing somewhere deep inside.
-    """
-    if getattr(obj, "_closed", False) is True or obj in _CLOSED:
-        table = getattr(obj, "table", None)
-        which = f"{what} of table {table!r}" if isinstance(table, str) else what
-        raise Closed(f"this {which} is closed: {_REOPEN.get(what, 'make a new one')}")
-
-
-_REOPEN = {
-    "client": "connect again with ds.connect(address)",
-    "writer": "make a new one with client.writer()",
-    "learner": "make a new one with client.learner(table, batch_size)",
-}
-
-
-def check_insert(writer: Any, table: str, data: Any, priority: Any) -> None:
-    """What Writer.insert checks before packing: the writer is open, and a
-    per-item priority list has one value per item."""
-    ensure_open(writer, "writer")
-    prio = np.asarray(priority)
-    if prio.ndim == 0:
-        return
-    n = writer._client.spec(table).count(data)
-    if prio.shape != (n,) and prio.size != 1:
-        raise ValueError(
-            f"table {table!r}: {prio.size} priorities (shape {prio.shape}) for {n} items: "
-            "give one priority per item, or one scalar for all"
-        )
-
 
 def connect(address: str, timeout: float = 30.0, token_file: str | None = None) -> "Client":
     """Connect to a control plane at 'host:port'.
@@ -170,8 +128,6 @@ class Client:
     # -- writers and learners ---------------------------------------------
     def writer(self, **options: Any):
         """A Writer for inserting items; see Writer for options."""
-        from .writer import Writer
-
         ensure_open(self, "client")
         w = Writer(self, **options)
         self._children.append(w)
@@ -179,8 +135,6 @@ class Client:
 
     def learner(self, table: str, batch_size: int, device: str = "cpu", **options: Any):
         """A Learner sampling `batch_size` items of `table` into `device` memory."""
-        from .learner import Learner
-
         ensure_open(self, "client")
         _refuse_unadmittable(self.table_info(table), table, batch_size)
         learner = Learner(self, table, batch_size, device=device, **options)
@@ -245,8 +199,6 @@ _EXIT_TIMEOUT = 2.0  # seconds a request may take at interpreter exit
 
 
 def _close_learners_at_exit() -> None:
-    from .learner import Learner
-
     for client in list(_WITH_RUNTIME):
         # Exiting: release leases if the control plane answers at once, but
         # never wait for one that went away (they expire by themselves).

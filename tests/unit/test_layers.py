@@ -11,9 +11,7 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-import distore_ucx
-
-PACKAGE = Path(distore_ucx.__file__).parent
+PACKAGE = Path(__file__).parents[2] / "distore_ucx"  # the sources, not an installed copy
 UPPER = ("distore_ucx.control", "distore_ucx.client", "distore_ucx.storage",
          "distore_ucx.config", "distore_ucx.cluster", "distore_ucx.cli", "distore_ucx.ray")
 
@@ -77,3 +75,64 @@ def test_the_checker_sees_function_local_and_relative_imports(tmp_path):
     path.write_text("from .. import errors\n\ndef f():\n    from ..control.tables import Table\n")
     found = imports(path, "distore_ucx.transport.rpc")
     assert {"distore_ucx.errors", "distore_ucx.control.tables"} <= found
+
+
+def import_graph() -> dict[str, set[str]]:
+    """module -> the package's modules it imports (function-local ones too)."""
+    modules = {module_name(p): p for p in PACKAGE.rglob("*.py")}
+    graph = {}
+    for name, path in modules.items():
+        edges = set()
+        for imported in imports(path):
+            # "from . import checkpoint" names a module; "from .x import f" a name in x
+            target = imported if imported in modules else imported.rpartition(".")[0]
+            if target in modules and target != name:
+                edges.add(target)
+        graph[name] = edges
+    return graph
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan)."""
+    index, low, stack, on, out = {}, {}, [], set(), []
+
+    def visit(v):
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in graph.get(v, ()):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            scc = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                scc.append(w)
+                if w == v:
+                    break
+            if len(scc) > 1:
+                out.append(sorted(scc))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return out
+
+
+def test_no_import_cycle_between_modules():
+    # A package's __init__ importing its children is not a cycle of concern;
+    # anything else that imports in a circle (even through a function-local
+    # import) is.
+    graph = {k: {w for w in v if not (k.startswith(w + ".") and w != "distore_ucx")}
+             for k, v in import_graph().items()}
+    found = cycles(graph)
+    assert not found, found
+
+
+def test_the_cycle_finder_finds_a_cycle():
+    assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert cycles({"a": {"b"}, "b": set()}) == []
