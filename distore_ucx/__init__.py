@@ -15,8 +15,10 @@
 README.md has the same, runnable as written.
 """
 
-from .client import Batch, Client, Learner, Writer, connect
-from .cluster import LocalCluster
+from __future__ import annotations
+
+from typing import Any
+
 from .control.rate_limiters import MinSize, Queue, RateLimiter, SampleToInsertRatio
 from .control.selectors import Fifo, Lifo, MaxHeap, MinHeap, Prioritized, Selector, Uniform
 from .errors import (
@@ -27,8 +29,10 @@ from .errors import (
     ConfigError,
     ConnectionFailed,
     DistoreError,
+    InvalidRequest,
     LimitExceeded,
     NoData,
+    NodeGone,
     OutOfBoundsError,
     RateLimiterTimeout,
     RemoteError,
@@ -40,6 +44,27 @@ from .errors import (
     UcxError,
 )
 from .spec import TableSpec
+from .table_definition import TableDefinition
+
+# The client side loads UCX; it is imported on first use, so that
+# `distore config check` and the control plane's helpers never load it.
+_LAZY = {"connect": "client", "Client": "client", "Writer": "client", "Learner": "client",
+         "Batch": "client", "LocalCluster": "cluster"}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    from importlib import import_module
+
+    value = getattr(import_module(f".{module}", __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))
 
 __version__ = "0.1.0"
 
@@ -51,6 +76,7 @@ __all__ = [
     "Batch",
     "LocalCluster",
     "TableSpec",
+    "TableDefinition",
     "Selector",
     "Uniform",
     "Prioritized",
@@ -65,6 +91,8 @@ __all__ = [
     "RateLimiterTimeout",
     "DistoreError",
     "LimitExceeded",
+    "InvalidRequest",
+    "NodeGone",
     "ConfigError",
     "ConnectionFailed",
     "NoData",

@@ -130,6 +130,13 @@ def settings_from(args: argparse.Namespace, environ=None) -> Settings:
     return resolve(flags, environ, path)
 
 
+def apply_log_level(settings: Settings) -> None:
+    """Set this process's log level from `log.level` (flag, DISTORE_LOG_LEVEL,
+    or ``[log] level`` in distore.toml); logging was set up from the flag and
+    the variable before the file could be read."""
+    logging.getLogger().setLevel(settings["log.level"])
+
+
 _PREFER_SYSTEM = "RAPIDS_LIBUCX_PREFER_SYSTEM_LIBRARY"
 
 
@@ -181,6 +188,7 @@ def main(argv: list[str] | None = None) -> int:
 
             return run_bench(args)
         settings = settings_from(args)
+        apply_log_level(settings)
         _apply_ucx(settings, argv)
         if args.command == "control":
             from .control.server import main as control_main

@@ -9,56 +9,18 @@ every process.
 
 from __future__ import annotations
 
-import ctypes
-import json
 import logging
 import os
 import shutil
 import signal
 import subprocess
-import sys
 import tempfile
 import time
-from dataclasses import dataclass
 
 from .config import parse_size
-from .errors import ConnectionFailed, Timeout
+from .roles import Process, spawn, wait_ready
 
 log = logging.getLogger(__name__)
-
-
-def _die_with_parent() -> None:
-    # Runs in the child before exec: SIGKILL it if the parent goes away.
-    PR_SET_PDEATHSIG = 1
-    try:
-        ctypes.CDLL(None).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-    except (OSError, AttributeError):
-        pass
-
-
-@dataclass
-class Process:
-    """One process of the cluster."""
-
-    role: str
-    popen: subprocess.Popen
-    log_path: str
-    ready_file: str
-    info: dict | None = None
-
-    @property
-    def pid(self) -> int:
-        return self.popen.pid
-
-    def alive(self) -> bool:
-        return self.popen.poll() is None
-
-    def log_tail(self, lines: int = 30) -> str:
-        try:
-            with open(self.log_path, errors="replace") as fh:
-                return "".join(fh.readlines()[-lines:])
-        except OSError:
-            return ""
 
 
 class LocalCluster:
@@ -217,45 +179,10 @@ class LocalCluster:
 
     # -- internals -------------------------------------------------------
     def _spawn(self, role: str, args: list[str]) -> Process:
-        log_path = os.path.join(self.log_dir, f"{role}.log")
-        ready = os.path.join(self.log_dir, f"{role}.ready")
-        cmd = [sys.executable, "-m", "distore_ucx", "--log-level", self.log_level, *args,
-               "--ready-file", ready]
+        args = ["--log-level", self.log_level, *args]
         if self.token_file:
-            cmd += ["--token-file", os.path.abspath(self.token_file)]
-        with open(log_path, "wb") as out:
-            popen = subprocess.Popen(
-                cmd,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                env=self.env,
-                cwd=self.log_dir,  # never import distore_ucx from a source checkout
-                preexec_fn=_die_with_parent,
-            )
-        return Process(role, popen, log_path, ready)
+            args += ["--token-file", os.path.abspath(self.token_file)]
+        return spawn(role, args, self.log_dir, self.env)
 
     def _wait_ready(self, proc: Process) -> dict:
         return wait_ready(proc, self.startup_timeout)
-
-
-def wait_ready(proc: Process, timeout: float) -> dict:
-    """Wait until `proc` writes its ready file; its contents. Raises with the
-    process's log if it exits first or `timeout` s pass."""
-    deadline = time.monotonic() + timeout
-    delay = 0.005
-    while time.monotonic() < deadline:
-        if os.path.exists(proc.ready_file):
-            with open(proc.ready_file) as fh:
-                return json.load(fh)
-        if not proc.alive():
-            raise ConnectionFailed(
-                f"{proc.role} exited with code {proc.popen.returncode} while starting; "
-                f"its log ({proc.log_path}):\n{proc.log_tail()}"
-            )
-        time.sleep(delay)  # polling a file with a deadline; backs off to 50 ms
-        delay = min(delay * 2, 0.05)
-    raise Timeout(
-        f"{proc.role} did not become ready within {timeout} s; its log:\n"
-        f"{proc.log_tail()}"
-    )

@@ -24,6 +24,8 @@ from typing import Any, Callable
 
 from .errors import ConfigError
 from .protocol import MAX_FRAME, MAX_SAMPLE
+from .table_definition import TableDefinition, TableProblems
+from .transport.rpc import parse_address
 
 log = logging.getLogger(__name__)
 
@@ -92,7 +94,7 @@ class ControlConfig:
     heartbeat_timeout: float = 2.0  # a node silent this long is dropped
     lease_timeout: float = 30.0  # a sampled item's slot is kept this long at most
     seed: int | None = None
-    tables: tuple["TableConfig", ...] = ()  # created when the control plane starts
+    tables: tuple[TableDefinition, ...] = ()  # created when the control plane starts
     token_file: str = ""  # shared secret every connection must prove ("" = none)
     checkpoint: str = ""  # checkpoint file ("" = no checkpoints)
     checkpoint_interval: float = 60.0  # seconds between periodic checkpoints (0 = none)
@@ -145,17 +147,6 @@ class NodeConfig:
             raise ConfigError(f"arena of {self.arena_bytes} bytes is too small (at least 1MiB)")
         if self.reconnect_timeout < 0:
             raise ConfigError("reconnect_timeout must be >= 0 seconds")
-
-
-@dataclass(frozen=True)
-class TableConfig:
-    """A table the control plane creates when it starts (``[[tables]]``)."""
-
-    name: str
-    capacity: int
-    spec: Any  # {field: (shape, dtype)} or one (shape, dtype), as create_table takes it
-    sampler: str = "uniform"
-    remover: str = "fifo"
 
 
 @dataclass(frozen=True)
@@ -232,8 +223,6 @@ def _to_size(v: Any) -> int:
 
 
 def _to_address(v: Any) -> str:
-    from .transport.rpc import parse_address
-
     try:
         parse_address(_to_str(v))
     except ConfigError as exc:
@@ -304,7 +293,7 @@ def _to_options(v: Any) -> dict[str, str]:
     return out
 
 
-def _to_tables(v: Any) -> tuple[TableConfig, ...]:
+def _to_tables(v: Any) -> tuple[TableDefinition, ...]:
     if isinstance(v, str):
         try:
             v = json.loads(v)
@@ -315,7 +304,7 @@ def _to_tables(v: Any) -> tuple[TableConfig, ...]:
     out, problems, seen = [], [], set()
     for i, entry in enumerate(v):
         try:
-            table = table_config(entry)
+            table = TableDefinition.from_config(entry)
         except ValueError as exc:
             problems.append(f"[[tables]] #{i + 1}: {exc}")
             continue
@@ -326,74 +315,6 @@ def _to_tables(v: Any) -> tuple[TableConfig, ...]:
     if problems:
         raise ValueError("; ".join(problems))
     return tuple(out)
-
-
-def _names(registry: Any) -> list[str]:
-    return [str(n) for n in registry]
-
-
-class TableProblems(ValueError):
-    """Every problem of one ``[[tables]]`` entry (``.problems``), not only the first."""
-
-    def __init__(self, problems: list[str]):
-        super().__init__("; ".join(problems))
-        self.problems = problems
-
-
-def table_config(entry: Any) -> TableConfig:
-    """One ``[[tables]]`` entry, checked: name, capacity, spec, sampler, remover.
-
-    Raises TableProblems listing every problem of the entry.
-    """
-    from .control.tables import REMOVERS, SAMPLERS
-    from .spec import TableSpec
-
-    if not isinstance(entry, Mapping):
-        raise TableProblems([f"expected a table (name, capacity, spec, ...), got {entry!r}"])
-    problems = []
-    allowed = {"name", "capacity", "spec", "sampler", "remover"}
-    unknown = sorted(set(entry) - allowed)
-    if unknown:
-        problems.append(
-            f"unknown key(s) {', '.join(unknown)} (allowed: {', '.join(sorted(allowed))})"
-        )
-    problems += [f"missing {key!r}" for key in ("name", "capacity", "spec") if key not in entry]
-    name = entry.get("name")
-    if "name" in entry and (not isinstance(name, str) or not 0 < len(name) <= 128
-                            or not name.isprintable()):
-        problems.append(f"name {name!r} must be 1-128 printable characters")
-    label = f"table {name!r}: " if isinstance(name, str) else ""
-    cap = entry.get("capacity")
-    if "capacity" in entry and (isinstance(cap, bool) or not isinstance(cap, int) or cap < 1):
-        problems.append(f"{label}capacity must be a positive integer, got {cap!r}")
-    spec = _spec_from_toml(entry.get("spec"))
-    if "spec" in entry:
-        try:
-            TableSpec.parse(spec)
-        except ConfigError as exc:
-            problems.append(f"{label}spec: {exc}")
-    sampler = entry.get("sampler", "uniform")
-    remover = entry.get("remover", "fifo")
-    if sampler not in _names(SAMPLERS):
-        problems.append(f"{label}sampler {sampler!r} unknown (have {_names(SAMPLERS)})")
-    if remover not in _names(REMOVERS):
-        problems.append(f"{label}remover {remover!r} unknown (have {_names(REMOVERS)})")
-    if problems:
-        raise TableProblems(problems)
-    return TableConfig(name, cap, spec, sampler, remover)
-
-
-def _spec_from_toml(spec: Any) -> Any:
-    # TOML has arrays, not tuples: [[4, 84, 84], "uint8"] -> ((4, 84, 84), "uint8").
-    def entry(e):
-        if isinstance(e, list) and len(e) == 2:
-            shape = tuple(e[0]) if isinstance(e[0], list) else e[0]
-            return (shape, e[1])
-        return e
-
-    if isinstance(spec, Mapping):
-        return {k: entry(v) for k, v in spec.items()}
-    return entry(spec)
 
 
 @dataclass(frozen=True)
@@ -499,6 +420,41 @@ SETTINGS: tuple[Setting, ...] = (
 )
 
 BY_NAME = {s.name: s for s in SETTINGS}
+
+
+def _show_default(s: Setting) -> str:
+    v = s.default
+    if v is None or v == "" or v == () or v == {}:
+        return "none"
+    if isinstance(v, bool):
+        return str(v).lower()
+    if s.parse is _to_size or s.name == "node.arena":
+        for unit, shift in (("GiB", 30), ("MiB", 20), ("KiB", 10)):
+            if v % (1 << shift) == 0:
+                return f"{v >> shift}{unit}"
+    return f"`{v}`" if isinstance(v, str) else str(v)
+
+
+def settings_table() -> str:
+    """The settings as the Markdown table of docs/deployment.md (which holds
+    it between markers; tests/unit/test_docs.py keeps the two equal).
+
+    Regenerate with: python -c "from distore_ucx.config import settings_table as t; print(t())"
+    """
+    flags = [s.flag for s in SETTINGS]
+    rows = ["| TOML | flag | variable | default | meaning |", "|---|---|---|---|---|"]
+    for s in SETTINGS:
+        toml = f"`[{s.section}] {s.key}`" if "." in s.name else f"`[[{s.name}]]`"
+        flag = f"`{s.flag}`"
+        if s.parse is _to_bool and s.default is True:
+            flag += f" / `--no-{s.flag[2:]}`"
+        if not s.commands:
+            flag += " (before the subcommand)"
+        elif flags.count(s.flag) > 1:
+            flag += f" ({s.commands[0]})"
+        text = " ".join(s.help.split()).replace("|", "\\|")
+        rows.append(f"| {toml} | {flag} | `{s.variable}` | {_show_default(s)} | {text} |")
+    return "\n".join(rows) + "\n"
 SECTIONS = sorted({s.section for s in SETTINGS if "." in s.name})
 
 
@@ -571,7 +527,7 @@ def load_file(path: str) -> tuple[dict[str, Any], list[Problem]]:
             good = []
             for i, entry in enumerate(body):
                 try:
-                    good.append(table_config(entry))
+                    good.append(TableDefinition.from_config(entry))
                 except TableProblems as exc:
                     line = _locate(lines, "tables", "", i)
                     problems += [Problem(f"{path}:{line or '?'} [[tables]] #{i + 1}", text)
@@ -756,7 +712,7 @@ def check_file(path: str) -> list[Problem]:
 
 
 __all__ = [
-    "ControlConfig", "NodeConfig", "TableConfig", "UcxConfig", "Settings", "Setting",
-    "SETTINGS", "Problem", "resolve", "load_file", "check_file", "parse_size", "table_config",
+    "ControlConfig", "NodeConfig", "UcxConfig", "Settings", "Setting",
+    "SETTINGS", "Problem", "resolve", "load_file", "check_file", "parse_size", "settings_table",
     "TableProblems", "check_exposure", "is_loopback",
 ]

@@ -29,11 +29,23 @@ class Timeout(DistoreError, TimeoutError):
 
 
 class RemoteError(DistoreError):
-    """The peer answered a request with an error; `kind` names the peer's class."""
+    """The peer failed on a request in a way it has no error code for (a bug
+    there: its log has the traceback); `kind` is the code it sent."""
 
-    def __init__(self, message: str, kind: str = "RemoteError"):
+    def __init__(self, message: str, kind: str = "internal"):
         super().__init__(message)
         self.kind = kind
+
+
+class InvalidRequest(DistoreError, ValueError):
+    """A peer refused a request as malformed or not meant for it (an unknown
+    operation, a field out of bounds, a message from the wrong connection):
+    a bug or a version mismatch between the two sides, not configuration."""
+
+
+class NodeGone(ConnectionFailed):
+    """A storage node left the store (dropped or shut down) while a request
+    that concerned it waited; the request had no effect: send it again."""
 
 
 class TableNotFound(DistoreError, KeyError):
@@ -82,6 +94,11 @@ class CheckpointError(DistoreError):
     corrupt or of another format version; the message names the file."""
 
 
+class TableCoreError(DistoreError, ValueError):
+    """The native table core refused a call (an item id outside the table, an
+    unknown selector, a capacity of 0): a bug in the caller, not a UCX failure."""
+
+
 class UcxError(DistoreError):
     """A UCX operation failed. `status` is the ucs_status_t, `peer` the node."""
 
@@ -112,48 +129,25 @@ class Unsupported(UcxError):
     """The loaded UCX cannot do what was asked (e.g. no remote access)."""
 
 
-# ucs_status_t value -> exception class. The values are UCX's stable ABI.
-_STATUS_CLASSES: dict[int, type[UcxError]] = {
-    -3: UnreachableError,  # UCS_ERR_IO_ERROR
-    -5: InvalidArgument,  # UCS_ERR_INVALID_PARAM
-    -6: UnreachableError,  # UCS_ERR_UNREACHABLE
-    -7: InvalidArgument,  # UCS_ERR_INVALID_ADDR
-    -8: Unsupported,  # UCS_ERR_NOT_IMPLEMENTED
-    -20: UnreachableError,  # UCS_ERR_ENDPOINT_TIMEOUT (legacy value)
-    -22: Unsupported,  # UCS_ERR_UNSUPPORTED
-    -25: UnreachableError,  # UCS_ERR_CONNECTION_RESET
-    -26: UnreachableError,  # UCS_ERR_NOT_CONNECTED
-    -80: TransferTimeout,  # UCS_ERR_ENDPOINT_TIMEOUT
-    -16: TransferTimeout,  # UCS_ERR_CANCELED: a read we cancelled at its deadline
-    -1000: OutOfBoundsError,  # distore: range outside a registered region
-    -1001: InvalidArgument,  # distore: malformed batch arrays
+# Status name -> exception class. Keyed by the names the extension gives
+# (`_native.status_name`), so that no status number is copied here.
+_STATUS_CLASSES: dict[str, type[UcxError]] = {
+    "UCS_ERR_IO_ERROR": UnreachableError,
+    "UCS_ERR_INVALID_PARAM": InvalidArgument,
+    "UCS_ERR_UNREACHABLE": UnreachableError,
+    "UCS_ERR_INVALID_ADDR": InvalidArgument,
+    "UCS_ERR_NOT_IMPLEMENTED": Unsupported,
+    "UCS_ERR_UNSUPPORTED": Unsupported,
+    "UCS_ERR_CONNECTION_RESET": UnreachableError,
+    "UCS_ERR_NOT_CONNECTED": UnreachableError,
+    "UCS_ERR_ENDPOINT_TIMEOUT": TransferTimeout,
+    "UCS_ERR_CANCELED": TransferTimeout,  # a read we cancelled at its deadline
+    "DISTORE_OUT_OF_BOUNDS": OutOfBoundsError,  # range outside a registered region
+    "DISTORE_BAD_ARGUMENT": InvalidArgument,  # malformed batch arrays
 }
 
 
 def from_native(status: int, status_name: str, message: str, peer: str) -> UcxError:
     """Build the exception for a native failure (called by the extension)."""
-    cls = _STATUS_CLASSES.get(status, UcxError)
+    cls = _STATUS_CLASSES.get(status_name, UcxError)
     return cls(f"{message} [{status_name}]", status=status, status_name=status_name, peer=peer)
-
-
-def raise_for_statuses(statuses, peers: list[str]) -> None:
-    """Raise the exception of the first failed status in a per-item array.
-
-    `peers[i]` names the node that item i was read from.
-    """
-    import numpy as np
-
-    bad = np.flatnonzero(statuses)
-    if bad.size == 0:
-        return
-    i = int(bad[0])
-    status = int(statuses[i])
-    from . import _native
-
-    name = _native.status_name(status)
-    raise from_native(
-        status,
-        name,
-        f"{bad.size} of {len(statuses)} reads failed; first: item {i} from {peers[i]}",
-        peers[i],
-    )

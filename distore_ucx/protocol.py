@@ -6,7 +6,7 @@ binary payload, which is never copied into or out of msgpack (no message
 declares one now: an insert is a descriptor, the node pulls the items over
 UCX). A request is ``{"v": VERSION, "op": name, "id": n, ...fields}``;
 its reply is ``{"id": n, "ok": True, ...}`` or ``{"id": n, "ok": False,
-"error": class_name, "message": text}``. A push (``id`` 0) gets no reply.
+"error": code, "message": text}``, where code is one of ``ERRORS`` below. A push (``id`` 0) gets no reply.
 Arrays travel as raw little-endian bytes of a declared dtype. Encoding,
 decoding and validation live here and nowhere else; the payload bytes of
 items never pass through the control plane.
@@ -22,6 +22,8 @@ from typing import Any
 
 import msgpack
 import numpy as np
+
+from . import errors
 
 VERSION = 1
 MAX_FRAME = 1 << 30  # 1 GiB: any one frame
@@ -257,9 +259,62 @@ def reply(mid: int, **fields: Any) -> dict[str, Any]:
     return msg
 
 
+# The error vocabulary: the code an error reply carries <-> the exception it
+# is raised as on the other side. A class not listed travels as its nearest
+# listed base class; anything else (a bug in the peer) as "internal", raised
+# as RemoteError. Codes are part of the protocol: add, never rename.
+ERRORS: dict[str, type[Exception]] = {
+    "distore": errors.DistoreError,  # raised as such: no more precise class fits
+    "config": errors.ConfigError,
+    "invalid_request": errors.InvalidRequest,
+    "table_not_found": errors.TableNotFound,
+    "table_exists": errors.TableExists,
+    "spec_mismatch": errors.SpecMismatch,
+    "storage_full": errors.StorageFull,
+    "limit_exceeded": errors.LimitExceeded,
+    "timeout": errors.Timeout,
+    "rate_limiter_timeout": errors.RateLimiterTimeout,
+    "no_data": errors.NoData,
+    "connection_failed": errors.ConnectionFailed,
+    "authentication_failed": errors.AuthenticationFailed,
+    "node_gone": errors.NodeGone,
+    "checkpoint": errors.CheckpointError,
+    "closed": errors.Closed,
+    "table_core": errors.TableCoreError,
+    "ucx": errors.UcxError,
+    "unreachable": errors.UnreachableError,
+    "transfer_timeout": errors.TransferTimeout,
+    "internal": errors.RemoteError,
+}
+_CODES: dict[type, str] = {cls: code for code, cls in ERRORS.items()}
+_CODES[ProtocolError] = "invalid_request"  # a malformed message is an invalid request
+
+
+def error_code(exc: BaseException) -> str:
+    """The code `exc` travels as: its class's, or its nearest listed base's."""
+    for cls in type(exc).__mro__:
+        code = _CODES.get(cls)
+        if code is not None:
+            return code
+    return "internal"
+
+
 def error_reply(mid: int, exc: BaseException) -> dict[str, Any]:
-    """An error reply carrying the exception's class name and message."""
-    return {"id": mid, "ok": False, "error": type(exc).__name__, "message": str(exc)}
+    """An error reply carrying the exception's code and message."""
+    return {"id": mid, "ok": False, "error": error_code(exc), "message": str(exc)}
+
+
+def remote_error(msg: dict[str, Any], peer: str) -> Exception:
+    """The exception an error reply stands for, its message naming the peer.
+
+    An unknown code (a newer peer) becomes RemoteError with that `kind`.
+    """
+    code = msg.get("error")
+    text = f"{msg.get('message', 'unknown error')} (from {peer})"
+    cls = ERRORS.get(code) if isinstance(code, str) else None
+    if cls is None or cls is errors.RemoteError:
+        return errors.RemoteError(text, str(code))
+    return cls(text)
 
 
 def validate_request(msg: dict[str, Any]) -> tuple[str, dict[str, Any]]:

@@ -19,12 +19,12 @@ import logging
 import os
 import signal
 import subprocess
-import sys
 import tempfile
 from collections.abc import Mapping, Sequence
 
 from .config import check_file, load_file, parse_size
 from .errors import ConfigError, ConnectionFailed, DistoreError
+from .roles import spawn, wait_ready
 
 log = logging.getLogger(__name__)
 
@@ -46,22 +46,13 @@ class _Service:
     and killed by the kernel if the actor's worker dies (PR_SET_PDEATHSIG)."""
 
     def __init__(self, role: str, args: list[str], env: Mapping[str, str], timeout: float):
-        from .cluster import Process, _die_with_parent, wait_ready
-
         self.role = role
         self.dir = tempfile.mkdtemp(prefix=f"distore-ray-{role}-")
-        self.log_path = os.path.join(self.dir, f"{role}.log")
-        ready = os.path.join(self.dir, f"{role}.ready")
         full_env = dict(os.environ, **env)
         full_env.setdefault("UCX_WARN_UNUSED_ENV_VARS", "n")
         full_env["PYTHONUNBUFFERED"] = "1"
-        with open(self.log_path, "wb") as out:
-            popen = subprocess.Popen(
-                [sys.executable, "-m", "distore_ucx", *args, "--ready-file", ready],
-                stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                env=full_env, cwd=self.dir, preexec_fn=_die_with_parent,
-            )
-        self.process = Process(role, popen, self.log_path, ready)
+        self.process = spawn(role, args, self.dir, full_env)
+        self.log_path = self.process.log_path
         self.info = wait_ready(self.process, timeout)
 
     def stop(self, timeout: float = 30.0) -> int | None:

@@ -13,50 +13,13 @@
 #include <cstddef>
 #include <cstdint>
 #include <random>
-#include <string>
 #include <unordered_map>
 #include <vector>
 
-#include "heap.h"
-#include "sum_tree.h"
+#include "selector.h"
+#include "table_error.h"
 
 namespace distore {
-
-enum class SelectorKind { kUniform, kPrioritized, kFifo, kLifo, kMinHeap, kMaxHeap };
-
-SelectorKind selector_kind(const std::string& name);  // throws UcxError(bad argument)
-
-// One selection policy over the table's items.
-class Selector {
- public:
-  Selector(SelectorKind kind, double alpha);
-  void insert(int64_t id, double priority, uint64_t seq);
-  void remove(int64_t id);
-  void update(int64_t id, double priority);
-  // The next item and its probability (1 for the deterministic kinds).
-  // Requires size() > 0.
-  int64_t select(std::mt19937_64& rng, double* probability);
-  size_t size() const { return size_; }
-  // Probability that select() returns `id` now (for tests and reporting).
-  double probability(int64_t id) const;
-  // n independent draws at once (no removal between them).
-  void select_many(std::mt19937_64& rng, size_t n, int64_t* ids, double* probabilities);
-
- private:
-  double weight(double priority) const;
-  void grow(int64_t id);
-
-  SelectorKind kind_;
-  double alpha_;
-  size_t size_ = 0;
-  // uniform (also the fallback of prioritized when every weight is 0)
-  std::vector<int64_t> items_;
-  std::vector<int64_t> pos_;
-  // prioritized
-  SumTree tree_;
-  // fifo, lifo, min/max heap
-  IndexedHeap heap_;
-};
 
 class TableCore {
  public:

@@ -49,10 +49,11 @@ def stats(samples_s: list[float]) -> dict:
 
 
 def bench_updates(args, out):
-    from distore_ucx._native_loader import _native
+    from distore_ucx import _tables
+    from distore_ucx.control.selectors import KINDS
 
     rng = np.random.default_rng(0)
-    tree = _native.SumTree(N)
+    tree = _tables.SumTree(N)
     tree.set(np.arange(N, dtype=np.int64), rng.uniform(0.1, 2, N))
     batches = [rng.integers(0, N, 1024) for _ in range(args.batches)]
     values = [rng.uniform(0.1, 2, 1024) for _ in range(args.batches)]
@@ -61,7 +62,7 @@ def bench_updates(args, out):
         tree.set(idx, v)
     tree_rate = len(batches) * 1024 / (time.perf_counter() - t)
 
-    core = _native.TableCore("prioritized", 0.6, "fifo", 1.0, N, 0, 1)
+    core = _tables.TableCore(KINDS.index("prioritized"), 0.6, KINDS.index("fifo"), 1.0, N, 0, 1)
     keys = np.arange(N, dtype=np.uint64)
     core.insert(np.arange(N, dtype=np.int64), keys, rng.uniform(0.1, 2, N))
     kb = [keys[b] for b in batches]
@@ -111,7 +112,7 @@ def bench_decide(args, out):
 
     spec = TableSpec.parse(((112896,), "uint8"))
     for sampler in (Uniform(), Prioritized(0.6)):
-        table = Table("t", N, spec, sampler=sampler, seed=3)
+        table = Table.make("t", N, spec, sampler=sampler, seed=3)
         k = np.arange(N, dtype=np.uint64)
         table.add(1, k, k * np.uint64(spec.slot_size), k, np.ones(N))
         leases = Leases(30.0)
@@ -181,7 +182,7 @@ def bench_checkpoint(args, out):
     n = args.checkpoint_items
     spec = TableSpec.parse(((112896,), "uint8"))
     rng = np.random.default_rng(4)
-    table = Table("t", n, spec, sampler=Prioritized(0.6), seed=3)
+    table = Table.make("t", n, spec, sampler=Prioritized(0.6), seed=3)
     keys = rng.permutation(np.arange(n, dtype=np.uint64) + (np.uint64(1) << np.uint64(40)))
     offsets = np.arange(n, dtype=np.uint64) * np.uint64(spec.slot_size)
     table.add(1, keys, offsets, offsets, rng.uniform(0.1, 2, n))

@@ -9,61 +9,20 @@ import warnings
 import weakref
 from typing import Any
 
-import numpy as np
-
 from ..config import read_token
 from ..control import rate_limiters as _rate_limiters
 from ..control import selectors as _selectors
 from ..control.rate_limiters import RateLimiter
 from ..control.selectors import Selector
-from ..errors import CapacityWarning, Closed, ConfigError
+from ..errors import CapacityWarning, ConfigError
 from ..spec import TableSpec
+from ..table_definition import TableDefinition
 from ..transport import rpc
+from .learner import Learner
+from .lifecycle import ensure_open
+from .writer import Writer
 
 log = logging.getLogger(__name__)
-
-# Learners closed so far (they keep no flag of their own); see ensure_open.
-_CLOSED: weakref.WeakSet[Any] = weakref.WeakSet()
-
-
-def mark_closed(obj: Any) -> None:
-    """Remember that `obj` (a Learner) was closed, so that ensure_open refuses it."""
-    _CLOSED.add(obj)
-
-
-def ensure_open(obj: Any, what: str) -> None:
-    """Raise Closed when `obj` (a client, writer or learner) was closed.
-
-    Called first thing by their public methods, so that a closed object
-    says so instead of failing somewhere deep inside.
-    """
-    if getattr(obj, "_closed", False) is True or obj in _CLOSED:
-        table = getattr(obj, "table", None)
-        which = f"{what} of table {table!r}" if isinstance(table, str) else what
-        raise Closed(f"this {which} is closed: {_REOPEN.get(what, 'make a new one')}")
-
-
-_REOPEN = {
-    "client": "connect again with ds.connect(address)",
-    "writer": "make a new one with client.writer()",
-    "learner": "make a new one with client.learner(table, batch_size)",
-}
-
-
-def check_insert(writer: Any, table: str, data: Any, priority: Any) -> None:
-    """What Writer.insert checks before packing: the writer is open, and a
-    per-item priority list has one value per item."""
-    ensure_open(writer, "writer")
-    prio = np.asarray(priority)
-    if prio.ndim == 0:
-        return
-    n = writer._client.spec(table).count(data)
-    if prio.shape != (n,) and prio.size != 1:
-        raise ValueError(
-            f"table {table!r}: {prio.size} priorities (shape {prio.shape}) for {n} items: "
-            "give one priority per item, or one scalar for all"
-        )
-
 
 def connect(address: str, timeout: float = 30.0, token_file: str | None = None) -> "Client":
     """Connect to a control plane at 'host:port'.
@@ -123,24 +82,12 @@ class Client:
         for role, value in (("sampler", sampler), ("remover", remover),
                             ("rate_limiter", rate_limiter)):
             _refuse_uncalled(role, value)
-        parsed = TableSpec.parse(spec)
-        if not isinstance(capacity, int) or capacity < 1:
-            raise ConfigError(f"capacity must be a positive integer, got {capacity!r}")
-        if not isinstance(max_times_sampled, int) or max_times_sampled < 0:
-            raise ConfigError(f"max_times_sampled must be an integer >= 0, got {max_times_sampled!r}")
-        fields: dict[str, Any] = {"max_times_sampled": max_times_sampled}
-        if sampler is not None:
-            fields["sampler"] = Selector.from_wire(sampler, "sampler").to_wire()
-        if remover is not None:
-            fields["remover"] = Selector.from_wire(remover, "remover").to_wire()
-        if rate_limiter is not None:
-            if not isinstance(rate_limiter, RateLimiter):
-                raise ConfigError("rate_limiter must be ds.MinSize, ds.SampleToInsertRatio or ds.Queue")
-            fields["rate_limiter"] = rate_limiter.to_wire()
-        info = self.call(
-            "create_table", name=name, capacity=capacity, spec=parsed.to_wire(), **fields
-        )
-        self._specs[name] = parsed
+        if rate_limiter is not None and not isinstance(rate_limiter, RateLimiter):
+            raise ConfigError("rate_limiter must be ds.MinSize, ds.SampleToInsertRatio or ds.Queue")
+        definition = TableDefinition.make(name, capacity, spec, sampler, remover, rate_limiter,
+                                          max_times_sampled)
+        info = self.call("create_table", **definition.to_wire())
+        self._specs[name] = definition.spec
         for text in info.get("warnings", ()):
             # The control plane logged it too; the caller sees it here.
             warnings.warn(text, CapacityWarning, stacklevel=2)
@@ -181,8 +128,6 @@ class Client:
     # -- writers and learners ---------------------------------------------
     def writer(self, **options: Any):
         """A Writer for inserting items; see Writer for options."""
-        from .writer import Writer
-
         ensure_open(self, "client")
         w = Writer(self, **options)
         self._children.append(w)
@@ -190,8 +135,6 @@ class Client:
 
     def learner(self, table: str, batch_size: int, device: str = "cpu", **options: Any):
         """A Learner sampling `batch_size` items of `table` into `device` memory."""
-        from .learner import Learner
-
         ensure_open(self, "client")
         _refuse_unadmittable(self.table_info(table), table, batch_size)
         learner = Learner(self, table, batch_size, device=device, **options)
@@ -256,8 +199,6 @@ _EXIT_TIMEOUT = 2.0  # seconds a request may take at interpreter exit
 
 
 def _close_learners_at_exit() -> None:
-    from .learner import Learner
-
     for client in list(_WITH_RUNTIME):
         # Exiting: release leases if the control plane answers at once, but
         # never wait for one that went away (they expire by themselves).

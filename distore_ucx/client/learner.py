@@ -43,8 +43,8 @@ from ..errors import (
 from ..protocol import ITEM_LOCATION
 from ..spec import SLOT_HEADER
 from ..transport import capabilities
-from .client import ensure_open, mark_closed
 from .device import Device, choose_path, resolve_framework
+from .lifecycle import ensure_open, mark_closed
 from .peers import PeerDirectory, local_map_default
 from .prefetch import Prefetcher, Stopped
 from .ring import Ring

@@ -44,7 +44,7 @@ from .._native_loader import _native
 from ..errors import ConfigError, ConnectionFailed, RateLimiterTimeout, StorageFull
 from ..transport import rpc
 from ..transport.runtime import host_id
-from .client import check_insert, ensure_open
+from .lifecycle import check_insert, ensure_open
 
 log = logging.getLogger(__name__)
 

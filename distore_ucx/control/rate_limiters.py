@@ -131,3 +131,32 @@ def Queue(size: int) -> RateLimiter:  # noqa: N802
     if size < 1:
         raise ConfigError(f"queue size must be >= 1, got {size}")
     return RateLimiter("queue", 1.0, 1, 0.0, float(size))
+
+
+# kind -> (constructor, its arguments), for rate limiters written in distore.toml
+_CONFIG_KINDS = {
+    "min_size": (MinSize, ("min_size_to_sample",)),
+    "sample_to_insert_ratio": (SampleToInsertRatio,
+                               ("samples_per_insert", "min_size_to_sample", "error_buffer")),
+    "queue": (Queue, ("size",)),
+}
+
+
+def from_config(value: Any) -> RateLimiter:
+    """A rate limiter as a ``[[tables]]`` entry writes it: its kind and its
+    constructor's arguments, e.g. ``{kind = "queue", size = 1000}``."""
+    if not isinstance(value, dict) or value.get("kind") not in _CONFIG_KINDS:
+        raise ConfigError(f"expected {{kind = ..., ...}} with kind one of "
+                          f"{', '.join(_CONFIG_KINDS)}, got {value!r}")
+    make, names = _CONFIG_KINDS[value["kind"]]
+    unknown = sorted(set(value) - {"kind", *names})
+    missing = [n for n in names if n not in value and make is not MinSize]
+    if unknown or missing:
+        raise ConfigError(f"{value['kind']} takes {', '.join(names)}"
+                          + (f"; unknown: {', '.join(unknown)}" if unknown else "")
+                          + (f"; missing: {', '.join(missing)}" if missing else ""))
+    args = {n: value[n] for n in names if n in value}
+    for n, v in args.items():
+        if isinstance(v, bool) or not isinstance(v, (int, float)):
+            raise ConfigError(f"{value['kind']}: {n} must be a number, got {v!r}")
+    return make(**args)

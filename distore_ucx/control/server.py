@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import json
 import logging
 import os
 import signal
@@ -21,18 +20,22 @@ from ..config import ControlConfig, read_token
 from ..errors import (
     CheckpointError,
     ConfigError,
+    InvalidRequest,
     LimitExceeded,
     NoData,
+    NodeGone,
     RateLimiterTimeout,
     TableExists,
     TableNotFound,
 )
-from ..spec import TableSpec
+from ..roles import write_ready
+from ..table_definition import TableDefinition
 from ..transport.rpc import Peer, serve
 from . import checkpoint
 from .checkpoint import IdState, Image
 from .leases import Leases
 from .membership import Membership
+from .restore import Restore
 from .tables import Freed, Table
 
 log = logging.getLogger(__name__)
@@ -57,7 +60,7 @@ class ControlPlane:
         self._changed: dict[str, asyncio.Event] = {}  # set when a table's counts change
         self._seed = itertools.count(config.seed) if config.seed is not None else None
         self._stop = asyncio.Event()
-        self._restoring_until: float | None = None  # nodes may re-send items until then
+        self._restoring: Restore | None = None  # nodes may re-send their items meanwhile
         self._checkpointing: asyncio.Lock | None = None
         self.last_checkpoint: dict | None = None
         self.port = None
@@ -69,14 +72,13 @@ class ControlPlane:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self._stop.set)
         if self.config.restore:
-            self._restore()
+            self._restoring = Restore(self.config.checkpoint, self.config.restore_grace)
+            self.tables.update(self._restoring.load(self._seed))
         server = await self.start()
         self._create_configured_tables()
         if ready_file:
-            tmp = ready_file + ".tmp"
-            with open(tmp, "w") as fh:
-                json.dump({"address": f"{self.config.host}:{self.port}", "pid": os.getpid()}, fh)
-            os.replace(tmp, ready_file)
+            write_ready(ready_file, {"address": f"{self.config.host}:{self.port}",
+                                     "pid": os.getpid()})
         await self._stop.wait()
         code = 0
         if self.config.checkpoint:
@@ -89,35 +91,7 @@ class ControlPlane:
         log.info("control plane stopped")
         return code
 
-    # -- checkpoints and restore -------------------------------------------
-    def _restore(self) -> None:
-        """Tables, priorities and use counts from the checkpoint; nodes then
-        re-send their items, during `restore_grace` seconds."""
-        path = self.config.checkpoint
-        self._restoring_until = time.monotonic() + self.config.restore_grace
-        if not os.path.exists(path):
-            log.warning("--restore: no checkpoint at %s yet; starting with the configured "
-                        "tables only (re-joining nodes keep their items of those)", path)
-            return
-        image = checkpoint.read(path)
-        for t in image.tables:
-            seed = next(self._seed) if self._seed is not None else None
-            self.tables[t.name] = Table.from_image(t, seed)
-        log.info("restoring %d tables, %d items from %s (written %.0f s ago by run %d); nodes "
-                 "have %g s to re-send their items", len(image.tables), image.items, path,
-                 time.time() - image.created, image.incarnation, self.config.restore_grace)
-
-    def _end_restore(self) -> None:
-        self._restoring_until = None
-        for table in self.tables.values():
-            lost = table.end_restore()
-            if lost:
-                log.warning("table %r: %d checkpointed items were not re-sent by any node within "
-                            "%g s (their nodes are gone); they are dropped", table.name, lost,
-                            self.config.restore_grace)
-        log.info("restore complete: %s", ", ".join(
-            f"{t.name} {t.size} items" for t in self.tables.values()) or "no tables")
-
+    # -- checkpoints -----------------------------------------------------
     async def checkpoint(self, why: str) -> dict:
         """Write a checkpoint now; returns where, how many items and how long.
 
@@ -160,11 +134,8 @@ class ControlPlane:
 
     def _create_configured_tables(self) -> None:
         """Create the tables named in the configuration ([[tables]] in distore.toml)."""
-        for t in self.config.tables:
-            self.op_create_table(None, {
-                "name": t.name, "capacity": t.capacity, "spec": TableSpec.parse(t.spec).to_wire(),
-                "sampler": t.sampler, "remover": t.remover,
-            })
+        for definition in self.config.tables:
+            self.create_table(definition)
 
     async def start(self):
         """Start serving and the housekeeping task; returns the server."""
@@ -190,8 +161,9 @@ class ControlPlane:
             now = time.monotonic()
             for node in self.members.silent(now):
                 self._node_died(node.node_id, f"no heartbeat for {now - node.last_seen:.1f} s")
-            if self._restoring_until is not None and now >= self._restoring_until:
-                self._end_restore()
+            if self._restoring is not None and self._restoring.over(now):
+                self._restoring, restore = None, self._restoring
+                restore.end(self.tables)
             expired = self.leases.expired(now)
             if expired:
                 log.warning("%d leases expired unreleased (learner gone?)", len(expired))
@@ -204,14 +176,23 @@ class ControlPlane:
         if node_id is not None and self.members.is_alive(node_id):
             self._node_died(node_id, "its control connection closed")
 
-    def _node_died(self, node_id: int, why: str) -> None:
+    def _node_died(self, node_id: int, why: str, left: bool = False) -> int:
+        """Take a node out of the store, however it went (silent, connection
+        closed, or `left`: deregistered on shutdown): its items leave
+        sampling at once (not counted as deletes), and a dead node's
+        connection is closed. Returns how many items left."""
         node = self.members.nodes[node_id]
         node.alive = False
         dropped = sum(t.drop_node(node_id) for t in self.tables.values())
-        log.warning("node %d (%s) dropped: %s; %d items removed from sampling",
-                    node_id, node.name, why, dropped)
-        if node.peer is not None:
-            node.peer.close()
+        if left:
+            log.info("node %d (%s) left: %d items removed from sampling", node_id, node.name,
+                     dropped)
+        else:
+            log.warning("node %d (%s) dropped: %s; %d items removed from sampling",
+                        node_id, node.name, why, dropped)
+            if node.peer is not None:
+                node.peer.close()
+        return dropped
 
     # -- helpers ---------------------------------------------------------
     def _table(self, name: str) -> Table:
@@ -294,7 +275,8 @@ class ControlPlane:
         """Answer one request (the dispatcher given to rpc.serve)."""
         method = getattr(self, "op_" + op, None)
         if method is None:
-            raise ConfigError(f"the control plane does not serve {op!r}")
+            raise InvalidRequest(f"the control plane does not serve {op!r}: is the peer a "
+                                 "distore-ucx client or node of the same version?")
         result = method(peer, f)
         return await result if asyncio.iscoroutine(result) else result
 
@@ -308,34 +290,21 @@ class ControlPlane:
         wanted = fields.pop("node_id", None)
         node = self.members.register(peer, fields, wanted)
         return {"node_id": node.node_id, "heartbeat_interval": self.config.heartbeat_interval,
-                "restore": self._restoring_until is not None}
+                "restore": self._restoring is not None}
 
     def op_items_restored(self, peer: Peer, f: dict) -> dict:
         """Items a re-registered node still holds (sent only while restoring)."""
         node_id = f["node_id"]
         if peer.state.get("node_id") != node_id or not self.members.is_alive(node_id):
-            raise ConfigError(f"items_restored for node {node_id} from a connection that is not it")
-        if self._restoring_until is None:
-            raise ConfigError("this control plane is not restoring; a node re-sends its items "
-                              "only when register_node's reply asks for them")
-        if (f["priorities"] < 0).any():
-            raise ConfigError("priorities must be >= 0")
-        name, n = f["table"], len(f["keys"])
-        table = self.tables.get(name)
-        if table is None or table.spec.slot_size != f["slot_size"]:
-            why = "no such table" if table is None else (
-                f"its slots are {table.spec.slot_size} bytes, the node's {f['slot_size']}")
-            log.warning("node %d re-sent %d items of table %r, which this control plane cannot "
-                        "take (%s); the node frees them", node_id, n, name, why)
-            self._free(name, Freed(np.full(n, node_id, np.uint32), f["offsets"].copy()))
-            return {"restored": 0, "adopted": 0, "discarded": n}
-        freed, counts = table.restore_items(node_id, f["keys"], f["offsets"], f["generations"],
-                                            f["priorities"])
-        self._free(name, freed)
-        self._touch(table)
-        log.info("node %d re-sent %d items of table %r: %d restored from the checkpoint, %d "
-                 "newer ones adopted, %d discarded", node_id, n, name, counts["restored"],
-                 counts["adopted"], counts["discarded"])
+            raise InvalidRequest(
+                f"items_restored for node {node_id} from a connection that is not it")
+        if self._restoring is None:
+            raise InvalidRequest("this control plane is not restoring; a node re-sends its items "
+                                 "only when register_node's reply asks for them")
+        table, freed, counts = self._restoring.items(self.tables, node_id, f)
+        self._free(f["table"], freed)
+        if table is not None:
+            self._touch(table)
         return counts
 
     async def op_checkpoint(self, peer: Peer, f: dict) -> dict:
@@ -349,15 +318,11 @@ class ControlPlane:
         """A node shutting down: drop its items from sampling now, not at its timeout."""
         node_id = f["node_id"]
         if peer.state.get("node_id") != node_id:
-            raise ConfigError(
+            raise InvalidRequest(
                 f"deregister_node for node {node_id} from a connection that is not it"
             )
         if self.members.is_alive(node_id):
-            node = self.members.nodes[node_id]
-            node.alive = False
-            dropped = sum(t.drop_node(node_id) for t in self.tables.values())
-            log.info("node %d (%s) left: %d items removed from sampling", node_id, node.name,
-                     dropped)
+            self._node_died(node_id, "it left", left=True)
         # Slots of this node that learners hold leases on: reads that may be in flight.
         leased = sum(int(np.count_nonzero((t.store.node == node_id) & (t.store.leases > 0)))
                      for t in self.tables.values())
@@ -384,21 +349,23 @@ class ControlPlane:
         return {"writer_id": wid, "key_bits": KEY_BITS}
 
     def op_create_table(self, peer: Peer, f: dict) -> dict:
-        name = f["name"]
-        seed = next(self._seed) if self._seed is not None else None
-        table = Table.from_definition(f, seed)
-        spec = table.spec
+        return self.create_table(TableDefinition.from_wire(f))
+
+    def create_table(self, definition: TableDefinition) -> dict:
+        """Create a table (or return the existing one of the same definition)."""
+        name = definition.name
         existing = self.tables.get(name)
         if existing is not None:
-            if existing.definition() != table.definition():
-                old, new = existing.to_definition(), table.to_definition()
-                differ = "; ".join(f"{k}: {old[k]!r} there, {new[k]!r} asked"
-                                   for k in old if old[k] != new.get(k))
+            if existing.definition != definition:
+                differ = "; ".join(existing.definition.differences(definition))
                 raise TableExists(
                     f"table {name!r} exists with another definition ({differ}): create it "
                     "with the same definition to reuse it, or use another name"
                 )
             return existing.info()
+        seed = next(self._seed) if self._seed is not None else None
+        table = Table(definition, seed)
+        spec = table.spec
         warnings = self._check_fit(name, spec.slot_size, table.capacity)
         self.tables[name] = table
         log.info("table %r created: capacity %d, %d-byte items, sampler %s, remover %s, %s",
@@ -452,7 +419,7 @@ class ControlPlane:
         return {"nodes": [n.describe() for n in self.members.alive()]}
 
     def op_status(self, peer: Peer, f: dict) -> dict:
-        restoring = self._restoring_until
+        restoring = None if self._restoring is None else self._restoring.until
         return {
             "nodes": [n.describe(with_keys=False) for n in self.members.nodes.values()],
             "tables": [t.info() for t in self.tables.values()],
@@ -466,11 +433,11 @@ class ControlPlane:
     async def op_items_added(self, peer: Peer, f: dict) -> dict:
         node_id = f["node_id"]
         if peer.state.get("node_id") != node_id or not self.members.is_alive(node_id):
-            raise ConfigError(f"items_added for node {node_id} from a connection that is not it")
+            raise InvalidRequest(f"items_added for node {node_id} from a connection that is not it")
         table = self._table(f["table"])
         n = len(f["keys"])
         if (f["priorities"] < 0).any():
-            raise ConfigError("priorities must be >= 0")
+            raise InvalidRequest("priorities must be >= 0")
         if not table.rate_limiter.admits_insert_batch(n):
             raise ConfigError(
                 f"table {table.name!r}: its {table.rate_limiter.kind} rate limiter can never "
@@ -479,7 +446,8 @@ class ControlPlane:
             )
         await self._wait(table, lambda: table.can_insert(n), "insert", n, f.get("timeout", 60.0))
         if not self.members.is_alive(node_id):
-            raise ConfigError(f"node {node_id} was dropped while its insert waited")
+            raise NodeGone(f"storage node {node_id} was dropped while its insert waited for the "
+                           f"rate limiter of table {table.name!r}; the writer resends the batch")
         if "used_bytes" in f:
             self.members.nodes[node_id].used_bytes = f["used_bytes"]
         freed = table.add(node_id, f["keys"], f["offsets"], f["generations"], f["priorities"])
@@ -526,7 +494,7 @@ class ControlPlane:
 
     def op_update_priorities(self, peer: Peer, f: dict) -> dict:
         if (f["priorities"] < 0).any():
-            raise ConfigError("priorities must be >= 0")
+            raise InvalidRequest("priorities must be >= 0")
         table = self._table(f["table"])
         updated = table.update_priorities(f["keys"], f["priorities"])
         self._touch(table)

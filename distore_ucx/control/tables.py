@@ -15,16 +15,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .._native_loader import _native
-from ..errors import ConfigError
-from ..spec import TableSpec
+from .. import _tables
+from ..table_definition import TableDefinition
 from .checkpoint import TableImage
 from .items import FREE, LIVE, RETIRED, ItemStore
-from .rate_limiters import MinSize, RateLimiter
-from .selectors import KINDS, Fifo, Selector, Uniform
-
-# Selector names a table accepts, as sampler or as remover (config checks).
-SAMPLERS = REMOVERS = KINDS
+from .rate_limiters import RateLimiter
+from .selectors import KINDS, Selector
 
 
 @dataclass
@@ -91,72 +87,37 @@ class Pending:
 
 
 class Table:
-    """One table: spec, capacity, selectors, rate limiter, item records."""
+    """One table: its definition (spec, capacity, selectors, rate limiter) and
+    its item records."""
 
-    def __init__(
-        self,
-        name: str,
-        capacity: int,
-        spec: TableSpec,
-        sampler: Selector | None = None,
-        remover: Selector | None = None,
-        rate_limiter: RateLimiter | None = None,
-        max_times_sampled: int = 0,
-        seed: int | None = None,
-    ):
-        self.name = name
-        self.capacity = capacity
-        self.spec = spec
-        limiter = rate_limiter or MinSize(1)
-        if limiter.kind == "queue":
-            # A queue hands out each item once, oldest first.
-            sampler, remover = sampler or Fifo(), remover or Fifo()
-            if sampler.kind != "fifo" or remover.kind != "fifo" or max_times_sampled not in (0, 1):
-                raise ConfigError(
-                    f"table {name!r}: a Queue rate limiter needs the Fifo sampler and remover "
-                    "and max_times_sampled=1 (leave them unset)"
-                )
-            max_times_sampled = 1
-            if capacity < limiter.max_diff:
-                raise ConfigError(
-                    f"table {name!r}: capacity {capacity} is smaller than the queue size "
-                    f"{int(limiter.max_diff)}: items would be evicted before being sampled"
-                )
-        self.sampler = sampler or Uniform()
-        self.remover = remover or Fifo()
-        self.rate_limiter = limiter
-        if not isinstance(max_times_sampled, int) or max_times_sampled < 0:
-            raise ConfigError(f"max_times_sampled must be an integer >= 0, got {max_times_sampled}")
-        self.max_times_sampled = max_times_sampled
-        self.core = _native.TableCore(
-            self.sampler.kind, self.sampler.alpha, self.remover.kind, self.remover.alpha,
-            capacity, max_times_sampled, secrets.randbits(63) if seed is None else seed,
+    def __init__(self, definition: TableDefinition, seed: int | None = None):
+        self.definition = definition
+        self.name = definition.name
+        self.capacity = definition.capacity
+        self.spec = definition.spec
+        self.sampler = definition.sampler
+        self.remover = definition.remover
+        self.rate_limiter = definition.rate_limiter
+        self.max_times_sampled = definition.max_times_sampled
+        self.core = _tables.TableCore(
+            KINDS.index(self.sampler.kind), self.sampler.alpha,
+            KINDS.index(self.remover.kind), self.remover.alpha,
+            self.capacity, self.max_times_sampled,
+            secrets.randbits(63) if seed is None else seed,
         )
-        self.store = ItemStore(min(capacity, 1 << 16) + 1024)
+        self.store = ItemStore(min(self.capacity, 1 << 16) + 1024)
         self.inserts = 0
         self.samples = 0
         self.deletes = 0
         self.pending: Pending | None = None  # a restore from a checkpoint in progress
 
     @classmethod
-    def from_definition(cls, d: dict, seed: int | None = None) -> Table:
-        """A table from create_table's fields (as the wire, or a checkpoint, carries them)."""
-        return cls(
-            d["name"], d["capacity"], TableSpec.from_wire(d["spec"]),
-            Selector.from_wire(d["sampler"], "sampler") if "sampler" in d else None,
-            Selector.from_wire(d["remover"], "remover") if "remover" in d else None,
-            RateLimiter.from_wire(d["rate_limiter"]) if "rate_limiter" in d else None,
-            d.get("max_times_sampled", 0), seed=seed,
-        )
-
-    def to_definition(self) -> dict:
-        """The create_table fields that make this table again."""
-        return {
-            "name": self.name, "capacity": self.capacity, "spec": self.spec.to_wire(),
-            "sampler": self.sampler.to_wire(), "remover": self.remover.to_wire(),
-            "rate_limiter": self.rate_limiter.to_wire(),
-            "max_times_sampled": self.max_times_sampled,
-        }
+    def make(cls, name: str, capacity: int, spec, sampler: Selector | None = None,
+             remover: Selector | None = None, rate_limiter: RateLimiter | None = None,
+             max_times_sampled: int = 0, seed: int | None = None) -> Table:
+        """A table from the parts of its definition (TableDefinition.make checks them)."""
+        return cls(TableDefinition.make(name, capacity, spec, sampler, remover, rate_limiter,
+                                        max_times_sampled), seed)
 
     @property
     def size(self) -> int:
@@ -237,13 +198,13 @@ class Table:
             times = np.concatenate([times, p.times_sampled[left]])
             seqs = np.concatenate([seqs, p.sequences[left]])
             retired = np.concatenate([retired, p.retired])
-        return TableImage(self.to_definition(), self.inserts, self.samples, self.deletes,
+        return TableImage(self.definition.to_wire(), self.inserts, self.samples, self.deletes,
                           self.core.next_seq, keys, prios, times, seqs, retired)
 
     @classmethod
     def from_image(cls, image: TableImage, seed: int | None = None) -> Table:
         """A table rebuilt from a checkpoint, empty until nodes re-send its items."""
-        table = cls.from_definition(image.definition, seed)
+        table = cls(TableDefinition.from_wire(image.definition), seed)
         table.inserts, table.samples, table.deletes = image.inserts, image.samples, image.deletes
         table.core.raise_next_seq(image.next_seq)
         table.pending = Pending.from_image(image)
@@ -329,12 +290,12 @@ class Table:
 
     def lease(self, recs: np.ndarray) -> None:
         """Protect the records' slots from reuse until `unlease`."""
-        _native.lease_add(self.store.leases, recs)
+        _tables.lease_add(self.store.leases, recs)
 
     def unlease(self, recs: np.ndarray) -> Freed:
         """Drop one lease per record; frees RETIRED records left unleased."""
         s = self.store
-        done = _native.lease_release(s.leases, s.state, recs, RETIRED)
+        done = _tables.lease_release(s.leases, s.state, recs, RETIRED)
         if len(done) == 0:
             return Freed.empty()
         freed = Freed(s.node[done].copy(), s.offset[done].copy())
@@ -383,10 +344,5 @@ class Table:
             "awaiting_restore": 0 if self.pending is None else self.pending.unclaimed,
         }
 
-    def definition(self) -> tuple:
-        """What create_table must match for an existing table to be reused."""
-        return (self.capacity, self.spec, self.sampler, self.remover, self.rate_limiter,
-                self.max_times_sampled)
 
-
-__all__ = ["Table", "Freed", "FREE", "LIVE", "RETIRED", "SAMPLERS", "REMOVERS"]
+__all__ = ["Table", "Freed", "FREE", "LIVE", "RETIRED"]

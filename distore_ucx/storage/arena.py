@@ -23,7 +23,7 @@ import secrets
 import numpy as np
 
 from .._native_loader import _native
-from ..errors import StorageFull
+from ..errors import SpecMismatch, StorageFull
 from .slots import SlotTable
 
 
@@ -82,7 +82,7 @@ class Arena:
         if slots is None:
             slots = self._tables[table] = SlotTable(slot_size)
         if slots.slot_size != slot_size:
-            raise StorageFull(
+            raise SpecMismatch(
                 f"table {table!r} changed its slot size ({slots.slot_size} -> {slot_size}) on "
                 f"node {self.node_name}: recreate it under a new name"
             )

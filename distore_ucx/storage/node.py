@@ -21,7 +21,6 @@ to discard them. Only when no control plane comes back does it exit (3).
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import os
 import signal
@@ -33,7 +32,8 @@ import numpy as np
 
 from .._native_loader import _native
 from ..config import NodeConfig, read_token
-from ..errors import ConnectionFailed, SpecMismatch, Timeout, from_native
+from ..errors import ConnectionFailed, InvalidRequest, SpecMismatch, Timeout, from_native
+from ..roles import write_ready
 from ..spec import SLOT_HEADER
 from ..transport import UcxRuntime
 from ..transport.local_map import LocalMapServer
@@ -108,7 +108,7 @@ class StorageNode:
                 if advice:
                     log.info("node %s: %s", self.name, advice)
                 if ready_file:
-                    _write_ready(ready_file, {"node_id": self.node_id,
+                    write_ready(ready_file, {"node_id": self.node_id,
                                               "address": f"{host}:{port}"})
                 code = await self._serve()
             finally:
@@ -326,7 +326,8 @@ class StorageNode:
                 "used_bytes": self.arena.used_bytes,
                 "inserted": self.inserted,
             }
-        raise ConnectionFailed(f"storage node does not serve {op!r}")
+        raise InvalidRequest(f"storage node {self.name} does not serve {op!r}: is the peer "
+                             "a distore-ucx client of the same version?")
 
     async def _insert(self, peer, f: dict) -> dict:
         """Pull a writer's staged batch into slots, have the control plane
@@ -450,13 +451,6 @@ class StorageNode:
 def _lengths(lengths: np.ndarray) -> str:
     values = np.unique(lengths)
     return ", ".join(str(v) for v in values[:4]) + (", ..." if len(values) > 4 else "")
-
-
-def _write_ready(path: str, info: dict) -> None:
-    tmp = path + ".tmp"
-    with open(tmp, "w") as fh:
-        json.dump(info, fh)
-    os.replace(tmp, path)
 
 
 def main(config: NodeConfig, ready_file: str | None = None) -> int:

@@ -33,7 +33,6 @@ __all__ = [
     "FrameTooLarge",
     "Peer",
     "parse_address",
-    "raise_remote",
     "read_frame",
     "serve",
 ]
@@ -54,18 +53,6 @@ def parse_address(address: str, default_host: str = "127.0.0.1") -> tuple[str, i
     if not sep or not port.isdigit() or not 0 < int(port) < 65536:
         raise errors.ConfigError(f"address {address!r} is not HOST:PORT (e.g. 127.0.0.1:7700)")
     return host.strip("[]") or default_host, int(port)
-
-
-def raise_remote(msg: dict[str, Any], peer: str) -> None:
-    """Turn an error reply into the matching local exception."""
-    kind = msg.get("error", "RemoteError")
-    text = f"{msg.get('message', 'unknown error')} (from {peer})"
-    cls = getattr(errors, kind, None)
-    if isinstance(cls, type) and issubclass(cls, errors.DistoreError) and kind != "UcxError":
-        raise cls(text)
-    if kind in ("ProtocolError", "ValueError"):
-        raise errors.RemoteError(text, kind)
-    raise errors.RemoteError(text, kind)
 
 
 class Client:
@@ -233,13 +220,13 @@ class Client:
             # The server refused this connection's traffic (a frame over its
             # limit, a malformed message) and hangs up: say why.
             self._drop()
-            raise_remote(msg, self.name)
+            raise protocol.remote_error(msg, self.name)
         mid = self._pending.pop(0)
         if msg.get("id") != mid:
             self._drop()
             raise errors.ConnectionFailed(f"{self.name} answered out of order; connection closed")
         if not msg.get("ok"):
-            raise_remote(msg, self.name)
+            raise protocol.remote_error(msg, self.name)
         return msg
 
     def _recv_exact(self, n: int) -> bytes:
@@ -456,7 +443,7 @@ class AsyncClient:
         finally:
             self._waiting.pop(mid, None)
         if not msg.get("ok"):
-            raise_remote(msg, self.name)
+            raise protocol.remote_error(msg, self.name)
         return msg
 
     def push(self, op: str, **fields: Any) -> None:

@@ -9,6 +9,7 @@ import sys
 import tempfile
 
 import numpy as np
+from helpers import wait_for
 
 import distore_ucx as ds
 
@@ -72,18 +73,6 @@ def test_environment_reaches_every_process(tls):
 # -- configuration, status --watch, SIGTERM -------------------------------------
 
 import signal  # noqa: E402
-import time  # noqa: E402
-
-
-def wait_for(predicate, timeout, what):
-    """Poll `predicate` until it returns a truthy value or `timeout` s pass."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        assert time.monotonic() < deadline, f"timed out after {timeout} s waiting for {what}"
-        time.sleep(0.02)
 
 
 def spawn(*args, env=None, cwd=None):

@@ -6,8 +6,8 @@ import os
 import threading
 import time
 
-import numpy as np
 import pytest
+from helpers import check_keyed, keyed_items
 
 import distore_ucx as ds
 
@@ -15,8 +15,7 @@ SPEC = {"obs": ((1024,), "uint8"), "key": ((), "uint64")}
 
 
 def items(keys_from: int, n: int) -> dict:
-    k = np.arange(keys_from, keys_from + n, dtype=np.uint64)
-    return {"obs": (k[:, None] + np.arange(1024)).astype(np.uint8), "key": k}
+    return keyed_items(keys_from, n, 1024)
 
 
 def fill(client, batches: int, per: int) -> None:
@@ -28,8 +27,7 @@ def fill(client, batches: int, per: int) -> None:
 
 
 def check(batch) -> None:
-    expect = (batch.data["key"][:, None] + np.arange(1024)).astype(np.uint8)
-    assert np.array_equal(batch.data["obs"], expect)
+    check_keyed(batch, 1024)
 
 
 ALL_PATHS = pytest.mark.parametrize("tls", ["tcp", "sm", "mapped"], indirect=True)

@@ -13,6 +13,7 @@ import time
 import numpy as np
 import psutil
 import pytest
+from helpers import wait_for
 
 import distore_ucx as ds
 from distore_ucx import protocol
@@ -224,13 +225,6 @@ def test_per_connection_limits_are_clear_errors_naming_their_setting(monkeypatch
         conn.close()
 
 
-def wait_for(predicate, timeout: float = 30.0, what: str = "condition") -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.05)
-
-
 def test_space_a_drained_table_gives_back_is_used_by_another():
     arena = 4 << 20
     with ds.LocalCluster(nodes=1, arena_bytes=arena, env={"UCX_TLS": "tcp"},
@@ -247,7 +241,7 @@ def test_space_a_drained_table_gives_back_is_used_by_another():
         lease = conn.call("sample", table="a", n=n_a, timeout=10.0)["lease"]
         conn.call("release", leases=[lease])  # each item sampled once: all leave
         conn.close()
-        wait_for(lambda: client.nodes()[0]["used_bytes"] == 0, what="table a's slots freed")
+        wait_for(lambda: client.nodes()[0]["used_bytes"] == 0, 30, "table a's slots freed")
         info = client.create_table("b", capacity=10_000, spec=((7_000,), "uint8"))
         n_b = arena // info["slot_size"]
         with client.writer(max_items=64) as w:

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import os
 
-import numpy as np
 import pytest
+from helpers import check_keyed, keyed_items
 
 import distore_ucx as ds
 
@@ -14,13 +14,11 @@ SPEC = {"obs": ((4000,), "uint8"), "key": ((), "uint64")}
 
 
 def items(keys_from: int, n: int) -> dict:
-    k = np.arange(keys_from, keys_from + n, dtype=np.uint64)
-    return {"obs": (k[:, None] * 7 + np.arange(4000)).astype(np.uint8), "key": k}
+    return keyed_items(keys_from, n, 4000, mult=7)
 
 
 def check(batch) -> None:
-    expect = (batch.data["key"][:, None] * 7 + np.arange(4000)).astype(np.uint8)
-    assert np.array_equal(batch.data["obs"], expect)
+    check_keyed(batch, 4000, mult=7)
 
 
 def fill(client, table="t", n=400, start=0):

@@ -6,10 +6,10 @@ from __future__ import annotations
 import re
 import signal
 import threading
-import time
 
 import numpy as np
 import pytest
+from helpers import check_keyed, keyed_items, wait_for
 
 import distore_ucx as ds
 from distore_ucx.control import checkpoint
@@ -18,26 +18,11 @@ SPEC = {"obs": ((512,), "uint8"), "key": ((), "uint64")}
 
 
 def items(keys_from: int, n: int) -> dict:
-    k = np.arange(keys_from, keys_from + n, dtype=np.uint64)
-    return {"obs": (k[:, None] * 5 + np.arange(512)).astype(np.uint8), "key": k}
+    return keyed_items(keys_from, n, 512, mult=5)
 
 
 def check(batch) -> None:
-    expect = (batch.data["key"][:, None] * 5 + np.arange(512)).astype(np.uint8)
-    assert np.array_equal(batch.data["obs"], expect)
-
-
-def wait_for(condition, timeout: float, what: str, state=None):
-    """Poll `condition` until it is true (its value) or fail after `timeout`,
-    saying what was awaited and, with `state`, what things looked like."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = condition()
-        if value:
-            return value
-        assert time.monotonic() < deadline, (
-            f"{what} within {timeout} s" + (f"; last seen: {state()}" if state else ""))
-        time.sleep(0.02)
+    check_keyed(batch, 512, mult=5)
 
 
 @pytest.fixture

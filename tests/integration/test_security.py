@@ -92,7 +92,7 @@ def test_every_connection_must_prove_the_token(token_file, tmp_path):
         for address in (cluster.address, node_address):
             greeting, reply = raw_request(address, protocol.request("nodes", 1))
             assert isinstance(greeting["hello"]["nonce"], bytes)
-            assert reply["ok"] is False and reply["error"] == "AuthenticationFailed"
+            assert reply["ok"] is False and reply["error"] == "authentication_failed"
             assert "worker_address" not in str(reply) and "rkey" not in str(reply)
         log = open(cluster.control.log_path).read()
         assert "authentication failed for 127.0.0.1:" in log

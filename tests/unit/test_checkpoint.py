@@ -16,6 +16,7 @@ from distore_ucx.control.selectors import Fifo, MaxHeap, Prioritized, Uniform
 from distore_ucx.control.tables import LIVE, Table
 from distore_ucx.errors import CheckpointError
 from distore_ucx.spec import TableSpec
+from distore_ucx.table_definition import TableDefinition
 
 SPEC = TableSpec.parse(((16,), "uint8"))
 SLOT = np.uint64(SPEC.slot_size)
@@ -23,7 +24,7 @@ MAGIC = len(checkpoint.MAGIC)
 
 
 def make(sampler=None, remover=None, capacity=1000, **kw) -> Table:
-    return Table("t", capacity, SPEC, sampler or Prioritized(1.0), remover or Fifo(), seed=7, **kw)
+    return Table.make("t", capacity, SPEC, sampler or Prioritized(1.0), remover or Fifo(), seed=7, **kw)
 
 
 def fill(table: Table, keys, node=1, priorities=None) -> None:
@@ -211,4 +212,4 @@ def test_definitions_round_trip_for_every_kind_of_table():
     limiter = SampleToInsertRatio(samples_per_insert=4, min_size_to_sample=10, error_buffer=40)
     for t in (make(), make(sampler=Uniform(), remover=MaxHeap(), rate_limiter=limiter),
               make(max_times_sampled=2)):
-        assert Table.from_definition(t.to_definition()).definition() == t.definition()
+        assert Table(TableDefinition.from_wire(t.definition.to_wire())).definition == t.definition

@@ -2,8 +2,11 @@
 
 import pytest
 
+import distore_ucx as ds
+
 from distore_ucx.config import NodeConfig, parse_size
 from distore_ucx.errors import ConfigError
+from distore_ucx.spec import TableSpec
 
 
 @pytest.mark.parametrize(
@@ -76,8 +79,9 @@ def test_a_good_file_checks_clean_and_gives_typed_configs(tmp_path):
     ctl = s.control()
     assert ctl.port == 7711 and ctl.heartbeat_timeout == 1.5 and ctl.heartbeat_interval == 0.375
     assert [t.name for t in ctl.tables] == ["replay", "flat"]
-    assert ctl.tables[0].spec == {"obs": ((4, 84, 84), "uint8"), "reward": ((), "float32")}
-    assert ctl.tables[1].spec == ((16,), "uint8")
+    assert ctl.tables[0].spec == TableSpec.parse({"obs": ((4, 84, 84), "uint8"),
+                                                  "reward": ((), "float32")})
+    assert ctl.tables[1].spec == TableSpec.parse(((16,), "uint8"))
     assert s.ucx().environment() == {
         "UCX_RNDV_THRESH": "65536", "UCX_TLS": "rc,sm,self", "UCX_NET_DEVICES": "mlx5_0:1",
         "RAPIDS_LIBUCX_PREFER_SYSTEM_LIBRARY": "true",
@@ -178,7 +182,8 @@ def test_node_without_a_control_address_says_how_to_give_one():
 def test_tables_from_json_in_a_flag_or_variable():
     tables = '[{"name": "r", "capacity": 8, "spec": [[2, 3], "float32"]}]'
     (t,) = resolve({}, {"DISTORE_TABLES": tables}).control().tables
-    assert (t.name, t.capacity, t.spec, t.sampler) == ("r", 8, ((2, 3), "float32"), "uniform")
+    assert (t.name, t.capacity, t.spec, t.sampler) == (
+        "r", 8, TableSpec.parse(((2, 3), "float32")), ds.Uniform())
     with pytest.raises(ConfigError, match=r"--tables: \[\[tables\]\] #1: missing 'capacity'"):
         resolve({"tables": '[{"name": "r", "spec": [[2], "uint8"]}]'}, {})
 
@@ -229,3 +234,52 @@ def test_per_connection_limits_are_settings_with_clear_errors(tmp_path):
         ControlConfig(max_sample=200, max_leased_items=100)
     with pytest.raises(ConfigError, match="max_frame"):
         ControlConfig(max_frame=100)
+
+
+def test_config_check_loads_no_ucx(tmp_path):
+    """`distore config check` runs where UCX cannot load (a login node): neither
+    ucxx nor libucp may be loaded by it."""
+    import subprocess
+    import sys
+
+    path = write(tmp_path, GOOD)
+    probe = (
+        "import sys\n"
+        "from distore_ucx import cli\n"
+        f"assert cli.main(['config', 'check', {path!r}]) == 0\n"
+        "loaded = [m for m in sys.modules if m.startswith(('ucxx', 'libucx', 'distore_ucx._native'))]\n"
+        "assert not loaded, loaded\n"
+        "assert 'libucp' not in open('/proc/self/maps').read()\n"
+    )
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                          timeout=120, cwd=tmp_path)  # the installed package, not the checkout
+    assert done.returncode == 0, done.stderr
+
+
+def test_the_log_level_in_the_file_is_applied(tmp_path):
+    import logging
+
+    from distore_ucx import cli
+
+    path = write(tmp_path, '[log]\nlevel = "warning"\n')
+    root = logging.getLogger()
+    before = root.level
+    try:
+        args = cli.build_parser().parse_args(["status", "--config", path])
+        cli.apply_log_level(cli.settings_from(args, environ={}))
+        assert root.level == logging.WARNING
+        # the flag still wins over the file
+        args = cli.build_parser().parse_args(["--log-level", "DEBUG", "status", "--config", path])
+        cli.apply_log_level(cli.settings_from(args, environ={}))
+        assert root.level == logging.DEBUG
+    finally:
+        root.setLevel(before)
+
+
+def test_config_check_refuses_a_token_the_processes_refuse(tmp_path):
+    short = tmp_path / "short"
+    short.write_text("only12bytes!")
+    short.chmod(0o600)
+    path = write(tmp_path, f'[auth]\ntoken_file = "{short}"\n')
+    (problem,) = check_file(path)
+    assert "12 bytes; use at least 16" in str(problem)

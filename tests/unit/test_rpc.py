@@ -1,4 +1,5 @@
-"""What one connection may hold in flight on an rpc server (transport/rpc.py)."""
+"""The control channel (transport/rpc.py): what one connection may hold in
+flight, pipelined requests and their errors, reconnecting, authentication."""
 
 from __future__ import annotations
 
@@ -18,13 +19,15 @@ class Server:
     """An rpc server on its own event-loop thread; 'nodes' requests wait
     for `release` (they are answered concurrently), others answer at once."""
 
-    def __init__(self, **kwargs):
+    def __init__(self, extra=None, **kwargs):
         self.started = 0
         self.loop = asyncio.new_event_loop()
         self.gate: asyncio.Event | None = None
         ready = threading.Event()
 
         async def handler(peer, op, fields):
+            if extra is not None and op in extra:
+                return extra[op](peer, fields)
             if op == "nodes":
                 self.started += 1
                 await self.gate.wait()
@@ -93,5 +96,85 @@ def test_a_frame_over_max_frame_closes_the_connection_unread():
             with pytest.raises(errors.DistoreError, match="accepts at most 65536"):
                 client.call("status", blob=b"x" * (1 << 17))
             assert not client.connected
+    finally:
+        server.close()
+
+
+def test_pipelined_requests_are_answered_in_order_and_an_error_stays_with_its_request():
+    def missing(peer, fields):
+        raise errors.TableNotFound(f"no table {fields['name']!r}")
+
+    server = Server(extra={"table_info": missing})
+    try:
+        with rpc.Client(server.address, timeout=10) as client:
+            ops = ["list_tables", "status", "table_info", "list_tables", "status"]
+            for op in ops:
+                client.send(op, **({"name": "gone"} if op == "table_info" else {}))
+            assert client.in_flight == 5
+            got = []
+            for op in ops:
+                if op == "table_info":
+                    with pytest.raises(errors.TableNotFound, match="no table 'gone'.*from control"):
+                        client.receive()
+                    got.append(op)
+                else:
+                    got.append(client.receive()["op"])
+            assert got == ops and client.in_flight == 0
+            assert client.connected  # an error reply does not cost the connection
+    finally:
+        server.close()
+
+
+def test_a_lost_connection_is_made_again_when_reconnect_allows_it():
+    def hang_up(peer, fields):
+        peer.close()
+
+    server = Server(extra={"checkpoint": hang_up})
+    try:
+        with rpc.Client(server.address, timeout=10, reconnect=5) as client:
+            assert client.session == 1
+            # The server drops the connection before answering: call() makes a
+            # new one and sends the request again once; the second time the
+            # server hangs up again, and the error says so.
+            with pytest.raises(errors.ConnectionFailed):
+                client.call("checkpoint")
+            assert client.call("list_tables")["op"] == "list_tables"
+            assert client.session >= 2
+        with rpc.Client(server.address, timeout=10) as client:  # reconnect=0: no second try
+            with pytest.raises(errors.ConnectionFailed):
+                client.call("checkpoint")
+            with pytest.raises(errors.ConnectionFailed, match="lost the connection"):
+                client.call("list_tables")
+    finally:
+        server.close()
+
+
+def test_reconnecting_gives_up_after_its_time_and_says_what_to_do():
+    server = Server()
+    address = server.address
+    client = rpc.Client(address, timeout=5, reconnect=0.5)
+    try:
+        client._drop()  # as when the connection breaks
+        server.close()  # and nobody listens there any more
+        t0 = time.monotonic()
+        with pytest.raises(errors.ConnectionFailed, match="within 0.5 s"):
+            client.call("list_tables")
+        assert time.monotonic() - t0 < 10  # bounded back-off, with slack for a busy machine
+    finally:
+        client.close()
+
+
+def test_a_wrong_or_missing_token_is_refused_and_the_server_serves_on():
+    server = Server(token=TOKEN)
+    try:
+        with pytest.raises(errors.AuthenticationFailed):
+            rpc.Client(server.address, timeout=10, token=b"w" * 32)
+        with pytest.raises(errors.AuthenticationFailed):
+            rpc.Client(server.address, timeout=10)
+        # An authentication failure is not retried as a lost connection.
+        with pytest.raises(errors.AuthenticationFailed):
+            rpc.Client(server.address, timeout=10, token=b"w" * 32, reconnect=5)
+        with rpc.Client(server.address, timeout=10, token=TOKEN) as client:
+            assert client.call("status")["op"] == "status"
     finally:
         server.close()

@@ -10,8 +10,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from distore_ucx._native_loader import _native
-from distore_ucx import errors
+from distore_ucx import _tables, errors
+from distore_ucx.control.selectors import KINDS
 
 DRAWS = 100_000
 
@@ -22,7 +22,8 @@ def chi2_critical(df: int, z: float = 3.09) -> float:
 
 
 def core(sampler="uniform", alpha=1.0, remover="fifo", capacity=1000, max_times=0, seed=7):
-    return _native.TableCore(sampler, alpha, remover, 1.0, capacity, max_times, seed)
+    return _tables.TableCore(KINDS.index(sampler), alpha, KINDS.index(remover), 1.0, capacity,
+                             max_times, seed)
 
 
 def fill(t, priorities):
@@ -110,7 +111,7 @@ def test_heap_ties_go_to_the_oldest_item():
 )
 def test_removers_evict_in_their_order(kind, evicted):
     # Reverb: an item arriving at capacity first evicts the remover's choice.
-    t = _native.TableCore("uniform", 1.0, kind, 1.0, 5, 0, 1)
+    t = core("uniform", 1.0, kind, capacity=5, seed=1)
     fill(t, [3.0, 9.0, 5.0, 1.0, 5.0])
     out = t.insert(np.array([5], np.int64), np.array([105], np.uint64), np.array([7.0]))
     out2 = t.insert(np.array([6], np.int64), np.array([106], np.uint64), np.array([0.5]))
@@ -121,7 +122,7 @@ def test_removers_evict_in_their_order(kind, evicted):
 def test_uniform_remover_evicts_uniformly():
     counts = np.zeros(10)
     for seed in range(2000):
-        t = _native.TableCore("uniform", 1.0, "uniform", 1.0, 10, 0, seed)
+        t = core("uniform", 1.0, "uniform", capacity=10, seed=seed)
         fill(t, np.ones(10))
         counts[t.insert(np.array([10], np.int64), np.array([1], np.uint64), np.ones(1))] += 1
     assert chi2(counts, np.full(10, 0.1)) < chi2_critical(9)
@@ -144,7 +145,7 @@ def test_remove_and_lookup():
     assert t.lookup(np.array([100, 101, 104, 7], np.uint64)).tolist() == [0, -1, 4, -1]
     got, probs = draw(t, 3000)
     assert set(got.tolist()) == {0, 2, 4} and np.allclose(probs, 1 / 3)
-    with pytest.raises(errors.InvalidArgument, match="already in the table"):
+    with pytest.raises(errors.TableCoreError, match="already in the table"):
         t.insert(np.array([0], np.int64), np.array([5], np.uint64), np.ones(1))
 
 
@@ -158,7 +159,7 @@ def test_remove_and_lookup():
     ),
 )
 def test_sum_tree_matches_a_float64_reference(size, updates):
-    tree = _native.SumTree(size)
+    tree = _tables.SumTree(size)
     ref = np.zeros(tree.capacity)
     idx = np.array([i % size for i, _ in updates], np.int64)
     vals = np.array([v for _, v in updates], np.float64)
@@ -178,8 +179,30 @@ def test_sum_tree_matches_a_float64_reference(size, updates):
 
 
 def test_sum_tree_rejects_bad_weights():
-    tree = _native.SumTree(4)
-    with pytest.raises(errors.InvalidArgument):
+    tree = _tables.SumTree(4)
+    with pytest.raises(errors.TableCoreError):
         tree.set(np.array([9], np.int64), np.array([1.0]))
-    with pytest.raises(errors.InvalidArgument):
+    with pytest.raises(errors.TableCoreError):
         tree.set(np.array([0], np.int64), np.array([-1.0]))
+
+
+def test_the_native_core_takes_selector_kinds_from_the_one_list():
+    # control.selectors.KINDS is the one list of names; the core takes indices into it.
+    assert _tables.SELECTOR_KINDS == len(KINDS)
+    with pytest.raises(errors.TableCoreError, match="KINDS"):
+        _tables.TableCore(len(KINDS), 1.0, 0, 1.0, 10, 0, 1)
+    with pytest.raises(errors.TableCoreError, match="capacity"):
+        core(capacity=0)
+
+
+def test_the_table_core_loads_no_ucx(tmp_path):
+    import subprocess
+    import sys
+
+    probe = ("import sys\nfrom distore_ucx.control.tables import Table\n"
+             "t = Table.make('t', 10, ((4,), 'uint8'))\n"
+             "assert not [m for m in sys.modules if m.startswith(('ucxx', 'libucx'))]\n"
+             "assert 'libucp' not in open('/proc/self/maps').read()\n")
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                          timeout=120, cwd=tmp_path)  # the installed package, not the checkout
+    assert done.returncode == 0, done.stderr

@@ -27,7 +27,7 @@ def live_keys(table):
 
 
 def test_fifo_evicts_oldest_first_and_frees_their_slots():
-    t = Table("t", 10, SPEC)
+    t = Table.make("t", 10, SPEC)
     assert len(add(t, range(10)).nodes) == 0
     freed = add(t, range(10, 13))
     assert live_keys(t) == set(range(3, 13))
@@ -36,13 +36,13 @@ def test_fifo_evicts_oldest_first_and_frees_their_slots():
 
 
 def test_batch_larger_than_capacity_keeps_the_newest():
-    t = Table("t", 5, SPEC)
+    t = Table.make("t", 5, SPEC)
     add(t, range(12))
     assert live_keys(t) == set(range(7, 12))
 
 
 def test_eviction_order_is_fifo_over_many_batches():
-    t = Table("t", 100, SPEC)
+    t = Table.make("t", 100, SPEC)
     rng = np.random.default_rng(3)
     next_key = 0
     for _ in range(200):
@@ -53,7 +53,7 @@ def test_eviction_order_is_fifo_over_many_batches():
 
 
 def test_leased_items_are_retired_not_freed_until_released():
-    t = Table("t", 4, SPEC, seed=1)
+    t = Table.make("t", 4, SPEC, seed=1)
     add(t, range(4))
     recs, _, _ = t.sample(64)  # leases every sampled record
     freed = add(t, range(4, 8))  # evicts every sampled item
@@ -65,7 +65,7 @@ def test_leased_items_are_retired_not_freed_until_released():
 
 
 def test_unlease_of_live_items_frees_nothing():
-    t = Table("t", 4, SPEC)
+    t = Table.make("t", 4, SPEC)
     add(t, range(4))
     recs, _, _ = t.sample(8)
     assert len(t.unlease(recs).nodes) == 0
@@ -74,7 +74,7 @@ def test_unlease_of_live_items_frees_nothing():
 
 
 def test_dropping_a_node_removes_only_its_items():
-    t = Table("t", 100, SPEC, seed=2)
+    t = Table.make("t", 100, SPEC, seed=2)
     add(t, range(0, 30), node=1)
     add(t, range(30, 60), node=2)
     assert t.drop_node(1) == 30
@@ -87,7 +87,7 @@ def test_dropping_a_node_removes_only_its_items():
 
 
 def test_max_times_sampled_retires_items_after_their_last_use():
-    t = Table("t", 100, SPEC, sampler=ds.Fifo(), max_times_sampled=2, seed=0)
+    t = Table.make("t", 100, SPEC, sampler=ds.Fifo(), max_times_sampled=2, seed=0)
     add(t, range(3))
     recs, probs, freed = t.sample(5)
     assert t.store.key[recs].tolist() == [0, 0, 1, 1, 2]
@@ -99,14 +99,14 @@ def test_max_times_sampled_retires_items_after_their_last_use():
 
 
 def test_store_grows_past_its_initial_size():
-    t = Table("t", 5000, SPEC)
+    t = Table.make("t", 5000, SPEC)
     add(t, range(3000))
     add(t, range(3000, 6000))
     assert t.size == 5000 and live_keys(t) == set(range(1000, 6000))
 
 
 def test_priority_updates_skip_evicted_keys():
-    t = Table("t", 10, SPEC, sampler=ds.MaxHeap())
+    t = Table.make("t", 10, SPEC, sampler=ds.MaxHeap())
     add(t, range(20))  # keys 0..9 evicted
     assert t.update_priorities(np.array([5, 15], np.uint64), np.array([9.0, 7.0])) == 1
     recs, _, _ = t.sample(1)
@@ -114,12 +114,12 @@ def test_priority_updates_skip_evicted_keys():
 
 
 def test_queue_forces_fifo_exactly_once_and_checks_capacity():
-    t = Table("q", 10, SPEC, rate_limiter=ds.Queue(10))
+    t = Table.make("q", 10, SPEC, rate_limiter=ds.Queue(10))
     assert (t.sampler.kind, t.remover.kind, t.max_times_sampled) == ("fifo", "fifo", 1)
     with pytest.raises(ConfigError, match="Fifo sampler"):
-        Table("q", 10, SPEC, sampler=ds.Uniform(), rate_limiter=ds.Queue(10))
+        Table.make("q", 10, SPEC, sampler=ds.Uniform(), rate_limiter=ds.Queue(10))
     with pytest.raises(ConfigError, match="smaller than the queue size"):
-        Table("q", 5, SPEC, rate_limiter=ds.Queue(10))
+        Table.make("q", 5, SPEC, rate_limiter=ds.Queue(10))
 
 
 def test_bad_settings_are_config_errors():
@@ -128,7 +128,7 @@ def test_bad_settings_are_config_errors():
     with pytest.raises(ConfigError, match="alpha"):
         ds.Prioritized(-1)
     with pytest.raises(ConfigError, match="max_times_sampled"):
-        Table("t", 1, SPEC, max_times_sampled=-1)
+        Table.make("t", 1, SPEC, max_times_sampled=-1)
 
 
 def test_leases_expire():

@@ -1,0 +1,44 @@
+"""Helpers shared by the test files (importable as `helpers`: pyproject's
+pytest `pythonpath` puts tests/ on sys.path)."""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Callable
+
+import numpy as np
+
+
+def keyed_items(keys_from: int, n: int, width: int, mult: int = 1) -> dict:
+    """n items {"obs": width uint8 bytes, "key": uint64} whose bytes follow
+    from their key, so that a wrong or torn item is seen (`check_keyed`)."""
+    k = np.arange(keys_from, keys_from + n, dtype=np.uint64)
+    return {"obs": (k[:, None] * mult + np.arange(width)).astype(np.uint8), "key": k}
+
+
+def keyed_spec(width: int) -> dict:
+    """The table spec of `keyed_items` of that width."""
+    return {"obs": ((width,), "uint8"), "key": ((), "uint64")}
+
+
+def check_keyed(batch: Any, width: int, mult: int = 1) -> None:
+    """Assert that every item of a sampled batch holds its key's bytes."""
+    expect = (batch.data["key"][:, None] * mult + np.arange(width)).astype(np.uint8)
+    assert np.array_equal(batch.data["obs"], expect)
+
+
+def wait_for(condition: Callable[[], Any], timeout: float, what: str,
+             state: Callable[[], Any] | None = None, interval: float = 0.02) -> Any:
+    """Poll `condition` until it returns something true (returned), or fail
+    after `timeout` s saying what was awaited and, with `state`, what things
+    looked like last. Timeouts are generous: the test machine may be 2 busy
+    cores."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = condition()
+        if value:
+            return value
+        assert time.monotonic() < deadline, (
+            f"timed out after {timeout} s waiting for {what}"
+            + (f"; last seen: {state()}" if state else ""))
+        time.sleep(interval)

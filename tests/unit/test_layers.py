@@ -1,0 +1,138 @@
+"""The import graph has no arrow from a lower layer up, read from the source.
+
+errors, protocol and transport/ are the bottom of the package: they never
+import control/, client/, storage/ or config, not even inside a function
+(a function-local import is how a hidden cycle hides). table_definition and
+spec sit under config, control and client.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+PACKAGE = Path(__file__).parents[2] / "distore_ucx"  # the sources, not an installed copy
+UPPER = ("distore_ucx.control", "distore_ucx.client", "distore_ucx.storage",
+         "distore_ucx.config", "distore_ucx.cluster", "distore_ucx.cli", "distore_ucx.ray")
+
+# module (or package prefix) -> what it must never import
+RULES = {
+    "distore_ucx.errors": UPPER,
+    "distore_ucx.protocol": UPPER,
+    "distore_ucx.transport": UPPER,
+    "distore_ucx.spec": UPPER,
+    # a table definition uses the selector and rate limiter values, nothing of the server
+    "distore_ucx.table_definition": ("distore_ucx.client", "distore_ucx.storage",
+                                     "distore_ucx.config", "distore_ucx.control.server",
+                                     "distore_ucx.control.tables", "distore_ucx._native_loader"),
+}
+
+
+def module_name(path: Path) -> str:
+    rel = path.relative_to(PACKAGE.parent).with_suffix("")
+    parts = list(rel.parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def imports(path: Path, name: str | None = None) -> set[str]:
+    """Every module `path` (module `name`) imports, anywhere in it, as absolute names."""
+    name = name or module_name(path)
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            out.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = package.split(".")
+            if node.level:
+                base = base[: len(base) - (node.level - 1)]
+                mod = ".".join(base + ([node.module] if node.module else []))
+            else:
+                mod = node.module or ""
+            out.add(mod)
+            out.update(f"{mod}.{a.name}" for a in node.names)
+    return out
+
+
+def test_no_import_arrow_from_a_lower_layer_up():
+    bad = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        name = module_name(path)
+        for low, forbidden in RULES.items():
+            if name != low and not name.startswith(low + "."):
+                continue
+            for imported in imports(path):
+                if any(imported == f or imported.startswith(f + ".") for f in forbidden):
+                    bad.append(f"{name} imports {imported}")
+    assert not bad, "\n".join(bad)
+
+
+def test_the_checker_sees_function_local_and_relative_imports(tmp_path):
+    # The rule is only as good as the parser: a function-local relative import counts.
+    path = tmp_path / "rpc.py"
+    path.write_text("from .. import errors\n\ndef f():\n    from ..control.tables import Table\n")
+    found = imports(path, "distore_ucx.transport.rpc")
+    assert {"distore_ucx.errors", "distore_ucx.control.tables"} <= found
+
+
+def import_graph() -> dict[str, set[str]]:
+    """module -> the package's modules it imports (function-local ones too)."""
+    modules = {module_name(p): p for p in PACKAGE.rglob("*.py")}
+    graph = {}
+    for name, path in modules.items():
+        edges = set()
+        for imported in imports(path):
+            # "from . import checkpoint" names a module; "from .x import f" a name in x
+            target = imported if imported in modules else imported.rpartition(".")[0]
+            if target in modules and target != name:
+                edges.add(target)
+        graph[name] = edges
+    return graph
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan)."""
+    index, low, stack, on, out = {}, {}, [], set(), []
+
+    def visit(v):
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in graph.get(v, ()):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            scc = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                scc.append(w)
+                if w == v:
+                    break
+            if len(scc) > 1:
+                out.append(sorted(scc))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return out
+
+
+def test_no_import_cycle_between_modules():
+    # A package's __init__ importing its children is not a cycle of concern;
+    # anything else that imports in a circle (even through a function-local
+    # import) is.
+    graph = {k: {w for w in v if not (k.startswith(w + ".") and w != "distore_ucx")}
+             for k, v in import_graph().items()}
+    found = cycles(graph)
+    assert not found, found
+
+
+def test_the_cycle_finder_finds_a_cycle():
+    assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert cycles({"a": {"b"}, "b": set()}) == []
