@@ -19,14 +19,19 @@ struct GatherItem {
 };
 
 // Posts one ucp_get_nbx per item into `dest`, then progresses `worker` until
-// every read has completed or `timeout_s` has passed (the rest are
-// cancelled). Writes each item's final ucs_status_t into `statuses`.
+// every read has completed. Items of a key with a pid (same-host peer) are
+// read with process_vm_readv instead: a dead peer is an error status, not
+// an abort. When no read has finished for `stall_s` (0: never), or
+// `timeout_s` has passed, the endpoints of the reads still pending are
+// force-closed (our Endpoints with error handling), which completes them
+// with an error: a hung peer cannot hold the caller. Writes each item's
+// final ucs_status_t into `statuses`.
 // Validates every item (key index, remote bounds, destination bounds) before
 // posting anything and throws UcxError if one is wrong. Must be called
 // without the GIL.
 void gather(ucp_worker_h worker, const std::vector<const RemoteKey*>& rkeys,
             const GatherItem* items, size_t n, const MemoryRegion& dest, double timeout_s,
-            int32_t* statuses);
+            int32_t* statuses, double stall_s = 0.0);
 
 // One-sided write of `length` bytes from `src` to `remote_address` under
 // `key`; returns the final ucs_status_t. It exists to verify that storage

@@ -182,7 +182,8 @@ class Learner:
         if copy_threads < 1:
             raise ConfigError(f"copy_threads must be >= 1, got {copy_threads}")
         self._copy_pool = _native.CopyPool(copy_threads - 1)
-        self._peers = PeerDirectory(client, runtime, local_map)
+        self._peers = PeerDirectory(client, runtime, local_map,
+                                    host_memory=self.path != "gpu-direct")
         self._lengths = np.full(batch_size, self._read, np.uint64)
         self._done_leases: list[int] = []  # leases of batches already read
         self._outstanding = False  # a request for the next batch is in flight

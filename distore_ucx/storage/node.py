@@ -86,10 +86,12 @@ class StorageNode:
             loop.add_signal_handler(sig, self._on_signal)
         control_host, _ = parse_address(cfg.control)
         host = cfg.host or route_address(control_host)
+        _guard_remote_access()  # before the worker exists
         with UcxRuntime() as runtime:
             self.runtime = runtime
             self.arena = Arena(runtime, cfg.arena_bytes, cfg.hugepages, self.name,
                                write_protect=cfg.write_protect)
+            _native.allow_remote_reads(self.arena.base, self.arena.size)
             self._token = read_token(cfg.token_file)
             self._start_local_map()
             server = await serve(host, cfg.port, self._handle, token=self._token)
@@ -445,6 +447,16 @@ class StorageNode:
                 f"the insert of {k} items waited its timeout and was not stored. Restart the "
                 "control plane (with --restore to keep the store's contents)"
             ) from None
+
+
+def _guard_remote_access() -> None:
+    """Make UCX's software RMA refuse writes into this process (see
+    native/guard.h): over TCP a put from any peer would otherwise be a
+    memcpy to the address it names."""
+    why = _native.refuse_remote_writes()
+    if why:
+        log.warning("cannot refuse remote writes (%s): a peer's UCX put over TCP could fault "
+                    "or corrupt this node", why)
 
 
 def _lengths(lengths: np.ndarray) -> str:
