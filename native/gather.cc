@@ -211,6 +211,7 @@ int32_t put(ucp_worker_h worker, const RemoteKey& key, uint64_t remote_address,
     throw UcxError(kStatusOutOfBounds, "put: range outside the remote or local region",
                    key.peer());
   }
+  if (key.owner() != nullptr && !key.owner()->alive()) return key.owner()->status();
   ucp_request_param_t param;
   std::memset(&param, 0, sizeof(param));
   param.op_attr_mask = UCP_OP_ATTR_FIELD_MEMH;
