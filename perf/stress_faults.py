@@ -41,7 +41,7 @@ os.environ.setdefault("UCX_WARN_UNUSED_ENV_VARS", "n")
 os.environ.setdefault("UCX_LOG_LEVEL", "error")
 os.environ.setdefault("UCX_NET_DEVICES", "lo")
 
-import numpy as np  # noqa: E402
+import numpy as np
 
 SPEC = {"payload": ((1000,), "uint8"), "key": ((), "uint64")}
 
@@ -92,6 +92,8 @@ def main(argv=None) -> int:
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--interval", type=float, default=4.0, help="mean s between faults")
     ap.add_argument("--seed", type=int, default=None)
+    ap.add_argument("--faults", default="kill,hang,release",
+                    help="comma-separated subset of kill, hang, release")
     args = ap.parse_args(argv)
     os.environ["UCX_TLS"] = args.tls
     os.environ["DISTORE_LOCAL_MAP"] = "1" if args.mapped else "0"
@@ -105,84 +107,93 @@ def main(argv=None) -> int:
     cluster = ds.LocalCluster(nodes=args.nodes, arena_bytes=32 << 20,
                               env={"UCX_TLS": args.tls}, log_level="WARNING")
     t_start = time.monotonic()
-    with cluster:
-        with ds.connect(cluster.address) as admin:
-            admin.create_table("t", capacity=4000, spec=SPEC)
-            with admin.writer(max_items=100) as w:
-                for i in range(40):
-                    w.insert("t", make(w._key_base + np.uint64(w._seq) + np.arange(100, dtype=np.uint64)))
+    with cluster, ds.connect(cluster.address) as admin:
+        admin.create_table("t", capacity=4000, spec=SPEC)
+        with admin.writer(max_items=100) as w:
+            for i in range(40):
+                w.insert("t", make(w._key_base + np.uint64(w._seq) + np.arange(100, dtype=np.uint64)))
 
-            def writer():
-                try:
-                    with ds.connect(cluster.address) as c, c.writer(max_items=50) as w:
-                        while not stop.is_set():
-                            keys = w._key_base + np.uint64(w._seq) + np.arange(50, dtype=np.uint64)
-                            try:
-                                w.insert("t", make(keys))
-                                w.flush()
-                                totals.add(inserted=50)
-                            except ds.DistoreError as exc:
-                                totals.error("writer", exc)
-                                time.sleep(0.1)
-                except Exception as exc:  # noqa: BLE001 - reported in the totals
-                    totals.error("writer_fatal", exc)
-
-            def learner(index: int):
-                try:
-                    with ds.connect(cluster.address) as c:
-                        lrn = c.learner("t", batch_size=args.batch)
-                        _record_leases(lrn, seen)
-                        while not stop.is_set():
-                            try:
-                                batch = lrn.sample(timeout=30)
-                            except ds.DistoreError as exc:
-                                totals.error("learner", exc)
-                                continue
-                            totals.add(sampled=len(batch), wrong=wrong(batch))
-                        totals.add(resampled=lrn.resampled, torn=lrn.torn)
-                        lrn.close()
-                except Exception as exc:  # noqa: BLE001 - reported in the totals
-                    totals.error("learner_fatal", exc)
-
-            def attacker():
-                try:
-                    with ds.connect(cluster.address) as c:
-                        conn = c.connection()
-                        while not stop.is_set():
-                            try:
-                                own = conn.call("sample", table="t", n=1, timeout=5.0)
-                            except ds.DistoreError:
-                                time.sleep(0.05)
-                                continue
-                            lid = own["lease"]
-                            guesses = [lid + d for d in range(-32, 33) if d] + list(seen)
-                            reply = conn.call("release", leases=guesses)
-                            totals.add(foreign_releases=len(guesses), refused=reply["refused"])
-                            conn.call("release", leases=[lid])
-                            time.sleep(0.01)
-                        conn.close()
-                except Exception as exc:  # noqa: BLE001 - reported in the totals
-                    totals.error("attacker", exc)
-
-            threads = [threading.Thread(target=writer), threading.Thread(target=attacker)]
-            threads += [threading.Thread(target=learner, args=(i,)) for i in range(args.learners)]
-            for th in threads:
-                th.start()
-            deadline = t_start + args.seconds
-            next_report = time.monotonic() + 30
+        def writer():
             try:
-                while time.monotonic() < deadline:
-                    time.sleep(min(rng.expovariate(1.0 / args.interval), max(0.0, deadline - time.monotonic())))
-                    if time.monotonic() >= deadline:
-                        break
-                    _fault(cluster, rng, totals)
-                    if time.monotonic() > next_report:
-                        next_report += 30
-                        print(_line(totals, t_start), flush=True)
-            finally:
-                stop.set()
-                for th in threads:
-                    th.join(90)
+                with ds.connect(cluster.address) as c, c.writer(max_items=50) as w:
+                    while not stop.is_set():
+                        keys = w._key_base + np.uint64(w._seq) + np.arange(50, dtype=np.uint64)
+                        try:
+                            w.insert("t", make(keys))
+                            w.flush()
+                            totals.add(inserted=50)
+                        except ds.DistoreError as exc:
+                            totals.error("writer", exc)
+                            time.sleep(0.1)
+            except Exception as exc:  # noqa: BLE001 - reported in the totals
+                totals.error("writer_fatal", exc)
+
+        def learner(index: int):
+            try:
+                with ds.connect(cluster.address) as c:
+                    lrn = c.learner("t", batch_size=args.batch)
+                    _record_leases(lrn, seen)
+                    while not stop.is_set():
+                        try:
+                            batch = lrn.sample(timeout=30)
+                        except ds.DistoreError as exc:
+                            totals.error("learner", exc)
+                            continue
+                        nbad = wrong(batch)
+                        totals.add(sampled=len(batch), wrong=nbad)
+                        if nbad and os.environ.get("STRESS_DEBUG"):
+                            d = batch.data
+                            bad = (d["key"] != batch.keys) | (make(batch.keys)["payload"] != d["payload"]).any(axis=1)
+                            own = (make(d["key"])["payload"] == d["payload"]).all(axis=1)
+                            print("WRONG asked", batch.keys[bad][:4], "slot key", d["key"][bad][:4],
+                                  "payload matches slot key", own[bad][:4], flush=True)
+                    totals.add(resampled=lrn.resampled, torn=lrn.torn)
+                    lrn.close()
+            except Exception as exc:  # noqa: BLE001 - reported in the totals
+                totals.error("learner_fatal", exc)
+
+        def attacker():
+            try:
+                with ds.connect(cluster.address) as c:
+                    conn = c.connection()
+                    while not stop.is_set():
+                        try:
+                            own = conn.call("sample", table="t", n=1, timeout=5.0)
+                        except ds.DistoreError:
+                            time.sleep(0.05)
+                            continue
+                        lid = own["lease"]
+                        guesses = [lid + d for d in range(-32, 33) if d] + list(seen)
+                        reply = conn.call("release", leases=guesses)
+                        totals.add(foreign_releases=len(guesses), refused=reply["refused"])
+                        conn.call("release", leases=[lid])
+                        time.sleep(0.01)
+                    conn.close()
+            except Exception as exc:  # noqa: BLE001 - reported in the totals
+                totals.error("attacker", exc)
+
+        faults = set(args.faults.split(","))
+        threads = [threading.Thread(target=writer)]
+        if "release" in faults:
+            threads.append(threading.Thread(target=attacker))
+        threads += [threading.Thread(target=learner, args=(i,)) for i in range(args.learners)]
+        for th in threads:
+            th.start()
+        deadline = t_start + args.seconds
+        next_report = time.monotonic() + 30
+        try:
+            while time.monotonic() < deadline:
+                time.sleep(min(rng.expovariate(1.0 / args.interval), max(0.0, deadline - time.monotonic())))
+                if time.monotonic() >= deadline:
+                    break
+                _fault(cluster, rng, totals, faults)
+                if time.monotonic() > next_report:
+                    next_report += 30
+                    print(_line(totals, t_start), flush=True)
+        finally:
+            stop.set()
+            for th in threads:
+                th.join(90)
     result = dict(totals.c)
     result.update(seconds=round(time.monotonic() - t_start, 1), tls=args.tls, mapped=args.mapped,
                   seed=seed, errors=totals.errors)
@@ -191,14 +202,16 @@ def main(argv=None) -> int:
     return 1 if bad else 0
 
 
-def _fault(cluster, rng: random.Random, totals: Totals) -> None:
+def _fault(cluster, rng: random.Random, totals: Totals, faults: set[str]) -> None:
     """Kill or hang one random live node (and undo it)."""
     live = [i for i, p in enumerate(cluster.nodes) if p is not None and p.alive()]
     if len(live) < 2:
         cluster.add_node()
         return
+    if not faults & {"kill", "hang"}:
+        return
     index = rng.choice(live)
-    if rng.random() < 0.4:
+    if "kill" in faults and ("hang" not in faults or rng.random() < 0.4):
         cluster.kill_node(index)
         totals.add(kills=1)
         cluster.add_node()

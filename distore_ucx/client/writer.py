@@ -262,6 +262,7 @@ class Writer:
                     base=batch.buffer.base,
                     size=batch.buffer.size,
                     timeout=float(self.timeout),
+                    node_id=node_id,
                     **self._me,
                 )
             except ConnectionFailed as exc:

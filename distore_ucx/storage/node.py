@@ -337,6 +337,17 @@ class StorageNode:
         headers stay invalid."""
         if self._leaving:  # the writer resends to another node on this error
             raise ConnectionFailed(f"storage node {self.name} is shutting down")
+        # Registered under the id the writer sent it to, never another: a writer
+        # gives up on a node once the control plane dropped it and reuses the
+        # staging buffer, so this node, re-joined under a new id, must not
+        # register what it pulls from that buffer late (the control plane
+        # refuses items of a dropped id).
+        node_id = f.get("node_id", self.node_id)
+        if node_id != self.node_id:
+            raise ConnectionFailed(
+                f"insert sent to node {node_id}, but storage node {self.name} is node "
+                f"{self.node_id} now (it was dropped and re-joined); resend it"
+            )
         keys = f["keys"]
         k = len(keys)
         item_bytes, slot_size = f["item_bytes"], f["slot_size"]
@@ -366,7 +377,7 @@ class StorageNode:
                         "items_added",
                         reply_timeout=left + 10.0,
                         timeout=left,
-                        node_id=self.node_id,
+                        node_id=node_id,
                         table=table,
                         keys=keys,
                         offsets=offsets,

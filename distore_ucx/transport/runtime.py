@@ -28,7 +28,7 @@ import threading
 import weakref
 
 from .._native_loader import _native
-from ..errors import ConnectionFailed
+from ..errors import ConnectionFailed, DistoreError
 
 log = logging.getLogger(__name__)
 
@@ -128,7 +128,7 @@ class UcxRuntime:
         if detect_failures and self._error_handling:
             try:
                 return _native.Endpoint(self.worker, worker_address, True, peer)
-            except Exception as exc:
+            except DistoreError as exc:  # UCX refused (no transport detects failures)
                 log.info(
                     "UCX cannot detect peer failures with UCX_TLS=%s (%s); using endpoints "
                     "without error handling",
