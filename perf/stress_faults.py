@@ -21,7 +21,7 @@ time. Running together, on threads of this process:
   node at a time is faulted.
 
 Prints progress lines and, at the end, one JSON line of totals. Exits 1 when
-any item was wrong or a learner stopped with an error, 0 otherwise. Runs on
+any item was wrong or a learner or the writer stopped on an error, 0 otherwise. Runs on
 127.0.0.1 only (UCX_NET_DEVICES=lo).
 """
 
@@ -75,6 +75,7 @@ class Totals:
             self.c.update(kw)
 
     def error(self, who: str, exc: BaseException) -> None:
+        print(f"{who}: {exc!r}"[:400], flush=True)
         with self.lock:
             self.c[f"{who}_errors"] += 1
             if len(self.errors) < 20:
@@ -198,7 +199,8 @@ def main(argv=None) -> int:
     result.update(seconds=round(time.monotonic() - t_start, 1), tls=args.tls, mapped=args.mapped,
                   seed=seed, errors=totals.errors)
     print(json.dumps(result), flush=True)
-    bad = result.get("wrong", 0) > 0 or result.get("learner_fatal_errors", 0) > 0
+    bad = result.get("wrong", 0) > 0 or any(
+        result.get(k, 0) for k in ("learner_fatal_errors", "writer_fatal_errors"))
     return 1 if bad else 0
 
 

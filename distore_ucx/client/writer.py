@@ -381,8 +381,17 @@ class Writer:
         key = (node["node_id"], node["address"], buffer)
         conn = self._conns.get(key)
         if conn is None:
-            conn = rpc.Client(node["address"], self.timeout, name=f"storage node {node['name']}",
-                              token=self._client.token)
+            try:
+                conn = rpc.Client(node["address"], self.timeout,
+                                  name=f"storage node {node['name']}", token=self._client.token)
+            except ConnectionFailed as exc:
+                # A node that died since we listed the nodes: try another
+                # (the batch keeps its buffer; it is never lost here).
+                log.warning("storage node %d unreachable (%s); trying another", node["node_id"],
+                            exc)
+                self._drop(node["node_id"])
+                exclude.add(node["node_id"])
+                return self._next_node(exclude, buffer)
             self._conns[key] = conn
         return node["node_id"], conn
 
