@@ -21,6 +21,7 @@ from ..config import ControlConfig, read_token
 from ..errors import (
     CheckpointError,
     ConfigError,
+    ConnectionFailed,
     LimitExceeded,
     NoData,
     RateLimiterTimeout,
@@ -466,7 +467,9 @@ class ControlPlane:
     async def op_items_added(self, peer: Peer, f: dict) -> dict:
         node_id = f["node_id"]
         if peer.state.get("node_id") != node_id or not self.members.is_alive(node_id):
-            raise ConfigError(f"items_added for node {node_id} from a connection that is not it")
+            # ConnectionFailed: the node was dropped; its writer resends the batch.
+            raise ConnectionFailed(
+                f"items_added for node {node_id} from a connection that is not it (dropped?)")
         table = self._table(f["table"])
         n = len(f["keys"])
         if (f["priorities"] < 0).any():
@@ -479,7 +482,7 @@ class ControlPlane:
             )
         await self._wait(table, lambda: table.can_insert(n), "insert", n, f.get("timeout", 60.0))
         if not self.members.is_alive(node_id):
-            raise ConfigError(f"node {node_id} was dropped while its insert waited")
+            raise ConnectionFailed(f"node {node_id} was dropped while its insert waited")
         if "used_bytes" in f:
             self.members.nodes[node_id].used_bytes = f["used_bytes"]
         freed = table.add(node_id, f["keys"], f["offsets"], f["generations"], f["priorities"])

@@ -370,6 +370,11 @@ class StorageNode:
             await self._pull(source, offsets, keys, gens, f["offsets"], lengths)
             while True:
                 await self._until_joined(deadline, k)
+                if node_id != self.node_id:  # dropped, then re-joined as another node
+                    raise ConnectionFailed(
+                        f"storage node {self.name} was dropped by the control plane while it "
+                        f"stored an insert (it is node {self.node_id} now); resend it"
+                    )
                 left = max(0.0, deadline - time.monotonic())
                 control = self.control
                 try:
