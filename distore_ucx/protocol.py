@@ -157,6 +157,10 @@ MESSAGES: dict[str, tuple[F, ...]] = {
         F("pid", "int", required=False, lo=1, hi=2**31),  # same-host writers
         F("host_id", "str", required=False, max_len=128),
         F("timeout", "float", required=False, lo=0, hi=86400),
+        # The node id the writer sent it to: registered under that id only, so
+        # a node the control plane dropped (the writer then resends elsewhere
+        # and reuses the buffer) can never register it after re-joining.
+        F("node_id", "int", required=False, lo=0, hi=2**63 - 1),
     ),
     "free": (
         F("table", "str", **_NAME),

@@ -1,12 +1,16 @@
 #include "gather.h"
 
+#include <limits.h>
 #include <sched.h>
+#include <sys/uio.h>
 
+#include <cerrno>
 #include <chrono>
 #include <cstring>
 #include <string>
 #include <thread>
 
+#include "endpoint.h"
 #include "status.h"
 
 namespace distore {
@@ -37,11 +41,66 @@ void validate(const std::vector<const RemoteKey*>& rkeys, const GatherItem* item
   }
 }
 
+// Reads the items `idx` of a same-host peer (process `pid`) with as few
+// process_vm_readv calls as the kernel's iovec limit allows; a short read
+// resumes at the first byte missed. A peer that has exited gives ESRCH:
+// those items get UCS_ERR_CONNECTION_RESET, nothing aborts.
+void read_cma(pid_t pid, char* base, const GatherItem* items, const std::vector<size_t>& idx,
+              int32_t* statuses) {
+  size_t i = 0;
+  uint64_t done_in_first = 0;  // bytes of items[idx[i]] already read
+  std::vector<iovec> local, remote;
+  while (i < idx.size()) {
+    local.clear();
+    remote.clear();
+    size_t j = i;
+    for (; j < idx.size() && local.size() < IOV_MAX; ++j) {
+      const GatherItem& it = items[idx[j]];
+      const uint64_t skip = j == i ? done_in_first : 0;
+      local.push_back({base + it.dest_offset + skip, it.length - skip});
+      remote.push_back({reinterpret_cast<void*>(it.remote_address + skip), it.length - skip});
+    }
+    ssize_t got = process_vm_readv(pid, local.data(), local.size(), remote.data(),
+                                   remote.size(), 0);
+    if (got <= 0) {
+      const int32_t s = (got < 0 && (errno == ESRCH || errno == EPERM))
+                            ? UCS_ERR_CONNECTION_RESET
+                            : UCS_ERR_IO_ERROR;
+      for (size_t k = i; k < idx.size(); ++k) statuses[idx[k]] = s;
+      return;
+    }
+    uint64_t left = static_cast<uint64_t>(got);
+    while (i < j) {
+      const uint64_t need = items[idx[i]].length - done_in_first;
+      if (left < need) {
+        done_in_first += left;
+        break;
+      }
+      left -= need;
+      statuses[idx[i++]] = UCS_OK;
+      done_in_first = 0;
+    }
+  }
+}
+
+// Ends every read still pending on the endpoints of `keys`: a forced close
+// completes them (with an error), which nothing else can do for an RMA read
+// a hung peer never answers. Endpoints without error handling cannot be
+// forced; their reads stay pending.
+void force_close(const std::vector<const RemoteKey*>& keys, const GatherItem* items,
+                 const std::vector<void*>& requests) {
+  for (size_t i = 0; i < requests.size(); ++i) {
+    if (requests[i] == nullptr) continue;
+    Endpoint* owner = keys[items[i].key_index]->owner();
+    if (owner != nullptr && owner->error_handling()) owner->close(true, 0.0);
+  }
+}
+
 }  // namespace
 
 void gather(ucp_worker_h worker, const std::vector<const RemoteKey*>& rkeys,
             const GatherItem* items, size_t n, const MemoryRegion& dest, double timeout_s,
-            int32_t* statuses) {
+            int32_t* statuses, double stall_s) {
   validate(rkeys, items, n, dest);
   std::vector<void*> requests(n, nullptr);
   size_t pending = 0;
@@ -52,11 +111,21 @@ void gather(ucp_worker_h worker, const std::vector<const RemoteKey*>& rkeys,
   param.memh = dest.memh();
 
   auto* base = reinterpret_cast<char*>(dest.address());
+  std::vector<std::vector<size_t>> by_pid;  // items of same-host (CMA) keys, per key
   for (size_t i = 0; i < n; ++i) {
     const GatherItem& it = items[i];
     const RemoteKey& key = *rkeys[it.key_index];
     if (it.length == 0) {
       statuses[i] = UCS_OK;
+      continue;
+    }
+    if (key.pid() > 0) {
+      if (by_pid.size() < rkeys.size()) by_pid.resize(rkeys.size());
+      by_pid[it.key_index].push_back(i);
+      continue;
+    }
+    if (key.owner() != nullptr && !key.owner()->alive()) {
+      statuses[i] = key.owner()->status();  // failed or force-closed: do not post
       continue;
     }
     ucs_status_ptr_t r = ucp_get_nbx(key.endpoint(), base + it.dest_offset, it.length,
@@ -72,13 +141,20 @@ void gather(ucp_worker_h worker, const std::vector<const RemoteKey*>& rkeys,
     }
   }
 
+  // Same-host keys: read now, while the UCX reads are under way.
+  for (size_t k = 0; k < by_pid.size(); ++k) {
+    if (!by_pid[k].empty()) read_cma(rkeys[k]->pid(), base, items, by_pid[k], statuses);
+  }
+
   // Progress ourselves: another thread (ucxx's) may be parked in epoll on the
   // same worker and only polling request status can hang. After a stretch of
   // fruitless progress we yield the core rather than spin it.
   using clock = std::chrono::steady_clock;
   const auto deadline = clock::now() + std::chrono::duration<double>(timeout_s);
+  const auto stall = std::chrono::duration<double>(stall_s);
+  auto last_done = clock::now();
   unsigned idle = 0;
-  bool cancelled = false;
+  bool cancelled = false, forced = false;
   while (pending > 0) {
     unsigned events = ucp_worker_progress(worker);
     for (size_t i = 0; i < n; ++i) {
@@ -90,6 +166,7 @@ void gather(ucp_worker_h worker, const std::vector<const RemoteKey*>& rkeys,
       requests[i] = nullptr;
       --pending;
       events = 1;
+      last_done = clock::now();
     }
     if (events != 0) {
       idle = 0;
@@ -105,7 +182,9 @@ void gather(ucp_worker_h worker, const std::vector<const RemoteKey*>& rkeys,
     } else if (idle > 64) {
       sched_yield();
     }
-    if (!cancelled && (idle & 255) == 0 && clock::now() > deadline) {
+    if ((idle & 255) != 0 || forced) continue;
+    const auto now = clock::now();
+    if (!cancelled && now > deadline) {
       // UCX completes cancelled requests with UCS_ERR_CANCELED on later
       // progress, except RMA reads, which it cannot cancel: those finish when
       // the endpoint fails (peer-failure handling, keepalive) or never.
@@ -114,15 +193,25 @@ void gather(ucp_worker_h worker, const std::vector<const RemoteKey*>& rkeys,
       }
       cancelled = true;
     }
+    if (now > deadline || (stall_s > 0 && now - last_done > stall)) {
+      // No read finished for `stall_s`: the peer hangs (stopped, or the link
+      // is cut). Force-close its endpoint; the caller drops it and resamples.
+      force_close(rkeys, items, requests);
+      forced = true;
+    }
   }
 }
 
 int32_t put(ucp_worker_h worker, const RemoteKey& key, uint64_t remote_address,
             const MemoryRegion& src, uint64_t length, double timeout_s) {
+  if (key.endpoint() == nullptr) {
+    throw UcxError(kStatusBadArgument, "put: this key has no UCX endpoint", key.peer());
+  }
   if (!key.contains(remote_address, length) || length > src.size()) {
     throw UcxError(kStatusOutOfBounds, "put: range outside the remote or local region",
                    key.peer());
   }
+  if (key.owner() != nullptr && !key.owner()->alive()) return key.owner()->status();
   ucp_request_param_t param;
   std::memset(&param, 0, sizeof(param));
   param.op_attr_mask = UCP_OP_ATTR_FIELD_MEMH;
@@ -138,10 +227,14 @@ int32_t put(ucp_worker_h worker, const RemoteKey& key, uint64_t remote_address,
   using clock = std::chrono::steady_clock;
   const auto deadline = clock::now() + std::chrono::duration<double>(timeout_s);
   ucs_status_t s;
+  bool ended = false;
   while ((s = ucp_request_check_status(r)) == UCS_INPROGRESS) {
     if (ucp_worker_progress(worker) == 0) sched_yield();
-    if (clock::now() > deadline) {
+    if (!ended && clock::now() > deadline) {
+      // A peer that refuses the write never completes it: end it.
       ucp_request_cancel(worker, r);
+      if (key.owner() != nullptr && key.owner()->error_handling()) key.owner()->close(true, 0.0);
+      ended = true;
     }
   }
   ucp_request_free(r);

@@ -19,24 +19,24 @@ struct GatherItem {
 };
 
 // Posts one ucp_get_nbx per item into `dest`, then progresses `worker` until
-// every read has completed. Writes each item's final ucs_status_t into
-// `statuses`. Validates every item (key index, remote bounds, destination
-// bounds) before posting anything and throws UcxError if one is wrong. Must
-// be called without the GIL.
+// every read has completed. Items of a key with a pid (same-host peer) are
+// read with process_vm_readv instead: a dead peer is an error status, not
+// an abort. Writes each item's final ucs_status_t into `statuses`.
+// Validates every item (key index, remote bounds, destination bounds) before
+// posting anything and throws UcxError if one is wrong. Must be called
+// without the GIL.
 //
-// On a timeout: once `timeout_s` has passed, every read still in flight is
-// handed to ucp_request_cancel, and the call goes on progressing (polling
-// every millisecond) until each has completed. It never returns while a read
-// may still write into `dest`. UCX cannot cancel an RMA read that is already
-// posted: such a read ends only when it completes (status UCS_OK), or when
-// the endpoint fails (peer-failure handling or keepalive: an error status);
-// on transports without peer-failure detection (shared memory) a dead peer's
-// read may keep the call waiting. `timeout_s` is therefore a deadline for
-// giving up, not a bound on how long the call takes; the control plane's
-// lease on the slots is what keeps the data valid meanwhile.
+// On a stall or a timeout: UCX cannot cancel an RMA read that is already
+// posted; such a read ends only when it completes or its endpoint fails.
+// So when no read has finished for `stall_s` (0: never), or `timeout_s` has
+// passed, the endpoints of the reads still pending are force-closed (our own
+// Endpoints, made with error handling), which completes those reads with an
+// error status. The call never returns while a read may still write into
+// `dest`; a hung peer cannot hold the caller beyond the stall time. The
+// control plane's lease on the slots is what keeps the data valid meanwhile.
 void gather(ucp_worker_h worker, const std::vector<const RemoteKey*>& rkeys,
             const GatherItem* items, size_t n, const MemoryRegion& dest, double timeout_s,
-            int32_t* statuses);
+            int32_t* statuses, double stall_s = 0.0);
 
 // One-sided write of `length` bytes from `src` to `remote_address` under
 // `key`; returns the final ucs_status_t. It exists to verify that storage

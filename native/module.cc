@@ -14,7 +14,9 @@
 
 #include <ucp/api/ucp.h>
 
+#include "endpoint.h"
 #include "gather.h"
+#include "guard.h"
 #include "mapped.h"
 #include "memory.h"
 #include "pull.h"
@@ -50,7 +52,7 @@ std::pair<StatusArray, int32_t*> new_statuses(size_t n) {
 nb::ndarray<nb::numpy, int32_t, nb::ndim<1>> gather_py(
     nb::object worker, std::vector<const RemoteKey*> rkeys, Vec<uint32_t> key_index,
     Vec<uint64_t> remote_address, Vec<uint64_t> length, const MemoryRegion& dest,
-    Vec<uint64_t> dest_offset, double timeout_s) {
+    Vec<uint64_t> dest_offset, double timeout_s, double stall_s) {
   const size_t n = key_index.shape(0);
   if (remote_address.shape(0) != n || length.shape(0) != n || dest_offset.shape(0) != n) {
     throw UcxError(kStatusBadArgument, "gather: key_index, remote_address, length and "
@@ -64,7 +66,7 @@ nb::ndarray<nb::numpy, int32_t, nb::ndim<1>> gather_py(
   auto [array, statuses] = new_statuses(n);
   {
     nb::gil_scoped_release release;
-    gather(worker_h, rkeys, items.data(), n, dest, timeout_s, statuses);
+    gather(worker_h, rkeys, items.data(), n, dest, timeout_s, statuses, stall_s);
   }
   return array;
 }
@@ -232,19 +234,25 @@ NB_MODULE(_native, m) {
       .def(
           "__init__",
           [](RemoteKey* self, nb::object endpoint, nb::bytes packed, uint64_t base,
-             uint64_t size, std::string peer) {
-            uintptr_t h = handle_of(endpoint, "endpoint");
+             uint64_t size, std::string peer, int64_t pid) {
+            if (pid < 0 || pid > INT32_MAX) throw UcxError(kStatusBadArgument, "bad pid", peer);
+            uintptr_t h = (pid > 0 && endpoint.is_none()) ? 0 : handle_of(endpoint, "endpoint");
             new (self) RemoteKey(std::move(endpoint), h, std::move(packed), base, size,
-                                 std::move(peer));
+                                 std::move(peer), static_cast<pid_t>(pid));
           },
-          "endpoint"_a, "packed"_a, "remote_base"_a, "remote_size"_a, "peer"_a = "")
+          "endpoint"_a.none(), "packed"_a, "remote_base"_a, "remote_size"_a, "peer"_a = "",
+          "pid"_a = 0,
+          "`pid` > 0 (a same-host peer): reads use process_vm_readv, `endpoint` may be None.")
+      .def_prop_ro("pid", [](const RemoteKey& k) { return static_cast<int64_t>(k.pid()); })
       .def_prop_ro("remote_base", &RemoteKey::remote_base)
       .def_prop_ro("remote_size", &RemoteKey::remote_size)
       .def_prop_ro("peer", &RemoteKey::peer);
 
   m.def("gather", &gather_py, "worker"_a, "rkeys"_a, "key_index"_a, "remote_address"_a,
-        "length"_a, "dest"_a, "dest_offset"_a, "timeout"_a = 30.0,
+        "length"_a, "dest"_a, "dest_offset"_a, "timeout"_a = 30.0, "stall"_a = 2.0,
         "Read every item of a batch into `dest` with one-sided gets, in one call.\n\n"
+        "When no read finishes for `stall` s (0: never), the endpoints of the reads\n"
+        "still pending are force-closed and those items fail (a hung peer).\n"
         "Returns the per-item ucs_status_t (0 = UCS_OK). Raises OutOfBoundsError or\n"
         "InvalidArgument before posting anything if an item is malformed.");
   bind_mapped(m);
@@ -254,6 +262,38 @@ NB_MODULE(_native, m) {
   m.attr("STATUS_STALE") = kStatusStale;
   m.attr("STATUS_NOT_MAPPED") = kStatusNotMapped;
   m.attr("STATUS_UNREACHABLE") = static_cast<int>(UCS_ERR_UNREACHABLE);
+
+  nb::class_<Endpoint>(m, "Endpoint",
+                       "A UCX endpoint made with the C API on a ucxx worker; force-closable.")
+      .def(
+          "__init__",
+          [](Endpoint* self, nb::object worker, nb::bytes address, bool error_handling,
+             std::string peer) {
+            uintptr_t h = handle_of(worker, "worker");
+            new (self) Endpoint(std::move(worker), h, std::string(address.c_str(), address.size()),
+                                error_handling, std::move(peer));
+          },
+          "worker"_a, "address"_a, "error_handling"_a, "peer"_a = "")
+      .def_prop_ro("handle", &Endpoint::handle)
+      .def_prop_ro("alive", &Endpoint::alive, "False once failed or closed.")
+      .def_prop_ro("status", &Endpoint::status)
+      .def_prop_ro("error_handling", &Endpoint::error_handling)
+      .def(
+          "close",
+          [](Endpoint& self, bool force, double timeout) {
+            nb::gil_scoped_release release;
+            self.close(force, timeout);
+          },
+          "force"_a = false, "timeout"_a = 1.0,
+          "Close once; `force` ends outstanding requests at once (error handling only).");
+
+  m.def("refuse_remote_writes", &refuse_remote_writes,
+        "Replace UCX's software PUT/atomic handlers in this process by ones that drop\n"
+        "the message, and guard GETs; call before the worker exists. '' or why not.");
+  m.def("allow_remote_reads", &allow_remote_reads, "base"_a, "size"_a,
+        "Software GETs may read [base, base + size); others are dropped.");
+  m.def("refused_remote_access", []() { return nb::make_tuple(refused_writes(), refused_reads()); },
+        "(writes dropped, reads dropped) by the guard so far.");
 
   m.def(
       "put",

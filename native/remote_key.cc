@@ -3,6 +3,7 @@
 #include <cstring>
 #include <string>
 
+#include "endpoint.h"
 #include "memory.h"
 #include "status.h"
 
@@ -11,13 +12,17 @@ namespace nb = nanobind;
 namespace distore {
 
 RemoteKey::RemoteKey(nb::object endpoint, uintptr_t endpoint_handle, nb::bytes packed,
-                     uint64_t remote_base, uint64_t remote_size, std::string peer)
+                     uint64_t remote_base, uint64_t remote_size, std::string peer, pid_t pid)
     : endpoint_(std::move(endpoint)),
       ep_(reinterpret_cast<ucp_ep_h>(endpoint_handle)),
+      pid_(pid),
       base_(remote_base),
       size_(remote_size),
       peer_(std::move(peer)) {
-  if (ep_ == nullptr) throw UcxError(kStatusBadArgument, "null endpoint handle", peer_);
+  if (ep_ == nullptr && pid_ <= 0) {
+    throw UcxError(kStatusBadArgument, "null endpoint handle", peer_);
+  }
+  if (!endpoint_.is_none()) nb::try_cast<Endpoint*>(endpoint_, owner_);
   if (packed.size() == 0) throw UcxError(UCS_ERR_INVALID_PARAM, "empty remote key", peer_);
   const char* p = packed.c_str();
   uint32_t magic = 0, n = 0, crc = 0;
@@ -33,7 +38,9 @@ RemoteKey::RemoteKey(nb::object endpoint, uintptr_t endpoint_handle, nb::bytes p
                        std::to_string(packed.size()) + " bytes); ask the node for a fresh one",
                    peer_);
   }
-  check(ucp_ep_rkey_unpack(ep_, p + kRkeyHeader, &rkey_), "ucp_ep_rkey_unpack", peer_);
+  if (ep_ != nullptr) {
+    check(ucp_ep_rkey_unpack(ep_, p + kRkeyHeader, &rkey_), "ucp_ep_rkey_unpack", peer_);
+  }
 }
 
 RemoteKey::~RemoteKey() {

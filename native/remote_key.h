@@ -1,10 +1,15 @@
-// A peer's remote key, unpacked on one endpoint (ucp_ep_rkey_unpack).
+// A peer's remote key, unpacked on one endpoint (ucp_ep_rkey_unpack), or a
+// same-host peer read with process_vm_readv (`pid` set, no endpoint: UCX's
+// CMA transport has no peer-failure handling and aborts the reading
+// process when the peer died; our own read makes that an error status).
 //
 // Ownership: holds the Python object that owns the ucp_ep_h (and through it
 // the worker and context), so teardown is always rkey, then endpoint. It
 // also records the remote region's base and size so every read can be bounds
 // checked before it is posted. Thread safety: immutable after construction.
 #pragma once
+
+#include <sys/types.h>
 
 #include <cstdint>
 #include <string>
@@ -14,15 +19,22 @@
 
 namespace distore {
 
+class Endpoint;
+
 class RemoteKey {
  public:
+  // `endpoint`: an object with a .handle (ucp_ep_h), ideally our Endpoint
+  // (then a read that hangs can be ended by force-closing it). With
+  // `pid` > 0 the endpoint may be None and reads use process_vm_readv.
   RemoteKey(nanobind::object endpoint, uintptr_t endpoint_handle, nanobind::bytes packed,
-            uint64_t remote_base, uint64_t remote_size, std::string peer);
+            uint64_t remote_base, uint64_t remote_size, std::string peer, pid_t pid = 0);
   ~RemoteKey();
   RemoteKey(const RemoteKey&) = delete;
   RemoteKey& operator=(const RemoteKey&) = delete;
 
   ucp_ep_h endpoint() const { return ep_; }
+  Endpoint* owner() const { return owner_; }  // null unless `endpoint` is our Endpoint
+  pid_t pid() const { return pid_; }         // > 0: read with process_vm_readv
   ucp_rkey_h rkey() const { return rkey_; }
   uint64_t remote_base() const { return base_; }
   uint64_t remote_size() const { return size_; }
@@ -34,6 +46,8 @@ class RemoteKey {
  private:
   nanobind::object endpoint_;
   ucp_ep_h ep_;
+  Endpoint* owner_ = nullptr;
+  pid_t pid_ = 0;
   ucp_rkey_h rkey_ = nullptr;
   uint64_t base_;
   uint64_t size_;

@@ -199,7 +199,8 @@ class Learner:
             self._ring = Ring(runtime, self.spec, batch_size, prefetch + 1, dev,
                               self.framework, self.path)
             self._copy_pool = _native.CopyPool(copy_threads - 1)
-            self._peers = PeerDirectory(client, runtime, local_map)
+            self._peers = PeerDirectory(client, runtime, local_map,
+                                        host_memory=self.path != "gpu-direct")
             # Endpoints, remote keys and mappings now, not on the first sample.
             self._peers.connect_all()
         except BaseException:

@@ -10,6 +10,17 @@ Each node a learner reads from is a peer of one of two kinds:
   when mapping is off (`local_map=False`, `DISTORE_LOCAL_MAP=0`), when the
   node cannot share its arena, or when the learner's ring is device memory
   (gpu-direct: plain loads cannot write it).
+- "cma": a same-host node that is not mapped, when UCX may use shared
+  memory: the same gather reads it with process_vm_readv, the call UCX's
+  CMA transport makes. UCX cannot detect peer failures on shared memory
+  (UCP_ERR_HANDLING_MODE_PEER needs an active-message transport that can,
+  and sm has none) and aborts the process when a read finds the peer gone;
+  our own read turns that into an error status, and the item is resampled.
+
+A read that hangs (a stopped node over TCP) is ended by the gather, which
+force-closes the endpoint after `STALL` s without progress; the node is
+then left alone for `COOLDOWN` s (its items read as unreachable and are
+resampled) while the control plane drops it.
 
 The directory keeps per-node lookup tables (node id -> index into the
 remote keys, into the mappings, and the arena base), so that one batch is
@@ -23,6 +34,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 
 import numpy as np
 
@@ -34,6 +46,11 @@ from ..transport.runtime import ProcessWatch, host_id
 log = logging.getLogger(__name__)
 
 MAPPED = "mapped"
+CMA = "cma"
+# A node whose reads failed is not looked up again for this long: a hung node
+# is dropped by the control plane within its heartbeat timeout (about 2.3 s),
+# and meanwhile its items are resampled instead of waited for.
+COOLDOWN = 3.0
 
 
 def local_map_default() -> bool:
@@ -46,7 +63,8 @@ def local_map_default() -> bool:
 class Peer:
     """A storage node as the learner reads it: mapped, or a remote key."""
 
-    def __init__(self, runtime, desc: dict, token: bytes | None, local_map: bool):
+    def __init__(self, runtime, desc: dict, token: bytes | None, local_map: bool,
+                 host_memory: bool = True):
         self.node_id = desc["node_id"]
         self.name = f"node {desc['node_id']} ({desc['name']})"
         self.worker_address = desc["worker_address"]
@@ -75,7 +93,12 @@ class Peer:
             self.why_not_mapped = "local mapping is off"
         elif same_host:
             self.why_not_mapped = "the node does not share its arena (--no-write-protect?)"
-        if self.mapping is None:
+        self.path = MAPPED
+        if (self.mapping is None and same_host and host_memory and runtime.shared_memory
+                and desc.get("pid")):
+            self.rkey = _cma_key(runtime, desc, self.name)
+            self.path = CMA
+        if self.mapping is None and self.rkey is None:
             # Without shared-memory transports nothing is gained by giving up
             # peer-failure handling: keep it (a dead peer then fails reads).
             shm = same_host and runtime.shared_memory
@@ -83,12 +106,14 @@ class Peer:
             self.rkey = _native.RemoteKey(
                 ep, desc["rkey"], desc["arena_base"], desc["arena_size"], self.name
             )
-        self.path = MAPPED if self.mapping is not None else f"ucx:{runtime.transports}"
+            self.path = f"ucx:{runtime.transports}"
 
     def release(self, runtime) -> None:
         """Unmap the arena, or drop the remote key and then its endpoint."""
         self.mapping = None
-        if self.rkey is not None:
+        if self.rkey is not None and self.path == CMA:
+            self.rkey = None
+        elif self.rkey is not None:
             self.rkey = None  # the remote key goes before its endpoint
             runtime.drop_endpoint(self.worker_address)
         if self.watch is not None:
@@ -103,10 +128,13 @@ class PeerDirectory:
     >>> peers.paths                   # {1: "mapped", 2: "ucx:tcp"}
     """
 
-    def __init__(self, client, runtime, local_map: bool):
+    def __init__(self, client, runtime, local_map: bool, host_memory: bool = True):
+        """`host_memory`: the learner's ring is host memory (a device ring
+        cannot be written by process_vm_readv: same-host nodes then use UCX)."""
         self._client = client
         self._runtime = runtime
         self.local_map = local_map
+        self.host_memory = host_memory
         self._peers: dict[int, Peer] = {}
         self.rkeys: list = []  # remote keys, indexed by key_lut
         self.mappings: list = []  # mapped arenas, indexed by map_lut
@@ -114,6 +142,7 @@ class PeerDirectory:
         self.map_lut = np.full(0, -1, np.int64)
         self.base_lut = np.zeros(0, np.uint64)
         self._logged: set[tuple[int, str]] = set()
+        self._failed: dict[int, float] = {}  # node id -> when its reads failed
 
     @property
     def paths(self) -> dict[int, str]:
@@ -141,6 +170,12 @@ class PeerDirectory:
         """Make sure the lookup tables know `node_id` (a node met for the
         first time is looked up; liveness is sweep()'s)."""
         if node_id not in self._peers:
+            failed = self._failed.get(node_id)
+            if failed is not None and time.monotonic() - failed < COOLDOWN:
+                if node_id >= len(self.key_lut):
+                    self._rebuild(node_id + 1)
+                return  # its items read as unreachable: resampled, not waited for
+            self._failed.pop(node_id, None)
             self._lookup(node_id)
             self.sweep()
 
@@ -154,11 +189,13 @@ class PeerDirectory:
                 self.forget(node_id, "its process is gone")
 
     def forget(self, node_id: int, why: str, quiet: bool = False) -> None:
-        """Drop a node: unmap its arena or drop its key and endpoint."""
+        """Drop a node: unmap its arena or drop its key and endpoint. Unless
+        `quiet`, it failed: it is not looked up again for COOLDOWN s."""
         peer = self._peers.pop(node_id, None)
         if peer is None:
             return
         if not quiet:
+            self._failed[node_id] = time.monotonic()
             log.warning("%s: %s; dropping it and resampling its items", peer.name, why)
         self._rebuild()
         peer.release(self._runtime)
@@ -190,7 +227,7 @@ class PeerDirectory:
 
     def _add(self, desc: dict) -> Peer | None:
         try:
-            peer = Peer(self._runtime, desc, self._client.token, self.local_map)
+            peer = Peer(self._runtime, desc, self._client.token, self.local_map, self.host_memory)
         except (UcxError, DistoreError) as exc:
             log.warning("cannot reach %s: %s", desc["name"], exc)
             return None
@@ -216,3 +253,19 @@ class PeerDirectory:
                 self.key_lut[peer.node_id] = len(self.rkeys)
                 self.rkeys.append(peer.rkey)
             self.base_lut[peer.node_id] = peer.base
+
+
+def _cma_key(runtime, desc: dict, name: str):
+    """A key that reads a same-host node with process_vm_readv, or None when
+    this process may not (ptrace restrictions): then UCX is used."""
+    key = _native.RemoteKey(None, desc["rkey"], desc["arena_base"], desc["arena_size"], name,
+                            pid=desc["pid"])
+    probe = runtime.map_region(4096)
+    status = _native.gather(runtime.worker, [key], np.zeros(1, np.uint32),
+                            np.array([desc["arena_base"]], np.uint64), np.full(1, 16, np.uint64),
+                            probe, np.zeros(1, np.uint64), 1.0)
+    if status[0] != 0:
+        log.info("%s: cannot read it with process_vm_readv (%s); reading it over UCX", name,
+                 _native.status_name(int(status[0])))
+        return None
+    return key

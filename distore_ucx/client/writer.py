@@ -35,6 +35,7 @@ from __future__ import annotations
 import itertools
 import logging
 import os
+import time
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -261,6 +262,7 @@ class Writer:
                     base=batch.buffer.base,
                     size=batch.buffer.size,
                     timeout=float(self.timeout),
+                    node_id=node_id,
                     **self._me,
                 )
             except ConnectionFailed as exc:
@@ -275,6 +277,7 @@ class Writer:
     def _complete_oldest(self) -> None:
         conn, batch, node_id, exclude = self._in_flight.popleft()
         try:
+            self._wait_for_node(conn, node_id)
             reply = conn.receive(self.timeout + 15.0)  # the node's own deadline comes first
         except ConnectionFailed as exc:
             # The node died (or is leaving); the control plane drops whatever
@@ -286,6 +289,25 @@ class Writer:
         except Exception as exc:
             raise self._settle(exc, batch) from None
         self._stored(batch, node_id, reply)
+
+    def _wait_for_node(self, conn: rpc.Client, node_id: int) -> None:
+        """Wait for a node's reply; while it takes more than HUNG_CHECK s, ask
+        the control plane every HUNG_CHECK s whether the node is still live.
+        A node it dropped (stopped, hung, cut off) fails like a lost one (the
+        batch goes to another node) instead of holding the writer for the
+        whole timeout. A dropped node that wakes up cannot register the
+        batch: the control plane refuses items from a node it dropped."""
+        deadline = time.monotonic() + self.timeout + 15.0
+        while not conn.wait_readable(HUNG_CHECK) and time.monotonic() < deadline:
+            try:
+                live = {n["node_id"] for n in self._client.nodes()}
+            except ConnectionFailed:
+                continue  # the control plane is away; the node may still answer
+            if node_id not in live:
+                raise ConnectionFailed(
+                    f"the control plane dropped storage node {node_id} while it held an "
+                    "insert (no heartbeat: stopped or cut off)"
+                )
 
     def _stored(self, batch: _Batch, node_id: int, reply: dict) -> None:
         self.inserted += batch.n
@@ -304,6 +326,7 @@ class Writer:
         while self._in_flight:
             conn, batch, node_id, _ = self._in_flight.popleft()
             try:
+                self._wait_for_node(conn, node_id)
                 reply = conn.receive(self.timeout + 15.0)
             except Exception:
                 unstored.append(batch.all_keys())
@@ -358,8 +381,17 @@ class Writer:
         key = (node["node_id"], node["address"], buffer)
         conn = self._conns.get(key)
         if conn is None:
-            conn = rpc.Client(node["address"], self.timeout, name=f"storage node {node['name']}",
-                              token=self._client.token)
+            try:
+                conn = rpc.Client(node["address"], self.timeout,
+                                  name=f"storage node {node['name']}", token=self._client.token)
+            except ConnectionFailed as exc:
+                # A node that died since we listed the nodes: try another
+                # (the batch keeps its buffer; it is never lost here).
+                log.warning("storage node %d unreachable (%s); trying another", node["node_id"],
+                            exc)
+                self._drop(node["node_id"])
+                exclude.add(node["node_id"])
+                return self._next_node(exclude, buffer)
             self._conns[key] = conn
         return node["node_id"], conn
 
@@ -367,6 +399,11 @@ class Writer:
         for key in [k for k in self._conns if k[0] == node_id]:
             self._conns.pop(key).close()
         self._nodes = [n for n in self._nodes if n["node_id"] != node_id]
+
+
+# While a node's reply takes longer than this, the writer checks every this
+# often that the control plane still lists the node.
+HUNG_CHECK = 0.5
 
 
 class _Failed(Exception):

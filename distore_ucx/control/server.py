@@ -432,8 +432,12 @@ class ControlPlane:
 
     async def op_items_added(self, peer: Peer, f: dict) -> dict:
         node_id = f["node_id"]
-        if peer.state.get("node_id") != node_id or not self.members.is_alive(node_id):
+        if peer.state.get("node_id") != node_id:
             raise InvalidRequest(f"items_added for node {node_id} from a connection that is not it")
+        if not self.members.is_alive(node_id):
+            # NodeGone is a ConnectionFailed: the writer resends the batch.
+            raise NodeGone(f"storage node {node_id} was dropped (no heartbeat) before its "
+                           "insert was registered; the writer resends the batch")
         table = self._table(f["table"])
         n = len(f["keys"])
         if (f["priorities"] < 0).any():

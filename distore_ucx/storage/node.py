@@ -86,10 +86,12 @@ class StorageNode:
             loop.add_signal_handler(sig, self._on_signal)
         control_host, _ = parse_address(cfg.control)
         host = cfg.host or route_address(control_host)
+        _guard_remote_access()  # before the worker exists
         with UcxRuntime() as runtime:
             self.runtime = runtime
             self.arena = Arena(runtime, cfg.arena_bytes, cfg.hugepages, self.name,
                                write_protect=cfg.write_protect)
+            _native.allow_remote_reads(self.arena.base, self.arena.size)
             self._token = read_token(cfg.token_file)
             self._start_local_map()
             server = await serve(host, cfg.port, self._handle, token=self._token)
@@ -336,6 +338,17 @@ class StorageNode:
         headers stay invalid."""
         if self._leaving:  # the writer resends to another node on this error
             raise ConnectionFailed(f"storage node {self.name} is shutting down")
+        # Registered under the id the writer sent it to, never another: a writer
+        # gives up on a node once the control plane dropped it and reuses the
+        # staging buffer, so this node, re-joined under a new id, must not
+        # register what it pulls from that buffer late (the control plane
+        # refuses items of a dropped id).
+        node_id = f.get("node_id", self.node_id)
+        if node_id != self.node_id:
+            raise ConnectionFailed(
+                f"insert sent to node {node_id}, but storage node {self.name} is node "
+                f"{self.node_id} now (it was dropped and re-joined); resend it"
+            )
         keys = f["keys"]
         k = len(keys)
         item_bytes, slot_size = f["item_bytes"], f["slot_size"]
@@ -358,6 +371,11 @@ class StorageNode:
             await self._pull(source, offsets, keys, gens, f["offsets"], lengths)
             while True:
                 await self._until_joined(deadline, k)
+                if node_id != self.node_id:  # dropped, then re-joined as another node
+                    raise ConnectionFailed(
+                        f"storage node {self.name} was dropped by the control plane while it "
+                        f"stored an insert (it is node {self.node_id} now); resend it"
+                    )
                 left = max(0.0, deadline - time.monotonic())
                 control = self.control
                 try:
@@ -365,7 +383,7 @@ class StorageNode:
                         "items_added",
                         reply_timeout=left + 10.0,
                         timeout=left,
-                        node_id=self.node_id,
+                        node_id=node_id,
                         table=table,
                         keys=keys,
                         offsets=offsets,
@@ -446,6 +464,16 @@ class StorageNode:
                 f"the insert of {k} items waited its timeout and was not stored. Restart the "
                 "control plane (with --restore to keep the store's contents)"
             ) from None
+
+
+def _guard_remote_access() -> None:
+    """Make UCX's software RMA refuse writes into this process (see
+    native/guard.h): over TCP a put from any peer would otherwise be a
+    memcpy to the address it names."""
+    why = _native.refuse_remote_writes()
+    if why:
+        log.warning("cannot refuse remote writes (%s): a peer's UCX put over TCP could fault "
+                    "or corrupt this node", why)
 
 
 def _lengths(lengths: np.ndarray) -> str:

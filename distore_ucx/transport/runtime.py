@@ -7,9 +7,14 @@ idle process uses no core, and over TCP, where UCX emulates RMA with active
 messages, a storage node keeps serving reads. The native gather progresses
 the same worker from the caller's thread while it waits.
 
+Endpoints are our own (`_native.Endpoint`, made with UCX's C API on ucxx's
+worker), not ucxx's: a read from a hung peer can only be ended by
+force-closing its endpoint (UCP_EP_CLOSE_FLAG_FORCE), which the native
+gather does, and ucxx would later close such an endpoint a second time.
+
 Teardown order is the reverse of creation and is enforced by ownership:
-remote keys hold their endpoint, regions hold the context, endpoints are
-closed before the worker's progress thread stops.
+remote keys hold their endpoint, endpoints hold the worker, regions hold
+the context, endpoints are closed before the worker's progress thread stops.
 """
 
 from __future__ import annotations
@@ -23,7 +28,7 @@ import threading
 import weakref
 
 from .._native_loader import _native
-from ..errors import ConnectionFailed
+from ..errors import ConnectionFailed, DistoreError
 
 log = logging.getLogger(__name__)
 
@@ -106,10 +111,9 @@ class UcxRuntime:
             ep = self._endpoints.get(worker_address)
             if ep is not None and ep.alive:
                 return ep
-            addr = _ucxx.UCXAddress.create_from_buffer(worker_address)
             try:
-                ep = self._create_endpoint(addr, detect_failures)
-            except Exception as exc:  # ucxx raises its own hierarchy
+                ep = self._create_endpoint(worker_address, peer, detect_failures)
+            except Exception as exc:  # UcxError, or UCX refusing the address
                 raise ConnectionFailed(
                     f"cannot create a UCX endpoint to {peer}: {exc}. Check that the peer "
                     f"is running and that UCX_TLS ({self.transports}) lets both reach each other"
@@ -117,14 +121,14 @@ class UcxRuntime:
             self._endpoints[worker_address] = ep
             return ep
 
-    def _create_endpoint(self, addr, detect_failures: bool):
+    def _create_endpoint(self, worker_address: bytes, peer: str, detect_failures: bool):
         # Peer-failure detection (UCP_ERR_HANDLING_MODE_PEER) is not supported
         # by the shared-memory transports: fall back to plain endpoints when
         # they are all UCX has.
         if detect_failures and self._error_handling:
             try:
-                return _ucxx.UCXEndpoint.create_from_worker_address(self.worker, addr, True)
-            except _ucxx.UCXError as exc:
+                return _native.Endpoint(self.worker, worker_address, True, peer)
+            except DistoreError as exc:  # UCX refused (no transport detects failures)
                 log.info(
                     "UCX cannot detect peer failures with UCX_TLS=%s (%s); using endpoints "
                     "without error handling",
@@ -132,7 +136,7 @@ class UcxRuntime:
                     exc,
                 )
                 self._error_handling = False
-        return _ucxx.UCXEndpoint.create_from_worker_address(self.worker, addr, False)
+        return _native.Endpoint(self.worker, worker_address, False, peer)
 
     def drop_endpoint(self, worker_address: bytes) -> None:
         """Forget (and close) the endpoint to a peer that went away."""
@@ -255,11 +259,12 @@ class ProcessWatch:
 
 
 def _close_endpoint(ep) -> None:
-    # ucxx crashes closing an endpoint that its error callback already tore
-    # down (peer died): only close live ones, and let the rest be released.
-    if not ep.alive:
-        return
+    # A live endpoint is closed with a flush, which tells the peer: a forced
+    # close leaves the peer's side of the connection broken, and UCX matches
+    # a later endpoint between the same two workers to it (its reads then
+    # hang). A failed one is forced where UCX allows it (error handling); a
+    # closed endpoint ignores a second close.
     try:
-        ep.close()
+        ep.close(force=ep.error_handling and not ep.alive, timeout=1.0)
     except Exception as exc:  # a dead peer's endpoint may refuse a clean close
         log.debug("endpoint close: %s", exc)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import threading
 import time
 
@@ -85,14 +86,17 @@ def test_reads_in_flight_when_a_node_dies_are_resampled(cluster, client, tls):
         check(learner.sample())
 
 
-@pytest.mark.parametrize("tls", ["tcp", "mapped"], indirect=True)
+@ALL_PATHS
 def test_node_killed_while_the_learner_reads_flat_out(cluster, client, tls):
     # The learner never pauses: the kill lands in the middle of reads (for
-    # "mapped", in the middle of plain loads from the dead node's arena).
+    # "mapped", in the middle of plain loads from the dead node's arena; for
+    # "sm" with mapping off, in the middle of process_vm_readv calls, where
+    # UCX's own CMA transport aborts the reading process).
     fill(client, 20, 100)
     learner = client.learner("t", batch_size=128)
-    if tls == "sm":
-        assert set(learner.paths.values()) == {"mapped"}
+    expected = {"tcp": "ucx:tcp", "sm": "cma"}.get(
+        os.environ["UCX_TLS"] if os.environ["DISTORE_LOCAL_MAP"] == "0" else "", "mapped")
+    assert set(learner.paths.values()) == {expected}
     killer = threading.Timer(1.0, cluster.kill_node, args=(0,))
     sampled, t0 = 0, time.monotonic()
     killer.start()
@@ -148,3 +152,75 @@ def _cpu_seconds(pid: int) -> float:
     with open(f"/proc/{pid}/stat") as fh:
         fields = fh.read().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+@pytest.mark.parametrize("tls", ["tcp", "sm"], indirect=True)
+def test_stopped_node_holds_neither_learner_nor_writer(cluster, client, tls):
+    # SIGSTOP: the node's sockets stay open and nothing fails, it just never
+    # answers. Over tcp a read from it (an RMA read UCX emulates with messages)
+    # cannot be cancelled: the learner force-closes the endpoint. A writer
+    # waiting for its acknowledgement asks the control plane whether the node
+    # is still live. Both must carry on within the drop time plus a margin.
+    fill(client, 20, 100)
+    learner = client.learner("t", batch_size=128)
+    stop = threading.Event()
+    writer_gaps, writer_errors, written = [], [], [0]
+
+    def write():
+        with ds.connect(cluster.address) as wc, wc.writer(max_items=50, max_in_flight=2) as w:
+            last, i = time.monotonic(), 0
+            while not stop.is_set():
+                try:
+                    w.insert("t", items(1_000_000 + i * 50, 50))
+                    w.flush()
+                    written[0] += 50
+                except ds.DistoreError as exc:  # recorded; the test fails on any
+                    writer_errors.append(repr(exc))
+                now = time.monotonic()
+                writer_gaps.append((last, now - last))
+                last, i = now, i + 1
+
+    writer = threading.Thread(target=write)
+    writer.start()
+    victim = cluster.nodes[0]
+    sampled, gaps = 0, []
+    try:
+        t0 = time.monotonic()
+        last = t0
+        stopped_at = dropped_at = None
+        while True:
+            now = time.monotonic()
+            if stopped_at is None and now - t0 > 1.0:
+                os.kill(victim.pid, signal.SIGSTOP)
+                stopped_at = now
+            if (stopped_at is not None and dropped_at is None
+                    and len([n for n in client.status()["nodes"] if n["alive"]]) == 1):
+                dropped_at = time.monotonic()
+            if dropped_at is not None and now - dropped_at > 3.0:
+                break
+            assert now - t0 < 30, "the control plane never dropped the stopped node"
+            batch = learner.sample(timeout=10)
+            check(batch)  # every byte of every item
+            sampled += len(batch)
+            done = time.monotonic()
+            gaps.append((last, done - last))
+            last = done
+    finally:
+        stop.set()
+        os.kill(victim.pid, signal.SIGCONT)
+        writer.join(timeout=60)
+    drop = dropped_at - stopped_at
+    # Every sample() and every insert+flush that began after the stop ended
+    # within the drop time plus a margin (a busy 2-core machine: 3 s).
+    after = [g for start, g in gaps if start >= stopped_at - 0.5]
+    w_after = [g for start, g in writer_gaps if start >= stopped_at - 0.5]
+    assert not writer_errors, writer_errors[:3]
+    assert after and max(after) < drop + 3.0, (drop, max(after))
+    assert w_after and max(w_after) < drop + 3.0, (drop, max(w_after))
+    assert written[0] > 0 and sampled > 1000
+    # Woken up, the dropped node discards its items and serves again; all stop cleanly.
+    for _ in range(20):
+        check(learner.sample(timeout=10))
+    learner.close()
+    print(f"drop {drop:.2f} s; longest sample after the stop {max(after):.2f} s, "
+          f"longest insert {max(w_after):.2f} s")

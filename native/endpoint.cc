@@ -1,0 +1,69 @@
+#include "endpoint.h"
+
+#include <sched.h>
+
+#include <chrono>
+#include <cstring>
+
+#include "status.h"
+
+namespace nb = nanobind;
+
+namespace distore {
+
+Endpoint::Endpoint(nb::object worker, uintptr_t worker_handle, const std::string& address,
+                   bool error_handling, std::string peer)
+    : worker_(std::move(worker)),
+      worker_h_(reinterpret_cast<ucp_worker_h>(worker_handle)),
+      error_handling_(error_handling),
+      peer_(std::move(peer)) {
+  if (worker_h_ == nullptr) throw UcxError(kStatusBadArgument, "null worker handle", peer_);
+  if (address.empty()) throw UcxError(UCS_ERR_INVALID_PARAM, "empty worker address", peer_);
+  ucp_ep_params_t params;
+  std::memset(&params, 0, sizeof(params));
+  params.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE;
+  params.address = reinterpret_cast<const ucp_address_t*>(address.data());
+  params.err_mode = error_handling ? UCP_ERR_HANDLING_MODE_PEER : UCP_ERR_HANDLING_MODE_NONE;
+  if (error_handling) {
+    params.field_mask |= UCP_EP_PARAM_FIELD_ERR_HANDLER;
+    params.err_handler.cb = &Endpoint::on_error;
+    params.err_handler.arg = this;
+  }
+  check(ucp_ep_create(worker_h_, &params, &ep_), "ucp_ep_create", peer_);
+}
+
+Endpoint::~Endpoint() {
+  // Force where allowed: a destructor must not wait on a peer that hangs.
+  close(error_handling_, 1.0);
+}
+
+void Endpoint::on_error(void* arg, ucp_ep_h, ucs_status_t status) {
+  auto* self = static_cast<Endpoint*>(arg);
+  int ok = UCS_OK;
+  self->status_.compare_exchange_strong(ok, status, std::memory_order_acq_rel);
+}
+
+void Endpoint::close(bool force, double timeout_s) {
+  std::lock_guard<std::mutex> lock(close_mu_);
+  if (closed_) return;
+  closed_ = true;
+  int ok = UCS_OK;
+  status_.compare_exchange_strong(ok, UCS_ERR_CANCELED, std::memory_order_acq_rel);
+  ucp_request_param_t param;
+  std::memset(&param, 0, sizeof(param));
+  param.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+  param.flags = (force && error_handling_) ? UCP_EP_CLOSE_FLAG_FORCE : 0;
+  ucs_status_ptr_t req = ucp_ep_close_nbx(ep_, &param);
+  if (req == nullptr || UCS_PTR_IS_ERR(req)) return;
+  using clock = std::chrono::steady_clock;
+  const auto deadline = clock::now() + std::chrono::duration<double>(timeout_s);
+  while (ucp_request_check_status(req) == UCS_INPROGRESS && clock::now() < deadline) {
+    if (ucp_worker_progress(worker_h_) == 0) sched_yield();
+  }
+  // Still flushing to a peer that does not answer: UCX releases the request
+  // when the close completes (only endpoints without an error callback,
+  // which could otherwise fire on a freed object, get here unforced).
+  ucp_request_free(req);
+}
+
+}  // namespace distore
