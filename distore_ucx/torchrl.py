@@ -157,7 +157,8 @@ class DistoreReplayBuffer:
     ahead; `sample_timeout` s is how long a sample waits for data (then
     `ds.NoData`). A sampled TensorDict's tensors are views into the
     learner's ring, valid until `prefetch + 1` more samples; `clone=True`
-    hands out copies instead.
+    hands out copies instead. The learner asks for the next batch while it
+    reads this one, so a priority update shows from the second sample after it.
 
     Inserting: `extend` waits until its items are stored (`flush=True`);
     `flush=False` leaves batching to the writer (faster for actors that
