@@ -60,3 +60,25 @@ def test_only_one_batch_dimension_is_taken():
         spec_of(TensorDict({"obs": torch.zeros(2, 3, 4)}, [2, 3]))
     with pytest.raises(TypeError, match="TensorDict"):
         spec_of({"obs": torch.zeros(2, 4)})
+
+
+def test_without_tensordict_the_import_says_what_to_install():
+    code = ("import sys; sys.modules['tensordict'] = None\n"
+            "try:\n    import distore_ucx.torchrl\nexcept ImportError as e:\n    print(e)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=120, check=True, cwd="/")
+    assert "pip install 'distore-ucx[torchrl]'" in out.stdout, out.stdout + out.stderr
+
+
+def test_the_example_without_torchrl_says_what_to_install():
+    import os
+
+    path = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", "examples",
+                                        "torchrl_dqn.py"))
+    code = ("import runpy, sys; sys.modules['torchrl'] = None; "
+            f"sys.argv = [{path!r}]; runpy.run_path({path!r}, run_name='__main__')")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=120, check=False, cwd="/")
+    assert out.returncode == 2, out.stdout + out.stderr
+    assert "needs torchrl, which is not installed" in out.stderr
+    assert "pip install 'distore-ucx[examples]'" in out.stderr and "Traceback" not in out.stderr
