@@ -75,7 +75,10 @@ def train(args) -> dict:
     returns: list[float] = []
     steps, frames, solved_at, missing = 0, 0, None, 0
     t0 = time.monotonic()
-    with ds.LocalCluster(nodes=1, arena_bytes=64 << 20, log_level="WARNING") as cluster, \
+    # One machine, busy with training: a node late with its heartbeat is slow,
+    # not dead (the 2 s default would drop it, and its items, on a loaded box).
+    with ds.LocalCluster(nodes=1, arena_bytes=64 << 20, log_level="WARNING",
+                         heartbeat_timeout=30.0) as cluster, \
             DistorePrioritizedReplayBuffer(
                 # DQNLoss's td_error is the squared TD error: alpha 0.3 on it
                 # prioritizes as alpha 0.6 on |TD error| (dqn_cartpole.py).

@@ -21,6 +21,13 @@ EXAMPLES = os.path.join(os.path.dirname(__file__), "..", "..", "examples")
 pytestmark = pytest.mark.parametrize("tls", ["sm"], indirect=True)
 
 
+@pytest.fixture
+def cluster(make_cluster):
+    """Two storage nodes. Failure detection is tested elsewhere: here a node
+    late with its heartbeat on a busy 2-core machine must not be dropped."""
+    return make_cluster(heartbeat_timeout=30.0)
+
+
 def transitions(n: int, start: int = 0) -> TensorDict:
     """n CartPole-like transitions whose every value says which item it is."""
     i = torch.arange(start, start + n)
