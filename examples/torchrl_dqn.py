@@ -11,7 +11,7 @@ as TensorDicts with `index` and `priority_weight`, which DQNLoss reads, and
 the TorchRL loop knows that the buffer is remote.
 
     pip install 'distore-ucx[examples]'
-    python examples/torchrl_dqn.py              # solves it in a few minutes on 2 cores
+    python examples/torchrl_dqn.py              # learns: see docs/performance.md
     python examples/torchrl_dqn.py --frames 3000 --target 0   # a short smoke run
 
 It stops when the mean return of the last 100 episodes reaches --target
@@ -137,8 +137,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     """The example's options (its defaults solve CartPole)."""
     p = argparse.ArgumentParser(description="TorchRL DQN on CartPole-v1 with a distore "
                                             "replay buffer")
-    p.add_argument("--frames", type=int, default=60_000, help="environment steps at most")
-    p.add_argument("--minutes", type=float, default=15.0, help="time limit (default 15)")
+    p.add_argument("--frames", type=int, default=80_000, help="environment steps at most")
+    p.add_argument("--minutes", type=float, default=30.0, help="time limit (default 30)")
     p.add_argument("--target", type=float, default=195.0,
                    help="stop when the mean return of 100 episodes reaches it (0: never)")
     p.add_argument("--batch", type=int, default=64, help="sample size")
