@@ -1,0 +1,269 @@
+"""TorchRL replay buffers backed by a distore table, against a real store and
+the real torchrl package: contents survive the round trip, weights are the
+learner's, priorities reach the control plane, errors say what is wrong,
+and TorchRL's DQNLoss, collectors and the example work unchanged."""
+
+from __future__ import annotations
+
+import importlib
+import math
+import os
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch", reason="needs torch (pip install '.[examples]')")
+tensordict = pytest.importorskip("tensordict", reason="needs tensordict (pip install '.[examples]')")
+TensorDict = tensordict.TensorDict
+
+EXAMPLES = os.path.join(os.path.dirname(__file__), "..", "..", "examples")
+# One transport is enough here: the read paths have their own tests.
+pytestmark = pytest.mark.parametrize("tls", ["sm"], indirect=True)
+
+
+@pytest.fixture
+def cluster(make_cluster):
+    """Two storage nodes. Failure detection is tested elsewhere: here a node
+    late with its heartbeat on a busy 2-core machine must not be dropped."""
+    return make_cluster(heartbeat_timeout=30.0)
+
+
+def transitions(n: int, start: int = 0) -> TensorDict:
+    """n CartPole-like transitions whose every value says which item it is."""
+    i = torch.arange(start, start + n)
+    return TensorDict({
+        "observation": i[:, None].float().expand(n, 4) + torch.arange(4) / 10,
+        "action": torch.nn.functional.one_hot(i % 2, 2),
+        "done": (i % 3 == 0)[:, None],
+        ("next", "observation"): i[:, None].float().expand(n, 4) + 1,
+        ("next", "reward"): (i[:, None] * 0.5).float(),
+        ("next", "done"): (i % 5 == 0)[:, None],
+    }, [n])
+
+
+def rows_for(index: torch.Tensor, keys: torch.Tensor, data: TensorDict) -> TensorDict:
+    """The rows of `data` (inserted with `keys`) that `index` names."""
+    where = {int(k): r for r, k in enumerate(keys.tolist())}
+    return data[torch.tensor([where[int(k)] for k in index.tolist()])]
+
+
+def test_extend_sample_round_trip_keeps_every_value(cluster):
+    import distore_ucx as ds
+    from distore_ucx.torchrl import DistoreReplayBuffer
+
+    data = transitions(200)
+    with DistoreReplayBuffer(cluster.address, "rt", capacity=1000, batch_size=32) as rb:
+        keys = rb.extend(data)
+        assert keys.dtype == torch.int64 and len(keys) == 200 and len(set(keys.tolist())) == 200
+        assert torch.equal(data["index"], keys)  # set on the input, as TorchRL does
+        assert len(rb) == 200 and rb.write_count == 200
+        with ds.connect(cluster.address) as client:  # the table as distore sees it
+            spec = {name: (shape, dtype) for name, shape, dtype in client.table_info("rt")["spec"]}
+        assert spec["next/observation"] == ([4], "<f4") and spec["done"] == ([1], "|b1")
+        assert "index" not in spec
+        for _ in range(5):
+            td = rb.sample()
+            assert td.batch_size == torch.Size([32]) and td.device == torch.device("cpu")
+            assert ("next", "observation") in td.keys(include_nested=True)
+            assert "priority_weight" not in td  # not prioritized: no weights
+            want = rows_for(td["index"], keys, data)
+            for key in want.keys(include_nested=True, leaves_only=True):
+                if key != "index":
+                    assert torch.equal(td[key], want[key]), key
+        big = rb.sample(64)  # another size: another learner, same table
+        assert big.batch_size == torch.Size([64])
+        one = transitions(1, start=500)[0]
+        key = rb.add(one)
+        assert len(rb) == 201 and int(one["index"]) == int(key)
+
+
+def test_weights_are_the_learners_and_priorities_come_from_td_error(cluster):
+    import distore_ucx as ds
+    from distore_ucx.torchrl import DistorePrioritizedReplayBuffer
+
+    n, alpha, beta = 50, 0.6, 0.4
+    data = transitions(n)
+    prio = torch.arange(1, n + 1).float()
+    data["td_error"] = prio[:, None]  # TorchRL's priority_key, with a trailing dimension
+    with DistorePrioritizedReplayBuffer(cluster.address, "per", alpha=alpha, beta=beta,
+                                        eps=0.0, capacity=1000, batch_size=64) as rb:
+        keys = rb.extend(data)
+        p = dict(zip(keys.tolist(), prio.tolist()))
+        total = sum(v ** alpha for v in p.values())
+        for _ in range(3):
+            td, info = rb.sample(return_info=True)
+            probs = np.array([p[k] ** alpha / total for k in td["index"].tolist()])
+            w = (n * probs) ** -beta
+            expected = w / w.max()  # what learner.sample() gives as batch.weights
+            assert torch.allclose(td["priority_weight"], torch.from_numpy(expected).float())
+            assert td["_weight"] is td["priority_weight"]
+            assert info["priority_weight"] is td["priority_weight"]
+            assert torch.equal(info["index"], td["index"])
+        with ds.connect(cluster.address) as client:  # the store's own learner agrees
+            assert client.table_info("per")["sampler"]["kind"] == "prioritized"
+            batch = client.learner("per", batch_size=64, beta=beta).sample()
+            probs = np.array([p[k] ** alpha / total for k in batch.keys.tolist()])
+            np.testing.assert_allclose(batch.probabilities, probs, rtol=1e-9)
+            w = (n * probs) ** -beta
+            np.testing.assert_allclose(batch.weights, w / w.max(), rtol=1e-9)
+
+
+def test_update_priority_reaches_the_table(cluster):
+    from distore_ucx.torchrl import DistorePrioritizedReplayBuffer
+
+    with DistorePrioritizedReplayBuffer(cluster.address, "upd", alpha=1.0, beta=0.5, eps=0.0,
+                                        capacity=1000, batch_size=16) as rb:
+        data = transitions(100)
+        keys = rb.extend(data, update_priority=False)  # all at the default priority, 1.0
+        td = rb.sample()
+        # As a TorchRL loop does: the loss writes td_error, the buffer sends it back.
+        hot = td["index"][0]
+        td["td_error"] = torch.where(td["index"] == hot, 5.0, 0.0)[:, None]
+        out = rb.update_tensordict_priority(td)
+        assert out["missing"] == 0 and out["updated"] >= 1
+        rb.sample()  # asked for before the update: the learner requests one batch ahead
+        # Items sampled above now have priority 0 (never drawn) except `hot`.
+        zero = set(td["index"].tolist()) - {int(hot)}
+        seen = torch.cat([rb.sample()["index"] for _ in range(20)]).tolist()
+        assert int(hot) in seen and not zero & set(seen)
+        # update_priority with keys and a plain tensor: everything at 0 but one item.
+        rb.update_priority(keys, torch.zeros(100))
+        rb.update_priority(keys[7:8], torch.tensor([3.0]))
+        rb.sample()
+        assert set(rb.sample()["index"].tolist()) == {int(keys[7])}
+        # The largest priority so far is what new items get (TorchRL's default).
+        rb.update_priority(keys[7:8], torch.tensor([0.0]))
+        new = rb.extend(transitions(1, start=100))
+        rb.sample()
+        assert set(rb.sample()["index"].tolist()) == {int(new[0])}
+        with pytest.raises(ValueError, match="finite"):
+            rb.update_priority(keys[:1], torch.tensor([float("nan")]))
+
+
+def test_mismatched_data_is_refused_naming_the_key(cluster):
+    import distore_ucx as ds
+    from distore_ucx.torchrl import DistoreReplayBuffer
+
+    with DistoreReplayBuffer(cluster.address, "bad", capacity=100, batch_size=4) as rb:
+        rb.extend(transitions(8))
+        bad = transitions(4).exclude(("next", "reward"))
+        with pytest.raises(ds.SpecMismatch, match=r"missing: \[\('next', 'reward'\)\]"):
+            rb.extend(bad)
+        bad = transitions(4)
+        bad["extra"] = torch.zeros(4)
+        with pytest.raises(ds.SpecMismatch, match=r"not in the table: \['extra'\]"):
+            rb.extend(bad)
+        bad = transitions(4)
+        bad["observation"] = torch.zeros(4, 5)
+        with pytest.raises(ds.SpecMismatch, match=r"key 'observation': shape \[4, 5\]"):
+            rb.extend(bad)
+        bad = transitions(4)
+        bad["next", "reward"] = torch.zeros(4, 1, dtype=torch.float64)
+        with pytest.raises(ds.SpecMismatch, match=r"\('next', 'reward'\).*float64.*float32"):
+            rb.extend(bad)
+        with pytest.raises(ds.SpecMismatch, match="one batch dimension"):
+            rb.extend(transitions(4).reshape(2, 2))
+        with pytest.raises(ds.SpecMismatch, match="extend"):
+            rb.add(transitions(2))
+        with pytest.raises(TypeError, match="TensorDict"):
+            rb.extend({"observation": torch.zeros(4, 4)})
+        assert len(rb) == 8  # nothing of the refused data went in
+        # A buffer on the existing table with other fields is refused as well.
+        with pytest.raises(ds.SpecMismatch, match="exists with fields"):
+            DistoreReplayBuffer(cluster.address, "bad", spec=TensorDict({"obs": torch.zeros(1)}))
+    with pytest.raises(ds.Closed, match="closed"):
+        rb.sample()
+    with DistoreReplayBuffer(cluster.address, "none", batch_size=4) as rb:
+        with pytest.raises(ds.ConfigError, match="capacity="):
+            rb.extend(transitions(4))
+        with pytest.raises(ds.TableNotFound, match="does not exist yet"):
+            rb.sample()
+        assert len(rb) == 0
+
+
+def test_an_existing_table_is_used_as_it_is(cluster):
+    import distore_ucx as ds
+    from distore_ucx.torchrl import DistoreReplayBuffer
+
+    with ds.connect(cluster.address) as client:
+        client.create_table("made", capacity=100, spec={"obs": ((3,), "float32"),
+                                                        "next/obs": ((3,), "float32")})
+        with client.writer() as w:  # a plain distore writer (an actor elsewhere)
+            obs = np.repeat(np.arange(50, dtype=np.float32)[:, None], 3, axis=1)
+            keys = w.insert("made", {"obs": obs, "next/obs": obs + 1})
+    value = dict(zip(keys.tolist(), range(50)))
+    with DistoreReplayBuffer(cluster.address, "made", batch_size=5, clone=True) as rb:
+        td = rb.sample()
+        assert torch.equal(td["next", "obs"], td["obs"] + 1)
+        keep, index = td["obs"], td["index"]
+        want = torch.tensor([[float(value[k])] * 3 for k in index.tolist()])
+        assert torch.equal(keep, want)
+        for _ in range(6):  # enough to refill every slot of the learner's ring
+            rb.sample()
+        assert torch.equal(keep, want)  # clone=True: a copy, not a view of the ring
+
+
+def test_dqn_loss_and_a_collector_use_the_buffer_unchanged(cluster):
+    pytest.importorskip("torchrl", reason="needs torchrl (pip install '.[examples]')")
+    pytest.importorskip("gymnasium", reason="needs gymnasium (pip install '.[examples]')")
+    from torchrl.collectors import Collector
+    from torchrl.envs import GymEnv
+    from torchrl.modules import MLP, QValueActor
+    from torchrl.objectives import DQNLoss, SoftUpdate
+
+    from distore_ucx.torchrl import DistorePrioritizedReplayBuffer
+
+    env = GymEnv("CartPole-v1")
+    actor = QValueActor(MLP(in_features=4, out_features=2, num_cells=[32]),
+                        in_keys=["observation"], spec=env.action_spec)
+    with DistorePrioritizedReplayBuffer(cluster.address, "dqn", alpha=0.6, beta=0.4,
+                                        capacity=10_000, batch_size=32) as rb:
+        # The collector writes into the buffer itself (replay_buffer=).
+        collector = Collector(env, actor, frames_per_batch=50, total_frames=200,
+                              replay_buffer=rb, auto_register_policy_transforms=False)
+        for _ in collector:
+            pass
+        collector.shutdown()
+        assert rb.write_count == 200 and len(rb) == 200
+        loss = DQNLoss(actor, action_space=env.action_spec, delay_value=True)
+        loss.make_value_estimator(gamma=0.99)
+        SoftUpdate(loss, eps=0.99)
+        td = rb.sample()
+        out = loss(td)  # reads priority_weight, writes td_error
+        assert torch.isfinite(out["loss"]) and td["td_error"].shape == (32, 1)
+        out["loss"].backward()
+        assert rb.update_tensordict_priority(td)["missing"] == 0
+
+
+def test_the_example_trains_with_torchrl_components(tls, monkeypatch):
+    pytest.importorskip("torchrl", reason="needs torchrl (pip install '.[examples]')")
+    pytest.importorskip("gymnasium", reason="needs gymnasium (pip install '.[examples]')")
+    monkeypatch.syspath_prepend(os.path.abspath(EXAMPLES))
+    example = importlib.import_module("torchrl_dqn")
+    args = example.parse_args(["--frames", "1200", "--init-frames", "400", "--target", "0",
+                               "--updates-per-batch", "4", "--minutes", "4"])
+    s = example.train(args)
+    assert s["frames"] >= 1200 and s["episodes"] >= 10, s
+    steps = (s["frames"] - 400) // 16 * 4
+    assert steps - 8 <= s["train_steps"] <= steps + 8, s
+    # Every transition went through the table, every sample came from it.
+    assert s["table_inserts"] == s["frames"]
+    assert s["table_samples"] >= s["train_steps"] * args.batch
+    assert s["priority_updates_missing"] == 0
+    assert all(math.isfinite(r) and r >= 8 for r in s["returns"])  # CartPole returns
+
+
+@pytest.mark.gpu
+def test_samples_land_on_the_gpu(cluster):
+    from distore_ucx.torchrl import DistorePrioritizedReplayBuffer
+
+    with DistorePrioritizedReplayBuffer(cluster.address, "gpu", alpha=0.6, beta=0.4,
+                                        capacity=100, batch_size=8, device="cuda:0") as rb:
+        data = transitions(20)
+        keys = rb.extend(data.to("cuda:0"))
+        td = rb.sample()
+        assert td.device == torch.device("cuda:0")
+        assert td["observation"].is_cuda and td["index"].is_cuda and td["priority_weight"].is_cuda
+        want = rows_for(td["index"].cpu(), keys.cpu(), data)
+        assert torch.equal(td["next", "observation"].cpu(), want["next", "observation"])
+        rb.update_tensordict_priority(td.set("td_error", torch.ones(8, 1, device="cuda:0")))
