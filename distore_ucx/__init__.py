@@ -39,6 +39,7 @@ from .errors import (
     Timeout,
     UcxError,
 )
+from . import metrics
 from .spec import TableSpec
 
 __version__ = "0.1.0"
@@ -80,4 +81,5 @@ __all__ = [
     "CheckpointError",
     "Closed",
     "CapacityWarning",
+    "metrics",
 ]

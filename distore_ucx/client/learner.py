@@ -32,6 +32,7 @@ from typing import Any
 
 import numpy as np
 
+from .. import metrics
 from .._native_loader import _native
 from ..errors import (
     ConfigError,
@@ -190,6 +191,8 @@ class Learner:
         self._rows = np.arange(batch_size, dtype=np.uint64) * np.uint64(self._slot)
         self.resampled = 0
         self.torn = 0  # items whose slot was rewritten while copied (resampled)
+        self.stats = metrics.LearnerStats()  # ds.metrics.registry() reads it
+        metrics.track("learner", self)
         # Endpoints, remote keys and mappings now, not on the first sample.
         self._peers.connect_all()
         # And the first batch's locations are asked for now (without waiting
@@ -249,8 +252,10 @@ class Learner:
             # refill: fence the caller's GPU work on it first.
             self._ring.release(self._held)
             self._held = None
+        t0 = time.monotonic()
         try:
             slot, batch = self._prefetcher.next(wait + self.transfer_timeout + 10.0)
+            self.stats.waited(time.monotonic() - t0)  # metrics: data-wait while iterating
         except DistoreError:  # raised on the thread (NoData included): as is
             self._stop_prefetch()  # the thread has ended; the next iteration restarts it
             raise
@@ -277,6 +282,7 @@ class Learner:
                     raise
 
     def _hand_out(self, slot: int, batch: Batch) -> Batch:
+        self.stats.batches += 1
         self._held = slot
         batch.data = self._ring.hand_out(slot)  # ordered after its staging copy
         return batch
@@ -400,6 +406,7 @@ class Learner:
         Items of mapped (same-host) nodes are copied in one native call,
         items of the others read with UCX in another; both check every slot's
         header against the (key, generation) the control plane gave."""
+        t0 = time.perf_counter()  # metrics: one gather
         items = np.frombuffer(reply["items"], ITEM_LOCATION)
         nodes, offsets = items["node"], items["offset"]
         gens, keys = items["generation"], items["key"]
@@ -417,6 +424,7 @@ class Learner:
                 peers.mappings, mapped[m].astype(np.uint32), offsets[m], self._lengths[:k],
                 dest, self._rows[rows[m]], self._copy_pool,
             )
+            self.stats.fetched("mapped", k, k * self._read)
         index = peers.key_lut[nodes]
         u = index >= 0
         if u.any():
@@ -426,6 +434,7 @@ class Learner:
                 peers.base_lut[nodes[u]] + offsets[u], self._lengths[:k], dest,
                 self._rows[rows[u]], self.transfer_timeout,
             )
+            self.stats.fetched("ucx", k, k * self._read)
         header = self._ring.headers(slot)[rows]  # (n, 2): key, generation
         good = (statuses == 0) & (header[:, 0] == keys) & (header[:, 1] == gens)
         if not good.all():
@@ -433,6 +442,7 @@ class Learner:
             failed = (statuses != 0) & (statuses != _native.STATUS_TORN)
             for node_id in np.unique(nodes[failed]):  # once per failed node
                 peers.forget(int(node_id), "reads from it failed")
+        self.stats.gather.observe(time.perf_counter() - t0)
         return good
 
     def _stop_prefetch(self) -> None:

@@ -17,6 +17,7 @@ import time
 
 import numpy as np
 
+from .. import metrics
 from ..config import ControlConfig, read_token
 from ..errors import (
     CheckpointError,
@@ -60,6 +61,8 @@ class ControlPlane:
         self._restoring_until: float | None = None  # nodes may re-send items until then
         self._checkpointing: asyncio.Lock | None = None
         self.last_checkpoint: dict | None = None
+        self.stats = metrics.ControlStats()  # read at scrape time (metrics.py)
+        self.metrics_server: metrics.MetricsServer | None = None
         self.port = None
 
     # -- lifecycle -------------------------------------------------------
@@ -75,7 +78,9 @@ class ControlPlane:
         if ready_file:
             tmp = ready_file + ".tmp"
             with open(tmp, "w") as fh:
-                json.dump({"address": f"{self.config.host}:{self.port}", "pid": os.getpid()}, fh)
+                json.dump({"address": f"{self.config.host}:{self.port}", "pid": os.getpid(),
+                           "metrics_port": self.metrics_server.port if self.metrics_server
+                           else None}, fh)
             os.replace(tmp, ready_file)
         await self._stop.wait()
         code = 0
@@ -86,6 +91,8 @@ class ControlPlane:
                 log.error("%s", exc)
                 code = 1
         server.close()
+        if self.metrics_server is not None:
+            self.metrics_server.close()
         log.info("control plane stopped")
         return code
 
@@ -137,8 +144,13 @@ class ControlPlane:
             image = Image([t.image() for t in self.tables.values()],
                           incarnation=self.ids.incarnation)
             snapshot = time.monotonic() - t0
-            nbytes = await asyncio.to_thread(checkpoint.write, path, image)
+            try:
+                nbytes = await asyncio.to_thread(checkpoint.write, path, image)
+            except BaseException:
+                self.stats.checkpoint_failures += 1
+                raise
             took = time.monotonic() - t0
+        self.stats.checkpoints += 1
         self.last_checkpoint = {
             "path": os.path.abspath(path), "tables": len(image.tables), "items": image.items,
             "bytes": nbytes, "seconds": took, "snapshot_seconds": snapshot,
@@ -180,6 +192,9 @@ class ControlPlane:
         if self.config.checkpoint and self.config.checkpoint_interval > 0:
             self._tasks.append(loop.create_task(self._checkpoints()))
         log.info("control plane listening on %s:%d", self.config.host, self.port)
+        self.metrics_server = metrics.serve_process(
+            self.config.metrics_port, self.config.host, loop, self, metrics.control_snapshot,
+            metrics.control_families, "control plane", self.config.metrics_optional)
         return server
 
     async def _housekeeping(self) -> None:
@@ -207,6 +222,7 @@ class ControlPlane:
     def _node_died(self, node_id: int, why: str) -> None:
         node = self.members.nodes[node_id]
         node.alive = False
+        self.stats.membership["dropped"] += 1
         dropped = sum(t.drop_node(node_id) for t in self.tables.values())
         log.warning("node %d (%s) dropped: %s; %d items removed from sampling",
                     node_id, node.name, why, dropped)
@@ -232,6 +248,21 @@ class ControlPlane:
     async def _wait(self, table: Table, ready, what: str, n: int, timeout: float) -> None:
         """Wait until ready() holds, or raise RateLimiterTimeout (NoData when too few items)."""
         deadline = time.monotonic() + timeout
+        if ready():
+            return
+        stats = table.stats  # metrics: one hold per held call
+        stats.holds[what] += 1
+        stats.waiting[what] += 1
+        try:
+            await self._hold(table, ready, what, n, timeout, deadline)
+        except RateLimiterTimeout:  # NoData too
+            stats.timeouts[what] += 1
+            raise
+        finally:
+            stats.waiting[what] -= 1
+
+    async def _hold(self, table: Table, ready, what: str, n: int, timeout: float,
+                    deadline: float) -> None:
         while not ready():
             left = deadline - time.monotonic()
             if left <= 0:
@@ -307,6 +338,7 @@ class ControlPlane:
         fields = dict(f)
         wanted = fields.pop("node_id", None)
         node = self.members.register(peer, fields, wanted)
+        self.stats.membership["rejoined" if wanted == node.node_id else "joined"] += 1
         return {"node_id": node.node_id, "heartbeat_interval": self.config.heartbeat_interval,
                 "restore": self._restoring_until is not None}
 
@@ -355,6 +387,7 @@ class ControlPlane:
         if self.members.is_alive(node_id):
             node = self.members.nodes[node_id]
             node.alive = False
+            self.stats.membership["left"] += 1
             dropped = sum(t.drop_node(node_id) for t in self.tables.values())
             log.info("node %d (%s) left: %d items removed from sampling", node_id, node.name,
                      dropped)
@@ -511,18 +544,21 @@ class ControlPlane:
                 "idle learners), or raise --max-leased-items"
             )
         await self._wait(table, lambda: table.can_sample(n), "sample", n, f.get("timeout", 0.0))
+        t0 = time.perf_counter()  # metrics: the decision, without the wait
         size = table.size  # the size the probabilities refer to
         recs, probs, freed = table.sample(n)
         self._free(table.name, freed)
         self._touch(table)
         lease = self.leases.grant(table.name, recs, peer)
-        return {
+        reply = {
             "lease": lease,
             "refused": refused,
             "table_size": size,
             "items": table.store.location[recs],  # protocol.ITEM_LOCATION records
             "probabilities": probs,
         }
+        table.stats.decision.observe(time.perf_counter() - t0)
+        return reply
 
     def op_update_priorities(self, peer: Peer, f: dict) -> dict:
         if (f["priorities"] < 0).any():

@@ -31,6 +31,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
+from .. import metrics
 from .._native_loader import _native
 from ..config import NodeConfig, read_token
 from ..errors import ConnectionFailed, SpecMismatch, Timeout, from_native
@@ -69,6 +70,7 @@ class StorageNode:
         self.control: AsyncClient | None = None
         self.local_map: LocalMapServer | None = None  # same-host learners map the arena
         self.inserted = 0
+        self.stats = metrics.NodeStats()  # read at scrape time (metrics.py)
         self._stop = asyncio.Event()
         self._now = asyncio.Event()  # a second SIGTERM: skip the drain
         self._leaving = False
@@ -95,6 +97,9 @@ class StorageNode:
             server = await serve(host, cfg.port, self._handle, token=self._token)
             port = server.sockets[0].getsockname()[1]
             self._where = (host, port)
+            metrics_server = metrics.serve_process(
+                cfg.metrics_port, host, loop, self, metrics.node_snapshot,
+                metrics.node_families, f"storage node {self.name}", cfg.metrics_optional)
             try:
                 await self._join()
                 log.info(
@@ -109,10 +114,14 @@ class StorageNode:
                     log.info("node %s: %s", self.name, advice)
                 if ready_file:
                     _write_ready(ready_file, {"node_id": self.node_id,
-                                              "address": f"{host}:{port}"})
+                                              "address": f"{host}:{port}",
+                                              "metrics_port": metrics_server and
+                                              metrics_server.port})
                 code = await self._serve()
             finally:
                 server.close()
+                if metrics_server is not None:
+                    metrics_server.close()
                 if self.local_map is not None:
                     self.local_map.close()
                 if self.control is not None:
@@ -349,6 +358,7 @@ class StorageNode:
             peer.state["watched"] = True
             asyncio.get_running_loop().create_task(self._forget_writer(peer))
         table = f["table"]
+        t0 = time.perf_counter()  # metrics: request to acknowledgement
         offsets = self.arena.allocate(table, slot_size, k)
         wait = f.get("timeout", 60.0)  # a rate limiter (or a control-plane restart) may hold it
         deadline = time.monotonic() + wait
@@ -383,11 +393,13 @@ class StorageNode:
                     # plane counts it as inserted after its checkpoint).
         except BaseException:
             self.arena.free(table, offsets)
+            self.stats.failed_batches += 1
             if self._leaving:
                 raise ConnectionFailed(f"storage node {self.name} is shutting down") from None
             raise
         self.arena.commit(table, offsets, keys, gens, f["priorities"])
         self.inserted += k
+        self.stats.inserted(k, k * item_bytes, time.perf_counter() - t0)
         return {"n": k, "evicted": reply.get("evicted", 0), "via": source.via}
 
     async def _pull(self, source, offsets, keys, gens, src_offsets, lengths) -> None:
