@@ -31,8 +31,9 @@ import time
 import weakref
 from bisect import bisect_left
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 log = logging.getLogger(__name__)
 
@@ -169,7 +170,7 @@ class WriterStats:
 
 # -- learners and writers of this process ---------------------------------------
 
-_clients: "weakref.WeakValueDictionary[tuple[str, str], Any]" = weakref.WeakValueDictionary()
+_clients: weakref.WeakValueDictionary[tuple[str, str], Any] = weakref.WeakValueDictionary()
 _ids = itertools.count()
 _lock = threading.Lock()
 
@@ -433,7 +434,7 @@ class LoopCollector:
         def take():
             try:
                 future.set_result(self._snapshot(self._obj))
-            except BaseException as exc:  # reported by the scrape, not lost
+            except Exception as exc:  # noqa: BLE001 - reported by the scrape, not lost
                 future.set_exception(exc)
 
         try:
@@ -441,7 +442,7 @@ class LoopCollector:
             snap = future.result(SNAPSHOT_TIMEOUT)
         except (RuntimeError, concurrent.futures.TimeoutError) as exc:
             log.warning("metrics scrape: no snapshot from the event loop (%s)",
-                        exc or "busy for more than %g s" % SNAPSHOT_TIMEOUT)
+                        exc or f"busy for more than {SNAPSHOT_TIMEOUT:g} s")
             return
         yield from self._families(snap)
 
@@ -513,7 +514,7 @@ class MetricsServer:
             self._thread.join(5.0)
             self._httpd = None
 
-    def __enter__(self) -> MetricsServer:
+    def __enter__(self):
         return self
 
     def __exit__(self, *exc) -> None:
@@ -581,7 +582,50 @@ def serve_process(port: int, host: str, loop, obj, snapshot, families, role: str
     return server
 
 
+def catalog() -> dict[str, tuple[str, str]]:
+    """Every metric distore exports: {name as scraped: (type, help)}.
+
+    Counters are listed with their ``_total`` suffix, histograms by their
+    base name (scraped as ``_bucket``, ``_sum`` and ``_count``); the process
+    metrics (``process_*``) come from prometheus_client's ProcessCollector.
+    """
+    hist = TableStats().decision.snapshot()
+    table = {"name": "t", "size": 0, "capacity": 1, "inserts": 0, "samples": 0, "deletes": 0,
+             "leased": 0, "stats": {"holds": {}, "timeouts": {}, "waiting": {},
+                                    "priority_updates": 0, "priority_missing": 0,
+                                    "decision": hist}}
+    control = {"tables": [table], "leases": 0, "nodes_alive": 0, "nodes_dead": 0,
+               "arena_bytes": 0, "used_bytes": 0, "membership": {}, "checkpoints": 0,
+               "checkpoint_failures": 0, "restoring": False,
+               "last_checkpoint": {"seconds": 0.0, "bytes": 0, "items": 0, "created": 0.0}}
+    node = {"node": "n", "arena_bytes": 0, "used_bytes": 0, "carved_bytes": 0,
+            "items": {"t": 0}, "batches": 0, "items_inserted": 0, "bytes": 0,
+            "failed_batches": 0, "latency": hist, "joined": True}
+    out = {}
+    for fam in control_families(control) + node_families(node) + client_families():
+        name = fam.name + ("_total" if fam.type == "counter" else "")
+        out[name] = (fam.type, fam.documentation)
+    from prometheus_client import ProcessCollector
+
+    for fam in ProcessCollector(registry=None).collect():
+        name = fam.name + ("_total" if fam.type == "counter" else "")
+        out[name] = (fam.type, fam.documentation)
+    return out
+
+
 __all__ = [
-    "Histogram", "TableStats", "ControlStats", "NodeStats", "LearnerStats", "WriterStats",
-    "registry", "collector", "serve", "push", "MetricsServer", "track", "LATENCY_BUCKETS",
+    "LATENCY_BUCKETS",
+    "ControlStats",
+    "Histogram",
+    "LearnerStats",
+    "MetricsServer",
+    "NodeStats",
+    "TableStats",
+    "WriterStats",
+    "catalog",
+    "collector",
+    "push",
+    "registry",
+    "serve",
+    "track",
 ]
