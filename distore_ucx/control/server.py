@@ -28,6 +28,7 @@ from ..errors import (
     TableExists,
     TableNotFound,
 )
+from ..progress import Progress
 from ..spec import TableSpec
 from ..transport.rpc import Peer, serve
 from . import checkpoint
@@ -59,6 +60,7 @@ class ControlPlane:
         self._seed = itertools.count(config.seed) if config.seed is not None else None
         self._stop = asyncio.Event()
         self._restoring_until: float | None = None  # nodes may re-send items until then
+        self._restore_progress = Progress("restore", total=0, logger=log, plain=True)
         self._checkpointing: asyncio.Lock | None = None
         self.last_checkpoint: dict | None = None
         self.stats = metrics.ControlStats()  # read at scrape time (metrics.py)
@@ -107,6 +109,10 @@ class ControlPlane:
                         "tables only (re-joining nodes keep their items of those)", path)
             return
         image = checkpoint.read(path)
+        # Items re-sent by nodes, against the checkpoint's: a bar on a
+        # terminal, a log line every few seconds otherwise (housekeeping).
+        self._restore_progress = Progress("restoring checkpointed items", total=image.items,
+                                          unit="items", logger=log, every=5.0)
         for t in image.tables:
             seed = next(self._seed) if self._seed is not None else None
             self.tables[t.name] = Table.from_image(t, seed)
@@ -116,6 +122,7 @@ class ControlPlane:
 
     def _end_restore(self) -> None:
         self._restoring_until = None
+        self._restore_progress.close()
         for table in self.tables.values():
             lost = table.end_restore()
             if lost:
@@ -205,8 +212,12 @@ class ControlPlane:
             now = time.monotonic()
             for node in self.members.silent(now):
                 self._node_died(node.node_id, f"no heartbeat for {now - node.last_seen:.1f} s")
-            if self._restoring_until is not None and now >= self._restoring_until:
-                self._end_restore()
+            if self._restoring_until is not None:
+                if self._restore_progress.total:
+                    self._restore_progress.set(self._restore_progress.total - sum(
+                        t.pending.unclaimed for t in self.tables.values() if t.pending))
+                if now >= self._restoring_until:
+                    self._end_restore()
             expired = self.leases.expired(now)
             if expired:
                 log.warning("%d leases expired unreleased (learner gone?)", len(expired))

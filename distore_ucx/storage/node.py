@@ -35,6 +35,7 @@ from .. import metrics
 from .._native_loader import _native
 from ..config import NodeConfig, read_token
 from ..errors import ConnectionFailed, SpecMismatch, Timeout, from_native
+from ..progress import Progress
 from ..spec import SLOT_HEADER
 from ..transport import UcxRuntime
 from ..transport.local_map import LocalMapServer
@@ -88,20 +89,28 @@ class StorageNode:
             loop.add_signal_handler(sig, self._on_signal)
         control_host, _ = parse_address(cfg.control)
         host = cfg.host or route_address(control_host)
+        # Start-up steps: a bar when run on a terminal, log lines otherwise.
+        steps = Progress(f"node {self.name} starting", total=3, unit="steps", logger=log,
+                         every=0)
         with UcxRuntime() as runtime:
             self.runtime = runtime
+            steps.write(f"mapping and registering a {cfg.arena_bytes / 2**30:.1f} GiB arena")
             self.arena = Arena(runtime, cfg.arena_bytes, cfg.hugepages, self.name,
                                write_protect=cfg.write_protect)
+            steps.update(1, note="arena mapped")
             self._token = read_token(cfg.token_file)
             self._start_local_map()
             server = await serve(host, cfg.port, self._handle, token=self._token)
             port = server.sockets[0].getsockname()[1]
             self._where = (host, port)
+            steps.update(1, note=f"listening on {host}:{port}")
             metrics_server = metrics.serve_process(
                 cfg.metrics_port, host, loop, self, metrics.node_snapshot,
                 metrics.node_families, f"storage node {self.name}", cfg.metrics_optional)
             try:
                 await self._join()
+                steps.update(1, note=f"joined as node {self.node_id}")
+                steps.close()
                 log.info(
                     "node %s (id %d) serving %d-byte arena on %s pages at %s:%d over UCX %s; "
                     "same-host learners %s",
@@ -247,6 +256,8 @@ class StorageNode:
         for table, slots in self.arena.tables().items():
             keys, offsets, gens, prios = slots.live()
             totals = {"restored": 0, "adopted": 0, "discarded": 0}
+            progress = Progress(f"re-sending table {table!r}", total=len(keys), unit="items",
+                                logger=log, every=5.0)
             for i in range(0, len(keys), RESEND_BATCH):
                 part = slice(i, i + RESEND_BATCH)
                 reply = await self.control.call(
@@ -256,6 +267,8 @@ class StorageNode:
                 )
                 for k in totals:
                     totals[k] += reply[k]
+                progress.update(len(keys[part]))
+            progress.close()
             if len(keys):
                 log.info("re-sent %d items of table %r: %d restored from the checkpoint, %d "
                          "newer adopted, %d discarded", len(keys), table, totals["restored"],
