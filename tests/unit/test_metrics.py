@@ -193,3 +193,13 @@ def test_learner_and_writer_stats_reach_the_registry():
     del learner  # tracked weakly: gone from the registry with the learner
     got = parse(generate_latest(metrics.registry()).decode())
     assert lv not in got.get("distore_learner_resampled_items_total", {})
+
+
+def test_operations_guide_lists_every_metric():
+    import os
+
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    with open(os.path.join(root, "docs", "operations.md"), encoding="utf-8") as fh:
+        text = fh.read()
+    missing = [name for name in metrics.catalog() if f"`{name}`" not in text]
+    assert not missing, f"docs/operations.md does not describe {missing}"
