@@ -341,41 +341,57 @@ def run(w: dict, args) -> dict:
 
 
 class Scraper:
-    """--metrics: scrape every /metrics of the cluster, and this process's
-    learner registry, every `interval` s on a thread (as a Prometheus would,
-    15x more often than its default), parsing each with prometheus_client."""
+    """--metrics: a separate process (as Prometheus is) fetches every /metrics
+    of the cluster, and this process's learner registry (served here, over
+    HTTP, as a user would serve it), every `interval` s (15x Prometheus'
+    default rate), parsing each with prometheus_client."""
 
     def __init__(self, cluster, interval: float):
-        import threading
+        import distore_ucx as ds
 
         self.cluster, self.interval = cluster, interval
         self.scrapes, self.slowest_ms = 0, 0.0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def _run(self) -> None:
-        import urllib.request
-
-        import distore_ucx as ds
-        from prometheus_client import generate_latest
-        from prometheus_client.parser import text_string_to_metric_families
-
-        while not self._stop.wait(self.interval):
-            for url in self.cluster.metrics_urls().values():
-                t = time.perf_counter()
-                text = urllib.request.urlopen(url, timeout=10).read().decode()
-                self.slowest_ms = max(self.slowest_ms, (time.perf_counter() - t) * 1e3)
-                list(text_string_to_metric_families(text))
-                self.scrapes += 1
-            list(text_string_to_metric_families(generate_latest(ds.metrics.registry()).decode()))
+        self._server = ds.metrics.serve(0, "127.0.0.1")  # the learner's side
+        ctx = mp.get_context("spawn")
+        self._stop, self._out = ctx.Event(), ctx.Queue()
+        urls = [*cluster.metrics_urls().values(), self._server.url]
+        self._proc = ctx.Process(target=scrape_main, args=(urls, interval, self._stop,
+                                                           self._out), daemon=True)
 
     def __enter__(self) -> "Scraper":
-        self._thread.start()
+        self._proc.start()
         return self
 
     def __exit__(self, *exc) -> None:
         self._stop.set()
-        self._thread.join(30)
+        try:
+            self.scrapes, self.slowest_ms = self._out.get(timeout=30)
+        except Exception:  # noqa: BLE001 - the figures are extras; the run stands
+            pass
+        self._proc.join(30)
+        if self._proc.is_alive():
+            self._proc.kill()
+        self._server.close()
+
+
+def scrape_main(urls, interval, stop, out) -> None:
+    """The scraper process: fetch and parse every URL every `interval` s."""
+    import urllib.request
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    scrapes, slowest = 0, 0.0
+    while not stop.wait(interval):
+        for url in urls:
+            t = time.perf_counter()
+            try:
+                text = urllib.request.urlopen(url, timeout=10).read().decode()
+            except OSError:
+                continue  # a process that is stopping
+            slowest = max(slowest, (time.perf_counter() - t) * 1e3)
+            list(text_string_to_metric_families(text))
+            scrapes += 1
+    out.put((scrapes, round(slowest, 1)))
 
 
 # --------------------------------------------------------------------------- output
