@@ -358,7 +358,7 @@ class Scraper:
         self._proc = ctx.Process(target=scrape_main, args=(urls, interval, self._stop,
                                                            self._out), daemon=True)
 
-    def __enter__(self) -> "Scraper":
+    def __enter__(self):
         self._proc.start()
         return self
 
@@ -366,8 +366,8 @@ class Scraper:
         self._stop.set()
         try:
             self.scrapes, self.slowest_ms = self._out.get(timeout=30)
-        except Exception:  # noqa: BLE001 - the figures are extras; the run stands
-            pass
+        except Exception as exc:  # noqa: BLE001 - the figures are extras; the run stands
+            log(f"scraper: no figures ({exc!r})")
         self._proc.join(30)
         if self._proc.is_alive():
             self._proc.kill()

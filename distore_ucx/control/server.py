@@ -153,7 +153,7 @@ class ControlPlane:
             snapshot = time.monotonic() - t0
             try:
                 nbytes = await asyncio.to_thread(checkpoint.write, path, image)
-            except BaseException:
+            except Exception:
                 self.stats.checkpoint_failures += 1
                 raise
             took = time.monotonic() - t0
