@@ -146,25 +146,27 @@ def test_a_real_prometheus_scrapes_the_store(make_cluster, tmp_path):
             stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=tmp_path)
     try:
         fill(cluster)
-        query = urllib.parse.quote('sum(distore_table_inserts_total{table="t"})')
-        deadline, value, up = time.monotonic() + 90, None, None
+        def query(q: str) -> list:
+            return _get_json(f"{api}/query?query={urllib.parse.quote(q)}")["data"]["result"]
+
+        deadline, value, up, nodes = time.monotonic() + 90, None, [], []
         while time.monotonic() < deadline:
             assert proc.poll() is None, (tmp_path / "prometheus.log").read_text()[-3000:]
             try:
-                result = _get_json(f"{api}/query?query={query}")["data"]["result"]
+                result = query('sum(distore_table_inserts_total{table="t"})')
                 value = float(result[0]["value"][1]) if result else None
-                up = _get_json(f"{api}/query?query=up")["data"]["result"]
+                up = query("up")
+                nodes = query("distore_node_insert_items_total")
             except OSError:
                 pass  # not listening yet
-            if value == ITEMS and up and all(r["value"][1] == "1" for r in up):
-                break
+            if (value == ITEMS and len(up) == 3 and len(nodes) == 2
+                    and sum(float(r["value"][1]) for r in nodes) == ITEMS):
+                break  # every target scraped since the inserts
             time.sleep(0.5)  # polling Prometheus' API with a deadline
         assert value == ITEMS, (value, (tmp_path / "prometheus.log").read_text()[-3000:])
         assert len(up) == 3 and all(r["value"][1] == "1" for r in up), up
         # Per-node insert counters arrive with their node label.
-        nodes = _get_json(f"{api}/query?query=" + urllib.parse.quote(
-            "distore_node_insert_items_total"))["data"]["result"]
-        assert sum(float(r["value"][1]) for r in nodes) == ITEMS
+        assert sum(float(r["value"][1]) for r in nodes) == ITEMS, nodes
         assert all(r["metric"]["node"] for r in nodes)
     finally:
         proc.send_signal(signal.SIGTERM)
