@@ -43,6 +43,7 @@ from .errors import (
     Timeout,
     UcxError,
 )
+from . import metrics
 from .spec import TableSpec
 from .table_definition import TableDefinition
 
@@ -108,4 +109,5 @@ __all__ = [
     "CheckpointError",
     "Closed",
     "CapacityWarning",
+    "metrics",
 ]

@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 
 from .errors import ConfigError
+from .progress import Progress
 
 SUITE = ("replay", "bandwidth", "latency")
 SCRIPTS = {"replay": "replay_bench.py", "bandwidth": "bandwidth.py", "latency": "latency.py"}
@@ -65,19 +66,20 @@ def _summarize(name: str, rows: list[dict]) -> list[str]:
     return out
 
 
-def _run_script(name: str, perf: Path, out_dir: Path, extra: list[str], env: dict) -> dict:
+def _run_script(name: str, perf: Path, out_dir: Path, extra: list[str], env: dict,
+                progress: Progress) -> dict:
     """Run one script, echoing its progress; returns its status and rows."""
     jsonl, png, txt = (out_dir / f"{name}{ext}" for ext in (".jsonl", ".png", ".txt"))
     cmd = [sys.executable, str(perf / SCRIPTS[name]), "--json-out", str(jsonl),
            "--plot", str(png), *extra]
-    print(f"[{name}] {' '.join(cmd)}", flush=True)
+    progress.write(f"[{name}] {' '.join(cmd)}")
     t0 = time.monotonic()
     with open(txt, "w") as stdout:
         proc = subprocess.Popen(cmd, stdout=stdout, stderr=subprocess.PIPE, text=True,
                                 env=env, cwd=str(out_dir))
         try:
             for line in proc.stderr:
-                print(f"[{name}] {line.rstrip()}", flush=True)
+                progress.write(f"[{name}] {line.rstrip()}")
             rc = proc.wait()
         finally:
             if proc.poll() is None:  # interrupted: the script stops its own children
@@ -113,7 +115,12 @@ def run_bench(args) -> int:
     extra = ["--quick"] if args.quick else []
     print(f"distore bench: {', '.join(names)}{' (quick)' if args.quick else ''}; "
           f"results in {out_dir}", flush=True)
-    results = [_run_script(n, perf, out_dir, extra, env) for n in names]
+    results = []
+    # A bar on a terminal, a line per finished script elsewhere (stderr).
+    with Progress("distore bench", total=len(names), unit="scripts", every=0) as progress:
+        for n in names:
+            results.append(_run_script(n, perf, out_dir, extra, env, progress))
+            progress.update(1, note=f"{n} done (exit {results[-1]['exit_code']})")
     (out_dir / "summary.json").write_text(json.dumps(
         {"quick": bool(args.quick), "results": results}, indent=2) + "\n")
     print(f"\n{'script':<10} {'exit':>4} {'seconds':>8} {'rows':>5}  files")

@@ -46,11 +46,14 @@ class LocalCluster:
         checkpoint_interval: float | None = None,
         restore_grace: float | None = None,
         reconnect_timeout: float | None = None,
+        metrics: bool = False,
     ):
         """`checkpoint`: the control plane's checkpoint file (then
         `restart_control(restore=True)` brings the store back);
         `checkpoint_interval`, `restore_grace` and the nodes'
-        `reconnect_timeout` as the flags of the same names (None: defaults)."""
+        `reconnect_timeout` as the flags of the same names (None: defaults);
+        `metrics`: every process serves Prometheus /metrics on a free port
+        (`cluster.metrics_urls()`); off by default."""
         self.n_nodes = nodes
         self.arena_bytes = parse_size(arena_bytes)
         self.host = host
@@ -73,6 +76,7 @@ class LocalCluster:
         self.checkpoint_interval = checkpoint_interval
         self.restore_grace = restore_grace
         self.reconnect_timeout = reconnect_timeout
+        self.metrics = metrics
         self.port = 0  # the control plane's, fixed after its first start
         self._control_runs = 0
         self.control: Process | None = None
@@ -107,11 +111,13 @@ class LocalCluster:
                 args += [flag, str(value)]
         if restore:
             args.append("--restore")
+        args += ["--metrics-port", "auto" if self.metrics else "0"]
         role = "control" if not self._control_runs else f"control-{self._control_runs}"
         self._control_runs += 1
         proc = self._spawn(role, args)
         self.control = proc
-        self.address = self._wait_ready(proc)["address"]
+        proc.info = self._wait_ready(proc)
+        self.address = proc.info["address"]
         self.port = int(self.address.rsplit(":", 1)[1])
         return proc
 
@@ -137,6 +143,7 @@ class LocalCluster:
             args.append("--no-hugepages")
         if self.reconnect_timeout is not None:
             args += ["--reconnect-timeout", str(self.reconnect_timeout)]
+        args += ["--metrics-port", "auto" if self.metrics else "0"]
         proc = self._spawn(f"node{len(self.nodes)}", args)
         self.nodes.append(proc)
         proc.info = self._wait_ready(proc)
@@ -171,6 +178,13 @@ class LocalCluster:
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+    def metrics_urls(self) -> dict[str, str]:
+        """{role: http://HOST:PORT/metrics} of the running processes (control,
+        node0, ...); empty unless the cluster was made with metrics=True."""
+        procs = ([self.control] if self.control else []) + self.nodes
+        return {p.role: f"http://{self.host}:{p.info['metrics_port']}/metrics" for p in procs
+                if p.alive() and p.info and p.info.get("metrics_port")}
 
     def pids(self) -> list[int]:
         """Process ids of the control plane and nodes still running."""

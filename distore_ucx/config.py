@@ -106,6 +106,10 @@ class ControlConfig:
     max_writer_ids: int = 1024  # writers one connection may register
     max_frame: int = 256 << 20  # bytes of one message from an authenticated peer
     max_pending: int = 64  # requests of one connection waiting for their answers
+    metrics_port: int = 0  # Prometheus /metrics (0 = none, -1 = any free port)
+    # The port is nobody's choice (the default): when it is taken, warn and go on
+    # without metrics rather than refuse to start.
+    metrics_optional: bool = False
 
     def __post_init__(self):
         if self.restore and not self.checkpoint:
@@ -141,6 +145,10 @@ class NodeConfig:
     token_file: str = ""  # shared secret every connection must prove ("" = none)
     write_protect: bool = True  # peers read through a read-only mapping
     reconnect_timeout: float = 120.0  # keep data and retry this long after losing the control plane
+    metrics_port: int = 0  # Prometheus /metrics (0 = none, -1 = any free port)
+    # The port is nobody's choice (the default): when it is taken, warn and go on
+    # without metrics rather than refuse to start.
+    metrics_optional: bool = False
 
     def __post_init__(self):
         if self.arena_bytes < 1 << 20:
@@ -274,6 +282,20 @@ def _to_port(v: Any) -> int:
     return port
 
 
+METRICS_PORT_CONTROL = 9770  # `distore control` serves /metrics here unless told
+METRICS_PORT_NODE = 9771  # `distore node`
+
+
+def _to_metrics_port(v: Any) -> int:
+    if isinstance(v, str) and v.strip().lower() == "auto":
+        return -1  # any free port (metrics.AUTO_PORT)
+    try:
+        return _to_port(v)
+    except ValueError:
+        raise ValueError(f"a metrics port is 0-65535 (0 = serve no metrics) or \"auto\" "
+                         f"(any free port), got {v!r}") from None
+
+
 def _to_options(v: Any) -> dict[str, str]:
     if isinstance(v, str):
         try:
@@ -381,6 +403,9 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("control.max_pending", _to_int, 64, "--max-pending", _CTRL,
             "requests of one connection waiting for answers before the control plane "
             "stops reading it"),
+    Setting("control.metrics_port", _to_metrics_port, METRICS_PORT_CONTROL, "--metrics-port",
+            _CTRL, "port of the control plane's Prometheus /metrics, on its --host (0 = none, "
+            "auto = any free port)"),
     Setting("auth.token_file", _to_token_file, "", "--token-file", ("control",) + _CLIENTS,
             "file holding the shared secret every connection must prove (HMAC challenge)",
             env="DISTORE_TOKEN_FILE"),
@@ -404,6 +429,9 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("node.reconnect_timeout", _at_least(0, _to_float, False, "a time"), 120.0, "--reconnect-timeout", _NODE,
             "after losing the control plane, keep the arena and try to re-join this long "
             "before exiting (s)"),
+    Setting("node.metrics_port", _to_metrics_port, METRICS_PORT_NODE, "--metrics-port", _NODE,
+            "port of the node's Prometheus /metrics, on its --host (0 = none, auto = any free "
+            "port)"),
     Setting("ucx.tls", _to_str, None, "--ucx-tls", ("control", "node", "status"),
             "UCX_TLS for this process, e.g. rc,sm,self (InfiniBand) or tcp"),
     Setting("ucx.net_devices", _to_str, None, "--ucx-net-devices", ("control", "node", "status"),
@@ -601,6 +629,8 @@ class Settings:
             max_leased_items=self["control.max_leased_items"],
             max_writer_ids=self["control.max_writer_ids"], max_frame=self["control.max_frame"],
             max_pending=self["control.max_pending"],
+            metrics_port=self["control.metrics_port"],
+            metrics_optional=self.source("control.metrics_port") == "default",
         )
 
     def control_address(self) -> str:
@@ -621,6 +651,8 @@ class Settings:
             hugepages=self["node.hugepages"], drain_timeout=self["node.drain_timeout"],
             token_file=self["auth.token_file"], write_protect=self["node.write_protect"],
             reconnect_timeout=self["node.reconnect_timeout"],
+            metrics_port=self["node.metrics_port"],
+            metrics_optional=self.source("node.metrics_port") == "default",
         )
 
 

@@ -17,6 +17,8 @@ import time
 
 import numpy as np
 
+from .progress import Progress
+
 FRAMES = (16, 84, 84)
 SPEC = {"obs": (FRAMES, "uint8"), "key": ((), "uint64"), "checksum": ((), "uint64")}
 TABLE = "demo"
@@ -77,7 +79,6 @@ def run_demo(args) -> int:
     os.environ.setdefault("UCX_NET_DEVICES", "lo")
     # With --json, stdout holds the summary alone: live lines go to stderr.
     out = sys.stderr if args.json else sys.stdout
-    tty = out.isatty()
     print(f"distore demo: starting a control plane and {args.nodes} storage nodes "
           f"({args.arena} arena each) ...", file=out, flush=True)
     ctx = mp.get_context("spawn")
@@ -108,6 +109,9 @@ def run_demo(args) -> int:
         t0 = last = time.monotonic()
         last_sampled, last_inserted, sample_time = 0, counter.value, 0.0
         problems: list[str] = []
+        # A bar on a terminal; plain lines when not on one, or with --json.
+        progress = Progress("sampling", total=args.seconds, unit="s", stream=out,
+                            plain=args.json)
         while time.monotonic() - t0 < args.seconds:
             t = time.perf_counter()
             batch = learner.sample()
@@ -122,16 +126,15 @@ def run_demo(args) -> int:
                 span = now - last
                 ins = counter.value
                 rate = (sampled - last_sampled) / span
-                line = (f"[{now - t0:5.1f}s] sampled {rate:8.0f} items/s "
+                line = (f"sampled {rate:8.0f} items/s "
                         f"{rate * item_bytes / 1e9:6.2f} GB/s | inserted "
                         f"{(ins - last_inserted) / span:6.0f} items/s | bad {bad_key + bad_sum}")
-                print(("\r" + line) if tty else line, end="" if tty else "\n", file=out, flush=True)
+                progress.set(min(now - t0, args.seconds), note=line)
                 last, last_sampled, last_inserted = now, sampled, ins
             if not writer.is_alive() and writer.exitcode not in (None, 0):
                 problems.append(f"writer exited with code {writer.exitcode}")
                 break
-        if tty:
-            print(file=out)
+        progress.close()
         wall = time.monotonic() - t0
         stop.set()
         writer.join(30)

@@ -81,6 +81,11 @@ class ControlPlaneActor:
         """HOST:PORT that nodes, writers and learners use."""
         return self._address
 
+    def metrics_target(self) -> str | None:
+        """HOST:PORT of the control plane's Prometheus /metrics (None: off)."""
+        port = self.service.info.get("metrics_port")
+        return f"{self._address.rsplit(':', 1)[0]}:{port}" if port else None
+
     def pid(self) -> int:
         """Process id of the control plane process."""
         return self.service.process.pid
@@ -100,7 +105,7 @@ class StorageNodeActor:
     def __init__(self, control: str, args: list[str], env: dict, timeout: float):
         ray = _ray()
         self.ray_node_id = ray.get_runtime_context().get_node_id()
-        host = ray.util.get_node_ip_address()
+        self.host = host = ray.util.get_node_ip_address()
         self.service = _Service(
             "node",
             ["node", "--control", control, "--host", host,
@@ -110,8 +115,9 @@ class StorageNodeActor:
 
     def describe(self) -> dict:
         """Ray node id, distore node id, address and pid of this storage node."""
+        port = self.service.info.get("metrics_port")
         return {"ray_node_id": self.ray_node_id, "pid": self.service.process.pid,
-                **self.service.info}
+                **self.service.info, "metrics_target": f"{self.host}:{port}" if port else None}
 
     def log_tail(self, lines: int = 50) -> str:
         """The last lines of the storage node's log."""
@@ -160,6 +166,8 @@ def deploy(
     startup_timeout: float = 120.0,
     token_file: str | None = None,
     insecure: bool = False,
+    metrics_port: int | str | None = None,
+    node_metrics_port: int | str | None = None,
 ) -> str:
     """Start a store on the connected Ray cluster; returns the control plane address.
 
@@ -175,6 +183,10 @@ def deploy(
     from `env`'s or this process's DISTORE_TOKEN_FILE, or config_file's
     [auth] token_file. The processes listen on their Ray node's address, so
     a token is required unless `insecure=True` (trusted, isolated networks).
+    metrics_port / node_metrics_port: the control plane's and each storage
+    node's Prometheus /metrics port (None: config_file's or distore's
+    default, 9770 and 9771; 0: none; "auto": any free port);
+    `metrics_targets(name)` lists what to scrape.
 
     >>> address = deploy(nodes=4, arena="64GiB", env={"UCX_TLS": "rc,sm,self"})
     """
@@ -219,6 +231,10 @@ def deploy(
     if heartbeat_timeout is not None:
         control_args += ["--heartbeat-timeout", str(heartbeat_timeout)]
     node_args = [*common, "--arena", str(arena)] + ([] if hugepages else ["--no-hugepages"])
+    if metrics_port is not None:
+        control_args += ["--metrics-port", str(metrics_port)]
+    if node_metrics_port is not None:
+        node_args += ["--metrics-port", str(node_metrics_port)]
 
     def pinned(ray_node: str | None) -> dict:
         opts = {"lifetime": "detached", "num_cpus": 0, "max_restarts": 0,
@@ -267,6 +283,19 @@ def storage_nodes(name: str = DEFAULT_NAME, namespace: str | None = None) -> lis
     return ray.get([a.describe.remote() for a in _node_actors(ray, name, namespace)])
 
 
+def metrics_targets(name: str = DEFAULT_NAME, namespace: str | None = None) -> list[str]:
+    """HOST:PORT of every /metrics endpoint of the store `name` (control plane
+    first), for a Prometheus static_configs or file_sd target list."""
+    ray = _ray()
+    try:
+        control = ray.get_actor(f"{name}-control", namespace=namespace)
+    except ValueError:
+        raise ConfigError(f"no store named {name!r} is deployed on this Ray cluster") from None
+    targets = [ray.get(control.metrics_target.remote())]
+    targets += [n["metrics_target"] for n in storage_nodes(name, namespace)]
+    return [t for t in targets if t]
+
+
 def _node_actors(ray, name: str, namespace: str | None) -> list:
     actors, i = [], 0
     while True:
@@ -299,5 +328,5 @@ def shutdown(name: str = DEFAULT_NAME, namespace: str | None = None) -> None:
                     errors[0])
 
 
-__all__ = ["deploy", "address", "storage_nodes", "shutdown", "ControlPlaneActor",
+__all__ = ["deploy", "address", "storage_nodes", "metrics_targets", "shutdown", "ControlPlaneActor",
            "StorageNodeActor", "DistoreError"]

@@ -331,8 +331,67 @@ def run(w: dict, args) -> dict:
     if args.address:
         return run_workload(w, args)
     with ds.LocalCluster(nodes=args.nodes, arena_bytes=p["arena"], log_level="WARNING",
-                         env={"UCX_TLS": args.tls}) as cluster:
-        return run_workload(w, args, cluster)
+                         env={"UCX_TLS": args.tls}, metrics=args.metrics) as cluster:
+        if not args.metrics:
+            return run_workload(w, args, cluster)
+        with Scraper(cluster, args.scrape_interval) as scraper:
+            row = run_workload(w, args, cluster)
+        row.update(metrics=True, scrapes=scraper.scrapes, scrape_ms_max=scraper.slowest_ms)
+        return row
+
+
+class Scraper:
+    """--metrics: a separate process (as Prometheus is) fetches every /metrics
+    of the cluster, and this process's learner registry (served here, over
+    HTTP, as a user would serve it), every `interval` s (15x Prometheus'
+    default rate), parsing each with prometheus_client."""
+
+    def __init__(self, cluster, interval: float):
+        import distore_ucx as ds
+
+        self.cluster, self.interval = cluster, interval
+        self.scrapes, self.slowest_ms = 0, 0.0
+        self._server = ds.metrics.serve(0, "127.0.0.1")  # the learner's side
+        ctx = mp.get_context("spawn")
+        self._stop, self._out = ctx.Event(), ctx.Queue()
+        urls = [*cluster.metrics_urls().values(), self._server.url]
+        self._proc = ctx.Process(target=scrape_main, args=(urls, interval, self._stop,
+                                                           self._out), daemon=True)
+
+    def __enter__(self):
+        self._proc.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        try:
+            self.scrapes, self.slowest_ms = self._out.get(timeout=30)
+        except Exception as exc:  # noqa: BLE001 - the figures are extras; the run stands
+            log(f"scraper: no figures ({exc!r})")
+        self._proc.join(30)
+        if self._proc.is_alive():
+            self._proc.kill()
+        self._server.close()
+
+
+def scrape_main(urls, interval, stop, out) -> None:
+    """The scraper process: fetch and parse every URL every `interval` s."""
+    import urllib.request
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    scrapes, slowest = 0, 0.0
+    while not stop.wait(interval):
+        for url in urls:
+            t = time.perf_counter()
+            try:
+                text = urllib.request.urlopen(url, timeout=10).read().decode()
+            except OSError:
+                continue  # a process that is stopping
+            slowest = max(slowest, (time.perf_counter() - t) * 1e3)
+            list(text_string_to_metric_families(text))
+            scrapes += 1
+    out.put((scrapes, round(slowest, 1)))
 
 
 # --------------------------------------------------------------------------- output
@@ -408,6 +467,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--beta", type=float, default=0.4, help="learner beta (default 0.4)")
     p.add_argument("--quick", action="store_true", help="short run: 2 s, 128 MiB")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--metrics", action="store_true",
+                   help="every process serves /metrics, scraped every --scrape-interval s "
+                        "(the cost of metrics: compare with a run without)")
+    p.add_argument("--scrape-interval", type=float, default=1.0,
+                   help="seconds between scrapes with --metrics (default 1)")
     p.add_argument("--json-out", help="also write the JSON lines to this file")
     p.add_argument("--plot", help="write a PNG of achieved vs demanded (needs matplotlib)")
     args = p.parse_args(argv)

@@ -26,6 +26,10 @@ DEFAULTS = {
     "NAMESPACE": "distore",
     "IMAGE": "distore-ucx:0.1.0",  # an image with `pip install distore-ucx` (and your learner)
     "CONTROL_PORT": "7700",
+    # Prometheus /metrics of the control plane and of each storage node (pods
+    # carry prometheus.io/scrape annotations; see docs/operations.md, Metrics).
+    "CONTROL_METRICS_PORT": "9770",
+    "NODE_METRICS_PORT": "9771",
     # Storage nodes run on the nodes carrying this label (value "true").
     "STORAGE_LABEL": "distore.io/storage",
     "ARENA_GIB": "64",  # arena per storage node, in GiB, backed by 2 MiB hugepages

@@ -41,6 +41,10 @@ def main(argv: list[str] | None = None) -> int:
                         "unless --insecure; clients pass it too)")
     p.add_argument("--insecure", action="store_true",
                    help="run without a token (trusted, isolated networks only)")
+    p.add_argument("--metrics-port", default=None,
+                   help="control plane's Prometheus /metrics port (default 9770; 0 = none)")
+    p.add_argument("--node-metrics-port", default=None,
+                   help="each storage node's Prometheus /metrics port (default 9771; 0 = none)")
     p.add_argument("--shutdown", action="store_true", help="stop the store named --name")
     args = p.parse_args(argv)
 
@@ -56,10 +60,15 @@ def main(argv: list[str] | None = None) -> int:
     address = dray.deploy(nodes, arena=args.arena, name=args.name, namespace=args.namespace,
                           control_node=args.control_node, port=args.port,
                           config_file=args.config, env=env, hugepages=not args.no_hugepages,
-                          token_file=args.token_file, insecure=args.insecure)
+                          token_file=args.token_file, insecure=args.insecure,
+                          metrics_port=args.metrics_port,
+                          node_metrics_port=args.node_metrics_port)
     for node in dray.storage_nodes(args.name, namespace=args.namespace):
         print(f"storage node {node['node_id']} at {node['address']} on Ray node "
               f"{node['ray_node_id']}", file=sys.stderr)
+    targets = dray.metrics_targets(args.name, namespace=args.namespace)
+    if targets:
+        print(f"Prometheus targets: {', '.join(targets)}", file=sys.stderr)
     print(address)
     return 0
 

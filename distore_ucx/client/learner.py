@@ -32,6 +32,7 @@ from typing import Any
 
 import numpy as np
 
+from .. import metrics
 from .._native_loader import _native
 from ..errors import (
     ConfigError,
@@ -194,6 +195,7 @@ class Learner:
         self._rows = np.arange(batch_size, dtype=np.uint64) * np.uint64(self._slot)
         self.resampled = 0
         self.torn = 0  # items whose slot was rewritten while copied (resampled)
+        self.stats = metrics.LearnerStats()  # ds.metrics.registry() reads it
         self._ring = self._peers = None
         try:
             self._ring = Ring(runtime, self.spec, batch_size, prefetch + 1, dev,
@@ -208,6 +210,7 @@ class Learner:
                 if part is not None:
                     part.close()
             raise
+        metrics.track("learner", self)
         log.info("learner on table %r: device=%s, path=%s, framework=%s, prefetch=%d, "
                  "UCX %s, UCX_TLS=%s", table, self.device, self.path, self.framework, prefetch,
                  _native.ucx_version(), runtime.transports)
@@ -258,8 +261,10 @@ class Learner:
             # refill: fence the caller's GPU work on it first.
             self._ring.release(self._held)
             self._held = None
+        t0 = time.monotonic()
         try:
             slot, batch = self._prefetcher.next(wait + self.transfer_timeout + 10.0)
+            self.stats.waited(time.monotonic() - t0)  # metrics: data-wait while iterating
         except DistoreError:  # raised on the thread (NoData included): as is
             self._stop_prefetch()  # the thread has ended; the next iteration restarts it
             raise
@@ -286,6 +291,7 @@ class Learner:
                     raise
 
     def _hand_out(self, slot: int, batch: Batch) -> Batch:
+        self.stats.batches += 1
         self._held = slot
         batch.data = self._ring.hand_out(slot)  # ordered after its staging copy
         return batch
@@ -410,6 +416,7 @@ class Learner:
         call that takes the control plane's records as they came; the rest
         are read with UCX in another; both check every slot's header against
         the (key, generation) the control plane gave."""
+        t0 = time.perf_counter()  # metrics: one gather
         peers = self._peers
         peers.sweep()  # a same-host node that died: unmap it now
         raw = reply["items"]
@@ -417,7 +424,10 @@ class Learner:
         statuses = _native.mapped_gather_located(
             peers.mappings, peers.map_lut, raw, dest_rows, self._read, dest, self._copy_pool)
         rest = statuses == _native.STATUS_NOT_MAPPED
-        if rest.any():
+        unmapped = int(np.count_nonzero(rest))
+        if unmapped < len(rows):
+            self.stats.fetched("mapped", len(rows) - unmapped, (len(rows) - unmapped) * self._read)
+        if unmapped:
             statuses[rest] = self._gather_unmapped(np.frombuffer(raw, ITEM_LOCATION)[rest],
                                                    dest_rows[rest], rows[rest], dest, slot)
         good = statuses == 0
@@ -429,6 +439,7 @@ class Learner:
                 nodes = np.frombuffer(raw, ITEM_LOCATION)["node"]
                 for node_id in np.unique(nodes[failed]):  # once per failed node
                     peers.forget(int(node_id), "reads from it failed")
+        self.stats.gather.observe(time.perf_counter() - t0)
         return good
 
     def _gather_unmapped(self, items: np.ndarray, dest_rows: np.ndarray, rows: np.ndarray,
@@ -453,6 +464,7 @@ class Learner:
                 peers.base_lut[nodes[u]] + items["offset"][u], self._lengths[:k], dest,
                 dest_rows[u], self.transfer_timeout,
             )
+            self.stats.fetched("ucx", k, k * self._read)
             header = self._ring.headers(slot)[rows[u]]  # (k, 2): key, generation
             same = (header[:, 0] == items["key"][u]) & (header[:, 1] == items["generation"][u])
             statuses[u] = np.where((got == 0) & ~same, _native.STATUS_STALE, got)

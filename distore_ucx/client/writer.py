@@ -41,6 +41,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from .. import metrics
 from .._native_loader import _native
 from ..errors import ConfigError, ConnectionFailed, RateLimiterTimeout, StorageFull
 from ..transport import rpc
@@ -86,6 +87,7 @@ class _Batch:
     n: int = 0
     keys: list = field(default_factory=list)
     priorities: list = field(default_factory=list)
+    sent: float = 0.0  # perf_counter when sent (metrics: time to acknowledgement)
 
     def rows(self, k: int) -> np.ndarray:
         """The next k free rows of the buffer, as an (k, item_bytes) uint8 view."""
@@ -140,6 +142,8 @@ class Writer:
         self._sent: dict[int, int] = {}  # bytes sent to each node (placement)
         self._paths: dict[int, str] = {}  # how each node reads our buffers (logged once)
         self.inserted = 0
+        self.stats = metrics.WriterStats()  # ds.metrics.registry() reads it
+        metrics.track("writer", self)
         self._closed = False
 
     @property
@@ -270,6 +274,7 @@ class Writer:
                 self._drop(node_id)
                 exclude.add(node_id)
                 continue
+            batch.sent = time.perf_counter()
             self._in_flight.append((conn, batch, node_id, exclude))
             self._sent[node_id] = self._sent.get(node_id, 0) + batch.n * ib
             return
@@ -311,6 +316,10 @@ class Writer:
 
     def _stored(self, batch: _Batch, node_id: int, reply: dict) -> None:
         self.inserted += batch.n
+        st = self.stats  # metrics: once per batch
+        st.batches, st.items = st.batches + 1, st.items + batch.n
+        st.bytes += batch.n * batch.spec.item_bytes
+        st.latency.observe(time.perf_counter() - batch.sent)
         self._free.append(batch.buffer)
         via = reply.get("via", "?")
         if self._paths.get(node_id) != via:

@@ -17,6 +17,7 @@ from collections.abc import Iterator
 import numpy as np
 
 from ..errors import InvalidRequest
+from ..progress import Progress
 from . import checkpoint
 from .tables import Freed, Table
 
@@ -30,6 +31,7 @@ class Restore:
         self.path = path
         self.grace = grace
         self.until = time.monotonic() + grace
+        self.progress: Progress | None = None  # items re-sent against the checkpoint's
 
     def load(self, seeds: Iterator[int] | None) -> dict[str, Table]:
         """The checkpoint's tables, empty until nodes re-send their items
@@ -39,6 +41,9 @@ class Restore:
                         "tables only (re-joining nodes keep their items of those)", self.path)
             return {}
         image = checkpoint.read(self.path)
+        # A bar on a terminal, a log line every few seconds otherwise.
+        self.progress = Progress("restoring checkpointed items", total=image.items,
+                                 unit="items", logger=log, every=5.0)
         tables = {}
         for t in image.tables:
             seed = next(seeds) if seeds is not None else None
@@ -47,6 +52,12 @@ class Restore:
                  "have %g s to re-send their items", len(image.tables), image.items, self.path,
                  time.time() - image.created, image.incarnation, self.grace)
         return tables
+
+    def report(self, tables: dict[str, Table]) -> None:
+        """Show how many checkpointed items the nodes have re-sent so far."""
+        if self.progress is not None and self.progress.total:
+            self.progress.set(self.progress.total - sum(
+                t.pending.unclaimed for t in tables.values() if t.pending))
 
     def over(self, now: float) -> bool:
         """Has the time nodes had to re-send their items run out?"""
@@ -83,6 +94,8 @@ class Restore:
                 log.warning("table %r: %d checkpointed items were not re-sent by any node within "
                             "%g s (their nodes are gone); they are dropped", table.name, lost,
                             self.grace)
+        if self.progress is not None:
+            self.progress.close()
         log.info("restore complete: %s", ", ".join(
             f"{t.name} {t.size} items" for t in tables.values()) or "no tables")
 

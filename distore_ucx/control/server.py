@@ -16,6 +16,7 @@ import time
 
 import numpy as np
 
+from .. import metrics
 from ..config import ControlConfig, read_token
 from ..errors import (
     CheckpointError,
@@ -63,6 +64,8 @@ class ControlPlane:
         self._restoring: Restore | None = None  # nodes may re-send their items meanwhile
         self._checkpointing: asyncio.Lock | None = None
         self.last_checkpoint: dict | None = None
+        self.stats = metrics.ControlStats()  # read at scrape time (metrics.py)
+        self.metrics_server: metrics.MetricsServer | None = None
         self.port = None
 
     # -- lifecycle -------------------------------------------------------
@@ -78,7 +81,9 @@ class ControlPlane:
         self._create_configured_tables()
         if ready_file:
             write_ready(ready_file, {"address": f"{self.config.host}:{self.port}",
-                                     "pid": os.getpid()})
+                                     "pid": os.getpid(),
+                                     "metrics_port": self.metrics_server.port
+                                     if self.metrics_server else None})
         await self._stop.wait()
         code = 0
         if self.config.checkpoint:
@@ -88,6 +93,8 @@ class ControlPlane:
                 log.error("%s", exc)
                 code = 1
         server.close()
+        if self.metrics_server is not None:
+            self.metrics_server.close()
         log.info("control plane stopped")
         return code
 
@@ -111,8 +118,13 @@ class ControlPlane:
             image = Image([t.image() for t in self.tables.values()],
                           incarnation=self.ids.incarnation)
             snapshot = time.monotonic() - t0
-            nbytes = await asyncio.to_thread(checkpoint.write, path, image)
+            try:
+                nbytes = await asyncio.to_thread(checkpoint.write, path, image)
+            except Exception:
+                self.stats.checkpoint_failures += 1
+                raise
             took = time.monotonic() - t0
+        self.stats.checkpoints += 1
         self.last_checkpoint = {
             "path": os.path.abspath(path), "tables": len(image.tables), "items": image.items,
             "bytes": nbytes, "seconds": took, "snapshot_seconds": snapshot,
@@ -151,6 +163,9 @@ class ControlPlane:
         if self.config.checkpoint and self.config.checkpoint_interval > 0:
             self._tasks.append(loop.create_task(self._checkpoints()))
         log.info("control plane listening on %s:%d", self.config.host, self.port)
+        self.metrics_server = metrics.serve_process(
+            self.config.metrics_port, self.config.host, loop, self, metrics.control_snapshot,
+            metrics.control_families, "control plane", self.config.metrics_optional)
         return server
 
     async def _housekeeping(self) -> None:
@@ -161,9 +176,11 @@ class ControlPlane:
             now = time.monotonic()
             for node in self.members.silent(now):
                 self._node_died(node.node_id, f"no heartbeat for {now - node.last_seen:.1f} s")
-            if self._restoring is not None and self._restoring.over(now):
-                self._restoring, restore = None, self._restoring
-                restore.end(self.tables)
+            if self._restoring is not None:
+                self._restoring.report(self.tables)
+                if self._restoring.over(now):
+                    self._restoring, restore = None, self._restoring
+                    restore.end(self.tables)
             expired = self.leases.expired(now)
             if expired:
                 log.warning("%d leases expired unreleased (learner gone?)", len(expired))
@@ -183,6 +200,7 @@ class ControlPlane:
         connection is closed. Returns how many items left."""
         node = self.members.nodes[node_id]
         node.alive = False
+        self.stats.membership["left" if left else "dropped"] += 1
         dropped = sum(t.drop_node(node_id) for t in self.tables.values())
         if left:
             log.info("node %d (%s) left: %d items removed from sampling", node_id, node.name,
@@ -213,6 +231,21 @@ class ControlPlane:
     async def _wait(self, table: Table, ready, what: str, n: int, timeout: float) -> None:
         """Wait until ready() holds, or raise RateLimiterTimeout (NoData when too few items)."""
         deadline = time.monotonic() + timeout
+        if ready():
+            return
+        stats = table.stats  # metrics: one hold per held call
+        stats.holds[what] += 1
+        stats.waiting[what] += 1
+        try:
+            await self._hold(table, ready, what, n, timeout, deadline)
+        except RateLimiterTimeout:  # NoData too
+            stats.timeouts[what] += 1
+            raise
+        finally:
+            stats.waiting[what] -= 1
+
+    async def _hold(self, table: Table, ready, what: str, n: int, timeout: float,
+                    deadline: float) -> None:
         while not ready():
             left = deadline - time.monotonic()
             if left <= 0:
@@ -289,6 +322,7 @@ class ControlPlane:
         fields = dict(f)
         wanted = fields.pop("node_id", None)
         node = self.members.register(peer, fields, wanted)
+        self.stats.membership["rejoined" if wanted == node.node_id else "joined"] += 1
         return {"node_id": node.node_id, "heartbeat_interval": self.config.heartbeat_interval,
                 "restore": self._restoring is not None}
 
@@ -483,18 +517,21 @@ class ControlPlane:
                 "idle learners), or raise --max-leased-items"
             )
         await self._wait(table, lambda: table.can_sample(n), "sample", n, f.get("timeout", 0.0))
+        t0 = time.perf_counter()  # metrics: the decision, without the wait
         size = table.size  # the size the probabilities refer to
         recs, probs, freed = table.sample(n)
         self._free(table.name, freed)
         self._touch(table)
         lease = self.leases.grant(table.name, recs, peer)
-        return {
+        reply = {
             "lease": lease,
             "refused": refused,
             "table_size": size,
             "items": table.store.location[recs],  # protocol.ITEM_LOCATION records
             "probabilities": probs,
         }
+        table.stats.decision.observe(time.perf_counter() - t0)
+        return reply
 
     def op_update_priorities(self, peer: Peer, f: dict) -> dict:
         if (f["priorities"] < 0).any():

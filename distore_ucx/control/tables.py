@@ -17,6 +17,7 @@ import numpy as np
 
 from .. import _tables
 from ..table_definition import TableDefinition
+from ..metrics import TableStats
 from .checkpoint import TableImage
 from .items import FREE, LIVE, RETIRED, ItemStore
 from .rate_limiters import RateLimiter
@@ -109,6 +110,7 @@ class Table:
         self.inserts = 0
         self.samples = 0
         self.deletes = 0
+        self.stats = TableStats()  # read by the metrics collector at scrape time
         self.pending: Pending | None = None  # a restore from a checkpoint in progress
 
     @classmethod
@@ -284,9 +286,12 @@ class Table:
 
     def update_priorities(self, keys: np.ndarray, priorities: np.ndarray) -> int:
         """Set priorities by key; returns how many keys were still in the table."""
-        return self.core.update_priorities(
+        updated = self.core.update_priorities(
             np.ascontiguousarray(keys, np.uint64), np.ascontiguousarray(priorities, np.float64)
         )
+        self.stats.priority_updates += updated  # metrics: once per request
+        self.stats.priority_missing += len(keys) - updated
+        return updated
 
     def lease(self, recs: np.ndarray) -> None:
         """Protect the records' slots from reuse until `unlease`."""

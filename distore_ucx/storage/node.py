@@ -30,10 +30,12 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
+from .. import metrics
 from .._native_loader import _native
 from ..config import NodeConfig, read_token
 from ..errors import ConnectionFailed, InvalidRequest, SpecMismatch, Timeout, from_native
 from ..roles import write_ready
+from ..progress import Progress
 from ..spec import SLOT_HEADER
 from ..transport import UcxRuntime
 from ..transport.local_map import LocalMapServer
@@ -69,6 +71,7 @@ class StorageNode:
         self.control: AsyncClient | None = None
         self.local_map: LocalMapServer | None = None  # same-host learners map the arena
         self.inserted = 0
+        self.stats = metrics.NodeStats()  # read at scrape time (metrics.py)
         self._stop = asyncio.Event()
         self._now = asyncio.Event()  # a second SIGTERM: skip the drain
         self._leaving = False
@@ -87,18 +90,29 @@ class StorageNode:
         control_host, _ = parse_address(cfg.control)
         host = cfg.host or route_address(control_host)
         _guard_remote_access()  # before the worker exists
+        # Start-up steps: a bar when run on a terminal, log lines otherwise.
+        steps = Progress(f"node {self.name} starting", total=3, unit="steps", logger=log,
+                         every=0)
         with UcxRuntime() as runtime:
             self.runtime = runtime
+            steps.write(f"mapping and registering a {cfg.arena_bytes / 2**30:.1f} GiB arena")
             self.arena = Arena(runtime, cfg.arena_bytes, cfg.hugepages, self.name,
                                write_protect=cfg.write_protect)
             _native.allow_remote_reads(self.arena.base, self.arena.size)
+            steps.update(1, note="arena mapped")
             self._token = read_token(cfg.token_file)
             self._start_local_map()
             server = await serve(host, cfg.port, self._handle, token=self._token)
             port = server.sockets[0].getsockname()[1]
             self._where = (host, port)
+            steps.update(1, note=f"listening on {host}:{port}")
+            metrics_server = metrics.serve_process(
+                cfg.metrics_port, host, loop, self, metrics.node_snapshot,
+                metrics.node_families, f"storage node {self.name}", cfg.metrics_optional)
             try:
                 await self._join()
+                steps.update(1, note=f"joined as node {self.node_id}")
+                steps.close()
                 log.info(
                     "node %s (id %d) serving %d-byte arena on %s pages at %s:%d over UCX %s; "
                     "same-host learners %s",
@@ -111,10 +125,14 @@ class StorageNode:
                     log.info("node %s: %s", self.name, advice)
                 if ready_file:
                     write_ready(ready_file, {"node_id": self.node_id,
-                                              "address": f"{host}:{port}"})
+                                              "address": f"{host}:{port}",
+                                              "metrics_port": metrics_server and
+                                              metrics_server.port})
                 code = await self._serve()
             finally:
                 server.close()
+                if metrics_server is not None:
+                    metrics_server.close()
                 if self.local_map is not None:
                     self.local_map.close()
                 if self.control is not None:
@@ -240,6 +258,8 @@ class StorageNode:
         for table, slots in self.arena.tables().items():
             keys, offsets, gens, prios = slots.live()
             totals = {"restored": 0, "adopted": 0, "discarded": 0}
+            progress = Progress(f"re-sending table {table!r}", total=len(keys), unit="items",
+                                logger=log, every=5.0)
             for i in range(0, len(keys), RESEND_BATCH):
                 part = slice(i, i + RESEND_BATCH)
                 reply = await self.control.call(
@@ -249,6 +269,8 @@ class StorageNode:
                 )
                 for k in totals:
                     totals[k] += reply[k]
+                progress.update(len(keys[part]))
+            progress.close()
             if len(keys):
                 log.info("re-sent %d items of table %r: %d restored from the checkpoint, %d "
                          "newer adopted, %d discarded", len(keys), table, totals["restored"],
@@ -363,6 +385,7 @@ class StorageNode:
             peer.state["watched"] = True
             asyncio.get_running_loop().create_task(self._forget_writer(peer))
         table = f["table"]
+        t0 = time.perf_counter()  # metrics: request to acknowledgement
         offsets = self.arena.allocate(table, slot_size, k)
         wait = f.get("timeout", 60.0)  # a rate limiter (or a control-plane restart) may hold it
         deadline = time.monotonic() + wait
@@ -402,11 +425,13 @@ class StorageNode:
                     # plane counts it as inserted after its checkpoint).
         except BaseException:
             self.arena.free(table, offsets)
+            self.stats.failed_batches += 1
             if self._leaving:
                 raise ConnectionFailed(f"storage node {self.name} is shutting down") from None
             raise
         self.arena.commit(table, offsets, keys, gens, f["priorities"])
         self.inserted += k
+        self.stats.inserted(k, k * item_bytes, time.perf_counter() - t0)
         return {"n": k, "evicted": reply.get("evicted", 0), "via": source.via}
 
     async def _pull(self, source, offsets, keys, gens, src_offsets, lengths) -> None:

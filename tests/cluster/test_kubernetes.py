@@ -121,3 +121,19 @@ def test_every_process_proves_the_token_secret_which_is_required():
         assert secret["secretName"] == "my-secret" and not secret.get("optional"), kind
     toml = by_kind(documents, "ConfigMap")["data"]["distore.toml"]
     assert 'host = "0.0.0.0"' in toml and "insecure" not in toml
+
+
+def test_control_plane_and_storage_pods_carry_prometheus_scrape_annotations():
+    """Prometheus' kubernetes_sd finds both by the usual prometheus.io
+    annotations, on the ports distore.toml tells the processes to serve."""
+    documents = docs(CONTROL_METRICS_PORT="9100", NODE_METRICS_PORT="9101")
+    toml = by_kind(documents, "ConfigMap")["data"]["distore.toml"]
+    for kind, port in (("Deployment", "9100"), ("DaemonSet", "9101")):
+        template = by_kind(documents, kind)["spec"]["template"]
+        notes = template["metadata"]["annotations"]
+        assert notes == {"prometheus.io/scrape": "true", "prometheus.io/port": port,
+                         "prometheus.io/path": "/metrics"}, kind
+        (container,) = template["spec"]["containers"]
+        assert {"name": "metrics", "containerPort": int(port), "protocol": "TCP"} in \
+            container["ports"], kind
+        assert f"metrics_port = {port}" in toml

@@ -54,6 +54,11 @@ with ds.connect(os.environ["DISTORE_CONTROL"]) as client:
             b = learner.sample().data
             assert np.array_equal(b, (b[:, :1] + np.arange(128)).astype(np.uint8))
 print(f"LEARNER OK with {len(nodes)} nodes", flush=True)
+import urllib.request
+url = f"http://127.0.0.1:{os.environ['CONTROL_METRICS_PORT']}/metrics"
+text = urllib.request.urlopen(url, timeout=10).read().decode()
+assert 'distore_table_inserts_total{table="t"} 100.0' in text, text
+print("METRICS OK", flush=True)
 # The store listens on every interface: it must refuse a peer without the token.
 os.environ.pop("DISTORE_TOKEN_FILE")
 try:
@@ -86,6 +91,10 @@ def test_sbatch_script_runs_store_and_learner_and_stops_them(tmp_path):
     with socket.socket() as s:  # the script dials a fixed port: pick a free one
         s.bind(("127.0.0.1", 0))
         env["PORT"] = str(s.getsockname()[1])
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        env["CONTROL_METRICS_PORT"] = str(s.getsockname()[1])
+    env["NODE_METRICS_PORT"] = "auto"  # two "hosts" share this machine here
     out = subprocess.run(["bash", SBATCH], capture_output=True, text=True, env=env,
                          cwd=tmp_path, timeout=240, start_new_session=True)
     text = out.stdout + out.stderr
@@ -94,6 +103,7 @@ def test_sbatch_script_runs_store_and_learner_and_stops_them(tmp_path):
     assert "LEARNER OK with 2 nodes" in text
     assert "learner exited with 0; stopping the store" in text
     assert "TOKEN REQUIRED" in text
+    assert "METRICS OK" in text
     assert "Traceback" not in text
     assert not list(tmp_path.glob(".distore-token-*")), "the job's token file was left behind"
 

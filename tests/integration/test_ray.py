@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+import urllib.request
 
 import numpy as np
 import pytest
@@ -52,8 +53,15 @@ def test_deploy_puts_one_storage_node_on_each_ray_node(ray_cluster, tmp_path):
     token = tmp_path / "token"
     token.write_text("a-shared-secret-of-32-bytes-long\n")
     address = dray.deploy(arena="32MiB", hugepages=False, env=env, heartbeat_timeout=1.0,
-                          token_file=str(token))
+                          token_file=str(token), metrics_port="auto", node_metrics_port="auto")
     assert dray.address() == address
+    targets = dray.metrics_targets()  # control plane first, then each storage node
+    assert len(targets) == 3
+    for target in targets:
+        text = urllib.request.urlopen(f"http://{target}/metrics", timeout=10).read().decode()
+        assert "process_cpu_seconds_total" in text
+    assert "distore_nodes" in urllib.request.urlopen(
+        f"http://{targets[0]}/metrics", timeout=10).read().decode()
     placed = dray.storage_nodes()
     ray_nodes = {n["NodeID"] for n in ray.nodes() if n["Alive"]}
     assert len(ray_nodes) == 2
