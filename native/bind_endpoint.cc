@@ -1,0 +1,44 @@
+// Bindings: our own UCX endpoints (force-closable, so a hung peer cannot
+// hold a gather), and the guard that keeps software RMA from writing arenas.
+#include "bindings.h"
+
+#include "endpoint.h"
+#include "guard.h"
+
+namespace distore {
+
+void bind_endpoint(nb::module_& m) {
+  nb::class_<Endpoint>(m, "Endpoint",
+                       "A UCX endpoint made with the C API on a ucxx worker; force-closable.")
+      .def(
+          "__init__",
+          [](Endpoint* self, nb::object worker, nb::bytes address, bool error_handling,
+             std::string peer) {
+            uintptr_t h = handle_of(worker, "worker");
+            new (self) Endpoint(std::move(worker), h, std::string(address.c_str(), address.size()),
+                                error_handling, std::move(peer));
+          },
+          "worker"_a, "address"_a, "error_handling"_a, "peer"_a = "")
+      .def_prop_ro("handle", &Endpoint::handle)
+      .def_prop_ro("alive", &Endpoint::alive, "False once failed or closed.")
+      .def_prop_ro("status", &Endpoint::status)
+      .def_prop_ro("error_handling", &Endpoint::error_handling)
+      .def(
+          "close",
+          [](Endpoint& self, bool force, double timeout) {
+            nb::gil_scoped_release release;
+            self.close(force, timeout);
+          },
+          "force"_a = false, "timeout"_a = 1.0,
+          "Close once; `force` ends outstanding requests at once (error handling only).");
+
+  m.def("refuse_remote_writes", &refuse_remote_writes,
+        "Replace UCX's software PUT/atomic handlers in this process by ones that drop\n"
+        "the message, and guard GETs; call before the worker exists. '' or why not.");
+  m.def("allow_remote_reads", &allow_remote_reads, "base"_a, "size"_a,
+        "Software GETs may read [base, base + size); others are dropped.");
+  m.def("refused_remote_access", []() { return nb::make_tuple(refused_writes(), refused_reads()); },
+        "(writes dropped, reads dropped) by the guard so far.");
+}
+
+}  // namespace distore

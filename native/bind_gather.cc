@@ -1,0 +1,59 @@
+// Bindings: the batched one-sided gather, and put (to test that arenas refuse it).
+#include "bindings.h"
+
+#include <ucp/api/ucp.h>
+
+#include "gather.h"
+#include "memory.h"
+#include "remote_key.h"
+
+namespace distore {
+
+namespace {
+
+nb::ndarray<nb::numpy, int32_t, nb::ndim<1>> gather_py(
+    nb::object worker, std::vector<const RemoteKey*> rkeys, Vec<uint32_t> key_index,
+    Vec<uint64_t> remote_address, Vec<uint64_t> length, const MemoryRegion& dest,
+    Vec<uint64_t> dest_offset, double timeout_s, double stall_s) {
+  const size_t n = key_index.shape(0);
+  if (remote_address.shape(0) != n || length.shape(0) != n || dest_offset.shape(0) != n) {
+    throw UcxError(kStatusBadArgument, "gather: key_index, remote_address, length and "
+                                       "dest_offset must have the same length");
+  }
+  auto worker_h = reinterpret_cast<ucp_worker_h>(handle_of(worker, "worker"));
+  std::vector<GatherItem> items(n);
+  for (size_t i = 0; i < n; ++i) {
+    items[i] = GatherItem{key_index(i), remote_address(i), length(i), dest_offset(i)};
+  }
+  auto [array, statuses] = new_statuses(n);
+  {
+    nb::gil_scoped_release release;
+    gather(worker_h, rkeys, items.data(), n, dest, timeout_s, statuses, stall_s);
+  }
+  return array;
+}
+
+}  // namespace
+
+void bind_gather(nb::module_& m) {
+  m.def("gather", &gather_py, "worker"_a, "rkeys"_a, "key_index"_a, "remote_address"_a,
+        "length"_a, "dest"_a, "dest_offset"_a, "timeout"_a = 30.0, "stall"_a = 2.0,
+        "Read every item of a batch into `dest` with one-sided gets, in one call.\n\n"
+        "When no read finishes for `stall` s (0: never), the endpoints of the reads\n"
+        "still pending are force-closed and those items fail (a hung peer).\n"
+        "Returns the per-item ucs_status_t (0 = UCS_OK). Raises OutOfBoundsError or\n"
+        "InvalidArgument before posting anything if an item is malformed.");
+
+  m.def(
+      "put",
+      [](nb::object worker, const RemoteKey& key, uint64_t remote_address,
+         const MemoryRegion& src, uint64_t length, double timeout_s) {
+        auto w = reinterpret_cast<ucp_worker_h>(handle_of(worker, "worker"));
+        nb::gil_scoped_release release;
+        return put(w, key, remote_address, src, length, timeout_s);
+      },
+      "worker"_a, "key"_a, "remote_address"_a, "src"_a, "length"_a, "timeout"_a = 10.0,
+      "One-sided write (returns the ucs_status_t); arenas must refuse it.");
+}
+
+}  // namespace distore

@@ -1,0 +1,61 @@
+// Bindings: memory registered with UCX (MemoryRegion).
+#include "bindings.h"
+
+#include "memory.h"
+
+namespace distore {
+
+void bind_memory(nb::module_& m) {
+  nb::class_<MemoryRegion>(m, "MemoryRegion",
+                           "Memory registered with UCX; page aligned when allocated here.")
+      .def(
+          "__init__",
+          [](MemoryRegion* self, nb::object context, size_t size, bool remote_read,
+             bool hugepages) {
+            uintptr_t h = handle_of(context, "context");
+            new (self) MemoryRegion(std::move(context), h, size, remote_read, hugepages);
+          },
+          "context"_a, "size"_a, "remote_read"_a = false, "hugepages"_a = false,
+          "Allocate and map `size` bytes; `remote_read` lets peers read it (never write).")
+      .def_static(
+          "register",
+          [](nb::object context, uintptr_t address, size_t size, nb::object owner,
+             int memory_type) {
+            uintptr_t h = handle_of(context, "context");
+            return new MemoryRegion(std::move(context), h, address, size, std::move(owner),
+                                    memory_type);
+          },
+          "context"_a, "address"_a, "size"_a, "owner"_a, "memory_type"_a = 0,
+          nb::rv_policy::take_ownership,
+          "Map caller-owned memory (host, or CUDA with memory_type=1) as a local "
+          "destination; `owner` is kept alive.")
+      .def_static(
+          "write_protected",
+          [](nb::object context, size_t size, bool hugepages) {
+            uintptr_t h = handle_of(context, "context");
+            return MemoryRegion::write_protected(std::move(context), h, size, hugepages);
+          },
+          "context"_a, "size"_a, "hugepages"_a = true, nb::rv_policy::take_ownership,
+          "A region peers may read but never write: registered through a read-only "
+          "mapping of a sealed memfd, written by its owner through view().")
+      .def_prop_ro("share_fd", &MemoryRegion::share_fd,
+                   "The sealed memfd same-host readers may map read-only, or -1.")
+      .def_prop_ro("page_kind", [](const MemoryRegion& r) { return std::string(r.page_kind()); },
+                   "'hugetlb', 'thp' (transparent hugepages asked for) or '4k'.")
+      .def_prop_ro("address", &MemoryRegion::address)
+      .def_prop_ro("is_write_protected", &MemoryRegion::is_write_protected)
+      .def_prop_ro("size", &MemoryRegion::size)
+      .def_prop_ro("hugepages", &MemoryRegion::hugepages)
+      .def_prop_ro("remote_read", &MemoryRegion::remote_read)
+      .def("pack_rkey", &MemoryRegion::pack_rkey, "Remote key bytes for peers.")
+      .def(
+          "view",
+          [](nb::handle_t<MemoryRegion> self) {
+            MemoryRegion& r = nb::cast<MemoryRegion&>(self);
+            return nb::ndarray<nb::numpy, uint8_t, nb::ndim<1>>(
+                reinterpret_cast<uint8_t*>(r.local_address()), {r.size()}, self);
+          },
+          "A writable uint8 numpy view of the whole region (keeps the region alive).");
+}
+
+}  // namespace distore

@@ -1,0 +1,54 @@
+// What the binding files of _native share: the array type of batch
+// arguments, the raw UCX handle of a ucxx object, per-item status arrays,
+// and one bind_* function per concept (each in its own bind_*.cc; module.cc
+// calls them). Every native failure is thrown as UcxError and translated in
+// bind_status.cc.
+#pragma once
+
+#include <nanobind/nanobind.h>
+#include <nanobind/ndarray.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/vector.h>
+
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "status.h"
+
+namespace nb = nanobind;
+using namespace nb::literals;
+
+namespace distore {
+
+template <typename T>
+using Vec = nb::ndarray<const T, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
+
+inline uintptr_t handle_of(const nb::object& obj, const char* what) {
+  if (!nb::hasattr(obj, "handle")) {
+    throw UcxError(kStatusBadArgument, std::string(what) + " object has no .handle attribute");
+  }
+  return nb::cast<uintptr_t>(obj.attr("handle"));
+}
+
+using StatusArray = nb::ndarray<nb::numpy, int32_t, nb::ndim<1>>;
+
+// A numpy array for the per-item statuses of a batch of n, owned by Python,
+// and its data for native code to fill (without the GIL) before returning it.
+inline std::pair<StatusArray, int32_t*> new_statuses(size_t n) {
+  auto* statuses = new int32_t[n > 0 ? n : 1];
+  nb::capsule owner(statuses, [](void* p) noexcept { delete[] static_cast<int32_t*>(p); });
+  return {StatusArray(statuses, {n}, owner), statuses};
+}
+
+void bind_status(nb::module_& m);      // error translation, status names, UCX version
+void bind_status_constants(nb::module_& m);  // STATUS_* values
+void bind_memory(nb::module_& m);      // MemoryRegion
+void bind_remote_key(nb::module_& m);  // RemoteKey
+void bind_gather(nb::module_& m);      // gather (one-sided reads), put
+void bind_mapped(nb::module_& m);      // MappedArena, CopyPool, mapped_gather
+void bind_pull(nb::module_& m);        // pull (inserts read by the node)
+void bind_endpoint(nb::module_& m);    // Endpoint (force-closable), remote-access guard
+
+}  // namespace distore
