@@ -21,7 +21,8 @@ import logging
 import socket
 import threading
 import time
-from typing import Any, Awaitable, Callable
+from collections.abc import Awaitable, Callable
+from typing import Any
 
 from .. import errors, protocol
 from . import auth
@@ -196,7 +197,8 @@ class Client:
                 self._sock.sendall(frame[2])
         except OSError as exc:
             self._drop()
-            raise errors.ConnectionFailed(f"lost the connection to the {self.name}: {exc}") from None
+            raise errors.ConnectionFailed(
+                f"lost the connection to the {self.name}: {exc}") from None
         self._pending.append(mid)
         return mid
 
@@ -207,7 +209,7 @@ class Client:
         try:
             n, meta = protocol.read_header(self._recv_exact(protocol.HEADER_SIZE))
             msg = protocol.decode(self._recv_exact(n), meta)
-        except socket.timeout:
+        except TimeoutError:
             self._drop()
             waited = self.timeout if timeout is None else timeout
             raise errors.Timeout(
@@ -215,7 +217,8 @@ class Client:
             ) from None
         except (OSError, protocol.ProtocolError) as exc:
             self._drop()
-            raise errors.ConnectionFailed(f"lost the connection to the {self.name}: {exc}") from None
+            raise errors.ConnectionFailed(
+                f"lost the connection to the {self.name}: {exc}") from None
         if msg.get("id") == 0 and not msg.get("ok"):
             # The server refused this connection's traffic (a frame over its
             # limit, a malformed message) and hangs up: say why.
@@ -247,7 +250,7 @@ class Client:
         self._closed = True
         self._drop()
 
-    def __enter__(self) -> "Client":
+    def __enter__(self) -> Client:
         return self
 
     def __exit__(self, *exc) -> None:
@@ -416,7 +419,8 @@ class AsyncClient:
                 asyncio.open_connection(host, port, limit=1 << 20), timeout
             )
         except (OSError, asyncio.TimeoutError) as exc:
-            raise errors.ConnectionFailed(f"cannot connect to the {name} at {address}: {exc}") from None
+            raise errors.ConnectionFailed(
+                f"cannot connect to the {name} at {address}: {exc}") from None
         writer.get_extra_info("socket").setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         label = f"{name} at {address}"
         try:
