@@ -144,9 +144,11 @@ def _apply_ucx(settings: Settings, argv: list[str] | None) -> None:
     """Put the configured UCX settings into this process's environment before
     UCX makes a context (children inherit them).
 
-    Which UCX library loads is decided when distore_ucx is imported, before
-    any configuration is read: when the configuration changes that choice,
-    the command runs itself again (same pid) with the variable set.
+    Which UCX library loads is decided when UCX is first loaded: importing
+    distore_ucx and reading the configuration load none (the control plane
+    never does), so the variable is in place before a node or a client loads
+    it. Should UCX be loaded already, the command runs itself again (same
+    pid) with the variable set.
     """
     env = settings.ucx().environment()
     for name, value in env.items():

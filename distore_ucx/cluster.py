@@ -84,7 +84,7 @@ class LocalCluster:
         self.address: str | None = None
 
     # -- lifecycle -------------------------------------------------------
-    def start(self) -> "LocalCluster":
+    def start(self) -> LocalCluster:
         """Start the control plane, then the nodes; wait until all are serving."""
         try:
             self.start_control()
@@ -173,7 +173,7 @@ class LocalCluster:
         if self._own_log_dir and os.environ.get("DISTORE_KEEP_LOGS") != "1":
             shutil.rmtree(self.log_dir, ignore_errors=True)
 
-    def __enter__(self) -> "LocalCluster":
+    def __enter__(self) -> LocalCluster:
         return self.start()
 
     def __exit__(self, *exc) -> None:

@@ -6,7 +6,8 @@ binary payload, which is never copied into or out of msgpack (no message
 declares one now: an insert is a descriptor, the node pulls the items over
 UCX). A request is ``{"v": VERSION, "op": name, "id": n, ...fields}``;
 its reply is ``{"id": n, "ok": True, ...}`` or ``{"id": n, "ok": False,
-"error": code, "message": text}``, where code is one of ``ERRORS`` below. A push (``id`` 0) gets no reply.
+"error": code, "message": text}``, where code is one of ``ERRORS`` below.
+A push (``id`` 0) gets no reply.
 Arrays travel as raw little-endian bytes of a declared dtype. Encoding,
 decoding and validation live here and nowhere else; the payload bytes of
 items never pass through the control plane.
@@ -345,7 +346,8 @@ def validate_request(msg: dict[str, Any]) -> tuple[str, dict[str, Any]]:
             if n_items is None:
                 n_items = len(v)
             elif len(v) != n_items:
-                raise ProtocolError(f"{op}: array {f.name!r} has {len(v)} items, expected {n_items}")
+                raise ProtocolError(
+                    f"{op}: array {f.name!r} has {len(v)} items, expected {n_items}")
     return op, out
 
 

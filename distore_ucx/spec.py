@@ -8,8 +8,9 @@ each field as a strided view of it, never a copy.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any
 
 import numpy as np
 
@@ -51,7 +52,7 @@ class TableSpec:
     fields: tuple[Field, ...]
 
     @classmethod
-    def parse(cls, spec: Any) -> "TableSpec":
+    def parse(cls, spec: Any) -> TableSpec:
         """From the user's form: {name: (shape, dtype)} or a single (shape, dtype)."""
         if isinstance(spec, Mapping):
             items = list(spec.items())
@@ -74,7 +75,8 @@ class TableSpec:
                 shape = (shape,) if isinstance(shape, int) else tuple(int(d) for d in shape)
                 dtype = np.dtype(dtype)
             except (TypeError, ValueError) as exc:
-                raise ConfigError(f"field {name!r}: expected (shape, dtype), got {entry!r} ({exc})")
+                raise ConfigError(
+                    f"field {name!r}: expected (shape, dtype), got {entry!r} ({exc})") from None
             if any(d < 0 for d in shape) or dtype.hasobject or dtype.itemsize == 0:
                 raise ConfigError(f"field {name!r}: shape {shape} / dtype {dtype} not storable")
             offset = _align(offset, FIELD_ALIGN)
@@ -85,7 +87,7 @@ class TableSpec:
         return cls(tuple(fields))
 
     @classmethod
-    def from_wire(cls, wire: list) -> "TableSpec":
+    def from_wire(cls, wire: list) -> TableSpec:
         """From the control plane's form: [[name, [dims], dtype_str], ...]."""
         try:
             if len(wire) == 1 and wire[0][0] == UNNAMED:

@@ -175,7 +175,8 @@ class TableDefinition:
             return cls.make(name, cap, spec, parts.get("sampler"), parts.get("remover"),
                             parts.get("rate_limiter"), entry.get("max_times_sampled", 0))
         except ConfigError as exc:
-            raise TableProblems([str(exc) if str(exc).startswith("table ") else f"{label}{exc}"])
+            raise TableProblems(
+                [str(exc) if str(exc).startswith("table ") else f"{label}{exc}"]) from None
 
     # -- comparing -------------------------------------------------------
     def differences(self, other: TableDefinition) -> list[str]:

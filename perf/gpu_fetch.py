@@ -189,7 +189,8 @@ def run_workload(name: str, devices: list[str], args) -> list[dict]:
 def print_table(rows: list[dict]) -> None:
     cols = [("workload", "{}"), ("device", "{}"), ("path", "{}"), ("batch", "{}"),
             ("fetch_GBps", "{:.2f}"), ("fetch_p50_ms", "{:.2f}"), ("fetch_p99_ms", "{:.2f}"),
-            ("iter_GBps", "{:.2f}"), ("baseline_GBps", "{:.2f}"), ("ratio", "{:.2f}"), ("iter_ratio", "{:.2f}"), ("wait_fraction", "{:.3f}"),
+            ("iter_GBps", "{:.2f}"), ("baseline_GBps", "{:.2f}"), ("ratio", "{:.2f}"),
+            ("iter_ratio", "{:.2f}"), ("wait_fraction", "{:.3f}"),
             ("steps_per_s", "{:.1f}")]
     table = [[c for c, _ in cols]] + [[f.format(r[c]) for c, f in cols] for r in rows]
     widths = [max(len(line[i]) for line in table) for i in range(len(cols))]

@@ -4,7 +4,8 @@ pytest `pythonpath` puts tests/ on sys.path)."""
 from __future__ import annotations
 
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 

@@ -2,7 +2,8 @@
 """Start (or stop) a distore-ucx store on a running Ray cluster.
 
     python3 cluster/ray/deploy_store.py --arena 64GiB --token-file /shared/token   # every Ray node
-    python3 cluster/ray/deploy_store.py --nodes 4 --token-file /shared/token --env UCX_TLS=rc,sm,self
+    python3 cluster/ray/deploy_store.py --nodes 4 --token-file /shared/token \
+        --env UCX_TLS=rc,sm,self
     python3 cluster/ray/deploy_store.py --shutdown
 
 Prints the control plane address (give it to writers and learners as

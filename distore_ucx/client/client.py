@@ -24,7 +24,7 @@ from .writer import Writer
 
 log = logging.getLogger(__name__)
 
-def connect(address: str, timeout: float = 30.0, token_file: str | None = None) -> "Client":
+def connect(address: str, timeout: float = 30.0, token_file: str | None = None) -> Client:
     """Connect to a control plane at 'host:port'.
 
     `token_file` (default: $DISTORE_TOKEN_FILE) holds the store's shared
@@ -184,7 +184,7 @@ class Client:
         if first_error is not None:
             raise first_error
 
-    def __enter__(self) -> "Client":
+    def __enter__(self) -> Client:
         return self
 
     def __exit__(self, *exc) -> None:

@@ -38,7 +38,7 @@ class Device:
     index: int = 0
 
     @classmethod
-    def parse(cls, name: str) -> "Device":
+    def parse(cls, name: str) -> Device:
         """'cpu', 'cuda' or 'cuda:N'.
 
         >>> Device.parse("cuda:1")

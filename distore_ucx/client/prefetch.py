@@ -22,7 +22,8 @@ import threading
 import time
 import weakref
 from collections import deque
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 log = logging.getLogger(__name__)
 
@@ -143,7 +144,7 @@ class Prefetcher:
         """Stop the thread (after the item it is producing) and drop queued items."""
         self._finalizer()
 
-    def __enter__(self) -> "Prefetcher":
+    def __enter__(self) -> Prefetcher:
         return self
 
     def __exit__(self, *exc) -> None:

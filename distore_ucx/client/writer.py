@@ -210,7 +210,7 @@ class Writer:
             self._free.clear()
             self._buffers.clear()
 
-    def __enter__(self) -> "Writer":
+    def __enter__(self) -> Writer:
         return self
 
     def __exit__(self, *exc) -> None:

@@ -50,7 +50,8 @@ class RateLimiter:
 
     def admits_insert_batch(self, n: int) -> bool:
         """Could a batch of n inserts ever be admitted at once?"""
-        return n <= self.min_size_to_sample or n * self.samples_per_insert <= self.max_diff - self.min_diff
+        return (n <= self.min_size_to_sample
+                or n * self.samples_per_insert <= self.max_diff - self.min_diff)
 
     def state(self, size: int, inserts: int, samples: int) -> dict:
         """Counters and thresholds, for table_info and error messages."""
@@ -76,7 +77,7 @@ class RateLimiter:
         }
 
     @classmethod
-    def from_wire(cls, value: Any) -> "RateLimiter":
+    def from_wire(cls, value: Any) -> RateLimiter:
         """From create_table's form."""
         if isinstance(value, RateLimiter):
             return value

@@ -30,7 +30,7 @@ class Selector:
         return {"kind": self.kind, "alpha": self.alpha}
 
     @classmethod
-    def from_wire(cls, value: Any, role: str) -> "Selector":
+    def from_wire(cls, value: Any, role: str) -> Selector:
         """From a wire dict or a plain name ("uniform", "fifo", ...)."""
         if isinstance(value, Selector):
             return value

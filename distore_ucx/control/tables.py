@@ -32,10 +32,10 @@ class Freed:
     offsets: np.ndarray
 
     @classmethod
-    def empty(cls) -> "Freed":
+    def empty(cls) -> Freed:
         return cls(np.empty(0, np.uint32), np.empty(0, np.uint64))
 
-    def __add__(self, other: "Freed") -> "Freed":
+    def __add__(self, other: Freed) -> Freed:
         return Freed(
             np.concatenate([self.nodes, other.nodes]), np.concatenate([self.offsets, other.offsets])
         )

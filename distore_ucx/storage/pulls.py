@@ -111,7 +111,8 @@ class Sources:
         if address not in peer.state["worker_addresses"]:
             peer.state["worker_addresses"].add(address)
             self._users[address] = self._users.get(address, 0) + 1
-        return Source(name, f"ucx (UCX_TLS={self.runtime.transports})", base, size, worker=self.runtime.worker, rkey=rkey)
+        return Source(name, f"ucx (UCX_TLS={self.runtime.transports})", base, size,
+                      worker=self.runtime.worker, rkey=rkey)
 
 
 def _owns_connection(pid: int, peer) -> bool:

@@ -22,7 +22,8 @@ import select
 import socket
 import threading
 import time
-from typing import Any, Awaitable, Callable
+from collections.abc import Awaitable, Callable
+from typing import Any
 
 from .. import errors, protocol
 from . import auth
@@ -211,7 +212,8 @@ class Client:
                 self._sock.sendall(frame[2])
         except OSError as exc:
             self._drop()
-            raise errors.ConnectionFailed(f"lost the connection to the {self.name}: {exc}") from None
+            raise errors.ConnectionFailed(
+                f"lost the connection to the {self.name}: {exc}") from None
         self._pending.append(mid)
         return mid
 
@@ -222,7 +224,7 @@ class Client:
         try:
             n, meta = protocol.read_header(self._recv_exact(protocol.HEADER_SIZE))
             msg = protocol.decode(self._recv_exact(n), meta)
-        except socket.timeout:
+        except TimeoutError:
             self._drop()
             waited = self.timeout if timeout is None else timeout
             raise errors.Timeout(
@@ -230,7 +232,8 @@ class Client:
             ) from None
         except (OSError, protocol.ProtocolError) as exc:
             self._drop()
-            raise errors.ConnectionFailed(f"lost the connection to the {self.name}: {exc}") from None
+            raise errors.ConnectionFailed(
+                f"lost the connection to the {self.name}: {exc}") from None
         if msg.get("id") == 0 and not msg.get("ok"):
             # The server refused this connection's traffic (a frame over its
             # limit, a malformed message) and hangs up: say why.
@@ -262,7 +265,7 @@ class Client:
         self._closed = True
         self._drop()
 
-    def __enter__(self) -> "Client":
+    def __enter__(self) -> Client:
         return self
 
     def __exit__(self, *exc) -> None:
@@ -431,7 +434,8 @@ class AsyncClient:
                 asyncio.open_connection(host, port, limit=1 << 20), timeout
             )
         except (OSError, asyncio.TimeoutError) as exc:
-            raise errors.ConnectionFailed(f"cannot connect to the {name} at {address}: {exc}") from None
+            raise errors.ConnectionFailed(
+                f"cannot connect to the {name} at {address}: {exc}") from None
         writer.get_extra_info("socket").setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         label = f"{name} at {address}"
         try:

@@ -158,7 +158,7 @@ class UcxRuntime:
         if self._progress:
             self.worker.stop_progress_thread()
 
-    def __enter__(self) -> "UcxRuntime":
+    def __enter__(self) -> UcxRuntime:
         return self
 
     def __exit__(self, *exc) -> None:

@@ -169,8 +169,9 @@ def test_status_table_has_memory_and_rate_columns(cluster, client, tls):
 
 
 def test_system_ucx_setting_reaches_the_process_before_ucx_loads(tmp_path, tls):
-    # No system UCX here: libucx falls back to the wheel's; the variable must
-    # still be in the environment the process runs with (same pid, re-executed).
+    # No system UCX here: libucx falls back to the wheel's. The setting must be
+    # in the environment before UCX loads: the CLI reads the configuration
+    # without loading UCX, and the control plane never loads it at all.
     ready = tmp_path / "control.ready"
     env = {k: v for k, v in os.environ.items() if k != "RAPIDS_LIBUCX_PREFER_SYSTEM_LIBRARY"}
     env["DISTORE_UCX_SYSTEM_LIBRARY"] = "true"
@@ -180,14 +181,28 @@ def test_system_ucx_setting_reaches_the_process_before_ucx_loads(tmp_path, tls):
         info = wait_for(lambda: ready.exists() and json.loads(ready.read_text()), 60,
                         "the control plane to start")
         assert info["pid"] == proc.pid
-        with open(f"/proc/{proc.pid}/environ", "rb") as fh:
-            assert b"RAPIDS_LIBUCX_PREFER_SYSTEM_LIBRARY=true" in fh.read().split(b"\0")
+        with open(f"/proc/{proc.pid}/maps") as fh:
+            assert "libucp" not in fh.read()  # nothing for the setting to be too late for
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=10) == 0
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+    # A storage node loads UCX, after the CLI has applied the configuration.
+    probe = (
+        "import os, sys\n"
+        "from distore_ucx import cli\n"
+        "args = cli.build_parser().parse_args(['node', '--control', '127.0.0.1:1'])\n"
+        "cli._apply_ucx(cli.settings_from(args), None)\n"
+        "assert 'libucx' not in sys.modules\n"
+        "assert os.environ['RAPIDS_LIBUCX_PREFER_SYSTEM_LIBRARY'] == 'true'\n"
+        "import distore_ucx.storage.node\n"
+        "assert 'libucx' in sys.modules\n"
+    )
+    done = subprocess.run([sys.executable, "-c", probe], env=env, cwd=tmp_path,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
 
 
 def test_checkpoint_command_writes_one_and_status_shows_it(tmp_path):

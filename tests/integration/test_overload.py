@@ -40,7 +40,7 @@ class RssWatch:
             self.samples.append((time.monotonic() - t0,
                                  {pid: p.memory_info().rss for pid, p in self.procs.items()}))
 
-    def __enter__(self) -> "RssWatch":
+    def __enter__(self) -> RssWatch:
         self._thread.start()
         return self
 

@@ -24,7 +24,8 @@ MAGIC = len(checkpoint.MAGIC)
 
 
 def make(sampler=None, remover=None, capacity=1000, **kw) -> Table:
-    return Table.make("t", capacity, SPEC, sampler or Prioritized(1.0), remover or Fifo(), seed=7, **kw)
+    return Table.make("t", capacity, SPEC, sampler or Prioritized(1.0), remover or Fifo(), seed=7,
+                      **kw)
 
 
 def fill(table: Table, keys, node=1, priorities=None) -> None:

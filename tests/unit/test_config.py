@@ -3,7 +3,6 @@
 import pytest
 
 import distore_ucx as ds
-
 from distore_ucx.config import NodeConfig, parse_size
 from distore_ucx.errors import ConfigError
 from distore_ucx.spec import TableSpec
@@ -247,7 +246,8 @@ def test_config_check_loads_no_ucx(tmp_path):
         "import sys\n"
         "from distore_ucx import cli\n"
         f"assert cli.main(['config', 'check', {path!r}]) == 0\n"
-        "loaded = [m for m in sys.modules if m.startswith(('ucxx', 'libucx', 'distore_ucx._native'))]\n"
+        "loaded = [m for m in sys.modules\n"
+        "          if m.startswith(('ucxx', 'libucx', 'distore_ucx._native'))]\n"
         "assert not loaded, loaded\n"
         "assert 'libucp' not in open('/proc/self/maps').read()\n"
     )

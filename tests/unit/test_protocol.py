@@ -72,7 +72,8 @@ def test_payload_travels_raw_after_the_metadata():
 
 def test_an_insert_is_a_descriptor_not_the_bytes():
     keys = np.arange(4, dtype=np.uint64)
-    fields = {"table": "t", "slot_size": 64, "item_bytes": 6, "keys": keys, "priorities": np.ones(4),
+    fields = {"table": "t", "slot_size": 64, "item_bytes": 6, "keys": keys,
+              "priorities": np.ones(4),
                   "offsets": keys * np.uint64(6), "lengths": np.full(4, 6, np.uint64),
                   "worker_address": b"w" * 40, "rkey": b"DSRK" + b"k" * 20, "base": 1 << 40,
                   "size": 1 << 20, "pid": 1234, "host_id": "h", "timeout": 2.0}

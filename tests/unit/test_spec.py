@@ -65,7 +65,8 @@ def test_unnamed_spec_packs_plain_arrays():
             {"obs": np.zeros((2, 4, 84, 84), np.uint8), "action": [1, 2, 3], "reward": [0, 0]},
             "disagree",
         ),
-        ({"obs": np.zeros((4, 84, 84), np.float64), "action": 1, "reward": 0.0}, "cannot be stored"),
+        ({"obs": np.zeros((4, 84, 84), np.float64), "action": 1, "reward": 0.0},
+         "cannot be stored"),
         ([1, 2], "pass a dict"),
     ],
 )

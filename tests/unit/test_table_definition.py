@@ -62,8 +62,13 @@ name = "per"
 capacity = 1000
 spec = { obs = [[8], "float32"] }
 sampler = { kind = "prioritized", alpha = 0.6 }
-rate_limiter = { kind = "sample_to_insert_ratio", samples_per_insert = 8, min_size_to_sample = 100, error_buffer = 80 }
 max_times_sampled = 3
+
+[tables.rate_limiter]
+kind = "sample_to_insert_ratio"
+samples_per_insert = 8
+min_size_to_sample = 100
+error_buffer = 80
 """)
     assert check_file(str(path)) == []
     (t,) = resolve({}, {}, str(path)).control().tables
