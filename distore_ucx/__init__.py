@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from . import metrics
 from .control.rate_limiters import MinSize, Queue, RateLimiter, SampleToInsertRatio
 from .control.selectors import Fifo, Lifo, MaxHeap, MinHeap, Prioritized, Selector, Uniform
 from .errors import (
@@ -43,7 +44,6 @@ from .errors import (
     Timeout,
     UcxError,
 )
-from . import metrics
 from .spec import TableSpec
 from .table_definition import TableDefinition
 

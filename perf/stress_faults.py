@@ -49,8 +49,9 @@ SPEC = {"payload": ((1000,), "uint8"), "key": ((), "uint64")}
 def make(keys: np.ndarray) -> dict:
     """Items whose payload is a function of their key."""
     keys = np.asarray(keys, np.uint64)
-    payload = ((keys[:, None] * np.uint64(2654435761)) >> np.uint64(7)).astype(np.uint8) + \
-        np.arange(1000, dtype=np.uint8)
+    payload = ((keys[:, None] * np.uint64(2654435761)) >> np.uint64(7)).astype(
+        np.uint8
+    ) + np.arange(1000, dtype=np.uint8)
     return {"payload": payload, "key": keys}
 
 
@@ -86,15 +87,21 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--seconds", type=float, default=60.0)
     ap.add_argument("--tls", default="tcp", help="UCX_TLS for every process (tcp, sm)")
-    ap.add_argument("--mapped", action="store_true",
-                    help="same-host learners map the arenas (default: off, UCX/CMA reads)")
+    ap.add_argument(
+        "--mapped",
+        action="store_true",
+        help="same-host learners map the arenas (default: off, UCX/CMA reads)",
+    )
     ap.add_argument("--nodes", type=int, default=3)
     ap.add_argument("--learners", type=int, default=2)
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--interval", type=float, default=4.0, help="mean s between faults")
     ap.add_argument("--seed", type=int, default=None)
-    ap.add_argument("--faults", default="kill,hang,release",
-                    help="comma-separated subset of kill, hang, release")
+    ap.add_argument(
+        "--faults",
+        default="kill,hang,release",
+        help="comma-separated subset of kill, hang, release",
+    )
     args = ap.parse_args(argv)
     os.environ["UCX_TLS"] = args.tls
     os.environ["DISTORE_LOCAL_MAP"] = "1" if args.mapped else "0"
@@ -105,14 +112,17 @@ def main(argv=None) -> int:
     totals = Totals()
     stop = threading.Event()
     seen: collections.deque = collections.deque(maxlen=256)  # lease ids learners got
-    cluster = ds.LocalCluster(nodes=args.nodes, arena_bytes=32 << 20,
-                              env={"UCX_TLS": args.tls}, log_level="WARNING")
+    cluster = ds.LocalCluster(
+        nodes=args.nodes, arena_bytes=32 << 20, env={"UCX_TLS": args.tls}, log_level="WARNING"
+    )
     t_start = time.monotonic()
     with cluster, ds.connect(cluster.address) as admin:
         admin.create_table("t", capacity=4000, spec=SPEC)
         with admin.writer(max_items=100) as w:
-            for i in range(40):
-                w.insert("t", make(w._key_base + np.uint64(w._seq) + np.arange(100, dtype=np.uint64)))
+            for _ in range(40):
+                w.insert(
+                    "t", make(w._key_base + np.uint64(w._seq) + np.arange(100, dtype=np.uint64))
+                )
 
         def writer():
             try:
@@ -144,10 +154,19 @@ def main(argv=None) -> int:
                         totals.add(sampled=len(batch), wrong=nbad)
                         if nbad and os.environ.get("STRESS_DEBUG"):
                             d = batch.data
-                            bad = (d["key"] != batch.keys) | (make(batch.keys)["payload"] != d["payload"]).any(axis=1)
+                            bad = (d["key"] != batch.keys) | (
+                                make(batch.keys)["payload"] != d["payload"]
+                            ).any(axis=1)
                             own = (make(d["key"])["payload"] == d["payload"]).all(axis=1)
-                            print("WRONG asked", batch.keys[bad][:4], "slot key", d["key"][bad][:4],
-                                  "payload matches slot key", own[bad][:4], flush=True)
+                            print(
+                                "WRONG asked",
+                                batch.keys[bad][:4],
+                                "slot key",
+                                d["key"][bad][:4],
+                                "payload matches slot key",
+                                own[bad][:4],
+                                flush=True,
+                            )
                     totals.add(resampled=lrn.resampled, torn=lrn.torn)
                     lrn.close()
             except Exception as exc:  # noqa: BLE001 - reported in the totals
@@ -184,7 +203,9 @@ def main(argv=None) -> int:
         next_report = time.monotonic() + 30
         try:
             while time.monotonic() < deadline:
-                time.sleep(min(rng.expovariate(1.0 / args.interval), max(0.0, deadline - time.monotonic())))
+                time.sleep(
+                    min(rng.expovariate(1.0 / args.interval), max(0.0, deadline - time.monotonic()))
+                )
                 if time.monotonic() >= deadline:
                     break
                 _fault(cluster, rng, totals, faults)
@@ -196,11 +217,17 @@ def main(argv=None) -> int:
             for th in threads:
                 th.join(90)
     result = dict(totals.c)
-    result.update(seconds=round(time.monotonic() - t_start, 1), tls=args.tls, mapped=args.mapped,
-                  seed=seed, errors=totals.errors)
+    result.update(
+        seconds=round(time.monotonic() - t_start, 1),
+        tls=args.tls,
+        mapped=args.mapped,
+        seed=seed,
+        errors=totals.errors,
+    )
     print(json.dumps(result), flush=True)
     bad = result.get("wrong", 0) > 0 or any(
-        result.get(k, 0) for k in ("learner_fatal_errors", "writer_fatal_errors"))
+        result.get(k, 0) for k in ("learner_fatal_errors", "writer_fatal_errors")
+    )
     return 1 if bad else 0
 
 
@@ -246,10 +273,12 @@ def _record_leases(learner, seen: collections.deque) -> None:
 
 def _line(totals: Totals, t0: float) -> str:
     c = totals.c
-    return (f"{time.monotonic() - t0:6.0f} s: sampled {c['sampled']} wrong {c['wrong']} "
-            f"inserted {c['inserted']} kills {c['kills']} hangs {c['hangs']} "
-            f"foreign releases {c['foreign_releases']} (refused {c['refused']}) "
-            f"learner errors {c['learner_errors']} writer errors {c['writer_errors']}")
+    return (
+        f"{time.monotonic() - t0:6.0f} s: sampled {c['sampled']} wrong {c['wrong']} "
+        f"inserted {c['inserted']} kills {c['kills']} hangs {c['hangs']} "
+        f"foreign releases {c['foreign_releases']} (refused {c['refused']}) "
+        f"learner errors {c['learner_errors']} writer errors {c['writer_errors']}"
+    )
 
 
 if __name__ == "__main__":

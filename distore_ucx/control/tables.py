@@ -16,8 +16,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from .. import _tables
-from ..table_definition import TableDefinition
 from ..metrics import TableStats
+from ..table_definition import TableDefinition
 from .checkpoint import TableImage
 from .items import FREE, LIVE, RETIRED, ItemStore
 from .rate_limiters import RateLimiter

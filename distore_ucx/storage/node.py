@@ -34,8 +34,8 @@ from .. import metrics
 from .._native_loader import _native
 from ..config import NodeConfig, read_token
 from ..errors import ConnectionFailed, InvalidRequest, SpecMismatch, Timeout, from_native
-from ..roles import write_ready
 from ..progress import Progress
+from ..roles import write_ready
 from ..spec import SLOT_HEADER
 from ..transport import UcxRuntime
 from ..transport.local_map import LocalMapServer

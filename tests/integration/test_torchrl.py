@@ -13,7 +13,9 @@ import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch", reason="needs torch (pip install '.[examples]')")
-tensordict = pytest.importorskip("tensordict", reason="needs tensordict (pip install '.[examples]')")
+tensordict = pytest.importorskip(
+    "tensordict", reason="needs tensordict (pip install '.[examples]')"
+)
 TensorDict = tensordict.TensorDict
 
 EXAMPLES = os.path.join(os.path.dirname(__file__), "..", "..", "examples")
@@ -31,14 +33,17 @@ def cluster(make_cluster):
 def transitions(n: int, start: int = 0) -> TensorDict:
     """n CartPole-like transitions whose every value says which item it is."""
     i = torch.arange(start, start + n)
-    return TensorDict({
-        "observation": i[:, None].float().expand(n, 4) + torch.arange(4) / 10,
-        "action": torch.nn.functional.one_hot(i % 2, 2),
-        "done": (i % 3 == 0)[:, None],
-        ("next", "observation"): i[:, None].float().expand(n, 4) + 1,
-        ("next", "reward"): (i[:, None] * 0.5).float(),
-        ("next", "done"): (i % 5 == 0)[:, None],
-    }, [n])
+    return TensorDict(
+        {
+            "observation": i[:, None].float().expand(n, 4) + torch.arange(4) / 10,
+            "action": torch.nn.functional.one_hot(i % 2, 2),
+            "done": (i % 3 == 0)[:, None],
+            ("next", "observation"): i[:, None].float().expand(n, 4) + 1,
+            ("next", "reward"): (i[:, None] * 0.5).float(),
+            ("next", "done"): (i % 5 == 0)[:, None],
+        },
+        [n],
+    )
 
 
 def rows_for(index: torch.Tensor, keys: torch.Tensor, data: TensorDict) -> TensorDict:
@@ -85,11 +90,12 @@ def test_weights_are_the_learners_and_priorities_come_from_td_error(cluster):
     data = transitions(n)
     prio = torch.arange(1, n + 1).float()
     data["td_error"] = prio[:, None]  # TorchRL's priority_key, with a trailing dimension
-    with DistorePrioritizedReplayBuffer(cluster.address, "per", alpha=alpha, beta=beta,
-                                        eps=0.0, capacity=1000, batch_size=64) as rb:
+    with DistorePrioritizedReplayBuffer(
+        cluster.address, "per", alpha=alpha, beta=beta, eps=0.0, capacity=1000, batch_size=64
+    ) as rb:
         keys = rb.extend(data)
         p = dict(zip(keys.tolist(), prio.tolist()))
-        total = sum(v ** alpha for v in p.values())
+        total = sum(v**alpha for v in p.values())
         for _ in range(3):
             td, info = rb.sample(return_info=True)
             probs = np.array([p[k] ** alpha / total for k in td["index"].tolist()])
@@ -111,8 +117,9 @@ def test_weights_are_the_learners_and_priorities_come_from_td_error(cluster):
 def test_update_priority_reaches_the_table(cluster):
     from distore_ucx.torchrl import DistorePrioritizedReplayBuffer
 
-    with DistorePrioritizedReplayBuffer(cluster.address, "upd", alpha=1.0, beta=0.5, eps=0.0,
-                                        capacity=1000, batch_size=16) as rb:
+    with DistorePrioritizedReplayBuffer(
+        cluster.address, "upd", alpha=1.0, beta=0.5, eps=0.0, capacity=1000, batch_size=16
+    ) as rb:
         data = transitions(100)
         keys = rb.extend(data, update_priority=False)  # all at the default priority, 1.0
         td = rb.sample()
@@ -186,8 +193,9 @@ def test_an_existing_table_is_used_as_it_is(cluster):
     from distore_ucx.torchrl import DistoreReplayBuffer
 
     with ds.connect(cluster.address) as client:
-        client.create_table("made", capacity=100, spec={"obs": ((3,), "float32"),
-                                                        "next/obs": ((3,), "float32")})
+        client.create_table(
+            "made", capacity=100, spec={"obs": ((3,), "float32"), "next/obs": ((3,), "float32")}
+        )
         with client.writer() as w:  # a plain distore writer (an actor elsewhere)
             obs = np.repeat(np.arange(50, dtype=np.float32)[:, None], 3, axis=1)
             keys = w.insert("made", {"obs": obs, "next/obs": obs + 1})
@@ -214,13 +222,23 @@ def test_dqn_loss_and_a_collector_use_the_buffer_unchanged(cluster):
     from distore_ucx.torchrl import DistorePrioritizedReplayBuffer
 
     env = GymEnv("CartPole-v1")
-    actor = QValueActor(MLP(in_features=4, out_features=2, num_cells=[32]),
-                        in_keys=["observation"], spec=env.action_spec)
-    with DistorePrioritizedReplayBuffer(cluster.address, "dqn", alpha=0.6, beta=0.4,
-                                        capacity=10_000, batch_size=32) as rb:
+    actor = QValueActor(
+        MLP(in_features=4, out_features=2, num_cells=[32]),
+        in_keys=["observation"],
+        spec=env.action_spec,
+    )
+    with DistorePrioritizedReplayBuffer(
+        cluster.address, "dqn", alpha=0.6, beta=0.4, capacity=10_000, batch_size=32
+    ) as rb:
         # The collector writes into the buffer itself (replay_buffer=).
-        collector = Collector(env, actor, frames_per_batch=50, total_frames=200,
-                              replay_buffer=rb, auto_register_policy_transforms=False)
+        collector = Collector(
+            env,
+            actor,
+            frames_per_batch=50,
+            total_frames=200,
+            replay_buffer=rb,
+            auto_register_policy_transforms=False,
+        )
         for _ in collector:
             pass
         collector.shutdown()
@@ -240,8 +258,20 @@ def test_the_example_trains_with_torchrl_components(tls, monkeypatch):
     pytest.importorskip("gymnasium", reason="needs gymnasium (pip install '.[examples]')")
     monkeypatch.syspath_prepend(os.path.abspath(EXAMPLES))
     example = importlib.import_module("torchrl_dqn")
-    args = example.parse_args(["--frames", "1200", "--init-frames", "400", "--target", "0",
-                               "--updates-per-batch", "4", "--minutes", "4"])
+    args = example.parse_args(
+        [
+            "--frames",
+            "1200",
+            "--init-frames",
+            "400",
+            "--target",
+            "0",
+            "--updates-per-batch",
+            "4",
+            "--minutes",
+            "4",
+        ]
+    )
     s = example.train(args)
     assert s["frames"] >= 1200 and s["episodes"] >= 10, s
     steps = (s["frames"] - 400) // 16 * 4
@@ -257,8 +287,9 @@ def test_the_example_trains_with_torchrl_components(tls, monkeypatch):
 def test_samples_land_on_the_gpu(cluster):
     from distore_ucx.torchrl import DistorePrioritizedReplayBuffer
 
-    with DistorePrioritizedReplayBuffer(cluster.address, "gpu", alpha=0.6, beta=0.4,
-                                        capacity=100, batch_size=8, device="cuda:0") as rb:
+    with DistorePrioritizedReplayBuffer(
+        cluster.address, "gpu", alpha=0.6, beta=0.4, capacity=100, batch_size=8, device="cuda:0"
+    ) as rb:
         data = transitions(20)
         keys = rb.extend(data.to("cuda:0"))
         td = rb.sample()

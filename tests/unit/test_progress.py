@@ -56,8 +56,9 @@ def test_a_terminal_gets_a_bar_unless_plain():
 def test_services_log_their_lines(caplog):
     log = logging.getLogger("distore_ucx.test_progress")
     with caplog.at_level(logging.INFO, logger=log.name):
-        with Progress("re-sending table 't'", total=3, unit="items", logger=log,
-                      stream=io.StringIO(), every=0) as p:
+        with Progress(
+            "re-sending table 't'", total=3, unit="items", logger=log, stream=io.StringIO(), every=0
+        ) as p:
             p.update(3)
     assert "re-sending table 't': 3 of 3 items (100%)" in caplog.text
 
@@ -65,7 +66,8 @@ def test_services_log_their_lines(caplog):
 FAKE_SCRIPT = """\
 import argparse, json, sys
 p = argparse.ArgumentParser()
-p.add_argument("--json-out"); p.add_argument("--plot"); p.add_argument("--quick", action="store_true")
+p.add_argument("--json-out"); p.add_argument("--plot")
+p.add_argument("--quick", action="store_true")
 a = p.parse_args()
 print("working", file=sys.stderr)
 open(a.json_out, "w").close()
@@ -84,9 +86,22 @@ def _fake_perf(tmp_path):
 def test_bench_prints_plain_lines_when_piped(tmp_path):
     perf = _fake_perf(tmp_path)
     out = subprocess.run(
-        [sys.executable, "-m", "distore_ucx", "bench", "--perf-dir", str(perf),
-         "--out", str(tmp_path / "out")],
-        capture_output=True, text=True, timeout=120, cwd=tmp_path, check=False)
+        [
+            sys.executable,
+            "-m",
+            "distore_ucx",
+            "bench",
+            "--perf-dir",
+            str(perf),
+            "--out",
+            str(tmp_path / "out"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
+        check=False,
+    )
     assert out.returncode == 0, out.stderr
     assert "\r" not in out.stdout + out.stderr
     assert "distore bench: 3 of 3 scripts (100%)" in out.stderr
@@ -97,9 +112,21 @@ def test_bench_draws_a_bar_on_a_terminal(tmp_path):
     perf = _fake_perf(tmp_path)
     main, child = pty.openpty()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "distore_ucx", "bench", "--perf-dir", str(perf),
-         "--out", str(tmp_path / "out")],
-        stdin=subprocess.DEVNULL, stdout=child, stderr=child, cwd=tmp_path)
+        [
+            sys.executable,
+            "-m",
+            "distore_ucx",
+            "bench",
+            "--perf-dir",
+            str(perf),
+            "--out",
+            str(tmp_path / "out"),
+        ],
+        stdin=subprocess.DEVNULL,
+        stdout=child,
+        stderr=child,
+        cwd=tmp_path,
+    )
     os.close(child)
     chunks = []
     while True:
