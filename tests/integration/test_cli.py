@@ -32,8 +32,9 @@ def test_demo_verifies_every_item_and_exits_zero(tls, tmp_path):
     assert summary["bad_keys"] == 0 and summary["bad_checksums"] == 0
     assert "sampled" in out.stderr  # progress lines went to stderr
     # It says how each node is read (the tls fixture turns same-host mapping off).
-    assert set(summary["read_paths"].values()) == {f"ucx:{tls}"}
-    assert f"reads node 1: ucx:{tls}" in out.stderr
+    path = "cma" if tls == "sm" else f"ucx:{tls}"  # same host, shared memory: process_vm_readv
+    assert set(summary["read_paths"].values()) == {path}
+    assert f"reads node 1: {path}" in out.stderr
 
 
 def test_status_shows_nodes_and_tables(cluster, client, tls):
