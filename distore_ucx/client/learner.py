@@ -218,7 +218,8 @@ class Learner:
     @property
     def paths(self) -> dict[int, str]:
         """How each storage node is read: node id -> "mapped" (same host,
-        read-only mapping of its arena) or "ucx:<transports>"."""
+        read-only mapping of its arena), "cma" (same host, process_vm_readv)
+        or "ucx:<transports>"."""
         return self._peers.paths
 
     def sample(self, timeout: float | None = None) -> Batch:

@@ -153,7 +153,8 @@ def test_remove_and_lookup():
 @given(
     size=st.integers(1, 300),
     updates=st.lists(
-        st.tuples(st.integers(0, 299), st.floats(0, 1e6, allow_nan=False, allow_infinity=False)),
+        st.tuples(st.integers(0, 299), st.floats(0, 1e6, allow_nan=False, allow_infinity=False,
+                                                 allow_subnormal=False)),
         min_size=1,
         max_size=400,
     ),
