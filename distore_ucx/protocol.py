@@ -155,6 +155,9 @@ MESSAGES: dict[str, tuple[F, ...]] = {
         F("pid", "int", required=False, lo=1, hi=2**31),  # same-host writers
         F("host_id", "str", required=False, max_len=128),
         F("timeout", "float", required=False, lo=0, hi=86400),
+        # same host: the ticket under which the writer handed the node the
+        # buffer's sealed memfd (transport/local_map.py); the node copies from it
+        F("staging", "bytes", required=False, max_len=16),
     ),
     "free": (
         F("table", "str", **_NAME),

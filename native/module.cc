@@ -19,6 +19,7 @@
 #include "memory.h"
 #include "pull.h"
 #include "remote_key.h"
+#include "staging.h"
 #include "status.h"
 #include "sum_tree.h"
 #include "table_core.h"
@@ -432,6 +433,7 @@ NB_MODULE(_native, m) {
         "InvalidArgument before posting anything if an item is malformed.");
   bind_tables(m);
   bind_mapped(m);
+  bind_staging(m);
   m.attr("STATUS_OUT_OF_BOUNDS") = kStatusOutOfBounds;
   m.attr("STATUS_BAD_ARGUMENT") = kStatusBadArgument;
   m.attr("STATUS_TORN") = kStatusTorn;

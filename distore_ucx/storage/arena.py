@@ -224,6 +224,21 @@ class Arena:
             offsets, src_addresses, lengths, keys, generations, timeout)
 
 
+    def pull_mapped(self, source, offsets: np.ndarray, keys: np.ndarray,
+                    generations: np.ndarray, src_addresses: np.ndarray, lengths: np.ndarray,
+                    pool=None) -> np.ndarray:
+        """Copy a same-host writer's staged items out of its mapped staging
+        buffer (`source.mapping`) into allocated slots, seqlock style, in
+        one native call with the GIL released (over `pool` for large
+        batches); returns the per-item statuses (all 0)."""
+        return _native.pull_mapped(
+            self.region, source.mapping, source.base, offsets, src_addresses, lengths, keys,
+            generations, pool, PARALLEL_COPY_BYTES)
+
+
+PARALLEL_COPY_BYTES = 1 << 20  # same-host insert batches this large use the copy pool
+
+
 def page_advice(page_kind: str) -> str:
     """What an admin can set to give arenas larger pages; "" when they have them.
 

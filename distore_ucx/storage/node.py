@@ -45,6 +45,7 @@ log = logging.getLogger(__name__)
 
 RESEND_BATCH = 1 << 16  # items per items_restored message after a re-join
 PULL_TIMEOUT = 30.0  # s for reading one insert batch from a writer
+COPY_HELPERS = 1  # threads besides the pull thread for same-host batch copies
 
 
 def route_address(control_host: str) -> str:
@@ -227,7 +228,8 @@ class StorageNode:
             self.local_map = LocalMapServer(
                 self.arena.share_fd, self.arena.size, self.arena.arena_id,
                 self.arena.page_kind, self._token, self.name,
-                high_water=lambda: self.arena.high_water if self.arena else 0).start()
+                high_water=lambda: self.arena.high_water if self.arena else 0,
+                on_staging=self._sources().offer).start()
         except OSError as exc:
             log.warning("node %s: cannot offer its arena to same-host learners (%s); they "
                         "read over UCX", self.name, exc)
@@ -395,8 +397,12 @@ class StorageNode:
         keeps serving); raise if any item could not be read."""
         loop = asyncio.get_running_loop()
         addresses = np.uint64(source.base) + src_offsets
-        job = loop.run_in_executor(self._puller(), self.arena.pull, source, offsets, keys,
-                                   gens, addresses, lengths, PULL_TIMEOUT)
+        if source.mapping is not None:
+            job = loop.run_in_executor(self._puller(), self.arena.pull_mapped, source, offsets,
+                                       keys, gens, addresses, lengths, self._copy_pool())
+        else:
+            job = loop.run_in_executor(self._puller(), self.arena.pull, source, offsets, keys,
+                                       gens, addresses, lengths, PULL_TIMEOUT)
         try:
             statuses = await asyncio.shield(job)
         except asyncio.CancelledError:
@@ -419,7 +425,7 @@ class StorageNode:
         from .pulls import Sources
 
         if getattr(self, "_pull_sources", None) is None:
-            self._pull_sources = Sources(self.runtime)
+            self._pull_sources = Sources(self.runtime, self.name)
         return self._pull_sources
 
     def _puller(self) -> ThreadPoolExecutor:
@@ -427,6 +433,12 @@ class StorageNode:
         if getattr(self, "_pull_thread", None) is None:
             self._pull_thread = ThreadPoolExecutor(1, thread_name_prefix="pull")
         return self._pull_thread
+
+    def _copy_pool(self):
+        """Helper threads for large same-host batch copies (made on first use)."""
+        if getattr(self, "_pool", None) is None:
+            self._pool = _native.CopyPool(COPY_HELPERS)
+        return self._pool
 
     async def _forget_writer(self, peer) -> None:
         """Drop a writer's cached endpoint and remote keys when its connection closes."""
