@@ -87,6 +87,9 @@ class Arena:
                 f"node {self.node_name}: recreate it under a new name"
             )
         rest = k - min(k, slots.free_slots)
+        if rest == 0:  # the common case once a table is full: reuse only
+            self.used_bytes += k * slot_size
+            return slots.reuse(k)
         if rest > self._room(slot_size, slots.end):
             held = sorted(((t.n * t.slot_size, name) for name, t in self._tables.items()
                            if t.n), reverse=True)  # carved slots stay with their table
