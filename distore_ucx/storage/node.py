@@ -45,7 +45,10 @@ log = logging.getLogger(__name__)
 
 RESEND_BATCH = 1 << 16  # items per items_restored message after a re-join
 PULL_TIMEOUT = 30.0  # s for reading one insert batch from a writer
-COPY_HELPERS = 1  # threads besides the pull thread for same-host batch copies
+COPY_HELPERS = 1  # threads besides the copying one for same-host batch copies
+# Same-host batches up to this size are copied on the event loop (~2 ms at
+# most); larger ones on the pull thread, so that the loop is never held long.
+INLINE_COPY_BYTES = 16 << 20
 
 
 def route_address(control_host: str) -> str:
@@ -394,9 +397,17 @@ class StorageNode:
 
     async def _pull(self, source, offsets, keys, gens, src_offsets, lengths) -> None:
         """Read the batch into its slots on the pull thread (the event loop
-        keeps serving); raise if any item could not be read."""
+        keeps serving), or here for a mapped batch of at most
+        INLINE_COPY_BYTES; raise if any item could not be read."""
         loop = asyncio.get_running_loop()
         addresses = np.uint64(source.base) + src_offsets
+        if source.mapping is not None and int(lengths.sum()) <= INLINE_COPY_BYTES:
+            # A copy out of a mapping cannot wait on anyone: done here, it
+            # saves two thread hand-offs per batch (measured: a quarter of
+            # the node's CPU per GB for 4 MiB batches of 110 KB items).
+            self.arena.pull_mapped(source, offsets, keys, gens, addresses, lengths,
+                                   self._copy_pool())
+            return
         if source.mapping is not None:
             job = loop.run_in_executor(self._puller(), self.arena.pull_mapped, source, offsets,
                                        keys, gens, addresses, lengths, self._copy_pool())
