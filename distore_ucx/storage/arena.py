@@ -175,13 +175,15 @@ class Arena:
         """The control plane acknowledged these slots' items: remember what they hold."""
         self._tables[table].commit(offsets, keys, generations, priorities)
 
-    def free(self, table: str, offsets: np.ndarray) -> None:
-        """Return slots to the table's free list (the control plane released them)."""
+    def free(self, table: str, offsets: np.ndarray, live_only: bool = False) -> None:
+        """Return slots to the table's free list (the control plane released
+        them: `live_only`, so that a late or repeated free never takes a slot
+        an insert in flight holds; or an insert failed)."""
         slots = self._tables.get(table)
         if slots is None or len(offsets) == 0:
             return
         try:
-            freed = slots.release(offsets)
+            freed = slots.release(offsets, live_only)
         except ValueError:
             raise ValueError(f"node {self.node_name}: free of slots never allocated in table "
                              f"{table!r}") from None

@@ -314,7 +314,7 @@ class StorageNode:
     async def _on_push(self, op: str, fields: dict) -> None:
         if op == "free":
             try:
-                self.arena.free(fields["table"], fields["offsets"])
+                self.arena.free(fields["table"], fields["offsets"], live_only=True)
             except ValueError as exc:  # a confused control plane must not stop the node
                 log.error("ignoring a free from the control plane: %s", exc)
         else:
