@@ -162,6 +162,9 @@ MESSAGES: dict[str, tuple[F, ...]] = {
         # a node the control plane dropped (the writer then resends elsewhere
         # and reuses the buffer) can never register it after re-joining.
         F("node_id", "int", required=False, lo=0, hi=2**63 - 1),
+        # same host: the ticket under which the writer handed the node the
+        # buffer's sealed memfd (transport/local_map.py); the node copies from it
+        F("staging", "bytes", required=False, max_len=16),
     ),
     "free": (
         F("table", "str", **_NAME),

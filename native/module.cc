@@ -3,6 +3,7 @@
 // failure becomes the exception class that distore_ucx.errors maps its
 // status to (errors.from_native), in one place (bind_status.cc).
 #include "bindings.h"
+#include "staging.h"
 
 NB_MODULE(_native, m) {
   using namespace distore;
@@ -15,4 +16,5 @@ NB_MODULE(_native, m) {
   bind_status_constants(m);
   bind_pull(m);
   bind_endpoint(m);
+  bind_staging(m);  // staging.cc: same-host writers' sealed staging buffers
 }

@@ -17,14 +17,16 @@ namespace {
 
 constexpr uint64_t kHeader = 16;  // key, generation (spec.SLOT_HEADER)
 
+}  // namespace
+
 void store_header(uint8_t* base, uint64_t slot, uint64_t key, uint64_t generation) {
   auto* h = reinterpret_cast<uint64_t*>(base + slot);
   __atomic_store_n(&h[0], key, __ATOMIC_RELAXED);
   __atomic_store_n(&h[1], generation, __ATOMIC_RELAXED);
 }
 
-void validate(const MemoryRegion& arena, uint64_t src_base, uint64_t src_size,
-              const PullItem* items, size_t n) {
+void validate_pull(const MemoryRegion& arena, uint64_t src_base, uint64_t src_size,
+                   const PullItem* items, size_t n) {
   const uint64_t size = arena.size();
   for (size_t i = 0; i < n; ++i) {
     const PullItem& it = items[i];
@@ -43,6 +45,8 @@ void validate(const MemoryRegion& arena, uint64_t src_base, uint64_t src_size,
     }
   }
 }
+
+namespace {
 
 int32_t errno_status(int err) {
   switch (err) {
@@ -104,7 +108,7 @@ void pull_cma(pid_t pid, uint8_t* base, const PullItem* items, size_t n, int32_t
 void pull(const MemoryRegion& arena, const MemoryRegion* dest, ucp_worker_h worker,
           const RemoteKey* rkey, pid_t pid, uint64_t src_base, uint64_t src_size,
           const PullItem* items, size_t n, double timeout_s, int32_t* statuses) {
-  validate(arena, src_base, src_size, items, n);
+  validate_pull(arena, src_base, src_size, items, n);
   if (rkey != nullptr && (dest == nullptr || worker == nullptr)) {
     throw UcxError(kStatusBadArgument, "pull: a UCX pull needs the worker and a destination");
   }

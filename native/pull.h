@@ -29,6 +29,15 @@ struct PullItem {
   uint64_t generation;
 };
 
+// Throws UcxError (kStatusOutOfBounds) if an item's slot does not fit in
+// the arena (or is not 8-byte aligned) or its source range lies outside
+// [src_base, src_base + src_size).
+void validate_pull(const MemoryRegion& arena, uint64_t src_base, uint64_t src_size,
+                   const PullItem* items, size_t n);
+
+// Writes a slot header (key, generation) with relaxed atomic stores.
+void store_header(uint8_t* arena_base, uint64_t slot, uint64_t key, uint64_t generation);
+
 // Pulls a batch into slots of `arena` (written through its writable alias):
 //   1. every slot's header becomes (key 0, generation 0): invalid;
 //   2. release fence; the payloads are read from the writer, one-sided:

@@ -9,11 +9,21 @@ one
     then ``flush()``: batching happens under the hood.
 batched
     ``--batch`` items per ``insert()`` call (default 32), same total.
+concurrent
+    one item per call, as ``one``, while a learner in another process samples the same
+    table flat out (``--sample-batch`` items per ``sample()``, default 32): the insert
+    rate and the sample rate (GB/s of items returned by ``sample()``) of the same seconds.
 
 GB/s is 10^9 bytes of item payload per second, from the first insert to the end of the
 final flush (everything acknowledged, so sampleable). The table is FIFO with a capacity
 that fits the arena, so long runs evict. The writer's ``paths`` say how the node read the
-batches (``cma (same host)`` or ``ucx (UCX_TLS=...)``).
+batches (``mapped (same host)``, ``cma (same host)`` or ``ucx (UCX_TLS=...)``).
+``--no-local-map`` makes same-host nodes read writers' memory with process_vm_readv
+instead of mapping their staging buffers (``DISTORE_LOCAL_MAP=0``).
+
+Each row also gives the CPU seconds per GB inserted of the writer process, the storage
+node and the control plane: on a shared, busy machine the wall-clock rate depends on
+what else runs, the CPU cost much less.
 
 perftest
     ``ucx_perftest -t ucp_get -s SIZE -O BATCH`` between two local processes with the same
@@ -32,24 +42,67 @@ used. Example (brief run; the lead measures final figures on a quiet machine)::
 from __future__ import annotations
 
 import argparse
+import json
+import os
+import subprocess
 import sys
+import textwrap
 import time
 
 import common
 import numpy as np
-from common import apply_ucx_env, fmt, log, measure_perftest, size_list
+from common import apply_ucx_env, cpu_seconds, fmt, log, measure_perftest, size_list
 
 MiB = 1 << 20
 DEFAULT_SIZES = "3K,110K,3M,10M"
 
 
 def pattern(index: np.ndarray, size: int) -> np.ndarray:
-    """Items whose bytes encode their index: (len(index), size) uint8."""
-    base = (np.arange(size, dtype=np.uint64) * np.uint64(2654435761)) >> np.uint64(7)
-    return ((base[None, :] + index.astype(np.uint64)[:, None]) & np.uint64(0xFF)).astype(np.uint8)
+    """Items whose bytes encode their index: (len(index), size) uint8 (uint8 sums wrap,
+    so no temporary larger than the result is made)."""
+    base = ((np.arange(size, dtype=np.uint64) * np.uint64(2654435761)) >> np.uint64(7)).astype(
+        np.uint8)
+    return base[None, :] + (index.astype(np.uint64) & np.uint64(0xFF)).astype(np.uint8)[:, None]
 
 
-def run_mode(ds, client, tls: str, size: int, mode: str, args) -> dict:
+# A learner in its own process for the concurrent mode: samples flat out between two
+# lines on stdin ("go", then EOF) and prints what it sampled as one JSON line.
+SAMPLER = textwrap.dedent("""
+    import json, sys, time
+    import distore_ucx as ds
+    client = ds.connect(sys.argv[1])
+    learner = client.learner(sys.argv[2], int(sys.argv[3]))
+    learner.sample()  # warm: endpoints or mappings made
+    print("ready", flush=True)
+    sys.stdin.readline()
+    deadline = time.perf_counter() + float(sys.argv[4])
+    n = nbytes = 0
+    t0 = time.perf_counter()
+    while time.perf_counter() < deadline:
+        batch = learner.sample()
+        n += len(batch)
+        nbytes += batch.data.nbytes
+    dt = time.perf_counter() - t0
+    print(json.dumps({"items": n, "bytes": nbytes, "seconds": dt,
+                      "paths": sorted(set(learner.paths.values()))}), flush=True)
+    learner.close()
+    client.close()
+""")
+
+
+def start_sampler(address: str, table: str, batch: int, seconds: float) -> subprocess.Popen:
+    """The concurrent mode's learner process, warmed up and waiting for "go"."""
+    proc = subprocess.Popen([sys.executable, "-c", SAMPLER, address, table, str(batch),
+                             str(seconds)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            text=True, cwd="/tmp")
+    line = proc.stdout.readline().strip()
+    if line != "ready":
+        proc.kill()
+        raise RuntimeError(f"the sampling learner did not start (said {line!r})")
+    return proc
+
+
+def run_mode(ds, client, tls: str, size: int, mode: str, args, pids: dict) -> dict:
     table = f"ins_{tls.replace(',', '_')}_{size}_{mode}"
     # Every table of the run shares the arena: each gets an equal part of half
     # of it (the rest: slots of batches in flight, not yet evicted for).
@@ -57,8 +110,8 @@ def run_mode(ds, client, tls: str, size: int, mode: str, args) -> dict:
     capacity = max(8, share // (size + 64))
     client.create_table(table, capacity, ((size,), np.uint8), sampler=ds.Uniform(),
                         remover=ds.Fifo())
-    per_call = 1 if mode == "one" else args.batch
-    n_src = max(per_call, 64)
+    per_call = args.batch if mode == "batched" else 1
+    n_src = max(per_call, min(64, (256 * MiB) // size))  # distinct items, at most ~256 MiB
     src = pattern(np.arange(n_src), size)  # made before timing: the writer's data
     batch_bytes = max(args.batch_bytes, 2 * size)
     writer = client.writer(batch_bytes=batch_bytes, max_in_flight=args.in_flight)
@@ -70,10 +123,17 @@ def run_mode(ds, client, tls: str, size: int, mode: str, args) -> dict:
         writer.insert(table, src[:per_call] if per_call > 1 else src[0])
         warm += per_call
     writer.flush()
+    sampler = None
+    if mode == "concurrent":
+        sampler = start_sampler(client.address, table, args.sample_batch, args.seconds)
+        sampler.stdin.write("go\n")
+        sampler.stdin.flush()
     n = 0
+    cpu0 = {k: cpu_seconds(pid) for k, pid in pids.items()}
+    cpu0["writer"] = time.process_time()
     t0 = time.perf_counter()
     deadline = t0 + args.seconds
-    while time.perf_counter() < deadline or n * size < args.min_bytes:
+    while time.perf_counter() < deadline or (n * size < args.min_bytes and sampler is None):
         i = n % n_src
         if per_call == 1:
             writer.insert(table, src[i])
@@ -83,12 +143,26 @@ def run_mode(ds, client, tls: str, size: int, mode: str, args) -> dict:
         n += per_call
     writer.flush()
     elapsed = time.perf_counter() - t0
+    cpu = {k: (cpu_seconds(pid) or 0.0) - (cpu0[k] or 0.0) for k, pid in pids.items()}
+    cpu["writer"] = time.process_time() - cpu0["writer"]
+    sampled = None
+    if sampler is not None:
+        out, _ = sampler.communicate(timeout=args.seconds + 60)
+        sampled = json.loads(out.strip().splitlines()[-1])
     paths = sorted(set(writer.paths.values()))
     writer.close()
     ok = verify(client, table, src, size)
-    return {"tls": tls, "item_bytes": size, "mode": mode, "per_call": per_call,
-            "items": n, "seconds": elapsed, "gbps": n * size / elapsed / 1e9,
-            "items_per_s": n / elapsed, "via": ",".join(paths), "verified": ok}
+    gb = n * size / 1e9
+    row = {"tls": tls, "item_bytes": size, "mode": mode, "per_call": per_call,
+           "items": n, "seconds": elapsed, "gbps": gb / elapsed,
+           "items_per_s": n / elapsed, "via": ",".join(paths), "verified": ok,
+           "local_map": args.local_map,
+           **{f"cpu_s_per_gb_{k}": v / gb for k, v in cpu.items()}}
+    if sampled is not None:
+        row.update(sample_gbps=sampled["bytes"] / sampled["seconds"] / 1e9,
+                   sample_items_per_s=sampled["items"] / sampled["seconds"],
+                   sample_paths=",".join(sampled["paths"]))
+    return row
 
 
 def verify(client, table: str, src: np.ndarray, size: int) -> bool:
@@ -115,10 +189,12 @@ def run_tls(args, tls: str, out) -> list[dict]:
     import distore_ucx as ds
 
     apply_ucx_env(tls)
+    os.environ["DISTORE_LOCAL_MAP"] = "1" if args.local_map else "0"
     rows = []
     env = {"UCX_TLS": tls, "UCX_LOG_LEVEL": "error"}
     with ds.LocalCluster(nodes=1, arena_bytes=args.arena, env=env, log_level="WARNING") as c:
         client = ds.connect(c.address)
+        pids = {"control": c.control.pid, "node": c.nodes[0].pid}
         try:
             for size in args.sizes:
                 pt, why = measure_perftest(tls, size, args.batch, args.batch * 200,
@@ -127,7 +203,7 @@ def run_tls(args, tls: str, out) -> list[dict]:
                     log(f"[{tls}] ucx_perftest: {why}")
                 for mode in args.modes:
                     log(f"[{tls}] {size} B, {mode}")
-                    row = run_mode(ds, client, tls, size, mode, args)
+                    row = run_mode(ds, client, tls, size, mode, args, pids)
                     row["perftest_gbps"] = pt["gbps"] if pt else None
                     row["ratio_vs_perftest"] = row["gbps"] / pt["gbps"] if pt else None
                     rows.append(row)
@@ -139,10 +215,13 @@ def run_tls(args, tls: str, out) -> list[dict]:
 
 def print_rows(rows: list[dict]) -> None:
     head = ["tls", "item_B", "mode", "items", "GB/s", "items/s", "perf_GB/s", "vs_perf",
-            "via", "ok"]
+            "cpu_s/GB w+n+c", "sample_GB/s", "via", "ok"]
     lines = [[r["tls"], str(r["item_bytes"]), r["mode"], str(r["items"]), fmt(r["gbps"], ".3g"),
               fmt(r["items_per_s"], ".3g"), fmt(r["perftest_gbps"], ".3g"),
-              fmt(r["ratio_vs_perftest"], ".2f"), r["via"], "yes" if r["verified"] else "NO"]
+              fmt(r["ratio_vs_perftest"], ".2f"),
+              "+".join(format(r[f"cpu_s_per_gb_{k}"], ".2f") for k in ("writer", "node",
+                                                                       "control")),
+              fmt(r.get("sample_gbps"), ".3g"), r["via"], "yes" if r["verified"] else "NO"]
              for r in rows]
     common.print_table(head, lines)
 
@@ -151,8 +230,13 @@ def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--tls", default="sm,tcp", help="UCX_TLS per pass (default sm,tcp)")
     p.add_argument("--sizes", default=DEFAULT_SIZES, help="item sizes, K/M suffixes allowed")
-    p.add_argument("--modes", default="one,batched", help="one, batched or both")
+    p.add_argument("--modes", default="one,batched",
+                   help="comma-separated: one, batched, concurrent (default one,batched)")
     p.add_argument("--batch", type=int, default=32, help="items per call in batched mode")
+    p.add_argument("--sample-batch", type=int, default=32,
+                   help="items per sample() of the concurrent mode's learner")
+    p.add_argument("--no-local-map", dest="local_map", action="store_false",
+                   help="same-host nodes read writers with process_vm_readv, not a mapping")
     p.add_argument("--seconds", type=float, default=2.0, help="timed seconds per run")
     p.add_argument("--min-bytes", type=int, default=64 * MiB, help="at least this much per run")
     p.add_argument("--arena", type=int, default=1 << 30,
@@ -165,8 +249,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     args = p.parse_args(argv)
     args.sizes = size_list(args.sizes)
     args.modes = [m.strip() for m in args.modes.split(",") if m.strip()]
-    if set(args.modes) - {"one", "batched"} or not args.modes:
-        p.error("--modes: one, batched")
+    if set(args.modes) - {"one", "batched", "concurrent"} or not args.modes:
+        p.error("--modes: one, batched, concurrent")
     return args
 
 

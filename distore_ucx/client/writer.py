@@ -34,10 +34,12 @@ from __future__ import annotations
 
 import itertools
 import logging
+import math
 import os
+import secrets
 import time
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -45,8 +47,10 @@ from .. import metrics
 from .._native_loader import _native
 from ..errors import ConfigError, ConnectionFailed, RateLimiterTimeout, StorageFull
 from ..transport import rpc
+from ..transport.local_map import TICKET_BYTES, send_staging
 from ..transport.runtime import host_id
 from .lifecycle import check_insert, ensure_open
+from .peers import local_map_default
 
 log = logging.getLogger(__name__)
 
@@ -68,6 +72,10 @@ class _Buffer:
         self.rkey = self.region.pack_rkey()
         self.base = self.region.address  # what the node reads
         self.size = self.region.size
+        # The sealed memfd behind it (-1 if the kernel cannot seal it), handed
+        # to same-host nodes under a random ticket; a new region, a new ticket.
+        self.fd = self.region.share_fd
+        self.ticket = secrets.token_bytes(TICKET_BYTES)
 
     def grow(self, size: int) -> None:
         """Make room for at least `size` bytes (an item larger than batch_bytes)."""
@@ -85,9 +93,13 @@ class _Batch:
     buffer: _Buffer
     capacity: int  # items that fit
     n: int = 0
-    keys: list = field(default_factory=list)
-    priorities: list = field(default_factory=list)
+    keys: np.ndarray = None  # uint64[capacity], the first n in use
+    priorities: np.ndarray = None  # float64[capacity]
     sent: float = 0.0  # perf_counter when sent (metrics: time to acknowledgement)
+
+    def __post_init__(self):
+        self.keys = np.empty(self.capacity, np.uint64)
+        self.priorities = np.empty(self.capacity, np.float64)
 
     def rows(self, k: int) -> np.ndarray:
         """The next k free rows of the buffer, as an (k, item_bytes) uint8 view."""
@@ -95,7 +107,20 @@ class _Batch:
         return self.buffer.view[self.n * ib : (self.n + k) * ib].reshape(k, ib)
 
     def all_keys(self) -> np.ndarray:
-        return np.concatenate(self.keys) if len(self.keys) != 1 else self.keys[0]
+        return self.keys[: self.n].copy()
+
+
+class _Layout:
+    """What a one-item insert of a table needs, computed once: each field's
+    name, shape, dtype and byte range in the item. Only for items without
+    padding between fields (the general path zeroes padding)."""
+
+    def __init__(self, spec):
+        self.spec = spec
+        self.item_bytes = spec.item_bytes
+        self.unnamed = spec.unnamed
+        self.fields = [(f.name, f.shape, f.dtype, f.offset, f.nbytes) for f in spec.fields]
+        self.dense = sum(f[4] for f in self.fields) == self.item_bytes
 
 
 class Writer:
@@ -112,10 +137,15 @@ class Writer:
         max_items: int = 1024,
         max_in_flight: int = 4,
         timeout: float = 60.0,
+        local_map: bool | None = None,
     ):
         """`timeout`: how long a batch may wait for a rate limiter (or a node)
         before failing with RateLimiterTimeout (or Timeout); staging memory is
-        `max_in_flight` buffers of `batch_bytes` (see the module docstring)."""
+        `max_in_flight` buffers of `batch_bytes` (see the module docstring).
+        `local_map` (default True, `DISTORE_LOCAL_MAP=0` turns it off): hand
+        same-host nodes the staging buffers' sealed memfds, so that they copy
+        batches with plain loads (otherwise they read this process's memory
+        with process_vm_readv)."""
         if batch_bytes < 1 or max_items < 1 or max_in_flight < 1:
             raise ConfigError("batch_bytes, max_items and max_in_flight must be positive")
         self._client = client
@@ -126,6 +156,8 @@ class Writer:
         reply = client.call("register_writer")
         self.writer_id = reply["writer_id"]
         self._key_base = np.uint64(self.writer_id << reply["key_bits"])
+        self._key_base_int = self.writer_id << reply["key_bits"]
+        self._layouts: dict[str, _Layout] = {}  # per table, for one-item inserts
         self._seq = 0
         self._runtime = client.runtime
         self._me = {"worker_address": self._runtime.address, "pid": os.getpid(),
@@ -141,6 +173,9 @@ class Writer:
         self._rr = itertools.count()
         self._sent: dict[int, int] = {}  # bytes sent to each node (placement)
         self._paths: dict[int, str] = {}  # how each node reads our buffers (logged once)
+        self.local_map = local_map_default() if local_map is None else bool(local_map)
+        self._handed: dict[tuple[int, str, int], bytes] = {}  # connection -> ticket handed
+        self._no_map: dict[int, str] = {}  # nodes that cannot map our buffers, and why
         self.inserted = 0
         self.stats = metrics.WriterStats()  # ds.metrics.registry() reads it
         metrics.track("writer", self)
@@ -159,10 +194,13 @@ class Writer:
         across the control plane. Raises (see the module docstring) when a
         batch of this writer could not be stored.
         """
+        keys = self._insert_one(table, data, priority)
+        if keys is not None:
+            return keys
         check_insert(self, table, data, priority)
         spec = self._client.spec(table)
         n, arrays = spec.arrays(data)
-        prio = np.broadcast_to(np.asarray(priority, dtype=np.float64), (n,)).copy()
+        prio = np.broadcast_to(np.asarray(priority, dtype=np.float64), (n,))
         if not np.isfinite(prio).all() or (prio < 0).any():
             raise ValueError("priorities must be finite and non-negative")
         keys = self._key_base + np.uint64(self._seq) + np.arange(n, dtype=np.uint64)
@@ -173,8 +211,8 @@ class Writer:
                 batch = self._batch(table, spec)
                 k = min(n - done, batch.capacity - batch.n)
                 spec.pack_into(batch.rows(k), arrays, done, done + k)
-                batch.keys.append(keys[done : done + k])
-                batch.priorities.append(prio[done : done + k])
+                batch.keys[batch.n : batch.n + k] = keys[done : done + k]
+                batch.priorities[batch.n : batch.n + k] = prio[done : done + k]
                 batch.n += k
                 done += k
                 if batch.n == batch.capacity:
@@ -182,6 +220,52 @@ class Writer:
         except _Failed as failed:
             failed.raise_with(keys[done:])
         return keys
+
+    def _insert_one(self, table: str, data, priority) -> np.ndarray | None:
+        """The common call, one item given as numpy arrays of the spec's
+        shapes and dtypes with a float priority: staged with no per-call
+        numpy work beyond one slice copy per field. Returns None, having
+        changed nothing, for any other call (the general path takes it)."""
+        layout = self._layouts.get(table)
+        if layout is None:
+            if self._closed:
+                return None
+            layout = self._layouts[table] = _Layout(self._client.spec(table))
+        if not layout.dense or type(priority) not in (float, int):
+            return None
+        if not 0.0 <= priority < math.inf:  # NaN fails too
+            return None
+        if layout.unnamed:
+            name, shape, dtype, _, _ = layout.fields[0]
+            if type(data) is not np.ndarray or data.shape != shape or data.dtype != dtype:
+                return None
+            parts = (data,)
+        else:
+            if type(data) is not dict or len(data) != len(layout.fields):
+                return None
+            parts = []
+            for name, shape, dtype, _, _ in layout.fields:
+                a = data.get(name)
+                if type(a) is not np.ndarray or a.shape != shape or a.dtype != dtype:
+                    return None
+                parts.append(a)
+        ensure_open(self, "writer")
+        key = self._key_base_int + self._seq
+        self._seq += 1
+        try:
+            batch = self._batch(table, layout.spec)
+            row = batch.n * layout.item_bytes
+            view = batch.buffer.view[row : row + layout.item_bytes]
+            for (_, _, _, offset, nbytes), a in zip(layout.fields, parts):
+                view[offset : offset + nbytes] = a.reshape(-1).view(np.uint8)
+            batch.keys[batch.n] = key
+            batch.priorities[batch.n] = priority
+            batch.n += 1
+            if batch.n == batch.capacity:
+                self._send(self._open.pop(table), set())
+        except _Failed as failed:
+            failed.raise_with(None)
+        return np.array((key,), np.uint64)
 
     def flush(self) -> None:
         """Send everything buffered and wait until every item is stored."""
@@ -243,15 +327,16 @@ class Writer:
         return self._free.pop()
 
     def _send(self, batch: _Batch, exclude: set[int]) -> None:
-        keys = batch.all_keys()
-        prios = np.concatenate(batch.priorities) if len(batch.priorities) != 1 else \
-            batch.priorities[0]
+        keys = batch.keys[: batch.n]
+        prios = batch.priorities[: batch.n]
         ib = batch.spec.item_bytes
         while True:
             try:
-                node_id, conn = self._next_node(exclude, batch.buffer.index)
+                node, conn = self._next_node(exclude, batch.buffer.index)
             except StorageFull as exc:
                 raise self._settle(exc, batch) from None
+            node_id = node["node_id"]
+            staging = self._staging(node, batch.buffer)
             try:
                 conn.send(
                     "insert",
@@ -268,6 +353,7 @@ class Writer:
                     timeout=float(self.timeout),
                     node_id=node_id,
                     **self._me,
+                    **({"staging": staging} if staging else {}),
                 )
             except ConnectionFailed as exc:
                 log.warning("storage node %d unreachable (%s); trying another", node_id, exc)
@@ -344,7 +430,7 @@ class Writer:
             stored.append(batch.all_keys())
             self._stored(batch, node_id, reply)
         for batch in self._open.values():
-            if batch.keys:
+            if batch.n:
                 unstored.append(batch.all_keys())
             self._free.append(batch.buffer)
         self._open.clear()
@@ -373,7 +459,30 @@ class Writer:
             "flush in smaller steps between samples, or loosen the rate limiter."
         )
 
-    def _next_node(self, exclude: set[int], buffer: int) -> tuple[int, rpc.Client]:
+    def _staging(self, node: dict, buf: _Buffer) -> bytes | None:
+        """The ticket under which `node` holds `buf` mapped, handing it over
+        first if need be; None when the node reads it otherwise (another
+        host, mapping off or refused: it then uses process_vm_readv or UCX)."""
+        node_id = node["node_id"]
+        if (not self.local_map or buf.fd < 0 or not node.get("local_socket")
+                or node_id in self._no_map or node.get("host_id") != self._me["host_id"]):
+            return None
+        key = (node_id, node["address"], buf.index)
+        if self._handed.get(key) == buf.ticket:
+            return buf.ticket
+        try:
+            send_staging(node["local_socket"], buf.fd, buf.size, buf.ticket,
+                         self._client.token, node.get("pid", 0),
+                         f"storage node {node['node_id']} ({node['name']})")
+        except ConnectionFailed as exc:
+            self._no_map[node_id] = str(exc)
+            log.warning("writer %d: %s; that node reads this writer's batches another way",
+                        self.writer_id, exc)
+            return None
+        self._handed[key] = buf.ticket
+        return buf.ticket
+
+    def _next_node(self, exclude: set[int], buffer: int) -> tuple[dict, rpc.Client]:
         nodes = [n for n in self._nodes if n["node_id"] not in exclude]
         if not nodes:
             self._nodes = self._client.nodes()
@@ -402,11 +511,12 @@ class Writer:
                 exclude.add(node["node_id"])
                 return self._next_node(exclude, buffer)
             self._conns[key] = conn
-        return node["node_id"], conn
+        return node, conn
 
     def _drop(self, node_id: int) -> None:
         for key in [k for k in self._conns if k[0] == node_id]:
             self._conns.pop(key).close()
+            self._handed.pop(key, None)  # a new connection claims its buffer anew
         self._nodes = [n for n in self._nodes if n["node_id"] != node_id]
 
 

@@ -87,6 +87,9 @@ class Arena:
                 f"node {self.node_name}: recreate it under a new name"
             )
         rest = k - min(k, slots.free_slots)
+        if rest == 0:  # the common case once a table is full: reuse only
+            self.used_bytes += k * slot_size
+            return slots.reuse(k)
         if rest > self._room(slot_size, slots.end):
             held = sorted(((t.n * t.slot_size, name) for name, t in self._tables.items()
                            if t.n), reverse=True)  # carved slots stay with their table
@@ -172,13 +175,15 @@ class Arena:
         """The control plane acknowledged these slots' items: remember what they hold."""
         self._tables[table].commit(offsets, keys, generations, priorities)
 
-    def free(self, table: str, offsets: np.ndarray) -> None:
-        """Return slots to the table's free list (the control plane released them)."""
+    def free(self, table: str, offsets: np.ndarray, live_only: bool = False) -> None:
+        """Return slots to the table's free list (the control plane released
+        them: `live_only`, so that a late or repeated free never takes a slot
+        an insert in flight holds; or an insert failed)."""
         slots = self._tables.get(table)
         if slots is None or len(offsets) == 0:
             return
         try:
-            freed = slots.release(offsets)
+            freed = slots.release(offsets, live_only)
         except ValueError:
             raise ValueError(f"node {self.node_name}: free of slots never allocated in table "
                              f"{table!r}") from None
@@ -222,6 +227,21 @@ class Arena:
             self.region, self.local_region if source.rkey is not None else None,
             source.worker, source.rkey, source.pid, source.base, source.size,
             offsets, src_addresses, lengths, keys, generations, timeout)
+
+
+    def pull_mapped(self, source, offsets: np.ndarray, keys: np.ndarray,
+                    generations: np.ndarray, src_addresses: np.ndarray, lengths: np.ndarray,
+                    pool=None) -> np.ndarray:
+        """Copy a same-host writer's staged items out of its mapped staging
+        buffer (`source.mapping`) into allocated slots, seqlock style, in
+        one native call with the GIL released (over `pool` for large
+        batches); returns the per-item statuses (all 0)."""
+        return _native.pull_mapped(
+            self.region, source.mapping, source.base, offsets, src_addresses, lengths, keys,
+            generations, pool, PARALLEL_COPY_BYTES)
+
+
+PARALLEL_COPY_BYTES = 1 << 20  # same-host insert batches this large use the copy pool
 
 
 def page_advice(page_kind: str) -> str:

@@ -47,6 +47,10 @@ log = logging.getLogger(__name__)
 
 RESEND_BATCH = 1 << 16  # items per items_restored message after a re-join
 PULL_TIMEOUT = 30.0  # s for reading one insert batch from a writer
+COPY_HELPERS = 1  # threads besides the copying one for same-host batch copies
+# Same-host batches up to this size are copied on the event loop (~2 ms at
+# most); larger ones on the pull thread, so that the loop is never held long.
+INLINE_COPY_BYTES = 16 << 20
 
 
 def route_address(control_host: str) -> str:
@@ -247,7 +251,8 @@ class StorageNode:
             self.local_map = LocalMapServer(
                 self.arena.share_fd, self.arena.size, self.arena.arena_id,
                 self.arena.page_kind, self._token, self.name,
-                high_water=lambda: self.arena.high_water if self.arena else 0).start()
+                high_water=lambda: self.arena.high_water if self.arena else 0,
+                on_staging=self._sources().offer).start()
         except OSError as exc:
             log.warning("node %s: cannot offer its arena to same-host learners (%s); they "
                         "read over UCX", self.name, exc)
@@ -333,7 +338,7 @@ class StorageNode:
     async def _on_push(self, op: str, fields: dict) -> None:
         if op == "free":
             try:
-                self.arena.free(fields["table"], fields["offsets"])
+                self.arena.free(fields["table"], fields["offsets"], live_only=True)
             except ValueError as exc:  # a confused control plane must not stop the node
                 log.error("ignoring a free from the control plane: %s", exc)
         else:
@@ -436,11 +441,23 @@ class StorageNode:
 
     async def _pull(self, source, offsets, keys, gens, src_offsets, lengths) -> None:
         """Read the batch into its slots on the pull thread (the event loop
-        keeps serving); raise if any item could not be read."""
+        keeps serving), or here for a mapped batch of at most
+        INLINE_COPY_BYTES; raise if any item could not be read."""
         loop = asyncio.get_running_loop()
         addresses = np.uint64(source.base) + src_offsets
-        job = loop.run_in_executor(self._puller(), self.arena.pull, source, offsets, keys,
-                                   gens, addresses, lengths, PULL_TIMEOUT)
+        if source.mapping is not None and int(lengths.sum()) <= INLINE_COPY_BYTES:
+            # A copy out of a mapping cannot wait on anyone: done here, it
+            # saves two thread hand-offs per batch (measured: a quarter of
+            # the node's CPU per GB for 4 MiB batches of 110 KB items).
+            self.arena.pull_mapped(source, offsets, keys, gens, addresses, lengths,
+                                   self._copy_pool())
+            return
+        if source.mapping is not None:
+            job = loop.run_in_executor(self._puller(), self.arena.pull_mapped, source, offsets,
+                                       keys, gens, addresses, lengths, self._copy_pool())
+        else:
+            job = loop.run_in_executor(self._puller(), self.arena.pull, source, offsets, keys,
+                                       gens, addresses, lengths, PULL_TIMEOUT)
         try:
             statuses = await asyncio.shield(job)
         except asyncio.CancelledError:
@@ -463,7 +480,7 @@ class StorageNode:
         from .pulls import Sources
 
         if getattr(self, "_pull_sources", None) is None:
-            self._pull_sources = Sources(self.runtime)
+            self._pull_sources = Sources(self.runtime, self.name)
         return self._pull_sources
 
     def _puller(self) -> ThreadPoolExecutor:
@@ -471,6 +488,12 @@ class StorageNode:
         if getattr(self, "_pull_thread", None) is None:
             self._pull_thread = ThreadPoolExecutor(1, thread_name_prefix="pull")
         return self._pull_thread
+
+    def _copy_pool(self):
+        """Helper threads for large same-host batch copies (made on first use)."""
+        if getattr(self, "_pool", None) is None:
+            self._pool = _native.CopyPool(COPY_HELPERS)
+        return self._pool
 
     async def _forget_writer(self, peer) -> None:
         """Drop a writer's cached endpoint and remote keys when its connection closes."""

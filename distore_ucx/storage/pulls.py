@@ -5,6 +5,13 @@ write-protected) and sends the node a descriptor; the node reads the items
 one-sided, straight into its arena slots (storage/arena.py `Arena.pull`).
 A `Source` is one staging buffer as the node reads it:
 
+- mapped, from a same-host writer that handed the node the sealed memfd
+  behind its buffer (transport/local_map.py, `send_staging`): the node maps
+  it read-only once and copies each batch with plain loads
+  (`_native.pull_mapped`): no system call or page pinning per item, and a
+  writer that dies leaves the mapping readable, so it cannot fault the node.
+  The writer names the buffer in its descriptors by the random ticket it
+  handed it under; the first connection to name a ticket claims it;
 - through UCX: an endpoint to the writer's worker (with peer-failure
   handling, so a writer that dies mid-read fails the read instead of
   hanging it) and the buffer's remote key unpacked on it;
@@ -16,8 +23,9 @@ A `Source` is one staging buffer as the node reads it:
   once it is shown to own the writer's control connection.
 
 Sources are cached per control connection, keyed by (worker address, remote
-key), and dropped with it. Thread safety: used from the node's event loop;
-a Source is immutable and may be handed to the pull thread.
+key) or ticket, and dropped with it. Thread safety: used from the node's
+event loop, except `offer`, which the map socket's thread calls (under a
+lock); a Source is immutable and may be handed to the pull thread.
 """
 
 from __future__ import annotations
@@ -25,16 +33,19 @@ from __future__ import annotations
 import logging
 import os
 import socket
+import threading
 from collections import OrderedDict
 from dataclasses import dataclass
 
 from .._native_loader import _native
-from ..errors import ConfigError, ConnectionFailed
+from ..errors import ConfigError, ConnectionFailed, InvalidArgument, UcxError
 from ..transport.runtime import host_id
 
 log = logging.getLogger(__name__)
 
 MAX_SOURCES = 64  # cached staging buffers per writer connection
+MAX_MAPPED = 4  # of which mapped (a writer uses one buffer per connection)
+MAX_OFFERED = 256  # handed-over buffers not yet claimed by a connection
 
 
 @dataclass(frozen=True)
@@ -48,14 +59,51 @@ class Source:
     worker: object | None = None  # our UCX worker (ucx)
     rkey: object | None = None  # _native.RemoteKey (ucx)
     pid: int = 0  # the writer's pid (cma)
+    mapping: object | None = None  # _native.StagingMap (mapped)
 
 
 class Sources:
     """The node's cache of writers' staging buffers, per connection."""
 
-    def __init__(self, runtime):
+    def __init__(self, runtime, name: str = "node"):
         self.runtime = runtime
+        self.name = name
         self._users: dict[bytes, int] = {}  # worker address -> connections using it
+        self._offered: OrderedDict[bytes, tuple] = OrderedDict()  # ticket -> (map, pid)
+        self._lock = threading.Lock()
+
+    def offer(self, fd: int, size: int, ticket: bytes, pid: int) -> str:
+        """A same-host writer (process `pid`) handed us its staging buffer's
+        memfd: map it read-only, to be claimed by the descriptor naming
+        `ticket`. Returns "" or why it was refused. Called from the map
+        socket's thread; the caller closes `fd`."""
+        name = f"writer pid {pid}"
+        try:
+            mapping = _native.StagingMap(fd, size, name)
+        except UcxError as exc:
+            log.warning("node %s: refused a staging buffer from %s: %s", self.name, name, exc)
+            return str(exc)
+        with self._lock:
+            self._offered[ticket] = (mapping, pid)
+            while len(self._offered) > MAX_OFFERED:
+                self._offered.popitem(last=False)
+        return ""
+
+    def _claim(self, ticket: bytes, f: dict, peer) -> Source:
+        with self._lock:
+            offered = self._offered.pop(ticket, None)
+        if offered is None:
+            raise InvalidArgument(
+                f"storage node {self.name}: the insert names staging buffer "
+                f"{ticket.hex()[:8]}..., which the writer at {peer.address} never handed to "
+                "this node (or another connection already uses it); hand it over again")
+        mapping, pid = offered
+        if f["size"] > mapping.size:
+            raise InvalidArgument(
+                f"storage node {self.name}: the insert claims a {f['size']}-byte staging "
+                f"buffer, the writer handed a {mapping.size}-byte one")
+        return Source(f"writer at {peer.address} (pid {pid})", "mapped (same host)", f["base"],
+                      mapping.size, mapping=mapping, pid=pid)
 
     def get(self, peer, f: dict) -> Source:
         """The Source an insert descriptor names (cached on `peer`)."""
@@ -63,6 +111,16 @@ class Sources:
         if cache is None:
             cache = peer.state["sources"] = OrderedDict()
             peer.state["worker_addresses"] = set()
+        ticket = f.get("staging")
+        if ticket:
+            src = cache.get(ticket)
+            if src is None:
+                src = cache[ticket] = self._claim(ticket, f, peer)
+                mapped = [k for k, v in cache.items() if v.mapping is not None]
+                for old in mapped[: max(0, len(mapped) - MAX_MAPPED)]:
+                    del cache[old]  # unmapped once no pull holds it
+            cache.move_to_end(ticket)
+            return src
         key = (f["worker_address"], f["rkey"], f["base"], f["size"])
         src = cache.get(key)
         if src is not None:

@@ -82,11 +82,14 @@ class SlotTable:
         self.cols["generation"][idx] = generations
         self.cols["priority"][idx] = priorities
 
-    def release(self, offsets: np.ndarray) -> int:
+    def release(self, offsets: np.ndarray, live_only: bool = False) -> int:
         """Make slots FREE; returns how many were not FREE already (a repeated
-        free is ignored, so a slot is never handed out twice)."""
+        free is ignored, so a slot is never handed out twice). `live_only`:
+        leave ALLOCATED slots alone (a late free from the control plane must
+        not take a slot that an insert in flight has reused)."""
         idx = self.index(offsets)
-        idx = np.unique(idx[self.cols["state"][idx] != FREE])
+        state = self.cols["state"][idx]
+        idx = np.unique(idx[state == LIVE] if live_only else idx[state != FREE])
         self.cols["state"][idx] = FREE
         need = self._nfree + len(idx)
         if need > len(self._free):

@@ -20,6 +20,20 @@ few bytes and at most `HANDSHAKE_TIMEOUT` seconds of the serving thread):
 
 Without a token, only a peer of the same user (or root) may map the arena
 (`SO_PEERCRED`). Thread safety: a LocalMapServer runs one accept thread.
+
+The same socket takes a same-host writer's staging buffer the other way
+(inserts: the node copies batches out of it, storage/pulls.py). After the
+same challenge the writer sends
+
+    writer -> node    b"DSWB" mac:32 size:u64
+    node -> writer    b"GO"            (or b"NO" length:u16 message)
+    writer -> node    ticket:16                                     + the fd
+    node -> writer    b"OK"            (or b"NO" length:u16 message)
+
+The writer first checks (`SO_PEERCRED`) that the socket belongs to the
+node's own pid, so its buffer goes to no other process; the ticket, a
+random name for the buffer, is what its insert descriptors then carry.
+The memfd is sealed against writes: the node can only map it read-only.
 """
 
 from __future__ import annotations
@@ -42,6 +56,8 @@ HANDSHAKE_TIMEOUT = 2.0
 _HELLO = struct.Struct("<4sBB32s")
 _PROOF = struct.Struct("<4s32sQ")
 _GRANT = struct.Struct("<2sQQ8sQ")
+STAGING_MAGIC = b"DSWB"
+TICKET_BYTES = 16
 
 
 def socket_name(pid: int) -> str:
@@ -73,9 +89,14 @@ class LocalMapServer:
     """
 
     def __init__(self, fd: int, size: int, arena_id: int, page_kind: str,
-                 token: bytes | None, node_name: str = "node", high_water=None):
+                 token: bytes | None, node_name: str = "node", high_water=None,
+                 on_staging=None):
         """`high_water()`: bytes of the arena written so far (from offset 0),
-        which a learner maps at once; None: the whole arena."""
+        which a learner maps at once; None: the whole arena.
+        `on_staging(fd, size, ticket, pid)`: takes a writer's staging buffer
+        (None: writers are refused); returns "" or why it refused; the fd is
+        closed after it returns (it maps what it keeps)."""
+        self.on_staging = on_staging
         self.fd = fd
         self.high_water = high_water or (lambda: size)
         self.size = size
@@ -137,7 +158,7 @@ class LocalMapServer:
         nonce = auth.make_challenge()
         conn.sendall(_HELLO.pack(MAGIC, VERSION, self.token is not None, nonce))
         magic, mac, arena_id = _PROOF.unpack(_recv_exact(conn, _PROOF.size))
-        if magic != MAGIC:
+        if magic not in (MAGIC, STAGING_MAGIC):
             raise ConnectionError("not a distore same-host map request")
         if self.token is not None:
             if not auth.verify(self.token, nonce, mac):
@@ -151,6 +172,9 @@ class LocalMapServer:
                 self._refuse(conn, f"uid {uid} is not this node's user and the store has no "
                                    "token; start the store with --token-file")
                 return
+        if magic == STAGING_MAGIC:
+            self._take_staging(conn, size=arena_id)
+            return
         if arena_id != self.arena_id:
             self._refuse(conn, f"arena {arena_id:#x} is not this node's ({self.arena_id:#x}); "
                                "the node restarted: look it up again")
@@ -159,6 +183,29 @@ class LocalMapServer:
                             min(int(self.high_water()), self.size))
         self.granted += 1  # counted first: the peer may look before we return
         socket.send_fds(conn, [grant], [self.fd])
+
+    def _take_staging(self, conn: socket.socket, size: int) -> None:
+        """The peer proved the token: receive its staging buffer's fd."""
+        if self.on_staging is None:
+            self._refuse(conn, "this node does not take staging buffers")
+            return
+        conn.sendall(b"GO")
+        ticket, fds, _, _ = socket.recv_fds(conn, TICKET_BYTES, 1)
+        try:
+            if len(ticket) != TICKET_BYTES or len(fds) != 1:
+                self._refuse(conn, "expected a ticket and one file descriptor")
+                return
+            creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED,
+                                    struct.calcsize("3i"))
+            pid, _, _ = struct.unpack("3i", creds)
+            why = self.on_staging(fds[0], size, bytes(ticket), pid)
+            if why:
+                self._refuse(conn, why)
+                return
+        finally:
+            for fd in fds:
+                os.close(fd)
+        conn.sendall(b"OK")
 
 
 def receive_arena(name: str, arena_id: int, token: bytes | None, node: str,
@@ -207,3 +254,52 @@ def receive_arena(name: str, arena_id: int, token: bytes | None, node: str,
         return fds[0], size, kind.rstrip(b"\0").decode(), high_water
     finally:
         sock.close()
+
+
+def send_staging(name: str, fd: int, size: int, ticket: bytes, token: bytes | None,
+                 node_pid: int, node: str, timeout: float = 5.0) -> None:
+    """Hand a same-host node (its map socket `name`, its process `node_pid`)
+    the sealed memfd behind a writer's staging buffer of `size` bytes, under
+    `ticket` (TICKET_BYTES random bytes its insert descriptors will name).
+
+    Raises ConnectionFailed saying why when the socket is not the node's,
+    the node refuses, or it cannot be reached. The caller keeps its fd.
+    """
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.settimeout(timeout)
+    try:
+        try:
+            sock.connect(_address(name))
+            creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED,
+                                    struct.calcsize("3i"))
+            pid, _, _ = struct.unpack("3i", creds)
+            if pid != node_pid:
+                raise ConnectionFailed(f"{node}'s map socket belongs to pid {pid}, not to the "
+                                       f"node (pid {node_pid}); not sending it a staging buffer")
+            magic, version, wants_token, nonce = _HELLO.unpack(_recv_exact(sock, _HELLO.size))
+            if magic != MAGIC or version != VERSION:
+                raise ConnectionFailed(f"{node}'s map socket speaks another protocol "
+                                       f"(version {version}); upgrade both to the same release")
+            if wants_token and token is None:
+                raise ConnectionFailed(f"{node} requires a token: pass token_file= (or set "
+                                       "DISTORE_TOKEN_FILE)")
+            mac = auth.answer(token, nonce) if wants_token else bytes(32)
+            sock.sendall(_PROOF.pack(STAGING_MAGIC, mac, size))
+            _expect_ok(sock, b"GO", node)
+            socket.send_fds(sock, [ticket], [fd])
+            _expect_ok(sock, b"OK", node)
+        except (OSError, ConnectionError, struct.error) as exc:
+            raise ConnectionFailed(f"cannot hand {node} a staging buffer ({exc})") from None
+    finally:
+        sock.close()
+
+
+def _expect_ok(sock: socket.socket, word: bytes, node: str) -> None:
+    got = _recv_exact(sock, 2)
+    if got == word:
+        return
+    if got == b"NO":
+        (n,) = struct.unpack("<H", _recv_exact(sock, 2))
+        why = _recv_exact(sock, n).decode(errors="replace")
+        raise ConnectionFailed(f"{node} refused the staging buffer: {why}")
+    raise ConnectionFailed(f"{node} answered the staging handoff with {got!r}")

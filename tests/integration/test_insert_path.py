@@ -1,7 +1,9 @@
 """The insert path: writers stage batches, storage nodes pull them one-sided.
 
-Over UCX_TLS=tcp (UCX gets through the node's endpoint to the writer) and
-sm (same host: the node reads the writer's process), every inserted item is
+Over UCX_TLS=tcp (UCX gets through the node's endpoint to the writer), sm
+(same host, mapping off: the node reads the writer's process) and mapped
+(same host: the writer hands the node its sealed staging memfds and the
+node copies out of a read-only mapping), every inserted item is
 read back whole; a writer killed with batches in flight leaves no slot
 behind and nothing half-written; malformed descriptors get an error reply
 and the node goes on serving; a writer held by a rate limiter fails after
@@ -25,6 +27,7 @@ import distore_ucx as ds
 from distore_ucx._native_loader import _native
 from distore_ucx.errors import RemoteError
 from distore_ucx.transport import rpc
+from distore_ucx.transport.local_map import send_staging
 from distore_ucx.transport.runtime import host_id
 
 ITEM = 3000  # bytes: the first 8 hold the item's index, the rest derive from it
@@ -64,6 +67,18 @@ def node_bytes_match_table(client, table: str) -> bool:
     return used == info["size"] * info["slot_size"]
 
 
+ALL_PATHS = pytest.mark.parametrize("tls", ["tcp", "sm", "mapped"], indirect=True)
+VIA = {"tcp": "ucx (UCX_TLS=tcp)", "sm": "cma (same host)", "mapped": "mapped (same host)"}
+
+
+def expected_via() -> str:
+    """How nodes read inserts in this test (the tls fixture set the environment)."""
+    if os.environ["UCX_TLS"] == "tcp":
+        return VIA["tcp"]
+    return VIA["mapped" if os.environ.get("DISTORE_LOCAL_MAP") == "1" else "sm"]
+
+
+@ALL_PATHS
 def test_every_item_arrives_whole_one_per_call_and_batched(client, tls):
     client.create_table("t", capacity=10_000, spec=((ITEM,), "uint8"))
     writer = client.writer(batch_bytes=64 << 10, max_in_flight=3)
@@ -74,7 +89,7 @@ def test_every_item_arrives_whole_one_per_call_and_batched(client, tls):
     keys = np.concatenate(keys)
     assert client.table_info("t")["size"] == 1500 == writer.inserted
     via = set(writer.paths.values())
-    assert via == ({"cma (same host)"} if tls == "sm" else {"ucx (UCX_TLS=tcp)"}), via
+    assert via == {expected_via()}, via
     learner = client.learner("t", batch_size=100)
     seen = set()
     for _ in range(60):
@@ -88,6 +103,7 @@ def test_every_item_arrives_whole_one_per_call_and_batched(client, tls):
     writer.close()
 
 
+@ALL_PATHS
 def test_an_item_larger_than_batch_bytes_grows_its_buffer(client, tls):
     client.create_table("big", capacity=10, spec=((300_000,), "uint8"))
     data = np.random.default_rng(3).integers(0, 256, (3, 300_000), dtype=np.uint8)
@@ -113,6 +129,7 @@ WRITER = textwrap.dedent("""
 """)
 
 
+@ALL_PATHS
 def test_a_writer_killed_with_batches_in_flight_leaves_nothing_behind(client, cluster, tls,
                                                                      tmp_path):
     client.create_table("t", capacity=2000, spec=((ITEM,), "uint8"), remover=ds.Fifo())
@@ -184,6 +201,68 @@ def test_malformed_insert_descriptors_get_an_error_and_the_node_serves_on(client
     assert whole(batch.data).all()
 
 
+@pytest.mark.parametrize("tls", ["mapped"], indirect=True)
+def test_malformed_mapped_descriptors_get_an_error_and_the_node_serves_on(client, tls):
+    """Descriptors naming a handed-over staging buffer: unknown tickets,
+    ranges outside the mapping, a claimed size larger than what was handed,
+    a file that is not a sealed memfd: an error each, nothing stored."""
+    client.create_table("t", capacity=1000, spec=((ITEM,), "uint8"))
+    region = _native.MemoryRegion.write_protected(client.runtime.context, 1 << 20)
+    region.view()[: 4 * ITEM] = items(np.arange(4)).ravel()
+    node = client.nodes()[0]
+    who = f"node {node['node_id']}"
+
+    def hand(fd, size, ticket):
+        send_staging(node["local_socket"], fd, size, ticket, client.token, node["pid"], who)
+
+    with pytest.raises(ds.ConnectionFailed, match="not to the node"):
+        # Told to expect another pid than the socket's owner: nothing is sent.
+        send_staging(node["local_socket"], region.share_fd, region.size, os.urandom(16),
+                     client.token, os.getpid(), who)
+    plain = os.memfd_create("not-sealed")
+    os.ftruncate(plain, 1 << 20)
+    with pytest.raises(ds.ConnectionFailed, match="sealed"):
+        hand(plain, 1 << 20, os.urandom(16))  # the node refuses what could shrink under it
+    os.close(plain)
+    with pytest.raises(ds.ConnectionFailed, match="smaller"):
+        hand(region.share_fd, 4 << 20, os.urandom(16))
+    conn = rpc.Client(node["address"], 10.0, name="node", token=client.token)
+    me = client.runtime.address
+    keys = np.arange(1, 5, dtype=np.uint64) + np.uint64(1 << 60)
+    ticket = os.urandom(16)
+    bad = {
+        "never handed": {"staging": os.urandom(16)},
+        "larger than handed": {"staging": ticket, "size": 2 << 20},
+        "outside": {"staging": ticket,
+                    "offsets": np.array([0, 1, 2, 1 << 20], np.uint64) * np.uint64(ITEM)},
+        "overlapping the end": {"staging": ticket,
+                                "offsets": np.full(4, (1 << 20) - 100, np.uint64)},
+        "lengths": {"staging": ticket, "lengths": np.full(4, ITEM + 1, np.uint64)},
+    }
+    for name, over in bad.items():
+        if over.get("staging") == ticket:  # each claim binds the ticket; hand it anew
+            ticket = over["staging"] = os.urandom(16)
+            hand(region.share_fd, region.size, ticket)
+        with pytest.raises((ds.DistoreError, RemoteError)) as info:
+            conn.call("insert", **descriptor(region, keys, worker_address=me, **over))
+        assert str(info.value), name
+    assert client.table_info("t")["size"] == 0  # none of them stored anything
+    wait_for(lambda: node_bytes_match_table(client, "t"), "a refused insert kept its slots")
+    ticket = os.urandom(16)
+    hand(region.share_fd, region.size, ticket)
+    reply = conn.call("insert", **descriptor(region, keys, worker_address=me, staging=ticket))
+    assert reply["n"] == 4 and reply["via"] == VIA["mapped"]
+    # The ticket is bound to this connection now: another one cannot use it.
+    other = rpc.Client(node["address"], 10.0, name="node", token=client.token)
+    with pytest.raises(ds.DistoreError, match="never handed"):
+        other.call("insert", **descriptor(region, keys + np.uint64(10), worker_address=me,
+                                          staging=ticket))
+    other.close()
+    conn.close()
+    batch = client.learner("t", batch_size=8).sample()
+    assert whole(batch.data).all()
+
+
 def test_a_writer_held_by_a_rate_limiter_fails_at_its_timeout_with_exact_keys(client, tls):
     client.create_table("t", capacity=10_000, spec=((ITEM,), "uint8"),
                         rate_limiter=ds.SampleToInsertRatio(samples_per_insert=1.0,
@@ -217,6 +296,7 @@ def test_a_writer_held_by_a_rate_limiter_fails_at_its_timeout_with_exact_keys(cl
     writer.close()
 
 
+@ALL_PATHS
 def test_batches_in_flight_to_a_node_that_dies_are_resent_once(make_cluster, tls):
     cluster = make_cluster(nodes=2, arena_bytes=64 << 20)
     client = ds.connect(cluster.address)

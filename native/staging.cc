@@ -1,0 +1,211 @@
+#include "staging.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <cstring>
+#include <vector>
+
+#include <nanobind/ndarray.h>
+#include <nanobind/stl/string.h>
+
+#include "status.h"
+
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
+
+namespace nb = nanobind;
+using namespace nb::literals;
+
+namespace distore {
+
+namespace {
+
+constexpr uint64_t kHeader = 16;                 // key, generation (spec.SLOT_HEADER)
+constexpr int kMadvPopulateRead = 22;            // MADV_POPULATE_READ (Linux 5.14)
+constexpr size_t kStreamMin = size_t(256) << 10;  // non-temporal stores from here up
+constexpr size_t kPiece = size_t(1) << 20;       // unit of work handed to a copy thread
+
+// Copies into an arena slot. Large ranges use non-temporal stores: the slot
+// is read later by learners (other processes, other cores), so writing past
+// the cache saves the read-for-ownership of every destination line and does
+// not evict the writer's next batch.
+void copy_to_slot(uint8_t* dst, const uint8_t* src, size_t len) {
+#if defined(__SSE2__)
+  if (len >= kStreamMin) {
+    const size_t head = (16 - (reinterpret_cast<uintptr_t>(dst) & 15)) & 15;
+    std::memcpy(dst, src, head);
+    dst += head;
+    src += head;
+    len -= head;
+    auto* d = reinterpret_cast<__m128i*>(dst);
+    const auto* s = reinterpret_cast<const __m128i*>(src);
+    for (size_t blocks = len / 64; blocks != 0; --blocks, d += 4, s += 4) {
+      const __m128i a = _mm_loadu_si128(s), b = _mm_loadu_si128(s + 1);
+      const __m128i c = _mm_loadu_si128(s + 2), e = _mm_loadu_si128(s + 3);
+      _mm_stream_si128(d, a);
+      _mm_stream_si128(d + 1, b);
+      _mm_stream_si128(d + 2, c);
+      _mm_stream_si128(d + 3, e);
+    }
+    const size_t done = len / 64 * 64;
+    std::memcpy(dst + done, src + done, len - done);
+    _mm_sfence();  // streamed stores are ordered before the header that follows
+    return;
+  }
+#endif
+  std::memcpy(dst, src, len);
+}
+
+using Vec = nb::ndarray<const uint64_t, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
+using StatusArray = nb::ndarray<nb::numpy, int32_t, nb::ndim<1>>;
+
+}  // namespace
+
+StagingMap::StagingMap(int fd, size_t size, std::string peer) : size_(size), peer_(std::move(peer)) {
+  if (size == 0) throw UcxError(kStatusBadArgument, "cannot map an empty staging buffer", peer_);
+  const int seals = fcntl(fd, F_GET_SEALS);
+  if (seals < 0) {
+    throw UcxError(kStatusBadArgument,
+                   "the writer's staging fd is not a sealable memfd: " +
+                       std::string(std::strerror(errno)),
+                   peer_);
+  }
+  if (!(seals & F_SEAL_SHRINK) || !(seals & (F_SEAL_WRITE | F_SEAL_FUTURE_WRITE))) {
+    throw UcxError(kStatusBadArgument,
+                   "the writer's staging memfd is not sealed against shrinking and writes "
+                   "(its pages could vanish under a read)",
+                   peer_);
+  }
+  struct stat st;
+  if (fstat(fd, &st) != 0 || st.st_size < 0 || static_cast<uint64_t>(st.st_size) < size) {
+    throw UcxError(kStatusOutOfBounds,
+                   "the writer's staging memfd is smaller than the " + std::to_string(size) +
+                       " bytes it claims",
+                   peer_);
+  }
+  void* p = mmap(nullptr, size, PROT_READ, MAP_SHARED, fd, 0);
+  if (p == MAP_FAILED) {
+    throw UcxError(UCS_ERR_NO_MEMORY,
+                   "mapping a writer's staging buffer read-only failed: " +
+                       std::string(std::strerror(errno)),
+                   peer_);
+  }
+  base_ = static_cast<uint8_t*>(p);
+  // Page tables made now, in one call, instead of a fault per page on the
+  // first batch. It also allocates any page the writer never touched: a
+  // reserved-hugepage memfd without pages left fails here, cleanly, rather
+  // than with SIGBUS in the middle of a copy.
+  if (madvise(base_, size_, kMadvPopulateRead) != 0) {
+    const int err = errno;
+    munmap(base_, size_);
+    base_ = nullptr;
+    throw UcxError(UCS_ERR_NO_MEMORY,
+                   "populating a writer's staging mapping failed (Linux >= 5.14 needed): " +
+                       std::string(std::strerror(err)),
+                   peer_);
+  }
+}
+
+StagingMap::~StagingMap() {
+  if (base_ != nullptr) munmap(base_, size_);
+}
+
+void pull_mapped(const MemoryRegion& arena, const StagingMap& src, uint64_t src_base,
+                 const PullItem* items, size_t n, CopyPool* pool, size_t parallel_bytes,
+                 int32_t* statuses) {
+  validate_pull(arena, src_base, src.size(), items, n);
+  auto* base = reinterpret_cast<uint8_t*>(arena.local_address());
+  size_t total = 0;
+  for (size_t i = 0; i < n; ++i) {
+    store_header(base, items[i].slot_offset, 0, 0);
+    total += items[i].length;
+  }
+  std::atomic_thread_fence(std::memory_order_release);
+
+  auto from = [&](const PullItem& it) { return src.base() + (it.src_address - src_base); };
+  auto to = [&](const PullItem& it) { return base + it.slot_offset + kHeader; };
+  if (pool == nullptr || pool->helpers() == 0 || total < parallel_bytes) {
+    for (size_t i = 0; i < n; ++i) copy_to_slot(to(items[i]), from(items[i]), items[i].length);
+  } else {
+    // Pieces of at most kPiece bytes, at least two per thread: a batch of a
+    // few large items still spreads over every thread.
+    const size_t threads = pool->helpers() + 1;
+    const size_t piece = std::max<size_t>(64 << 10, std::min(kPiece, total / (threads * 2) + 1));
+    struct Piece {
+      const uint8_t* src;
+      uint8_t* dst;
+      size_t len;
+    };
+    std::vector<Piece> pieces;
+    pieces.reserve(total / piece + n);
+    for (size_t i = 0; i < n; ++i) {
+      for (size_t at = 0; at < items[i].length; at += piece) {
+        pieces.push_back({from(items[i]) + at, to(items[i]) + at,
+                          std::min<size_t>(piece, items[i].length - at)});
+      }
+    }
+    pool->run(pieces.size(), [&](size_t k) { copy_to_slot(pieces[k].dst, pieces[k].src,
+                                                          pieces[k].len); });
+  }
+
+  std::atomic_thread_fence(std::memory_order_release);
+  for (size_t i = 0; i < n; ++i) {
+    store_header(base, items[i].slot_offset, items[i].key, items[i].generation);
+    statuses[i] = UCS_OK;
+  }
+}
+
+void bind_staging(nb::module_& m) {
+  nb::class_<StagingMap>(m, "StagingMap",
+                         "A same-host writer's staging buffer, mapped read-only (PROT_READ).")
+      .def(nb::init<int, size_t, std::string>(), "fd"_a, "size"_a, "peer"_a = "",
+           "Map `size` bytes of the writer's sealed memfd `fd` read-only, page tables\n"
+           "made at once; refuses an fd not sealed against shrinking and writes. The\n"
+           "caller keeps (and closes) the fd.")
+      .def_prop_ro("size", &StagingMap::size)
+      .def_prop_ro("peer", &StagingMap::peer)
+      .def_prop_ro("address",
+                   [](const StagingMap& s) { return reinterpret_cast<uintptr_t>(s.base()); });
+  m.def(
+      "pull_mapped",
+      [](const MemoryRegion& arena, const StagingMap& src, uint64_t src_base, Vec slot_offsets,
+         Vec src_addresses, Vec lengths, Vec keys, Vec generations, CopyPool* pool,
+         size_t parallel_bytes) {
+        const size_t n = slot_offsets.shape(0);
+        if (src_addresses.shape(0) != n || lengths.shape(0) != n || keys.shape(0) != n ||
+            generations.shape(0) != n) {
+          throw UcxError(kStatusBadArgument, "pull_mapped: the per-item arrays differ in length");
+        }
+        std::vector<PullItem> items(n);
+        for (size_t i = 0; i < n; ++i) {
+          items[i] = PullItem{slot_offsets(i), src_addresses(i), lengths(i), keys(i),
+                              generations(i)};
+        }
+        auto* statuses = new int32_t[n > 0 ? n : 1];
+        nb::capsule owner(statuses, [](void* p) noexcept { delete[] static_cast<int32_t*>(p); });
+        StatusArray array(statuses, {n}, owner);
+        {
+          nb::gil_scoped_release release;
+          pull_mapped(arena, src, src_base, items.data(), n, pool, parallel_bytes, statuses);
+        }
+        return array;
+      },
+      "arena"_a, "src"_a, "src_base"_a, "slot_offsets"_a, "src_addresses"_a, "lengths"_a,
+      "keys"_a, "generations"_a, "pool"_a.none(), "parallel_bytes"_a = 1 << 20,
+      "Copy a same-host writer's staged items from its mapped staging buffer into arena\n"
+      "slots (payload at slot + 16) in one call, GIL released, over `pool` for batches of\n"
+      "`parallel_bytes` or more: headers invalidated first, real headers written after\n"
+      "the payloads. `src_addresses` are the items' addresses in the writer, whose\n"
+      "staging buffer starts at `src_base`. Returns per-item statuses (all 0). Raises\n"
+      "OutOfBoundsError before writing anything if an item lies outside the arena or the\n"
+      "staging buffer.");
+}
+
+}  // namespace distore
