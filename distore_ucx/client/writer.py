@@ -391,10 +391,15 @@ class Writer:
         deadline = time.monotonic() + self.timeout + 15.0
         while not conn.wait_readable(HUNG_CHECK) and time.monotonic() < deadline:
             try:
-                live = {n["node_id"] for n in self._client.nodes()}
+                known = {n["node_id"]: n["alive"] for n in self._client.status()["nodes"]}
             except ConnectionFailed:
                 continue  # the control plane is away; the node may still answer
-            if node_id not in live:
+            # Only a node this control plane knows and dropped is given up on
+            # (a dropped node re-joins under a new id, so it can never register
+            # the batch). An id it does not know yet is a node that has not
+            # re-joined a restarted control plane: it will, under the same id,
+            # and register the batch; resending it would store it twice.
+            if known.get(node_id) is False:
                 raise ConnectionFailed(
                     f"the control plane dropped storage node {node_id} while it held an "
                     "insert (no heartbeat: stopped or cut off)"
