@@ -8,10 +8,7 @@
 #include <cstring>
 
 #include "status.h"
-
-#if defined(__SSE2__)
-#include <emmintrin.h>
-#endif
+#include "stream_copy.h"
 
 namespace distore {
 
@@ -21,37 +18,10 @@ constexpr size_t kPiece = 1 << 20;   // unit of work handed to a copy thread
 constexpr size_t kPopulateStep = size_t(2) << 20;
 constexpr int kMadvPopulateRead = 22;  // MADV_POPULATE_READ (Linux 5.14), not in older headers
 constexpr size_t kStreamMin = size_t(1) << 20;  // non-temporal stores from here up
-// Copies with non-temporal stores for large ranges: the destination (a ring
-// slot) is read later, by the consumer, so streaming past the cache saves
-// the read-for-ownership of every destination line (glibc's memcpy streams
-// only copies larger than most of the last-level cache).
-void copy(uint8_t* dst, const uint8_t* src, size_t len) {
-#if defined(__SSE2__)
-  if (len >= kStreamMin) {
-    const size_t head = (16 - (reinterpret_cast<uintptr_t>(dst) & 15)) & 15;
-    std::memcpy(dst, src, head);
-    dst += head;
-    src += head;
-    len -= head;
-    auto* d = reinterpret_cast<__m128i*>(dst);
-    const auto* s = reinterpret_cast<const __m128i*>(src);
-    size_t blocks = len / 64;
-    for (; blocks != 0; --blocks, d += 4, s += 4) {
-      const __m128i a = _mm_loadu_si128(s), b = _mm_loadu_si128(s + 1);
-      const __m128i c = _mm_loadu_si128(s + 2), e = _mm_loadu_si128(s + 3);
-      _mm_stream_si128(d, a);
-      _mm_stream_si128(d + 1, b);
-      _mm_stream_si128(d + 2, c);
-      _mm_stream_si128(d + 3, e);
-    }
-    const size_t done = len / 64 * 64;
-    std::memcpy(dst + done, src + done, len - done);
-    _mm_sfence();  // streamed stores are visible before the caller reads them
-    return;
-  }
-#endif
-  std::memcpy(dst, src, len);
-}
+// Ring slots are read later by the consumer: copies of kStreamMin bytes
+// and more stream past the cache (stream_copy.h; glibc's memcpy streams only
+// copies larger than most of the last-level cache).
+void copy(uint8_t* dst, const uint8_t* src, size_t len) { stream_copy(dst, src, len, kStreamMin); }
 
 }  // namespace
 

@@ -15,10 +15,7 @@
 #include <nanobind/stl/string.h>
 
 #include "status.h"
-
-#if defined(__SSE2__)
-#include <emmintrin.h>
-#endif
+#include "stream_copy.h"
 
 namespace nb = nanobind;
 using namespace nb::literals;
@@ -32,35 +29,10 @@ constexpr int kMadvPopulateRead = 22;            // MADV_POPULATE_READ (Linux 5.
 constexpr size_t kStreamMin = size_t(256) << 10;  // non-temporal stores from here up
 constexpr size_t kPiece = size_t(1) << 20;       // unit of work handed to a copy thread
 
-// Copies into an arena slot. Large ranges use non-temporal stores: the slot
-// is read later by learners (other processes, other cores), so writing past
-// the cache saves the read-for-ownership of every destination line and does
-// not evict the writer's next batch.
+// Arena slots are read later by learners (other processes): copies of
+// kStreamMin bytes and more stream past the cache (stream_copy.h).
 void copy_to_slot(uint8_t* dst, const uint8_t* src, size_t len) {
-#if defined(__SSE2__)
-  if (len >= kStreamMin) {
-    const size_t head = (16 - (reinterpret_cast<uintptr_t>(dst) & 15)) & 15;
-    std::memcpy(dst, src, head);
-    dst += head;
-    src += head;
-    len -= head;
-    auto* d = reinterpret_cast<__m128i*>(dst);
-    const auto* s = reinterpret_cast<const __m128i*>(src);
-    for (size_t blocks = len / 64; blocks != 0; --blocks, d += 4, s += 4) {
-      const __m128i a = _mm_loadu_si128(s), b = _mm_loadu_si128(s + 1);
-      const __m128i c = _mm_loadu_si128(s + 2), e = _mm_loadu_si128(s + 3);
-      _mm_stream_si128(d, a);
-      _mm_stream_si128(d + 1, b);
-      _mm_stream_si128(d + 2, c);
-      _mm_stream_si128(d + 3, e);
-    }
-    const size_t done = len / 64 * 64;
-    std::memcpy(dst + done, src + done, len - done);
-    _mm_sfence();  // streamed stores are ordered before the header that follows
-    return;
-  }
-#endif
-  std::memcpy(dst, src, len);
+  stream_copy(dst, src, len, kStreamMin);
 }
 
 using Vec = nb::ndarray<const uint64_t, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
