@@ -61,3 +61,19 @@ def test_distore_bench_without_a_checkout_says_what_to_do(tmp_path):
     assert proc.returncode == 2
     assert "source checkout" in proc.stderr and "--perf-dir" in proc.stderr
     assert not (tmp_path / "out").exists()
+
+
+def test_metrics_scrape_script_runs_and_reports_each_case(tmp_path):
+    """perf/metrics_scrape.py, small: it rotted once (a Table signature change
+    left its child dead and the parent waiting 300 s), so it runs here."""
+    out_file = tmp_path / "scrape.jsonl"
+    proc = subprocess.run(
+        [sys.executable, os.path.join(REPO, "perf", "metrics_scrape.py"), "--tables", "2",
+         "--items", "2000", "--scrapes", "5", "--json-out", str(out_file)],
+        capture_output=True, text=True, timeout=120, cwd=str(tmp_path), check=False)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    rows = [json.loads(line) for line in out_file.read_text().splitlines()]
+    assert [r["tables"] for r in rows] == [0, 2]
+    filled = rows[1]
+    assert filled["items"] == 2000 and filled["samples"] > rows[0]["samples"]
+    assert 0 < filled["scrape_p50_ms"] <= filled["scrape_p99_ms"] <= filled["scrape_max_ms"]
