@@ -361,6 +361,7 @@ def main(argv=None) -> int:
                     print(line, flush=True)
                     if out:
                         out.write(line + "\n")
+                        out.flush()
                     rss = " ".join(f"{k} {v / 2**20:.0f}M" for k, v in row["rss"].items() if v)
                     print(f"{row['t_s']:7.0f} s  insert {row['insert_per_s']:8.0f}/s  sample "
                           f"{row['sample_batches_per_s']:6.1f} b/s  p99 "
