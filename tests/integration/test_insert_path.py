@@ -103,6 +103,39 @@ def test_every_item_arrives_whole_one_per_call_and_batched(client, tls):
     writer.close()
 
 
+def _queue_order(client, max_in_flight: int) -> list:
+    client.create_table("q", capacity=5000, spec=((ITEM,), "uint8"),
+                        rate_limiter=ds.Queue(5000))
+    with client.writer(batch_bytes=8 * ITEM, max_in_flight=max_in_flight) as writer:
+        for row in items(np.arange(2000)):
+            writer.insert("q", row)
+    learner = client.learner("q", batch_size=100)
+    got = []
+    while len(got) < 2000:
+        batch = learner.sample(timeout=10)
+        assert whole(batch.data).all()
+        got.extend(batch.data[:, :8].copy().view(np.uint64).ravel().tolist())
+    learner.close()
+    return got
+
+
+@ALL_PATHS
+def test_a_writers_batches_in_flight_to_one_node_keep_their_order(make_cluster, tls):
+    # A node answers one connection's inserts in arrival order, so a Queue on
+    # one node hands items out exactly as one writer inserted them, with
+    # several batches in flight.
+    cluster = make_cluster(nodes=1)
+    with ds.connect(cluster.address) as client:
+        assert _queue_order(client, max_in_flight=4) == list(range(2000))
+
+
+@pytest.mark.parametrize("tls", ["tcp"], indirect=True)
+def test_one_batch_in_flight_keeps_a_writers_order_across_nodes(client, tls):
+    # Across nodes, batches in flight at once may be registered in either
+    # order (docs/semantics.md); max_in_flight=1 keeps the writer's order.
+    assert _queue_order(client, max_in_flight=1) == list(range(2000))
+
+
 @ALL_PATHS
 def test_an_item_larger_than_batch_bytes_grows_its_buffer(client, tls):
     client.create_table("big", capacity=10, spec=((300_000,), "uint8"))
