@@ -14,7 +14,6 @@ namespace distore {
 
 namespace {
 constexpr size_t kHeader = 16;       // key, generation (spec.SLOT_HEADER)
-constexpr size_t kPiece = 1 << 20;   // unit of work handed to a copy thread
 constexpr size_t kPopulateStep = size_t(2) << 20;
 constexpr int kMadvPopulateRead = 22;  // MADV_POPULATE_READ (Linux 5.14), not in older headers
 constexpr size_t kStreamMin = size_t(1) << 20;  // non-temporal stores from here up
@@ -168,35 +167,11 @@ void mapped_gather(const std::vector<const MappedArena*>& arenas, const MappedIt
     if (reach[a] != 0) arenas[a]->populate_to(reach[a]);
   }
 
-  if (pool == nullptr || pool->helpers() == 0 || total < parallel_bytes) {
-    for (size_t i = 0; i < n; ++i) {
-      const MappedItem& it = items[i];
-      copy(dest + it.dest_offset, arenas[it.arena_index]->base() + it.offset, it.length);
-    }
-  } else {
-    // Pieces of at most kPiece bytes (and at least total / 4 per thread), so
-    // that a batch of a few large items still spreads over every thread.
-    const size_t threads = pool->helpers() + 1;
-    const size_t piece = std::max<size_t>(64 << 10, std::min(kPiece, total / (threads * 2) + 1));
-    struct Piece {
-      const uint8_t* src;
-      uint8_t* dst;
-      size_t len;
-    };
-    std::vector<Piece> pieces;
-    pieces.reserve(total / piece + n);
-    for (size_t i = 0; i < n; ++i) {
-      const MappedItem& it = items[i];
-      const uint8_t* src = arenas[it.arena_index]->base() + it.offset;
-      uint8_t* dst = dest + it.dest_offset;
-      for (size_t at = 0; at < it.length; at += piece) {
-        pieces.push_back({src + at, dst + at, std::min(piece, it.length - at)});
-      }
-    }
-    pool->run(pieces.size(), [&](size_t k) {
-      copy(pieces[k].dst, pieces[k].src, pieces[k].len);
-    });
-  }
+  copy_ranges(
+      pool, n, total, parallel_bytes,
+      [&](size_t i) { return arenas[items[i].arena_index]->base() + items[i].offset; },
+      [&](size_t i) { return dest + items[i].dest_offset; },
+      [&](size_t i) { return items[i].length; }, copy);
 
   // Seqlock check: every payload byte was loaded before the header is read
   // again; a header that changed means the slot was rewritten meanwhile.

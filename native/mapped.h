@@ -19,6 +19,7 @@
 // process), so a crash cannot fault the reader.
 #pragma once
 
+#include <algorithm>
 #include <atomic>
 #include <condition_variable>
 #include <cstddef>
@@ -85,6 +86,40 @@ class CopyPool {
   uint64_t epoch_ = 0;
   bool stop_ = false;
 };
+
+// Copies n ranges, range i being len_of(i) bytes from src_of(i) to dst_of(i)
+// (`total` bytes in all), with copy(dst, src, len): on the calling thread
+// when there is no pool or `total` < `parallel_bytes`, else cut into pieces
+// of at most 1 MiB (at least two per thread, so that a batch of a few large
+// items still spreads over every thread) run on the pool. The one splitting
+// rule of the mapped read path and the mapped insert path.
+template <class SrcOf, class DstOf, class LenOf, class Copy>
+void copy_ranges(CopyPool* pool, size_t n, size_t total, size_t parallel_bytes, SrcOf src_of,
+                 DstOf dst_of, LenOf len_of, Copy copy) {
+  if (pool == nullptr || pool->helpers() == 0 || total < parallel_bytes) {
+    for (size_t i = 0; i < n; ++i) copy(dst_of(i), src_of(i), len_of(i));
+    return;
+  }
+  constexpr size_t kPiece = size_t(1) << 20;  // unit of work handed to a copy thread
+  const size_t threads = pool->helpers() + 1;
+  const size_t piece = std::max<size_t>(64 << 10, std::min(kPiece, total / (threads * 2) + 1));
+  struct Piece {
+    const uint8_t* src;
+    uint8_t* dst;
+    size_t len;
+  };
+  std::vector<Piece> pieces;
+  pieces.reserve(total / piece + n);
+  for (size_t i = 0; i < n; ++i) {
+    const uint8_t* src = src_of(i);
+    uint8_t* dst = dst_of(i);
+    const size_t len = len_of(i);
+    for (size_t at = 0; at < len; at += piece) {
+      pieces.push_back({src + at, dst + at, std::min(piece, len - at)});
+    }
+  }
+  pool->run(pieces.size(), [&](size_t k) { copy(pieces[k].dst, pieces[k].src, pieces[k].len); });
+}
 
 struct MappedItem {
   uint32_t arena_index;  // index into the arenas vector

@@ -27,7 +27,6 @@ namespace {
 constexpr uint64_t kHeader = 16;                 // key, generation (spec.SLOT_HEADER)
 constexpr int kMadvPopulateRead = 22;            // MADV_POPULATE_READ (Linux 5.14)
 constexpr size_t kStreamMin = size_t(256) << 10;  // non-temporal stores from here up
-constexpr size_t kPiece = size_t(1) << 20;       // unit of work handed to a copy thread
 
 // Arena slots are read later by learners (other processes): copies of
 // kStreamMin bytes and more stream past the cache (stream_copy.h).
@@ -101,31 +100,11 @@ void pull_mapped(const MemoryRegion& arena, const StagingMap& src, uint64_t src_
   }
   std::atomic_thread_fence(std::memory_order_release);
 
-  auto from = [&](const PullItem& it) { return src.base() + (it.src_address - src_base); };
-  auto to = [&](const PullItem& it) { return base + it.slot_offset + kHeader; };
-  if (pool == nullptr || pool->helpers() == 0 || total < parallel_bytes) {
-    for (size_t i = 0; i < n; ++i) copy_to_slot(to(items[i]), from(items[i]), items[i].length);
-  } else {
-    // Pieces of at most kPiece bytes, at least two per thread: a batch of a
-    // few large items still spreads over every thread.
-    const size_t threads = pool->helpers() + 1;
-    const size_t piece = std::max<size_t>(64 << 10, std::min(kPiece, total / (threads * 2) + 1));
-    struct Piece {
-      const uint8_t* src;
-      uint8_t* dst;
-      size_t len;
-    };
-    std::vector<Piece> pieces;
-    pieces.reserve(total / piece + n);
-    for (size_t i = 0; i < n; ++i) {
-      for (size_t at = 0; at < items[i].length; at += piece) {
-        pieces.push_back({from(items[i]) + at, to(items[i]) + at,
-                          std::min<size_t>(piece, items[i].length - at)});
-      }
-    }
-    pool->run(pieces.size(), [&](size_t k) { copy_to_slot(pieces[k].dst, pieces[k].src,
-                                                          pieces[k].len); });
-  }
+  copy_ranges(
+      pool, n, total, parallel_bytes,
+      [&](size_t i) { return src.base() + (items[i].src_address - src_base); },
+      [&](size_t i) { return base + items[i].slot_offset + kHeader; },
+      [&](size_t i) { return static_cast<size_t>(items[i].length); }, copy_to_slot);
 
   std::atomic_thread_fence(std::memory_order_release);
   for (size_t i = 0; i < n; ++i) {
