@@ -3,18 +3,32 @@
 namespace distore {
 
 void SumTree::resize(size_t capacity) {
-  size_t leaves = 1;
+  size_t leaves = leaves_ ? leaves_ : 1;
   while (leaves < capacity) leaves <<= 1;
-  if (leaves <= leaves_ && !tree_.empty()) return;
-  std::vector<double> tree(2 * leaves, 0.0);
-  for (size_t i = 0; i < leaves_; ++i) tree[leaves + i] = tree_[leaves_ + i];
-  for (size_t i = leaves - 1; i >= 1; --i) tree[i] = tree[2 * i] + tree[2 * i + 1];
-  tree_.swap(tree);
+  if (leaves == leaves_) return;
+  Column<double> tree(2 * leaves);
+  if (leaves_ != 0) {
+    // Level d of the old tree (nodes [2^d, 2^(d+1))) covers the same leaves
+    // as level d + shift of the new one: copy each level's used prefix.
+    const unsigned shift = static_cast<unsigned>(__builtin_ctzll(leaves / leaves_));
+    const unsigned depth = static_cast<unsigned>(__builtin_ctzll(leaves_));
+    for (unsigned d = 0; d <= depth; ++d) {
+      const size_t span = size_t{1} << (depth - d);  // leaves under one node of level d
+      const size_t count = (used_ + span - 1) / span;
+      const size_t from = size_t{1} << d;
+      const size_t to = size_t{1} << (d + shift);
+      for (size_t j = 0; j < count; ++j) tree[to + j] = tree_[from + j];
+    }
+    // The new levels above the old root: their left-most node holds it all.
+    for (unsigned k = 0; k < shift; ++k) tree[size_t{1} << k] = tree_[1];
+  }
+  tree_ = std::move(tree);
   leaves_ = leaves;
 }
 
 void SumTree::set(size_t index, double value) {
   size_t i = leaves_ + index;
+  if (index >= used_) used_ = index + 1;
   tree_[i] = value;
   for (i >>= 1; i >= 1; i >>= 1) tree_[i] = tree_[2 * i] + tree_[2 * i + 1];
 }
