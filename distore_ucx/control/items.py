@@ -6,9 +6,9 @@ TableCore under the same record id. 29 bytes an item here (a 24-byte place
 record, a 4-byte lease count, a 1-byte state); `locations` joins the place
 records with the core's keys into protocol.ITEM_LOCATION records for a
 sample reply, in one native call. (An ItemStore without a key source, used
-on its own, keeps a key column of its own.) A record is LIVE (sampleable), RETIRED (out of the table but its slot still
-leased by a learner) or FREE (reusable). Record ids are never reused while a
-lease covers them.
+on its own, keeps a key column of its own.) A record is LIVE (sampleable),
+RETIRED (out of the table but its slot still leased by a learner) or FREE
+(reusable). Record ids are never reused while a lease covers them.
 
 Memory: new ids come from a high-water mark, so the free list holds only
 released ids (4 bytes each), not one entry per record; the columns double
