@@ -65,6 +65,7 @@ void lease_add(nb::ndarray<uint32_t, nb::ndim<1>, nb::c_contig, nb::device::cpu>
       throw TableError("lease_add: record id out of range");
     }
   }
+  for (size_t i = 0; i < ids.shape(0); ++i) __builtin_prefetch(&counts(ids(i)), 1);
   for (size_t i = 0; i < ids.shape(0); ++i) ++counts(ids(i));
 }
 
@@ -76,6 +77,12 @@ nb::ndarray<nb::numpy, int64_t, nb::ndim<1>> lease_release(
     Vec<int64_t> ids, uint8_t retired) {
   const size_t n = counts.shape(0);
   if (state.shape(0) != n) throw TableError("lease_release: shapes differ");
+  for (size_t i = 0; i < ids.shape(0); ++i) {
+    if (ids(i) >= 0 && static_cast<size_t>(ids(i)) < n) {
+      __builtin_prefetch(&counts(ids(i)), 1);
+      __builtin_prefetch(&state(ids(i)));
+    }
+  }
   for (size_t i = 0; i < ids.shape(0); ++i) {
     if (ids(i) < 0 || static_cast<size_t>(ids(i)) >= n || counts(ids(i)) == 0) {
       throw TableError("lease_release: id out of range or not leased");
@@ -278,6 +285,13 @@ void bind_tables(nb::module_& m) {
             }
             std::vector<uint64_t> out(4 * ids.shape(0));
             const uint64_t* p = places.data();
+            // Random rows of a large table miss the caches: ask for all of
+            // them first so the misses overlap.
+            for (size_t i = 0; i < ids.shape(0); ++i) {
+              __builtin_prefetch(p + 3 * static_cast<size_t>(ids(i)));
+              __builtin_prefetch(p + 3 * static_cast<size_t>(ids(i)) + 2);
+              t.prefetch_key(ids(i));
+            }
             for (size_t i = 0; i < ids.shape(0); ++i) {
               const uint64_t* row = p + 3 * static_cast<size_t>(ids(i));
               out[4 * i] = row[0];

@@ -106,6 +106,7 @@ void TableCore::sample(size_t n, std::vector<int64_t>* ids, std::vector<double>*
     ids->resize(start + n);
     probabilities->resize(start + n);
     sampler_.select_many(rng_, n, ids->data() + start, probabilities->data() + start);
+    for (size_t i = start; i < start + n; ++i) __builtin_prefetch(&times_[(*ids)[i]], 1);
     for (size_t i = start; i < start + n; ++i) ++times_[(*ids)[i]];
     return;
   }

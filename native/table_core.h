@@ -75,6 +75,9 @@ class TableCore {
   uint64_t record_key(int64_t id) const {
     return id >= 0 && static_cast<size_t>(id) < key_.size() ? key_[id] : 0;
   }
+  void prefetch_key(int64_t id) const {
+    if (id >= 0 && static_cast<size_t>(id) < key_.size()) __builtin_prefetch(&key_[id]);
+  }
   // Bytes in memory now, by structure (pages written at least once).
   std::vector<std::pair<std::string, size_t>> resident_bytes() const;
   // The sequence number the next inserted item gets; raising it (never
