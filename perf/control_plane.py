@@ -35,6 +35,12 @@ memory (--only memory; not in the default run)
     `Table.sample(256)`, the reply's locations and `unlease`: p50/p99 (the
     server's sample path, without the network).
     Baseline: the same p50 at the smallest size, in the same run.
+sample_e2e (--only sample_e2e; not in the default run)
+    What a learner sees: `learner.sample()` of batch 256 (prefetch off: one
+    control-plane round trip and one read of the items per batch) from a
+    prioritized table of each size in --e2e-items (10^3 and 10^7), one
+    storage node, 8-byte items, through a LocalCluster. p50/p99. Baseline:
+    the p50 at the smallest size, in the same run.
 
 Prints JSON lines and a table.
 
@@ -326,6 +332,40 @@ def bench_memory(args, out):
             print(json.dumps(row), flush=True)
 
 
+def bench_sample_e2e(args, out):
+    import distore_ucx as ds
+
+    first = None
+    for n in args.e2e_items:
+        slot = ds.TableSpec.parse(((8,), "uint8")).slot_size
+        with ds.LocalCluster(nodes=1, arena_bytes=max(64 << 20, n * slot + (64 << 20)),
+                             log_level="WARNING") as cluster, \
+                ds.connect(cluster.address) as client:
+            client.create_table("p", capacity=n, spec=((8,), "uint8"),
+                                sampler=ds.Prioritized(0.6))
+            step = min(n, 1 << 16)
+            t = time.perf_counter()
+            with client.writer(max_items=step) as w:
+                for _ in range(n // step):
+                    w.insert("p", np.zeros((step, 8), np.uint8))
+            fill_s = time.perf_counter() - t
+            learner = client.learner("p", batch_size=256, prefetch=0)
+            for _ in range(50):
+                learner.sample()
+            lat = []
+            for _ in range(args.e2e_iters):
+                t = time.perf_counter()
+                learner.sample()
+                lat.append(time.perf_counter() - t)
+            learner.close()
+        row = {"bench": "sample_e2e", "items": n, "batch": 256, **stats(lat),
+               "fill_s": round(fill_s, 1)}
+        first = first or row
+        row["p50_vs_smallest"] = round(row["p50_us"] / first["p50_us"], 2)
+        out.append(row)
+        print(json.dumps(row), flush=True)
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--batches", type=int, default=2000, help="update batches of 1024")
@@ -339,8 +379,12 @@ def main(argv=None) -> int:
     p.add_argument("--memory-items", type=int, nargs="+",
                    default=[1_000, 100_000, 1_000_000, 10_000_000],
                    help="table sizes for --only memory (one fresh process each)")
+    p.add_argument("--e2e-items", type=int, nargs="+", default=[1_000, 10_000_000],
+                   help="table sizes for --only sample_e2e")
+    p.add_argument("--e2e-iters", type=int, default=2000, help="learner samples a size")
     p.add_argument("--memory-child", nargs=2, metavar=("N", "KIND"), help=argparse.SUPPRESS)
-    p.add_argument("--only", choices=("updates", "decide", "remote", "checkpoint", "memory"),
+    p.add_argument("--only", choices=("updates", "decide", "remote", "checkpoint", "memory",
+                            "sample_e2e"),
                    help="run one group (updates includes sample_256)")
     p.add_argument("--json-out", help="also write the JSON lines here")
     args = p.parse_args(argv)
@@ -351,6 +395,8 @@ def main(argv=None) -> int:
     out: list[dict] = []
     if args.only == "memory":
         bench_memory(args, out)
+    if args.only == "sample_e2e":
+        bench_sample_e2e(args, out)
     if args.only in (None, "updates"):
         core, rng = bench_updates(args, out)
         bench_sample(args, core, rng, out)
@@ -378,6 +424,10 @@ def main(argv=None) -> int:
                   f"B/item (peak {r['peak_bytes_per_item']:6.1f}), sample_256 p50 "
                   f"{r['sample_256']['p50_us']:6.1f} us   x{r['sample_p50_vs_smallest']:.2f} "
                   f"of the smallest")
+        elif r["bench"] == "sample_e2e":
+            print(f"sample_e2e {r['items']:>11,} items  learner.sample(256) p50 "
+                  f"{r['p50_us']:7.1f} us, p99 {r['p99_us']:7.1f} us   x{r['p50_vs_smallest']:.2f}"
+                  f" of the smallest")
         elif r["bench"] == "checkpoint":
             per = 1e6 / r["items"]
             print(f"checkpoint {r['items'] / 1e6:g} M  snapshot {r['snapshot_s'] * per:.2f} s/M, "
