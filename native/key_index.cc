@@ -29,12 +29,14 @@ void KeyIndex::put(uint64_t key, uint32_t id, const Column<uint64_t>& keys) {
 
 void KeyIndex::erase(uint64_t key, uint32_t id, const Column<uint64_t>& keys) {
   if (count_ == 0) return;
+  // Look for the id itself (no key reads): an id whose key was inserted
+  // again under another id is not in the index, and the probe ends at an
+  // empty slot.
   size_t i = home(key);
   for (;; i = (i + 1) & mask_) {
     const uint32_t s = slots_[i];
     if (s == 0) return;
     if (s - 1 == id) break;
-    if (keys[s - 1] == key) return;  // the key now belongs to another id
   }
   // Backward shift: pull later entries of the run into the hole when their
   // home does not lie cyclically after the hole.
