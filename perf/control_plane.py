@@ -240,6 +240,7 @@ def bench_checkpoint(args, out):
 
 
 def _rss_kib(field: str = "VmRSS") -> int:
+    """This process's resident memory (or another /proc/self/status field), KiB."""
     with open("/proc/self/status") as fh:
         for line in fh:
             if line.startswith(field + ":"):
@@ -312,6 +313,7 @@ def memory_child(n: int, kind: str, iters: int) -> dict:
 
 
 def bench_memory(args, out):
+    """Control-plane bytes per item at each size, one fresh process each."""
     import subprocess
 
     rows = []
@@ -333,6 +335,7 @@ def bench_memory(args, out):
 
 
 def bench_sample_e2e(args, out):
+    """learner.sample(256) p50/p99 through a LocalCluster at each size."""
     import distore_ucx as ds
 
     first = None
