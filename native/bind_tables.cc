@@ -65,6 +65,7 @@ void lease_add(nb::ndarray<uint32_t, nb::ndim<1>, nb::c_contig, nb::device::cpu>
       throw TableError("lease_add: record id out of range");
     }
   }
+  for (size_t i = 0; i < ids.shape(0); ++i) __builtin_prefetch(&counts(ids(i)), 1);
   for (size_t i = 0; i < ids.shape(0); ++i) ++counts(ids(i));
 }
 
@@ -76,6 +77,12 @@ nb::ndarray<nb::numpy, int64_t, nb::ndim<1>> lease_release(
     Vec<int64_t> ids, uint8_t retired) {
   const size_t n = counts.shape(0);
   if (state.shape(0) != n) throw TableError("lease_release: shapes differ");
+  for (size_t i = 0; i < ids.shape(0); ++i) {
+    if (ids(i) >= 0 && static_cast<size_t>(ids(i)) < n) {
+      __builtin_prefetch(&counts(ids(i)), 1);
+      __builtin_prefetch(&state(ids(i)));
+    }
+  }
   for (size_t i = 0; i < ids.shape(0); ++i) {
     if (ids(i) < 0 || static_cast<size_t>(ids(i)) >= n || counts(ids(i)) == 0) {
       throw TableError("lease_release: id out of range or not leased");
@@ -243,7 +250,69 @@ void bind_tables(nb::module_& m) {
             return per_live_id<uint64_t>(t, ids, "sequences",
                                          [&](int64_t id) { return t.sequence(id); });
           },
-          "ids"_a, "Insertion sequence numbers (FIFO order) of live ids.");
+          "ids"_a, "Insertion sequence numbers (FIFO order) of live ids.")
+      .def(
+          "keys",
+          [](const TableCore& t, Vec<int64_t> ids) {
+            return per_live_id<uint64_t>(t, ids, "keys", [&](int64_t id) { return t.key(id); });
+          },
+          "ids"_a, "Keys of live ids.")
+      .def(
+          "record_keys",
+          [](const TableCore& t, Vec<int64_t> ids) {
+            std::vector<uint64_t> out(ids.shape(0));
+            for (size_t i = 0; i < out.size(); ++i) out[i] = t.record_key(ids(i));
+            return to_numpy(std::move(out));
+          },
+          "ids"_a,
+          "The key last inserted under each id, whether or not it is still in the table "
+          "(0 for an id never used): the keys of records evicted while leased.")
+      .def(
+          "locations",
+          [](const TableCore& t,
+             nb::ndarray<const uint64_t, nb::ndim<2>, nb::shape<-1, 3>, nb::c_contig,
+                         nb::device::cpu> places,
+             Vec<int64_t> ids) {
+            // (node|pad, offset, generation) rows of the item store + this
+            // core's key: protocol.ITEM_LOCATION records, 4 words each.
+            const size_t rows = places.shape(0);
+            for (size_t i = 0; i < ids.shape(0); ++i) {
+              if (ids(i) < 0 || static_cast<size_t>(ids(i)) >= rows) {
+                throw TableError("locations: record id " + std::to_string(ids(i)) +
+                                 " is outside the item store (" + std::to_string(rows) +
+                                 " records)");
+              }
+            }
+            std::vector<uint64_t> out(4 * ids.shape(0));
+            const uint64_t* p = places.data();
+            // Random rows of a large table miss the caches: ask for all of
+            // them first so the misses overlap.
+            for (size_t i = 0; i < ids.shape(0); ++i) {
+              __builtin_prefetch(p + 3 * static_cast<size_t>(ids(i)));
+              __builtin_prefetch(p + 3 * static_cast<size_t>(ids(i)) + 2);
+              t.prefetch_key(ids(i));
+            }
+            for (size_t i = 0; i < ids.shape(0); ++i) {
+              const uint64_t* row = p + 3 * static_cast<size_t>(ids(i));
+              out[4 * i] = row[0];
+              out[4 * i + 1] = row[1];
+              out[4 * i + 2] = row[2];
+              out[4 * i + 3] = t.record_key(ids(i));
+            }
+            return to_numpy(std::move(out));
+          },
+          "places"_a, "ids"_a,
+          "ITEM_LOCATION records (as uint64 words, 4 an item) of records `ids`: node, "
+          "offset and generation from `places` (the item store's (n, 3) uint64 view), the "
+          "key from this core.")
+      .def(
+          "memory_usage",
+          [](const TableCore& t) {
+            nb::dict out;
+            for (const auto& [name, bytes] : t.resident_bytes()) out[name.c_str()] = bytes;
+            return out;
+          },
+          "Bytes of memory the core holds now, by structure (pages written at least once).");
 }
 
 }  // namespace

@@ -2,37 +2,35 @@
 
 namespace distore {
 
-void IndexedHeap::push(int64_t id, double key, uint64_t seq) {
-  if (static_cast<size_t>(id) >= pos_.size()) pos_.resize(static_cast<size_t>(id) * 2 + 1, -1);
-  heap_.push_back(Entry{key, seq, id});
-  pos_[id] = static_cast<int64_t>(heap_.size() - 1);
-  sift_up(heap_.size() - 1);
+void IndexedHeap::push(int64_t id) {
+  pos_.grow(static_cast<size_t>(id) + 1);
+  heap_.grow(size_ + 1);
+  place(size_, static_cast<uint32_t>(id));
+  ++size_;
+  sift_up(size_ - 1);
 }
 
 void IndexedHeap::remove(int64_t id) {
   if (!contains(id)) return;
-  size_t i = static_cast<size_t>(pos_[id]);
-  pos_[id] = -1;
-  Entry last = heap_.back();
-  heap_.pop_back();
-  if (i == heap_.size()) return;
+  const size_t i = pos_[id] - 1;
+  pos_[id] = 0;
+  const uint32_t last = heap_[--size_];
+  if (i == size_) return;
   place(i, last);
   sift_up(i);
-  sift_down(static_cast<size_t>(pos_[last.id]));
+  sift_down(pos_[last] - 1);
 }
 
-void IndexedHeap::update(int64_t id, double key) {
+void IndexedHeap::update(int64_t id) {
   if (!contains(id)) return;
-  size_t i = static_cast<size_t>(pos_[id]);
-  heap_[i].key = key;
-  sift_up(i);
-  sift_down(static_cast<size_t>(pos_[id]));
+  sift_up(pos_[id] - 1);
+  sift_down(pos_[id] - 1);
 }
 
 void IndexedHeap::sift_up(size_t i) {
-  Entry e = heap_[i];
+  const uint32_t e = heap_[i];
   while (i > 0) {
-    size_t parent = (i - 1) / 2;
+    const size_t parent = (i - 1) / 2;
     if (!above(e, heap_[parent])) break;
     place(i, heap_[parent]);
     i = parent;
@@ -41,8 +39,8 @@ void IndexedHeap::sift_up(size_t i) {
 }
 
 void IndexedHeap::sift_down(size_t i) {
-  Entry e = heap_[i];
-  const size_t n = heap_.size();
+  const uint32_t e = heap_[i];
+  const size_t n = size_;
   while (true) {
     size_t child = 2 * i + 1;
     if (child >= n) break;

@@ -18,10 +18,12 @@ SelectorKind selector_kind(int index) {
 
 // -- Selector ---------------------------------------------------------------
 
-Selector::Selector(SelectorKind kind, double alpha)
+Selector::Selector(SelectorKind kind, double alpha, const Column<double>* priority,
+                   const Column<uint64_t>* seq1)
     : kind_(kind),
       alpha_(alpha),
-      heap_(kind == SelectorKind::kLifo || kind == SelectorKind::kMaxHeap) {}
+      heap_(kind == SelectorKind::kLifo || kind == SelectorKind::kMaxHeap,
+            kind == SelectorKind::kFifo || kind == SelectorKind::kLifo, priority, seq1) {}
 
 double Selector::weight(double priority) const {
   if (alpha_ == 1.0) return priority;
@@ -29,50 +31,45 @@ double Selector::weight(double priority) const {
   return std::pow(priority, alpha_);
 }
 
-void Selector::grow(int64_t id) {
-  if (static_cast<size_t>(id) >= pos_.size()) pos_.resize(static_cast<size_t>(id) * 2 + 1, -1);
-}
-
-void Selector::insert(int64_t id, double priority, uint64_t seq) {
+void Selector::insert(int64_t id, double priority) {
   ++size_;
+  const size_t i = static_cast<size_t>(id);
   switch (kind_) {
     case SelectorKind::kUniform:
+      pos_.grow(i + 1);
+      items_.grow(size_);
+      pos_[i] = static_cast<uint32_t>(size_ - 1);
+      items_[size_ - 1] = static_cast<uint32_t>(id);
+      break;
     case SelectorKind::kPrioritized:
-      grow(id);
-      pos_[id] = static_cast<int64_t>(items_.size());
-      items_.push_back(id);
-      if (kind_ == SelectorKind::kPrioritized) {
-        if (static_cast<size_t>(id) >= tree_.capacity()) tree_.resize(static_cast<size_t>(id) + 1);
-        tree_.set(static_cast<size_t>(id), weight(priority));
-      }
+      members_.grow((i >> 6) + 1);
+      members_[i >> 6] |= uint64_t{1} << (i & 63);
+      member_list_valid_ = false;
+      if (i >= tree_.capacity()) tree_.resize(i + 1);
+      tree_.set(i, weight(priority));
       break;
-    case SelectorKind::kFifo:
-    case SelectorKind::kLifo:
-      // Keyed by sequence: oldest on top of the min-heap (FIFO), newest on
-      // top of the max-heap (LIFO). Exact while seq < 2^53.
-      heap_.push(id, static_cast<double>(seq), seq);
-      break;
-    case SelectorKind::kMinHeap:
-    case SelectorKind::kMaxHeap:
-      heap_.push(id, priority, seq);
-      break;
+    default:
+      // FIFO/LIFO by sequence, min/max heap by priority (the core's columns).
+      heap_.push(id);
   }
 }
 
 void Selector::remove(int64_t id) {
   --size_;
+  const size_t i = static_cast<size_t>(id);
   switch (kind_) {
-    case SelectorKind::kUniform:
-    case SelectorKind::kPrioritized: {
-      int64_t p = pos_[id];
-      int64_t last = items_.back();
+    case SelectorKind::kUniform: {
+      const uint32_t p = pos_[i];
+      const uint32_t last = items_[size_];
       items_[p] = last;
       pos_[last] = p;
-      items_.pop_back();
-      pos_[id] = -1;
-      if (kind_ == SelectorKind::kPrioritized) tree_.set(static_cast<size_t>(id), 0.0);
       break;
     }
+    case SelectorKind::kPrioritized:
+      members_[i >> 6] &= ~(uint64_t{1} << (i & 63));
+      member_list_valid_ = false;
+      tree_.set(i, 0.0);
+      break;
     default:
       heap_.remove(id);
   }
@@ -82,8 +79,29 @@ void Selector::update(int64_t id, double priority) {
   if (kind_ == SelectorKind::kPrioritized) {
     tree_.set(static_cast<size_t>(id), weight(priority));
   } else if (kind_ == SelectorKind::kMinHeap || kind_ == SelectorKind::kMaxHeap) {
-    heap_.update(id, priority);
+    heap_.update(id);
   }
+}
+
+int64_t Selector::uniform_member(std::mt19937_64& rng) {
+  // Rejection over the ids in use; a list of the members only when they
+  // are too sparse for that (the draw is uniform either way).
+  std::uniform_int_distribution<size_t> any(0, tree_.used() - 1);
+  for (int tries = 0; tries < 64; ++tries) {
+    const size_t id = any(rng);
+    if (member(id)) return static_cast<int64_t>(id);
+  }
+  if (!member_list_valid_) {
+    member_list_.clear();
+    for (size_t w = 0; w < members_.size(); ++w) {
+      for (uint64_t bits = members_[w]; bits != 0; bits &= bits - 1) {
+        member_list_.push_back(static_cast<uint32_t>(w * 64 + __builtin_ctzll(bits)));
+      }
+    }
+    member_list_valid_ = true;
+  }
+  std::uniform_int_distribution<size_t> u(0, member_list_.size() - 1);
+  return member_list_[u(rng)];
 }
 
 int64_t Selector::select(std::mt19937_64& rng, double* probability) {
@@ -96,11 +114,13 @@ int64_t Selector::select(std::mt19937_64& rng, double* probability) {
         *probability = tree_.get(static_cast<size_t>(id)) / total;
         return id;
       }
-      [[fallthrough]];  // every weight is 0: uniform, as Reverb does
+      // every weight is 0: uniform, as Reverb does
+      *probability = 1.0 / static_cast<double>(size_);
+      return uniform_member(rng);
     }
     case SelectorKind::kUniform: {
-      std::uniform_int_distribution<size_t> u(0, items_.size() - 1);
-      *probability = 1.0 / static_cast<double>(items_.size());
+      std::uniform_int_distribution<size_t> u(0, size_ - 1);
+      *probability = 1.0 / static_cast<double>(size_);
       return items_[u(rng)];
     }
     default:
@@ -110,6 +130,20 @@ int64_t Selector::select(std::mt19937_64& rng, double* probability) {
 }
 
 void Selector::select_many(std::mt19937_64& rng, size_t n, int64_t* ids, double* probabilities) {
+  if (kind_ == SelectorKind::kUniform) {
+    // The same draws as n select() calls; the list reads overlap.
+    std::uniform_int_distribution<size_t> u(0, size_ - 1);
+    const double p = 1.0 / static_cast<double>(size_);
+    for (size_t i = 0; i < n; ++i) {
+      ids[i] = static_cast<int64_t>(u(rng));
+      __builtin_prefetch(&items_[static_cast<size_t>(ids[i])]);
+    }
+    for (size_t i = 0; i < n; ++i) {
+      ids[i] = items_[static_cast<size_t>(ids[i])];
+      probabilities[i] = p;
+    }
+    return;
+  }
   const double total = tree_.total();
   if (kind_ != SelectorKind::kPrioritized || total <= 0.0) {
     for (size_t i = 0; i < n; ++i) ids[i] = select(rng, &probabilities[i]);
@@ -127,12 +161,29 @@ double Selector::probability(int64_t id) const {
     case SelectorKind::kPrioritized: {
       const double total = tree_.total();
       if (total > 0.0) return tree_.get(static_cast<size_t>(id)) / total;
-      [[fallthrough]];
+      return size_ == 0 ? 0.0 : 1.0 / static_cast<double>(size_);
     }
     case SelectorKind::kUniform:
-      return items_.empty() ? 0.0 : 1.0 / static_cast<double>(items_.size());
+      return size_ == 0 ? 0.0 : 1.0 / static_cast<double>(size_);
     default:
       return (!heap_.empty() && heap_.top() == id) ? 1.0 : 0.0;
+  }
+}
+
+void Selector::resident_bytes(const char* prefix,
+                              std::vector<std::pair<std::string, size_t>>* out) const {
+  const std::string p(prefix);
+  switch (kind_) {
+    case SelectorKind::kUniform:
+      out->emplace_back(p + ".list", items_.resident_bytes() + pos_.resident_bytes());
+      break;
+    case SelectorKind::kPrioritized:
+      out->emplace_back(p + ".sum_tree", tree_.resident_bytes());
+      out->emplace_back(p + ".members", members_.resident_bytes() +
+                                            member_list_.capacity() * sizeof(uint32_t));
+      break;
+    default:
+      out->emplace_back(p + ".heap", heap_.resident_bytes());
   }
 }
 

@@ -8,8 +8,11 @@
 #include <cstddef>
 #include <cstdint>
 #include <random>
+#include <string>
+#include <utility>
 #include <vector>
 
+#include "column.h"
 #include "heap.h"
 #include "sum_tree.h"
 
@@ -24,11 +27,16 @@ constexpr int kSelectorKinds = 6;
 // The kind of index `index` in KINDS; throws TableError when out of range.
 SelectorKind selector_kind(int index);
 
-// One selection policy over the table's items.
+// One selection policy over the table's items. Ids are below 2^32 - 1.
+// Memory an item: uniform 8 bytes (dense list + position), prioritized
+// about 16 (sum tree) + 1 bit (membership), heaps 8 (id + position).
 class Selector {
  public:
-  Selector(SelectorKind kind, double alpha);
-  void insert(int64_t id, double priority, uint64_t seq);
+  // `priority` and `seq1` (sequence + 1) are the table core's columns, read
+  // by the heap kinds; the core writes an item's values before insert/update.
+  Selector(SelectorKind kind, double alpha, const Column<double>* priority,
+           const Column<uint64_t>* seq1);
+  void insert(int64_t id, double priority);
   void remove(int64_t id);
   void update(int64_t id, double priority);
   // The next item and its probability (1 for the deterministic kinds).
@@ -39,19 +47,29 @@ class Selector {
   double probability(int64_t id) const;
   // n independent draws at once (no removal between them).
   void select_many(std::mt19937_64& rng, size_t n, int64_t* ids, double* probabilities);
+  // Bytes in memory now, by structure.
+  void resident_bytes(const char* prefix,
+                      std::vector<std::pair<std::string, size_t>>* out) const;
 
  private:
   double weight(double priority) const;
-  void grow(int64_t id);
+  bool member(size_t id) const { return (members_[id >> 6] >> (id & 63)) & 1; }
+  // A uniform draw among the members of a prioritized selector whose
+  // weights are all 0 (Reverb falls back to uniform there).
+  int64_t uniform_member(std::mt19937_64& rng);
 
   SelectorKind kind_;
   double alpha_;
   size_t size_ = 0;
-  // uniform (also the fallback of prioritized when every weight is 0)
-  std::vector<int64_t> items_;
-  std::vector<int64_t> pos_;
-  // prioritized
+  // uniform: the ids in a dense list, and each id's index in it
+  Column<uint32_t> items_;
+  Column<uint32_t> pos_;
+  // prioritized: the weights, a membership bit an id, and (built only when
+  // every weight is 0 and members are sparse) a list of the members
   SumTree tree_;
+  Column<uint64_t> members_;
+  std::vector<uint32_t> member_list_;
+  bool member_list_valid_ = false;
   // fifo, lifo, min/max heap
   IndexedHeap heap_;
 };

@@ -10,8 +10,8 @@ namespace distore {
 TableCore::TableCore(SelectorKind sampler, double sampler_alpha, SelectorKind remover,
                      double remover_alpha, uint64_t capacity, uint32_t max_times_sampled,
                      uint64_t seed)
-    : sampler_(sampler, sampler_alpha),
-      remover_(remover, remover_alpha),
+    : sampler_(sampler, sampler_alpha, &priority_, &seq1_),
+      remover_(remover, remover_alpha, &priority_, &seq1_),
       capacity_(capacity),
       max_times_(max_times_sampled),
       rng_(seed) {
@@ -20,22 +20,19 @@ TableCore::TableCore(SelectorKind sampler, double sampler_alpha, SelectorKind re
 
 void TableCore::add(int64_t id, uint64_t key, double priority, uint64_t seq, uint32_t times) {
   const size_t need = static_cast<size_t>(id) + 1;
-  if (need > live_.size()) {
-    const size_t n = need * 2;
-    key_.resize(n);
-    priority_.resize(n);
-    times_.resize(n);
-    seq_id_.resize(n);
-    live_.resize(n, 0);
+  if (need > seq1_.size()) {
+    key_.grow(need);
+    priority_.grow(need);
+    times_.grow(need);
+    seq1_.grow(need);
   }
   key_[id] = key;
   priority_[id] = priority;
   times_[id] = times;
-  seq_id_[id] = seq;
-  live_[id] = 1;
-  by_key_[key] = id;
-  sampler_.insert(id, priority, seq);
-  remover_.insert(id, priority, seq);
+  seq1_[id] = seq + 1;
+  by_key_.put(key, static_cast<uint32_t>(id), key_);
+  sampler_.insert(id, priority);
+  remover_.insert(id, priority);
   if (max_times_) remaining_ += max_times_ - times;
 }
 
@@ -44,6 +41,11 @@ void TableCore::check_new(const int64_t* ids, size_t n, const char* what) const 
     if (ids[i] < 0 || live(ids[i])) {
       throw TableError(std::string(what) + ": id " + std::to_string(ids[i]) +
                                              " is negative or already in the table");
+    }
+    if (static_cast<uint64_t>(ids[i]) > KeyIndex::kMaxId) {
+      throw TableError(std::string(what) + ": id " + std::to_string(ids[i]) +
+                       " is above the table core's largest id " +
+                       std::to_string(KeyIndex::kMaxId) + " (record ids are 32-bit)");
     }
   }
 }
@@ -58,11 +60,10 @@ void TableCore::make_room(std::vector<int64_t>* evicted) {
 }
 
 void TableCore::drop(int64_t id) {
-  live_[id] = 0;
-  auto it = by_key_.find(key_[id]);
-  if (it != by_key_.end() && it->second == id) by_key_.erase(it);
+  by_key_.erase(key_[id], static_cast<uint32_t>(id), key_);
   sampler_.remove(id);
   remover_.remove(id);
+  seq1_[id] = 0;
   if (max_times_) remaining_ -= max_times_ - times_[id];
 }
 
@@ -80,6 +81,9 @@ void TableCore::restore(const int64_t* ids, const uint64_t* keys, const double* 
                         std::vector<int64_t>* evicted) {
   check_new(ids, n, "restore");
   for (size_t i = 0; i < n; ++i) {
+    if (seqs[i] == UINT64_MAX) {
+      throw TableError("restore: sequence number 2^64 - 1 is out of range");
+    }
     if (max_times_ && times_sampled[i] >= max_times_) {
       throw TableError(
                      "restore: an item sampled " + std::to_string(times_sampled[i]) +
@@ -102,6 +106,7 @@ void TableCore::sample(size_t n, std::vector<int64_t>* ids, std::vector<double>*
     ids->resize(start + n);
     probabilities->resize(start + n);
     sampler_.select_many(rng_, n, ids->data() + start, probabilities->data() + start);
+    for (size_t i = start; i < start + n; ++i) __builtin_prefetch(&times_[(*ids)[i]], 1);
     for (size_t i = start; i < start + n; ++i) ++times_[(*ids)[i]];
     return;
   }
@@ -124,9 +129,8 @@ void TableCore::sample(size_t n, std::vector<int64_t>* ids, std::vector<double>*
 size_t TableCore::update_priorities(const uint64_t* keys, const double* priorities, size_t n) {
   size_t updated = 0;
   for (size_t i = 0; i < n; ++i) {
-    auto it = by_key_.find(keys[i]);
-    if (it == by_key_.end()) continue;
-    const int64_t id = it->second;
+    const int64_t id = by_key_.find(keys[i], key_);
+    if (id < 0) continue;
     priority_[id] = priorities[i];
     sampler_.update(id, priorities[i]);
     remover_.update(id, priorities[i]);
@@ -147,9 +151,21 @@ size_t TableCore::remove(const int64_t* ids, size_t n) {
 
 void TableCore::lookup(const uint64_t* keys, size_t n, int64_t* ids) const {
   for (size_t i = 0; i < n; ++i) {
-    auto it = by_key_.find(keys[i]);
-    ids[i] = it == by_key_.end() ? -1 : it->second;
+    ids[i] = by_key_.find(keys[i], key_);
   }
+}
+
+std::vector<std::pair<std::string, size_t>> TableCore::resident_bytes() const {
+  std::vector<std::pair<std::string, size_t>> out{
+      {"key", key_.resident_bytes()},
+      {"priority", priority_.resident_bytes()},
+      {"times_sampled", times_.resident_bytes()},
+      {"sequence", seq1_.resident_bytes()},
+      {"key_index", by_key_.resident_bytes()},
+  };
+  sampler_.resident_bytes("sampler", &out);
+  remover_.resident_bytes("remover", &out);
+  return out;
 }
 
 }  // namespace distore

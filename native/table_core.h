@@ -6,16 +6,25 @@
 // and times sampled. Every operation takes a whole batch. The caller keeps
 // everything else (node, slot, generation, leases).
 //
+// Memory (issue #16): dense columns addressed by id (key 8 B, priority 8,
+// times sampled 4, sequence 8), a key index of 4-byte slots that compares
+// against the key column, and the two selectors' own structures (see
+// selector.h); every structure sits in a Column, so capacity reserved but
+// never written costs nothing. Ids are below 2^32 - 1.
+//
 // Ownership: owns its storage. Thread safety: none; the control plane
-// calls it from one thread.
+// calls it from one thread. Not copyable (the selectors point at its columns).
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
 #include <random>
-#include <unordered_map>
+#include <string>
+#include <utility>
 #include <vector>
 
+#include "column.h"
+#include "key_index.h"
 #include "selector.h"
 #include "table_error.h"
 
@@ -25,6 +34,8 @@ class TableCore {
  public:
   TableCore(SelectorKind sampler, double sampler_alpha, SelectorKind remover,
             double remover_alpha, uint64_t capacity, uint32_t max_times_sampled, uint64_t seed);
+  TableCore(const TableCore&) = delete;
+  TableCore& operator=(const TableCore&) = delete;
 
   // Inserts items; an item arriving at capacity first evicts the remover's
   // choice (as Reverb does). Appends the evicted ids to `evicted`.
@@ -57,7 +68,18 @@ class TableCore {
   double priority(int64_t id) const { return priority_[id]; }
   uint32_t times_sampled(int64_t id) const { return times_[id]; }
   double probability(int64_t id) const { return sampler_.probability(id); }
-  uint64_t sequence(int64_t id) const { return seq_id_[id]; }
+  uint64_t sequence(int64_t id) const { return seq1_[id] - 1; }
+  uint64_t key(int64_t id) const { return key_[id]; }
+  // The key last inserted under `id` (kept after the item leaves, until the
+  // id is reused); 0 for an id never used.
+  uint64_t record_key(int64_t id) const {
+    return id >= 0 && static_cast<size_t>(id) < key_.size() ? key_[id] : 0;
+  }
+  void prefetch_key(int64_t id) const {
+    if (id >= 0 && static_cast<size_t>(id) < key_.size()) __builtin_prefetch(&key_[id]);
+  }
+  // Bytes in memory now, by structure (pages written at least once).
+  std::vector<std::pair<std::string, size_t>> resident_bytes() const;
   // The sequence number the next inserted item gets; raising it (never
   // lowering) keeps items restored later ordered before new ones.
   uint64_t next_seq() const { return seq_; }
@@ -69,9 +91,15 @@ class TableCore {
   void make_room(std::vector<int64_t>* evicted);
   void drop(int64_t id);
   bool live(int64_t id) const {
-    return id >= 0 && static_cast<size_t>(id) < live_.size() && live_[id];
+    return id >= 0 && static_cast<size_t>(id) < seq1_.size() && seq1_[id] != 0;
   }
 
+  // Columns by id, declared before the selectors that read them.
+  Column<uint64_t> key_;
+  Column<double> priority_;
+  Column<uint32_t> times_;
+  Column<uint64_t> seq1_;  // insertion sequence + 1; 0: not in the table
+  KeyIndex by_key_;
   Selector sampler_;
   Selector remover_;
   uint64_t capacity_;
@@ -79,12 +107,6 @@ class TableCore {
   uint64_t remaining_ = 0;
   uint64_t seq_ = 0;
   std::mt19937_64 rng_;
-  std::vector<uint64_t> key_;
-  std::vector<double> priority_;
-  std::vector<uint32_t> times_;
-  std::vector<uint64_t> seq_id_;
-  std::vector<uint8_t> live_;
-  std::unordered_map<uint64_t, int64_t> by_key_;
 };
 
 }  // namespace distore

@@ -24,6 +24,23 @@ checkpoint
     reading and rebuilding it, and the control plane's work when nodes
     re-send every item in batches of 65,536. Baseline: `np.save` + fsync of
     the same arrays (the floor of writing those bytes).
+memory (--only memory; not in the default run)
+    The control plane's memory per item (issue #16): for each size in
+    --memory-items and each table kind (prioritized sampler + FIFO remover,
+    uniform sampler + FIFO remover), a fresh subprocess builds a real
+    `Table` of that capacity, inserts that many items through `Table.add` in
+    batches of 4096 (as the server does), and reports the RSS it grew by
+    per item (and the peak), split by structure: numpy columns of the
+    ItemStore, and the native TableCore's own count of its vectors. Then
+    `Table.sample(256)`, the reply's locations and `unlease`: p50/p99 (the
+    server's sample path, without the network).
+    Baseline: the same p50 at the smallest size, in the same run.
+sample_e2e (--only sample_e2e; not in the default run)
+    What a learner sees: `learner.sample()` of batch 256 (prefetch off: one
+    control-plane round trip and one read of the items per batch) from a
+    prioritized table of each size in --e2e-items (10^3 and 10^7), one
+    storage node, 8-byte items, through a LocalCluster. p50/p99. Baseline:
+    the p50 at the smallest size, in the same run.
 
 Prints JSON lines and a table.
 
@@ -125,7 +142,7 @@ def bench_decide(args, out):
             recs, probs, _ = table.sample(32)
             lid = leases.grant("t", recs)
             protocol.encode(protocol.reply(
-                7, lease=lid, table_size=table.size, items=table.store.location[recs],
+                7, lease=lid, table_size=table.size, items=table.locations(recs),
                 probabilities=probs))
             prev = [lid]
             cpu.append((time.process_time_ns() - t) / 1e9)
@@ -222,6 +239,136 @@ def bench_checkpoint(args, out):
     print(json.dumps(row), flush=True)
 
 
+def _rss_kib(field: str = "VmRSS") -> int:
+    """This process's resident memory (or another /proc/self/status field), KiB."""
+    with open("/proc/self/status") as fh:
+        for line in fh:
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    raise RuntimeError(f"no {field} in /proc/self/status")
+
+
+def _resident_bytes(a: np.ndarray) -> int:
+    """Bytes of `a` in memory now (pages written at least once), by mincore(2)."""
+    import ctypes
+    import mmap
+
+    if a.nbytes == 0:
+        return 0
+    libc = ctypes.CDLL(None, use_errno=True)
+    page = mmap.PAGESIZE
+    start = a.ctypes.data // page * page
+    length = a.ctypes.data + a.nbytes - start
+    vec = (ctypes.c_ubyte * ((length + page - 1) // page))()
+    if libc.mincore(ctypes.c_void_p(start), ctypes.c_size_t(length), vec) != 0:
+        return int(a.nbytes)
+    return sum(v & 1 for v in vec) * page
+
+
+def memory_child(n: int, kind: str, iters: int) -> dict:
+    """One size, one table kind, in this (fresh) process: bytes per item."""
+    from distore_ucx.control.selectors import Fifo, Prioritized, Uniform
+    from distore_ucx.control.tables import Table
+    from distore_ucx.spec import TableSpec
+
+    spec = TableSpec.parse(((8,), "uint8"))
+    sampler = Prioritized(0.6) if kind == "prioritized" else Uniform()
+    step = 4096
+    rng = np.random.default_rng(5)
+    # The inputs are made before the first reading, so that only the
+    # table's own memory is counted.
+    keys = np.arange(n, dtype=np.uint64) + (np.uint64(7) << np.uint64(40))
+    offsets = np.arange(n, dtype=np.uint64) * np.uint64(spec.slot_size)
+    prios = rng.uniform(0.1, 2, n)
+    before = _rss_kib()
+    table = Table.make("t", n, spec, sampler=sampler, remover=Fifo(), seed=3)
+    t = time.perf_counter()
+    for i in range(0, n, step):
+        table.add(1, keys[i:i + step], offsets[i:i + step], offsets[i:i + step],
+                  prios[i:i + step])
+    fill_s = time.perf_counter() - t
+    assert table.size == n
+    after = _rss_kib()
+    s = table.store
+    parts = {f"store.{name}": _resident_bytes(col) for name, col in s.cols.items()}
+    parts.update({f"store.{k}": int(v) for k, v in getattr(s, "extra_nbytes", dict)().items()})
+    usage = getattr(table.core, "memory_usage", None)
+    if usage is not None:
+        parts.update({f"core.{k}": int(v) for k, v in usage().items()})
+    lat = []
+    for _ in range(iters):
+        t = time.perf_counter()
+        recs, _, _ = table.sample(256)
+        if hasattr(table, "locations"):
+            table.locations(recs)  # the reply's items, as the server gathers them
+        else:
+            s.location[recs]
+        table.unlease(recs)
+        lat.append(time.perf_counter() - t)
+    return {"bench": "memory", "kind": kind, "items": n,
+            "bytes_per_item": round((after - before) * 1024 / n, 1),
+            "peak_bytes_per_item": round((_rss_kib("VmHWM") - before) * 1024 / n, 1),
+            "parts_bytes_per_item": {k: round(v / n, 2) for k, v in parts.items()},
+            "fill_s": round(fill_s, 2), "sample_256": stats(lat)}
+
+
+def bench_memory(args, out):
+    """Control-plane bytes per item at each size, one fresh process each."""
+    import subprocess
+
+    rows = []
+    for kind in ("prioritized", "uniform"):
+        for n in args.memory_items:
+            proc = subprocess.run(
+                [sys.executable, __file__, "--memory-child", str(n), kind,
+                 "--iters", str(args.iters)],
+                capture_output=True, text=True, check=False)
+            if proc.returncode != 0:
+                raise RuntimeError(f"memory child {kind} {n} failed:\n{proc.stderr}")
+            row = json.loads(proc.stdout.strip().splitlines()[-1])
+            first = next((r for r in rows if r["kind"] == kind), row)
+            row["sample_p50_vs_smallest"] = round(
+                row["sample_256"]["p50_us"] / first["sample_256"]["p50_us"], 2)
+            rows.append(row)
+            out.append(row)
+            print(json.dumps(row), flush=True)
+
+
+def bench_sample_e2e(args, out):
+    """learner.sample(256) p50/p99 through a LocalCluster at each size."""
+    import distore_ucx as ds
+
+    first = None
+    for n in args.e2e_items:
+        slot = ds.TableSpec.parse(((8,), "uint8")).slot_size
+        with ds.LocalCluster(nodes=1, arena_bytes=max(64 << 20, n * slot + (64 << 20)),
+                             log_level="WARNING") as cluster, \
+                ds.connect(cluster.address) as client:
+            client.create_table("p", capacity=n, spec=((8,), "uint8"),
+                                sampler=ds.Prioritized(0.6))
+            step = min(n, 1 << 16)
+            t = time.perf_counter()
+            with client.writer(max_items=step) as w:
+                for _ in range(n // step):
+                    w.insert("p", np.zeros((step, 8), np.uint8))
+            fill_s = time.perf_counter() - t
+            learner = client.learner("p", batch_size=256, prefetch=0)
+            for _ in range(50):
+                learner.sample()
+            lat = []
+            for _ in range(args.e2e_iters):
+                t = time.perf_counter()
+                learner.sample()
+                lat.append(time.perf_counter() - t)
+            learner.close()
+        row = {"bench": "sample_e2e", "items": n, "batch": 256, **stats(lat),
+               "fill_s": round(fill_s, 1)}
+        first = first or row
+        row["p50_vs_smallest"] = round(row["p50_us"] / first["p50_us"], 2)
+        out.append(row)
+        print(json.dumps(row), flush=True)
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--batches", type=int, default=2000, help="update batches of 1024")
@@ -232,11 +379,27 @@ def main(argv=None) -> int:
                    help="items in the checkpointed table")
     p.add_argument("--checkpoint-dir", default=None,
                    help="folder (on the disk to measure) for the checkpoint file")
-    p.add_argument("--only", choices=("updates", "decide", "remote", "checkpoint"),
+    p.add_argument("--memory-items", type=int, nargs="+",
+                   default=[1_000, 100_000, 1_000_000, 10_000_000],
+                   help="table sizes for --only memory (one fresh process each)")
+    p.add_argument("--e2e-items", type=int, nargs="+", default=[1_000, 10_000_000],
+                   help="table sizes for --only sample_e2e")
+    p.add_argument("--e2e-iters", type=int, default=2000, help="learner samples a size")
+    p.add_argument("--memory-child", nargs=2, metavar=("N", "KIND"), help=argparse.SUPPRESS)
+    p.add_argument("--only", choices=("updates", "decide", "remote", "checkpoint", "memory",
+                            "sample_e2e"),
                    help="run one group (updates includes sample_256)")
     p.add_argument("--json-out", help="also write the JSON lines here")
     args = p.parse_args(argv)
+    if args.memory_child:
+        n, kind = args.memory_child
+        print(json.dumps(memory_child(int(n), kind, args.iters)), flush=True)
+        return 0
     out: list[dict] = []
+    if args.only == "memory":
+        bench_memory(args, out)
+    if args.only == "sample_e2e":
+        bench_sample_e2e(args, out)
     if args.only in (None, "updates"):
         core, rng = bench_updates(args, out)
         bench_sample(args, core, rng, out)
@@ -259,6 +422,15 @@ def main(argv=None) -> int:
         elif r["bench"] == "decide_32":
             print(f"decide_32 {r['sampler']:<9}p50 {r['p50_us']:7.1f} us CPU, p99 "
                   f"{r['p99_us']:7.1f} us")
+        elif r["bench"] == "memory":
+            print(f"memory {r['kind']:<11} {r['items']:>9,} items  {r['bytes_per_item']:6.1f} "
+                  f"B/item (peak {r['peak_bytes_per_item']:6.1f}), sample_256 p50 "
+                  f"{r['sample_256']['p50_us']:6.1f} us   x{r['sample_p50_vs_smallest']:.2f} "
+                  f"of the smallest")
+        elif r["bench"] == "sample_e2e":
+            print(f"sample_e2e {r['items']:>11,} items  learner.sample(256) p50 "
+                  f"{r['p50_us']:7.1f} us, p99 {r['p99_us']:7.1f} us   x{r['p50_vs_smallest']:.2f}"
+                  f" of the smallest")
         elif r["bench"] == "checkpoint":
             per = 1e6 / r["items"]
             print(f"checkpoint {r['items'] / 1e6:g} M  snapshot {r['snapshot_s'] * per:.2f} s/M, "

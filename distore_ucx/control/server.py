@@ -537,7 +537,7 @@ class ControlPlane:
             "lease": lease,
             "refused": refused,
             "table_size": size,
-            "items": table.store.location[recs],  # protocol.ITEM_LOCATION records
+            "items": table.locations(recs),  # protocol.ITEM_LOCATION records
             "probabilities": probs,
         }
         table.stats.decision.observe(time.perf_counter() - t0)

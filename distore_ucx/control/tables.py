@@ -106,7 +106,10 @@ class Table:
             self.capacity, self.max_times_sampled,
             secrets.randbits(63) if seed is None else seed,
         )
-        self.store = ItemStore(min(self.capacity, 1 << 16) + 1024)
+        # Records beyond the capacity hold items evicted while leased.
+        self.store = ItemStore(min(self.capacity, 1 << 16) + 1024,
+                               limit=self.capacity + min(self.capacity // 16, 1 << 20) + 1024,
+                               keys=self.core)
         self.inserts = 0
         self.samples = 0
         self.deletes = 0
@@ -144,7 +147,7 @@ class Table:
         """New LIVE records for items stored at (node, offsets); their ids."""
         recs = self.store.alloc(len(keys))
         s = self.store
-        s.key[recs] = keys
+        s.set_keys(recs, keys)  # the core takes them at insert
         s.node[recs] = node
         s.offset[recs] = offsets
         s.generation[recs] = generations
@@ -184,14 +187,14 @@ class Table:
 
         During a restore, checkpointed items that no node has re-sent yet
         are carried over, so that a second restart loses nothing. Runs on
-        the event loop: np.take, not fancy indexing, gathers the keys from
-        their strided column (4x faster; 10^7 items in 0.04 s).
+        the event loop: the keys and the other per-item values come from
+        the table core, one native gather each.
         """
         s = self.store
         live = np.flatnonzero(s.state == LIVE)
-        keys, seqs = np.take(s.key, live), self.core.sequences(live)
+        keys, seqs = self.core.keys(live), self.core.sequences(live)
         prios, times = self.core.priorities(live), self.core.times_sampled(live)
-        retired = np.take(s.key, np.flatnonzero(s.state == RETIRED))
+        retired = self.core.record_keys(np.flatnonzero(s.state == RETIRED))
         p = self.pending
         if p is not None:
             left = ~p.claimed
@@ -292,6 +295,11 @@ class Table:
         self.stats.priority_updates += updated  # metrics: once per request
         self.stats.priority_missing += len(keys) - updated
         return updated
+
+    def locations(self, recs: np.ndarray) -> np.ndarray:
+        """Where records `recs` are, as protocol.ITEM_LOCATION records (a sample
+        reply's "items")."""
+        return self.store.locations(recs)
 
     def lease(self, recs: np.ndarray) -> None:
         """Protect the records' slots from reuse until `unlease`."""
