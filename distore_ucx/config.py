@@ -483,6 +483,8 @@ def _show_default(s: Setting) -> str:
     if isinstance(v, bool):
         return str(v).lower()
     if s.parse is _to_size or s.name == "node.arena":
+        if v == 0:
+            return "0"
         for unit, shift in (("GiB", 30), ("MiB", 20), ("KiB", 10)):
             if v % (1 << shift) == 0:
                 return f"{v >> shift}{unit}"
