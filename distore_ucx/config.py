@@ -161,9 +161,10 @@ class NodeConfig:
                               f"(got {self.disk_bytes} bytes)")
         if self.disk_bytes and not self.disk:
             raise ConfigError("--disk-size given without --disk PATH: name the tier file")
-        if self.disk and not 0 <= self.disk_staging <= self.arena_bytes // 2:
-            raise ConfigError(f"--disk-staging {self.disk_staging} must be at most half the "
-                              f"arena ({self.arena_bytes // 2} bytes)")
+        if self.disk and not 0 <= self.disk_staging <= self.arena_bytes - (1 << 20):
+            raise ConfigError(f"--disk-staging {self.disk_staging} leaves the arena "
+                              f"({self.arena_bytes} bytes) less than 1MiB for items: give a "
+                              "larger --arena or a smaller --disk-staging")
 
     @property
     def staging_bytes(self) -> int:

@@ -434,7 +434,8 @@ class ControlPlane:
         need = capacity * slot_size
         if capacity > room:
             return [(f"table {name!r}: capacity {capacity} x {slot_size}-byte slots = {need} "
-                     f"bytes, but the arenas (and disk tiers) of the {len(nodes)} live storage node(s) hold at most "
+                     f"bytes, but the arenas (and disk tiers) of the {len(nodes)} live storage "
+                     f"node(s) hold at most "
                      f"{room} such items ({sum(arenas)} bytes): inserts will fail with "
                      "StorageFull before the table is full. Lower the capacity, or start more "
                      "storage nodes or larger arenas")]
