@@ -71,16 +71,18 @@ StatusArray disk_read_py(int fd, Vec<uint64_t> disk_offsets, size_t stride, Memo
   return array;
 }
 
-// Plain O_DIRECT reads of the same shape into an aligned scratch buffer:
-// the disk's own bandwidth, the baseline of perf/tier_bandwidth.py.
-StatusArray disk_read_raw_py(int fd, Vec<uint64_t> disk_offsets, size_t stride, size_t threads) {
+// Plain O_DIRECT reads of the same shape into `scratch` (4096-aligned,
+// n x stride bytes, reused across calls as a learner's ring is): the disk's
+// own bandwidth, the baseline of perf/tier_bandwidth.py.
+StatusArray disk_read_raw_py(int fd, Vec<uint64_t> disk_offsets, size_t stride, size_t threads,
+                             nb::ndarray<uint8_t, nb::ndim<1>, nb::c_contig, nb::device::cpu>
+                                 scratch) {
   const size_t n = disk_offsets.shape(0);
-  if (stride % kDiskAlign != 0) {
-    throw UcxError(kStatusBadArgument, "disk_read_raw: the stride must be 4096-aligned");
-  }
-  void* raw = nullptr;
-  if (posix_memalign(&raw, kDiskAlign, stride * (n > 0 ? n : 1)) != 0) {
-    throw UcxError(kStatusBadArgument, "disk_read_raw: out of memory for the scratch buffer");
+  auto* base = scratch.data();
+  if (stride % kDiskAlign != 0 || reinterpret_cast<uintptr_t>(base) % kDiskAlign != 0 ||
+      scratch.shape(0) < n * stride) {
+    throw UcxError(kStatusBadArgument, "disk_read_raw: stride and scratch must be 4096-aligned "
+                                       "and the scratch n x stride bytes");
   }
   std::vector<uint64_t> dest(n), none(n, 0);
   for (size_t i = 0; i < n; ++i) dest[i] = i * stride;
@@ -88,10 +90,9 @@ StatusArray disk_read_raw_py(int fd, Vec<uint64_t> disk_offsets, size_t stride, 
   {
     nb::gil_scoped_release release;
     // keys/generations of 0: the header check fails by design; only I/O errors count.
-    disk_read_slots(fd, disk_offsets.data(), stride, static_cast<uint8_t*>(raw), dest.data(),
-                    none.data(), none.data(), n, threads, statuses);
+    disk_read_slots(fd, disk_offsets.data(), stride, base, dest.data(), none.data(),
+                    none.data(), n, threads, statuses);
   }
-  std::free(raw);
   for (size_t i = 0; i < n; ++i) {
     if (statuses[i] == kStatusStale) statuses[i] = 0;
   }
@@ -110,6 +111,7 @@ void bind_disk(nb::module_& m) {
         "Read tier-file slots into the arena and check their headers (GIL released); "
         "per-slot statuses (0, an errno, or STATUS_STALE).");
   m.def("disk_read_raw", &disk_read_raw_py, "fd"_a, "disk_offsets"_a, "stride"_a, "threads"_a,
+        "scratch"_a,
         "O_DIRECT reads of the same shape into scratch memory (the disk's own bandwidth).");
 }
 

@@ -220,3 +220,26 @@ def test_an_invalid_tier_file_is_refused_at_start(tmp_path, damage):
               "truncated": "is truncated"}[damage]
     assert expect in said and path in said, said[-2000:]
     assert open(path, "rb").read() == before  # refused, never overwritten
+
+
+@pytest.mark.parametrize("tls", ["tcp"], indirect=True)
+def test_cold_items_come_back_after_a_control_plane_restore(make_cluster, tmp_path, tls):
+    cluster = tier_cluster(make_cluster, tmp_path, nodes=1, checkpoint=str(tmp_path / "ckpt"),
+                           checkpoint_interval=0, restore_grace=30)
+    client = ds.connect(cluster.address)
+    client.create_table("t", capacity=400, spec=SPEC)
+    key_to_idx: dict = {}
+    insert(client, "t", 0, 300, key_to_idx)  # 81 fit the arena: the rest is cold
+    assert client.checkpoint()["items"] == 300
+    cluster.kill_control()
+    cluster.start_control(restore=True)
+    wait_for(lambda: client.table_info("t")["size"] == 300, 20, "every item back",
+             lambda: client.table_info("t"))
+    assert client.table_info("t")["awaiting_restore"] == 0
+    learner = client.learner("t", batch_size=16)
+    seen = set()
+    for _ in range(40):
+        seen.update(check(learner.sample(timeout=10), key_to_idx).tolist())
+    assert len([i for i in seen if i < 200]) > 50  # old (cold) items among them
+    learner.close()
+    client.close()
