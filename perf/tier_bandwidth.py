@@ -188,6 +188,61 @@ def hot_run(args, out: JsonLines) -> list[dict]:
     return rows
 
 
+def capacity_run(args, out: JsonLines) -> list[dict]:
+    """A table 4x the nodes' arenas: fill 1.5x its capacity (evicting),
+    then sample with every item's bytes checked."""
+    import distore_ucx as ds
+
+    size, batch, arena, staging = 112_896, 32, 64 * MiB, 16 * MiB
+    stride = stride_of(size)
+    from distore_ucx.spec import TableSpec
+
+    slot = TableSpec.parse(((size,), "uint8")).slot_size
+    capacity = 4 * 2 * (arena // slot)
+    total = capacity + capacity // 2
+    tier_dir = os.path.join(args.dir, "tier-4x")
+    os.makedirs(tier_dir, exist_ok=True)
+    with ds.LocalCluster(nodes=2, arena_bytes=arena, disk_bytes=capacity * stride,
+                         disk_staging=staging, disk_dir=tier_dir, log_level="WARNING") as c:
+        client = ds.connect(c.address)
+        client.create_table("big", capacity=capacity, spec=((size,), "uint8"))
+        key_to_idx = {}
+        t0 = time.perf_counter()
+        with client.writer(max_items=64, max_in_flight=1) as writer:
+            for start in range(0, total, 256):
+                idx = np.arange(start, min(total, start + 256), dtype=np.uint64)
+                keys = writer.insert("big", items(idx, size))
+                key_to_idx.update(zip(keys.tolist(), idx.tolist()))
+        fill_s = time.perf_counter() - t0
+        info = client.table_info("big")
+        learner = client.learner("big", batch_size=batch)
+        bad = evicted = 0
+        seen = set()
+        t0 = time.perf_counter()
+        for _ in range(args.check_batches):
+            b = learner.sample()
+            idx = np.array([key_to_idx[int(k)] for k in b.keys], np.uint64)
+            bad += not check(np.asarray(b.data), idx, size)
+            evicted += int((idx < total - capacity).sum())
+            seen.update(idx.tolist())
+        sample_s = time.perf_counter() - t0
+        row = {"what": "table_4x_arenas", "size": size, "batch": batch,
+               "arena_bytes_per_node": arena, "nodes": 2, "capacity": capacity,
+               "inserted": total, "size_after": info["size"], "deletes": info["deletes"],
+               "fill_s": fill_s, "fill_gbps": total * size / fill_s / 1e9,
+               "batches_checked": args.check_batches, "items_checked": args.check_batches * batch,
+               "distinct_items": len(seen), "bad_batches": bad, "evicted_sampled": evicted,
+               "sample_gbps_checked": args.check_batches * batch * size / sample_s / 1e9}
+        out.write(row)
+        learner.close()
+        client.close()
+    shutil.rmtree(tier_dir, ignore_errors=True)
+    ok = (bad == 0 and evicted == 0 and info["size"] == capacity
+          and info["deletes"] == total - capacity)
+    log(f"table 4x the arenas: {'OK' if ok else 'FAILED'} ({row})")
+    return [row] + ([] if ok else [{"size": size, "what": "mismatch"}])
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--dir", default="/tmp/distore-tier-bench",
@@ -198,6 +253,10 @@ def main(argv=None) -> int:
     p.add_argument("--runs", type=int, default=3, help="alternations of baseline and ours")
     p.add_argument("--tls", default="sm", help="UCX_TLS (the learner maps same-host arenas)")
     p.add_argument("--hot", action="store_true", help="also compare hot sampling")
+    p.add_argument("--capacity", action="store_true",
+                   help="also fill a table 4x the nodes' arenas and check sampled contents")
+    p.add_argument("--check-batches", type=int, default=200, help="with --capacity")
+    p.add_argument("--skip-cold", action="store_true", help="skip the cold bandwidth runs")
     p.add_argument("--json-out", help="also write the JSON lines here")
     args = p.parse_args(argv)
     apply_ucx_env(args.tls)
@@ -206,16 +265,18 @@ def main(argv=None) -> int:
     args.table_bytes = parse_size(args.table_bytes)
     rows = []
     with JsonLines(args.json_out) as out:
-        for part in args.sizes.split(","):
+        for part in ([] if args.skip_cold else args.sizes.split(",")):
             size, batch = part.split(":")
             rows += cold_run(args, parse_size(size), int(batch), out)
+        if args.capacity:
+            rows += capacity_run(args, out)
         if args.hot:
             rows += hot_run(args, out)
     bad = any(r["what"] == "mismatch" for r in rows)
     table = []
     by = {}
     for r in rows:
-        if r["what"] != "mismatch":
+        if r["what"] not in ("mismatch", "table_4x_arenas"):
             by.setdefault((r["size"], r["batch"], r["what"]), []).append(r)
     for (size, batch, what), rs in by.items():
         med = statistics.median(r["gbps"] for r in rs)

@@ -595,6 +595,7 @@ class StorageNode:
                 except asyncio.TimeoutError:
                     pass
             dest, extents = room
+            t0 = time.perf_counter()
             try:
                 statuses = await asyncio.get_running_loop().run_in_executor(
                     self._disk(), self.tier.read, f["offsets"], slot_size,
@@ -612,6 +613,8 @@ class StorageNode:
                           f["table"], self.config.disk, int(statuses[bad][0]))
             self.control.push("staged", node_id=self.node_id, request=req, extents=extents,
                               offsets=dest, statuses=statuses.view(np.uint32))
+            log.debug("staged %d cold items of table %r (%d bytes) in %.1f ms", len(keys),
+                      f["table"], need, 1e3 * (time.perf_counter() - t0))
         except Exception as exc:  # the sample waiting on this must hear why
             log.error("%s", exc)
             if self.control is not None:

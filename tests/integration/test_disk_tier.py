@@ -163,7 +163,8 @@ def test_a_full_disk_fails_inserts_clearly_and_loses_nothing(make_cluster, tmp_p
     # Arena: 5 MiB of slots (81 items); disk: 2 MiB (32 items in 64 KiB slots).
     cluster = tier_cluster(make_cluster, tmp_path, nodes=1, disk="2MiB")
     client = ds.connect(cluster.address)
-    client.create_table("t", capacity=1000, spec=SPEC)
+    with pytest.warns(ds.CapacityWarning, match="arenas \\(and disk tiers\\)"):
+        client.create_table("t", capacity=1000, spec=SPEC)
     key_to_idx: dict = {}
     with pytest.raises(ds.StorageFull, match="arena and disk tier both full") as info:
         insert(client, "t", 0, 400, key_to_idx, batch=8)
