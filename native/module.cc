@@ -2,12 +2,21 @@
 // while UCX works; one bind_*.cc per concept (bindings.h). Every native
 // failure becomes the exception class that distore_ucx.errors maps its
 // status to (errors.from_native), in one place (bind_status.cc).
+#include <cstdlib>
+
 #include "bindings.h"
 #include "staging.h"
 
 NB_MODULE(_native, m) {
   using namespace distore;
   m.doc() = "distore-ucx native core: UCX memory, remote keys and the batched gather.";
+  // A batch the user still holds at interpreter exit (a torch tensor made by
+  // DLPack from a ring slot) keeps its MemoryRegion alive, as it must; torch
+  // finalises after this module, so nanobind would report that region as
+  // "leaked" and blame our reference counting. Its leak report stays
+  // available for debugging: DISTORE_NANOBIND_LEAK_WARNINGS=1.
+  const char* leaks = std::getenv("DISTORE_NANOBIND_LEAK_WARNINGS");
+  nanobind::set_leak_warnings(leaks != nullptr && leaks[0] == '1');
   bind_status(m);
   bind_memory(m);
   bind_remote_key(m);

@@ -43,7 +43,7 @@ def serve_plane(tables: int, items: int, queue, stop) -> None:
         spec = TableSpec.parse(((1024,), "uint8"))
         per = items // tables if tables else 0
         for i in range(tables):
-            t = Table(f"table-{i:02d}", per, spec, sampler=Prioritized(0.6), seed=i)
+            t = Table.make(f"table-{i:02d}", per, spec, sampler=Prioritized(0.6), seed=i)
             k = np.arange(per, dtype=np.uint64) + np.uint64(i * per)
             t.add(1, k, np.arange(per, dtype=np.uint64) * np.uint64(spec.slot_size), k + 1,
                   np.random.default_rng(i).uniform(0.1, 2, per))
@@ -66,6 +66,22 @@ def serve_plane(tables: int, items: int, queue, stop) -> None:
     asyncio.run(main())
 
 
+def _wait_ready(proc, queue, timeout: float) -> dict:
+    """The child's ready message; raises at once if the child died (its
+    traceback is on stderr) instead of waiting out the timeout."""
+    import queue as queue_mod
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            return queue.get(timeout=0.5)
+        except queue_mod.Empty:
+            if not proc.is_alive():
+                raise RuntimeError(f"the control-plane process exited with code {proc.exitcode} "
+                                   "before serving /metrics (its traceback is above)") from None
+    raise RuntimeError(f"the control plane did not serve /metrics within {timeout:.0f} s")
+
+
 def measure(tables: int, items: int, scrapes: int) -> dict:
     """Start a filled control plane, scrape it `scrapes` times; the figures."""
     from prometheus_client.parser import text_string_to_metric_families
@@ -75,7 +91,7 @@ def measure(tables: int, items: int, scrapes: int) -> dict:
     proc = ctx.Process(target=serve_plane, args=(tables, items, queue, stop), daemon=True)
     proc.start()
     try:
-        info = queue.get(timeout=300)
+        info = _wait_ready(proc, queue, 300.0)
         url = f"http://127.0.0.1:{info['port']}/metrics"
         lat, parse, size, samples = [], [], 0, 0
         idle0 = cpu_seconds(proc.pid)

@@ -92,6 +92,14 @@ class Membership:
             node.last_seen = time.monotonic()
             node.used_bytes = used_bytes
 
+    def credit(self, seconds: float) -> None:
+        """Add `seconds` to every live node's last heartbeat: time during which
+        the control plane itself did not run (its heartbeats sat unread in
+        the sockets) is not silence of the nodes."""
+        for node in self.nodes.values():
+            if node.alive:
+                node.last_seen += seconds
+
     def silent(self, now: float | None = None) -> list[Node]:
         """Live nodes that missed heartbeats for longer than the timeout."""
         now = now or time.monotonic()

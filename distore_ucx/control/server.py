@@ -174,9 +174,19 @@ class ControlPlane:
     async def _housekeeping(self) -> None:
         """Drop silent nodes and expire leases, a few times a second."""
         period = min(self.config.heartbeat_interval, self.config.heartbeat_timeout / 4)
+        last = time.monotonic()
         while True:
             await asyncio.sleep(period)
             now = time.monotonic()
+            stalled, last = now - last - period, now
+            if stalled > period:
+                # This loop did not run (a busy host, a long operation, a pause):
+                # heartbeats sent meanwhile are still unread in the sockets.
+                self.members.credit(stalled)
+                (log.warning if stalled > self.config.heartbeat_timeout / 2 else log.info)(
+                    "the control plane's event loop stalled for %.2f s; that time is not "
+                    "counted against the nodes' heartbeats (a busy host, or a long "
+                    "operation such as a checkpoint of a large table)", stalled)
             for node in self.members.silent(now):
                 self._node_died(node.node_id, f"no heartbeat for {now - node.last_seen:.1f} s")
             if self._restoring is not None:

@@ -61,3 +61,37 @@ def test_distore_bench_without_a_checkout_says_what_to_do(tmp_path):
     assert proc.returncode == 2
     assert "source checkout" in proc.stderr and "--perf-dir" in proc.stderr
     assert not (tmp_path / "out").exists()
+
+
+def test_metrics_scrape_script_runs_and_reports_each_case(tmp_path):
+    """perf/metrics_scrape.py, small: it rotted once (a Table signature change
+    left its child dead and the parent waiting 300 s), so it runs here."""
+    out_file = tmp_path / "scrape.jsonl"
+    proc = subprocess.run(
+        [sys.executable, os.path.join(REPO, "perf", "metrics_scrape.py"), "--tables", "2",
+         "--items", "2000", "--scrapes", "5", "--json-out", str(out_file)],
+        capture_output=True, text=True, timeout=120, cwd=str(tmp_path), check=False)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    rows = [json.loads(line) for line in out_file.read_text().splitlines()]
+    assert [r["tables"] for r in rows] == [0, 2]
+    filled = rows[1]
+    assert filled["items"] == 2000 and filled["samples"] > rows[0]["samples"]
+    assert 0 < filled["scrape_p50_ms"] <= filled["scrape_p99_ms"] <= filled["scrape_max_ms"]
+
+
+def test_metrics_cost_script_sets_each_cost_against_its_path(tmp_path):
+    """perf/metrics_cost.py, small: every row has a positive path cost and a share."""
+    out_file = tmp_path / "cost.jsonl"
+    proc = subprocess.run(
+        [sys.executable, os.path.join(REPO, "perf", "metrics_cost.py"), "--seconds", "0.5",
+         "--scrapes", "3", "--items", "2000", "--loops", "2000", "--capacity", "2048",
+         "--arena", "32MiB", "--json-out", str(out_file)],
+        capture_output=True, text=True, timeout=180, cwd=str(tmp_path), check=False)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    rows = [json.loads(line) for line in out_file.read_text().splitlines()]
+    assert [(r["part"], r["process"]) for r in rows] == [
+        ("recording", "learner"), ("recording", "control"), ("recording", "writer"),
+        ("recording", "node"), ("serving", "control"), ("serving", "node")]
+    for r in rows:
+        assert r["path_us"] > 0 and r["metrics_us"] >= 0 and r["share"] is not None
+    assert rows[0]["sample_batches"] > 0 and rows[0]["insert_batches"] > 0

@@ -1,0 +1,38 @@
+"""perf/soak.py as CI's smoke test (issue #16): two minutes of steady inserts
+and samples with eviction, every item's bytes checked, rates and every
+process's RSS judged after a 30 s warm-up. The full run is an hour
+(docs/performance.md)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+SCRIPT = os.path.join(REPO, "perf", "soak.py")
+
+
+@pytest.mark.slow
+def test_soak_two_minutes_keeps_rates_and_memory_flat(tmp_path):
+    out = tmp_path / "soak.jsonl"
+    proc = subprocess.run(
+        [sys.executable, SCRIPT, "--seconds", "120", "--warmup", "30", "--interval", "10",
+         "--window", "30", "--insert-rate", "500", "--sample-rate", "25", "--capacity", "2048",
+         "--plot", str(tmp_path / "soak.png"), "--json-out", str(out)],
+        check=False, capture_output=True, text=True, timeout=280, cwd=tmp_path,
+    )
+    tail = proc.stdout[-3000:] + proc.stderr[-3000:]
+    summary = [json.loads(line) for line in proc.stdout.splitlines()
+               if line.startswith('{"summary"')]
+    assert summary, tail
+    assert proc.returncode == 0, summary[0]["problems"]
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert len(rows) == 12, tail
+    # The table really churned: far more inserted than it holds, and sampled throughout.
+    assert rows[-1]["inserted_total"] > 20 * 2048 and summary[0]["wrong"] == 0
+    assert all(r["sample_batches_per_s"] > 0 for r in rows)
+    assert set(rows[-1]["rss"]) == {"control", "node0", "node1", "client"}
