@@ -81,7 +81,8 @@ def cold_run(args, size: int, batch: int, out: JsonLines) -> list[dict]:
     from distore_ucx._native_loader import _native
 
     stride = stride_of(size)
-    staging = 4 * batch * stride  # 2 batches per learner, with room to spare
+    # Two learners: sample() holds 2 batches, the prefetching iterator 4.
+    staging = 7 * batch * stride
     hot_items = 4
     arena = staging + hot_items * stride + MiB
     n_items = args.table_bytes // size
@@ -105,7 +106,9 @@ def cold_run(args, size: int, batch: int, out: JsonLines) -> list[dict]:
         fill_s = time.perf_counter() - t0
         client.close()
         log(f"filled in {fill_s:.1f} s")
-        learner = ds.connect(cluster.address).learner("cold", batch_size=batch)
+        reader = ds.connect(cluster.address)
+        learner = reader.learner("cold", batch_size=batch)
+        iterating = iter(reader.learner("cold", batch_size=batch, prefetch=2))
 
         def verify(b) -> bool:
             idx = np.array([key_to_idx[int(k)] for k in b.keys], np.uint64)
@@ -127,12 +130,17 @@ def cold_run(args, size: int, batch: int, out: JsonLines) -> list[dict]:
         def ours():
             ours.last = learner.sample()
 
+        def ours_iterating():
+            ours_iterating.last = next(iterating)
+
         bad = 0
         learner.sample()  # warm: endpoints, mappings
+        next(iterating)
         for run in range(args.runs):
             for what, fn in (("disk_o_direct_qd8", lambda: raw(8)),
                              ("disk_o_direct_qd1", lambda: raw(1)),
-                             ("cold_sample", ours)):
+                             ("cold_sample", ours),
+                             ("cold_iterate_prefetch2", ours_iterating)):
                 calls, wall, lat = timed(fn, args.seconds)
                 row = {"size": size, "batch": batch, "what": what, "run": run,
                        "gbps": calls * batch * size / wall / 1e9,
@@ -141,6 +149,7 @@ def cold_run(args, size: int, batch: int, out: JsonLines) -> list[dict]:
                 out.write(row)
                 rows.append(row)
             bad += not verify(ours.last)  # the last batch of each run, byte for byte
+            bad += not verify(ours_iterating.last)
         os.close(fd)
         for _ in range(20):  # and 20 more, untimed
             bad += not verify(learner.sample())
@@ -148,8 +157,9 @@ def cold_run(args, size: int, batch: int, out: JsonLines) -> list[dict]:
             log(f"MISMATCH: {bad} batches held bytes other than their items'")
             rows.append({"size": size, "what": "mismatch"})
         else:
-            log(f"{args.runs + 20} batches checked byte for byte")
+            log(f"{2 * args.runs + 20} batches checked byte for byte")
         learner.close()
+        reader.close()
     shutil.rmtree(tier_dir, ignore_errors=True)
     return rows
 
@@ -280,7 +290,7 @@ def main(argv=None) -> int:
             by.setdefault((r["size"], r["batch"], r["what"]), []).append(r)
     for (size, batch, what), rs in by.items():
         med = statistics.median(r["gbps"] for r in rs)
-        base = by.get((size, batch, "disk_o_direct_qd8")) if what == "cold_sample" else \
+        base = by.get((size, batch, "disk_o_direct_qd8")) if what.startswith("cold") else \
             by.get((size, batch, "hot_sample_no_disk_tier")) if what.startswith("hot") else None
         ratio = med / statistics.median(r["gbps"] for r in base) if base else None
         table.append([f"{size / MiB:.2f} MiB" if size >= MiB else f"{size / 1e3:.0f} KB",

@@ -39,7 +39,7 @@ from .leases import Leases
 from .membership import Membership
 from .restore import Restore
 from .tables import Freed, Table
-from .tiers import COLD, Tiers, apply_moves, pick_demotions
+from .tiers import COLD, Tiers, apply_moves, cold_items, pick_demotions
 
 log = logging.getLogger(__name__)
 
@@ -462,7 +462,8 @@ class ControlPlane:
         return []
 
     def op_table_info(self, peer: Peer, f: dict) -> dict:
-        return self._table(f["name"]).info()
+        table = self._table(f["name"])
+        return {**table.info(), "cold": cold_items(table)}
 
     def op_list_tables(self, peer: Peer, f: dict) -> dict:
         return {"tables": [t.info() for t in self.tables.values()]}

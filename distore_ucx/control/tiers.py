@@ -58,6 +58,12 @@ def pick_demotions(table, node_id: int, n: int) -> tuple[np.ndarray, np.ndarray,
     return s.key[cand].copy(), s.offset[cand].copy(), s.generation[cand].copy()
 
 
+def cold_items(table) -> int:
+    """Items of `table` on disk tiers now (`table_info`'s "cold")."""
+    s = table.store
+    return int(np.count_nonzero((s.state == LIVE) & (s.offset >= COLD)))
+
+
 def apply_moves(table, node_id: int, keys, old_offsets, old_generations, new_offsets,
                 new_generations) -> np.ndarray:
     """Move records whose items a node copied to another tier; which moves

@@ -410,6 +410,11 @@ class StorageNode:
                 "arena_size": self.arena.size,
                 "used_bytes": self.arena.used_bytes,
                 "inserted": self.inserted,
+                **({"disk_size": self.tier.size, "disk_used_bytes": self.tier.used_bytes,
+                    "demoted": self.tier.demoted, "disk_write_errors": self.tier.write_errors,
+                    "disk_read_errors": self.tier.read_errors,
+                    "staging_used_bytes": self.staging.used_bytes}
+                   if self.tier is not None else {}),
             }
         raise InvalidRequest(f"storage node {self.name} does not serve {op!r}: is the peer "
                              "a distore-ucx client of the same version?")
@@ -558,11 +563,12 @@ class StorageNode:
                 "items_moved", node_id=self.node_id, table=table, keys=keys, offsets=offsets,
                 generations=gens, new_offsets=disk | COLD, new_generations=new_gens)
             taken = np.frombuffer(reply["taken"], np.uint8).astype(bool)
-            hot = self.arena.tables()[table]
-            prios = hot.cols["priority"][hot.index(offsets[taken])]
-            self.tier.commit(table, disk[taken], keys[taken], new_gens[taken], prios)
-            self.arena.free(table, offsets[taken], live_only=True)
-            self.tier.free(table, disk[~taken])
+            self.tier.free(table, disk[~taken])  # evicted or sampled meanwhile: stay hot
+            if taken.any():  # then the table still has these arena slots
+                hot = self.arena.tables()[table]
+                prios = hot.cols["priority"][hot.index(offsets[taken])]
+                self.tier.commit(table, disk[taken], keys[taken], new_gens[taken], prios)
+                self.arena.free(table, offsets[taken], live_only=True)
             self.tier.demoted += int(taken.sum())
             return int(taken.sum())
 

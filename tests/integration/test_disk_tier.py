@@ -70,6 +70,8 @@ def test_a_table_four_times_the_arenas_fills_samples_and_evicts(make_cluster, tm
     info = client.table_info("t")
     assert info["size"] == capacity and info["deletes"] == total - capacity
     assert capacity > 3 * hot
+    # All but the arenas' worth is on disk (demotions go 64 at a time per node).
+    assert capacity - hot <= info["cold"] <= capacity - hot + 2 * 64
     learner = client.learner("t", batch_size=16)
     seen = set()
     for _ in range(60):

@@ -206,3 +206,25 @@ def test_a_move_is_taken_only_while_the_record_is_unchanged_and_unleased():
     # A key evicted meanwhile is not taken either.
     t2 = Table.make("t2", 100, SPEC)
     assert not apply_moves(t2, 1, keys[:1], old[:1], gens[:1], new[:1], new[:1]).any()
+
+
+def test_a_failed_disk_write_is_a_status_per_slot_not_data(tmp_path, arena):
+    tier = DiskTier(str(tmp_path / "t.tier"), MiB, "n0", arena_id=1)
+    try:
+        disk = tier.allocate("t", 5000, 2)
+        good_fd = tier.fd
+        tier.fd = os.open(tier.path, os.O_RDONLY)  # writes fail: EBADF
+        try:
+            statuses = tier.write(arena, np.array([0, 8192], np.uint64), 5000, disk,
+                                  np.array([1, 2], np.uint64), np.array([3, 4], np.uint64))
+        finally:
+            os.close(tier.fd)
+            tier.fd = good_fd
+        assert (statuses == 9).all()  # EBADF, reported per slot
+        # Nothing was written: reading the slots back finds no such items.
+        dest = np.array([2 * MiB, 2 * MiB + 8192], np.uint64)
+        back = tier.read(disk, 5000, arena, dest, np.array([1, 2], np.uint64),
+                         np.array([3, 4], np.uint64))
+        assert (back == _native.STATUS_STALE).all()
+    finally:
+        tier.close()
