@@ -47,14 +47,22 @@ class LocalCluster:
         restore_grace: float | None = None,
         reconnect_timeout: float | None = None,
         metrics: bool = False,
+        disk_bytes: int | str = 0,
+        disk_dir: str | None = None,
+        disk_staging: int | str = 0,
     ):
         """`checkpoint`: the control plane's checkpoint file (then
         `restart_control(restore=True)` brings the store back);
         `checkpoint_interval`, `restore_grace` and the nodes'
         `reconnect_timeout` as the flags of the same names (None: defaults);
         `metrics`: every process serves Prometheus /metrics on a free port
-        (`cluster.metrics_urls()`); off by default."""
+        (`cluster.metrics_urls()`); off by default. `disk_bytes`: give every
+        node a disk tier of that size, its file `node<i>.tier` in `disk_dir`
+        (default: the log directory); `disk_staging` as --disk-staging."""
         self.n_nodes = nodes
+        self.disk_bytes = parse_size(disk_bytes)
+        self.disk_staging = parse_size(disk_staging)
+        self._disk_dir = disk_dir
         self.arena_bytes = parse_size(arena_bytes)
         self.host = host
         self.env = dict(os.environ, **(env or {}))
@@ -144,10 +152,19 @@ class LocalCluster:
         if self.reconnect_timeout is not None:
             args += ["--reconnect-timeout", str(self.reconnect_timeout)]
         args += ["--metrics-port", "auto" if self.metrics else "0"]
+        if self.disk_bytes and "--disk" not in args:
+            args += ["--disk", self.disk_path(len(self.nodes)), "--disk-size",
+                     str(self.disk_bytes)]
+            if self.disk_staging:
+                args += ["--disk-staging", str(self.disk_staging)]
         proc = self._spawn(f"node{len(self.nodes)}", args)
         self.nodes.append(proc)
         proc.info = self._wait_ready(proc)
         return proc
+
+    def disk_path(self, index: int) -> str:
+        """The tier file of storage node `index` (with `disk_bytes`)."""
+        return os.path.join(self._disk_dir or self.log_dir, f"node{index}.tier")
 
     def kill_node(self, index: int, sig: int = signal.SIGKILL) -> None:
         """Send `sig` to storage node `index` (default SIGKILL) and reap it."""

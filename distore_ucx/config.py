@@ -149,10 +149,29 @@ class NodeConfig:
     # The port is nobody's choice (the default): when it is taken, warn and go on
     # without metrics rather than refuse to start.
     metrics_optional: bool = False
+    disk: str = ""  # the disk tier's file ("" = no disk tier; storage/tier.py)
+    disk_bytes: int = 0  # its size
+    disk_staging: int = 0  # arena bytes for staged cold items (0 = a quarter of the arena)
 
     def __post_init__(self):
         if self.arena_bytes < 1 << 20:
             raise ConfigError(f"arena of {self.arena_bytes} bytes is too small (at least 1MiB)")
+        if self.disk and self.disk_bytes < 1 << 20:
+            raise ConfigError(f"--disk {self.disk} needs --disk-size of at least 1MiB "
+                              f"(got {self.disk_bytes} bytes)")
+        if self.disk_bytes and not self.disk:
+            raise ConfigError("--disk-size given without --disk PATH: name the tier file")
+        if self.disk and not 0 <= self.disk_staging <= self.arena_bytes - (1 << 20):
+            raise ConfigError(f"--disk-staging {self.disk_staging} leaves the arena "
+                              f"({self.arena_bytes} bytes) less than 1MiB for items: give a "
+                              "larger --arena or a smaller --disk-staging")
+
+    @property
+    def staging_bytes(self) -> int:
+        """Arena bytes kept for staged cold items (0 without a disk tier)."""
+        if not self.disk:
+            return 0
+        return (self.disk_staging or self.arena_bytes // 4) // 4096 * 4096
         if self.reconnect_timeout < 0:
             raise ConfigError("reconnect_timeout must be >= 0 seconds")
 
@@ -414,6 +433,14 @@ SETTINGS: tuple[Setting, ...] = (
             "it can read and write the store (trusted, isolated networks only)"),
     Setting("node.arena", _at_least(1 << 20, _to_size, False, "an arena", "1MiB"), 4 << 30, "--arena", _NODE, "arena size, e.g. 64GiB",
             env="DISTORE_ARENA"),
+    Setting("node.disk", _to_str, "", "--disk", _NODE,
+            "file of the node's disk tier on local NVMe (created and preallocated; "
+            "default: none). Items move there when the arena is full"),
+    Setting("node.disk_size", _to_size, 0, "--disk-size", _NODE,
+            "size of the disk tier, e.g. 1TiB (with --disk)"),
+    Setting("node.disk_staging", _to_size, 0, "--disk-staging", _NODE,
+            "arena bytes kept for sampled cold items until their lease ends "
+            "(0 = a quarter of the arena; with --disk)"),
     Setting("node.host", _to_str, "", "--host", _NODE,
             "address writers and learners reach this node at (default: the one that routes "
             "to the control plane)"),
@@ -457,6 +484,8 @@ def _show_default(s: Setting) -> str:
     if isinstance(v, bool):
         return str(v).lower()
     if s.parse is _to_size or s.name == "node.arena":
+        if v == 0:
+            return "0"
         for unit, shift in (("GiB", 30), ("MiB", 20), ("KiB", 10)):
             if v % (1 << shift) == 0:
                 return f"{v >> shift}{unit}"
@@ -653,6 +682,8 @@ class Settings:
             reconnect_timeout=self["node.reconnect_timeout"],
             metrics_port=self["node.metrics_port"],
             metrics_optional=self.source("node.metrics_port") == "default",
+            disk=self["node.disk"], disk_bytes=self["node.disk_size"],
+            disk_staging=self["node.disk_staging"],
         )
 
 

@@ -89,6 +89,8 @@ MESSAGES: dict[str, tuple[F, ...]] = {
         F("local_socket", "str", required=False, max_len=100),
         # the id a node had before it lost the control plane (it re-joins)
         F("node_id", "int", required=False, lo=1, hi=2**32 - 1),
+        # bytes of the node's disk tier (storage/tier.py; absent: none)
+        F("disk_size", "int", required=False, lo=0, hi=2**62),
     ),
     "heartbeat": (F("node_id", "int", lo=0, hi=2**32), F("used_bytes", "int", lo=0)),
     # A node shutting down (SIGTERM): its items leave sampling at once.
@@ -113,6 +115,33 @@ MESSAGES: dict[str, tuple[F, ...]] = {
         F("offsets", "u64[]"),
         F("generations", "u64[]"),
         F("priorities", "f64[]"),
+    ),
+    # The disk tier (storage/tier.py, control/tiers.py). A node whose arena
+    # is full asks which n items of a table to demote, copies them to disk,
+    # and reports the moves (offsets with the top bit set are disk slots).
+    "demote": (
+        F("node_id", "int", lo=0, hi=2**32),
+        F("table", "str", **_NAME),
+        F("n", "int", lo=1, hi=MAX_ITEMS),
+    ),
+    "items_moved": (
+        F("node_id", "int", lo=0, hi=2**32),
+        F("table", "str", **_NAME),
+        F("keys", "u64[]"),
+        F("offsets", "u64[]"),
+        F("generations", "u64[]"),
+        F("new_offsets", "u64[]"),
+        F("new_generations", "u64[]"),
+    ),
+    # A node's answer to a stage push: where in its staging area each item
+    # now is, and a status per item (int32 as u32: 0, errno, or stale).
+    "staged": (
+        F("node_id", "int", lo=0, hi=2**32),
+        F("request", "int", lo=1, hi=2**63 - 1),
+        F("extents", "list", required=False, max_len=1 << 16),  # starts of the extents taken
+        F("offsets", "u64[]", required=False),
+        F("statuses", "u32[]", required=False),
+        F("error", "str", required=False, max_len=4096),
     ),
     # write a checkpoint now (distore checkpoint)
     "checkpoint": (),
@@ -170,6 +199,17 @@ MESSAGES: dict[str, tuple[F, ...]] = {
         F("table", "str", **_NAME),
         F("offsets", "u64[]"),
     ),
+    # control plane -> node: read a sample's cold items into the staging area
+    "stage": (
+        F("request", "int", lo=1, hi=2**63 - 1),
+        F("table", "str", **_NAME),
+        F("slot_size", "int", lo=1, hi=1 << 34),
+        F("offsets", "u64[]"),
+        F("keys", "u64[]"),
+        F("generations", "u64[]"),
+    ),
+    # control plane -> node: staged extents whose lease ended
+    "unstage": (F("extents", "u64[]"),),
     "node_info": (),
 }
 

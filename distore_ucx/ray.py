@@ -168,6 +168,8 @@ def deploy(
     insecure: bool = False,
     metrics_port: int | str | None = None,
     node_metrics_port: int | str | None = None,
+    disk: str | None = None,
+    disk_size: int | str | None = None,
 ) -> str:
     """Start a store on the connected Ray cluster; returns the control plane address.
 
@@ -187,6 +189,8 @@ def deploy(
     node's Prometheus /metrics port (None: config_file's or distore's
     default, 9770 and 9771; 0: none; "auto": any free port);
     `metrics_targets(name)` lists what to scrape.
+    disk / disk_size: a disk tier for every storage node, a file at that
+    path on its Ray node's local NVMe (--disk, --disk-size).
 
     >>> address = deploy(nodes=4, arena="64GiB", env={"UCX_TLS": "rc,sm,self"})
     """
@@ -231,6 +235,10 @@ def deploy(
     if heartbeat_timeout is not None:
         control_args += ["--heartbeat-timeout", str(heartbeat_timeout)]
     node_args = [*common, "--arena", str(arena)] + ([] if hugepages else ["--no-hugepages"])
+    if disk:
+        if not disk_size:
+            raise ConfigError("deploy: disk= needs disk_size= (e.g. disk_size=\"1TiB\")")
+        node_args += ["--disk", disk, "--disk-size", str(parse_size(disk_size))]
     if metrics_port is not None:
         control_args += ["--metrics-port", str(metrics_port)]
     if node_metrics_port is not None:

@@ -50,5 +50,6 @@ void bind_gather(nb::module_& m);      // gather (one-sided reads), put
 void bind_mapped(nb::module_& m);      // MappedArena, CopyPool, mapped_gather
 void bind_pull(nb::module_& m);        // pull (inserts read by the node)
 void bind_endpoint(nb::module_& m);    // Endpoint (force-closable), remote-access guard
+void bind_disk(nb::module_& m);        // disk_write, disk_read (the disk tier)
 
 }  // namespace distore

@@ -26,4 +26,5 @@ NB_MODULE(_native, m) {
   bind_pull(m);
   bind_endpoint(m);
   bind_staging(m);  // staging.cc: same-host writers' sealed staging buffers
+  bind_disk(m);     // disk_io.cc: batched slot I/O of the disk tier
 }

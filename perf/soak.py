@@ -294,6 +294,13 @@ def main(argv=None) -> int:
     ap.add_argument("--tls", default="sm", help="UCX_TLS for every process (sm, tcp)")
     ap.add_argument("--nodes", type=int, default=2)
     ap.add_argument("--arena", default="64MiB", help="each node's arena")
+    ap.add_argument("--disk", default="",
+                    help="give each node a disk tier of this size (e.g. 1GiB; default none): "
+                         "with a capacity above the arenas, items move to disk and are "
+                         "sampled from there all the time")
+    ap.add_argument("--disk-dir", default="", help="where the tier files go (default: the "
+                    "cluster's log directory)")
+    ap.add_argument("--disk-staging", default="0", help="each node's --disk-staging")
     ap.add_argument("--item-bytes", type=int, default=16384)
     ap.add_argument("--capacity", type=int, default=4096,
                     help="table capacity in items (the run inserts far more: eviction)")
@@ -315,9 +322,12 @@ def main(argv=None) -> int:
     rows: list[dict] = []
     out = open(args.json_out, "w") if args.json_out else None  # noqa: SIM115 - closed below
     cluster = ds.LocalCluster(nodes=args.nodes, arena_bytes=args.arena,
-                              env={"UCX_TLS": args.tls}, log_level="WARNING")
+                              env={"UCX_TLS": args.tls}, log_level="WARNING",
+                              disk_bytes=args.disk or 0, disk_dir=args.disk_dir or None,
+                              disk_staging=args.disk_staging)
     print(f"soak: {args.seconds:.0f} s ({args.warmup:.0f} s warm-up), {args.nodes} nodes x "
-          f"{args.arena}, UCX_TLS={args.tls}, {args.item_bytes}-byte items, capacity "
+          f"{args.arena}{f' + a {args.disk} disk tier' if args.disk else ''}, "
+          f"UCX_TLS={args.tls}, {args.item_bytes}-byte items, capacity "
           f"{args.capacity}; asking {args.insert_rate:g} inserts/s and {args.sample_rate:g} "
           f"batches/s of {args.batch}", flush=True)
     try:

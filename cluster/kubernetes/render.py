@@ -34,6 +34,10 @@ DEFAULTS = {
     "STORAGE_LABEL": "distore.io/storage",
     "ARENA_GIB": "64",  # arena per storage node, in GiB, backed by 2 MiB hugepages
     "NODE_MEMORY_GIB": "4",  # ordinary memory for the node process besides its arena
+    # The disk tier of each storage node: a file in DISK_HOST_DIR on the host's
+    # NVMe, DISK_GIB large ("0": no disk tier).
+    "DISK_GIB": "0",
+    "DISK_HOST_DIR": "/mnt/nvme/distore",
     # The RDMA device plugin's extended resource, e.g. rdma/rdma_shared_device_a
     # (Mellanox k8s-rdma-shared-dev-plugin) or rdma/hca (SR-IOV); see the guide.
     "RDMA_RESOURCE": "rdma/rdma_shared_device_a",
@@ -59,6 +63,9 @@ def render(params: dict[str, str] | None = None, templates=TEMPLATES) -> str:
         if key not in DEFAULTS:
             raise KeyError(f"unknown parameter {key!r}; known: {', '.join(sorted(DEFAULTS))}")
         values[key] = str(value)
+    # Derived: the tier file inside the pod ("" = no disk tier).
+    values["DISK_FILE"] = ("" if values["DISK_GIB"] in ("", "0")
+                           else "/var/lib/distore/node.tier")
     docs = []
     for name in templates:
         with open(os.path.join(HERE, name), encoding="utf-8") as fh:

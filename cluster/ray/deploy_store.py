@@ -32,6 +32,9 @@ def main(argv: list[str] | None = None) -> int:
                         "Ray node ids (default: all)")
     p.add_argument("--control-node", default=None, help="Ray node id for the control plane")
     p.add_argument("--arena", default="4GiB", help="arena per storage node")
+    p.add_argument("--disk", default=None,
+                   help="disk tier file of each storage node, on its Ray node's NVMe")
+    p.add_argument("--disk-size", default=None, help="size of each disk tier, e.g. 1TiB")
     p.add_argument("--port", type=int, default=7700, help="control plane port (0 = any)")
     p.add_argument("--config", default=None, help="a distore.toml present on every Ray node")
     p.add_argument("--env", action="append", default=[], metavar="NAME=VALUE",
@@ -63,7 +66,8 @@ def main(argv: list[str] | None = None) -> int:
                           config_file=args.config, env=env, hugepages=not args.no_hugepages,
                           token_file=args.token_file, insecure=args.insecure,
                           metrics_port=args.metrics_port,
-                          node_metrics_port=args.node_metrics_port)
+                          node_metrics_port=args.node_metrics_port,
+                          disk=args.disk, disk_size=args.disk_size)
     for node in dray.storage_nodes(args.name, namespace=args.namespace):
         print(f"storage node {node['node_id']} at {node['address']} on Ray node "
               f"{node['ray_node_id']}", file=sys.stderr)

@@ -18,7 +18,7 @@ from __future__ import annotations
 import hashlib
 import secrets
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -65,6 +65,8 @@ class Lease:
     recs: np.ndarray
     deadline: float
     owner: Any = None  # the connection (rpc.Peer) that took it
+    # (node id, extent) of staged cold items this lease covers (control/tiers.py)
+    staged: list = field(default_factory=list)
 
 
 class Leases:
@@ -85,6 +87,10 @@ class Leases:
         self._leases[lid] = Lease(table, recs, (now or time.monotonic()) + self.timeout, owner)
         self._held[owner] = self._held.get(owner, 0) + len(recs)
         return lid
+
+    def get(self, lid: int) -> Lease | None:
+        """The outstanding lease `lid`, or None (released or expired)."""
+        return self._leases.get(lid)
 
     def held(self, owner: Any) -> int:
         """Leased items `owner` holds now."""

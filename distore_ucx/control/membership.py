@@ -36,6 +36,7 @@ class Node:
     arena_id: int = 0
     page_kind: str = ""
     local_socket: str = ""
+    disk_size: int = 0  # bytes of the node's disk tier (0: none)
     peer: Any = field(repr=False, default=None)
     last_seen: float = 0.0
     used_bytes: int = 0
@@ -56,6 +57,7 @@ class Node:
             "arena_id": self.arena_id,
             "page_kind": self.page_kind,
             "local_socket": self.local_socket,
+            "disk_size": self.disk_size,
         }
         if with_keys:
             d["worker_address"] = self.worker_address

@@ -30,6 +30,7 @@ from ..errors import (
     TableNotFound,
 )
 from ..roles import write_ready
+from ..storage.tier import stride_of
 from ..table_definition import TableDefinition
 from ..transport.rpc import Peer, serve
 from . import checkpoint
@@ -38,6 +39,7 @@ from .leases import Leases
 from .membership import Membership
 from .restore import Restore
 from .tables import Freed, Table
+from .tiers import COLD, Tiers, apply_moves, cold_items, pick_demotions
 
 log = logging.getLogger(__name__)
 
@@ -58,6 +60,7 @@ class ControlPlane:
         # Lease ids are unguessable and owned by the connection that took
         # them (control/leases.py); a new run draws a new id key.
         self.leases = Leases(config.lease_timeout)
+        self.tiers = Tiers(self.members)  # nodes' disk tiers: demotion, staging
         self._changed: dict[str, asyncio.Event] = {}  # set when a table's counts change
         self._seed = itertools.count(config.seed) if config.seed is not None else None
         self._stop = asyncio.Event()
@@ -308,6 +311,8 @@ class ControlPlane:
 
     def _release(self, leases) -> None:
         for lease in leases:
+            if lease.staged:
+                self.tiers.unstage(lease.staged)
             table = self.tables.get(lease.table)
             if table is not None:
                 self._free(table.name, table.unlease(lease.recs))
@@ -425,19 +430,22 @@ class ControlPlane:
         nodes = self.members.alive()
         if not nodes:
             return []
-        arenas = [n.arena_size for n in nodes]
-        if slot_size > max(arenas):
+        if slot_size > max(n.arena_size for n in nodes):
+            arenas = [n.arena_size for n in nodes]
             raise ConfigError(
                 f"table {name!r}: one item takes {slot_size} bytes in an arena (header and "
                 f"padding included) but the largest storage node's arena is {max(arenas)} "
                 "bytes: no item could ever be stored. Start storage nodes with a larger "
                 "--arena, or make the items smaller"
             )
+        # A node's disk tier holds items too (in 4 KiB-rounded slots).
+        arenas = [n.arena_size + n.disk_size // stride_of(slot_size) * slot_size for n in nodes]
         room = sum(a // slot_size for a in arenas)  # slots, if this table had every arena
         need = capacity * slot_size
         if capacity > room:
             return [(f"table {name!r}: capacity {capacity} x {slot_size}-byte slots = {need} "
-                     f"bytes, but the arenas of the {len(nodes)} live storage node(s) hold at most "
+                     f"bytes, but the arenas (and disk tiers) of the {len(nodes)} live storage "
+                     f"node(s) hold at most "
                      f"{room} such items ({sum(arenas)} bytes): inserts will fail with "
                      "StorageFull before the table is full. Lower the capacity, or start more "
                      "storage nodes or larger arenas")]
@@ -454,7 +462,8 @@ class ControlPlane:
         return []
 
     def op_table_info(self, peer: Peer, f: dict) -> dict:
-        return self._table(f["name"]).info()
+        table = self._table(f["name"])
+        return {**table.info(), "cold": cold_items(table)}
 
     def op_list_tables(self, peer: Peer, f: dict) -> dict:
         return {"tables": [t.info() for t in self.tables.values()]}
@@ -533,15 +542,57 @@ class ControlPlane:
         self._free(table.name, freed)
         self._touch(table)
         lease = self.leases.grant(table.name, recs, peer)
-        reply = {
+        items = table.locations(recs)  # protocol.ITEM_LOCATION records
+        table.stats.decision.observe(time.perf_counter() - t0)
+        if (items["offset"] >= COLD).any():
+            items = await self._stage_cold(table, recs, items, lease)
+        return {
             "lease": lease,
             "refused": refused,
             "table_size": size,
-            "items": table.locations(recs),  # protocol.ITEM_LOCATION records
+            "items": items,
             "probabilities": probs,
         }
-        table.stats.decision.observe(time.perf_counter() - t0)
-        return reply
+
+    async def _stage_cold(self, table: Table, recs, items, lid: int):
+        """Locations of a sample whose cold items their nodes staged
+        (control/tiers.py); on failure the sample's lease is released."""
+        lease = self.leases.get(lid)
+        try:
+            items = await self.tiers.stage(table, recs, items, lease)
+        except BaseException:
+            if self.leases.get(lid) is not None:
+                self._release(self.leases.take([lid], lease.owner)[0])
+            else:
+                self.tiers.unstage(lease.staged)
+            raise
+        if self.leases.get(lid) is None:  # expired while the nodes read
+            self.tiers.unstage(lease.staged)
+        return items
+
+    # -- the disk tier (control/tiers.py) ----------------------------------
+    def _node_of(self, peer: Peer, f: dict, op: str) -> int:
+        node_id = f["node_id"]
+        if peer.state.get("node_id") != node_id or not self.members.is_alive(node_id):
+            raise InvalidRequest(f"{op} for node {node_id} from a connection that is not it")
+        return node_id
+
+    def op_demote(self, peer: Peer, f: dict) -> dict:
+        """A node whose arena is full: which of its items of a table to move to disk."""
+        node_id = self._node_of(peer, f, "demote")
+        keys, offsets, gens = pick_demotions(self._table(f["table"]), node_id, f["n"])
+        return {"keys": keys, "offsets": offsets, "generations": gens}
+
+    def op_items_moved(self, peer: Peer, f: dict) -> dict:
+        """A node copied items to another tier: move the records still there."""
+        node_id = self._node_of(peer, f, "items_moved")
+        taken = apply_moves(self._table(f["table"]), node_id, f["keys"], f["offsets"],
+                            f["generations"], f["new_offsets"], f["new_generations"])
+        return {"taken": taken.astype(np.uint8)}
+
+    def op_staged(self, peer: Peer, f: dict) -> None:
+        """A node staged (or could not stage) a sample's cold items."""
+        self.tiers.staged(self._node_of(peer, f, "staged"), f)
 
     def op_update_priorities(self, peer: Peer, f: dict) -> dict:
         if (f["priorities"] < 0).any():

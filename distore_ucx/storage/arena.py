@@ -31,7 +31,9 @@ class Arena:
     """Slots in one UCX-registered region, remote READ only."""
 
     def __init__(self, runtime, size: int, hugepages: bool = True, node_name: str = "node",
-                 write_protect: bool = True):
+                 write_protect: bool = True, reserve: int = 0):
+        """`reserve`: bytes at the bottom of the arena kept out of the slots
+        (the disk tier's staging area, storage/tier.py)."""
         if write_protect:
             # Peers read through a read-only mapping: UCX's software
             # transports ignore registration access flags, so only this turns
@@ -46,7 +48,8 @@ class Arena:
         self.arena_id = secrets.randbits(63) | 1
         self.size = size
         self.node_name = node_name
-        self._bump = 0
+        self.reserved = reserve
+        self._bump = reserve  # no slot is carved below the reserved bytes
         # Free extents below the bump pointer, sorted by start, never adjacent.
         self._ext_start = np.empty(0, np.int64)
         self._ext_len = np.empty(0, np.int64)

@@ -33,7 +33,14 @@ import numpy as np
 from .. import metrics
 from .._native_loader import _native
 from ..config import NodeConfig, read_token
-from ..errors import ConnectionFailed, InvalidRequest, SpecMismatch, Timeout, from_native
+from ..errors import (
+    ConnectionFailed,
+    InvalidRequest,
+    SpecMismatch,
+    StorageFull,
+    Timeout,
+    from_native,
+)
 from ..progress import Progress
 from ..roles import write_ready
 from ..spec import SLOT_HEADER
@@ -42,6 +49,7 @@ from ..transport.local_map import LocalMapServer
 from ..transport.rpc import AsyncClient, parse_address, serve
 from ..transport.runtime import host_id
 from .arena import Arena, page_advice, page_size_label
+from .tier import COLD, DiskTier, StagingArea, is_cold, stride_of
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +59,8 @@ COPY_HELPERS = 1  # threads besides the copying one for same-host batch copies
 # Same-host batches up to this size are copied on the event loop (~2 ms at
 # most); larger ones on the pull thread, so that the loop is never held long.
 INLINE_COPY_BYTES = 16 << 20
+DEMOTE_BATCH = 64  # items demoted at least at once when the arena is full
+STAGE_WAIT = 5.0  # s a sample's cold items may wait for room in the staging area
 
 
 def route_address(control_host: str) -> str:
@@ -74,6 +84,9 @@ class StorageNode:
         self.arena: Arena | None = None
         self.control: AsyncClient | None = None
         self.local_map: LocalMapServer | None = None  # same-host learners map the arena
+        self.tier: DiskTier | None = None  # the disk tier (--disk), storage/tier.py
+        self.staging: StagingArea | None = None  # where sampled cold items are read to
+        self._slot_sizes: dict[str, int] = {}  # table -> slot size, as inserts said
         self.inserted = 0
         self.stats = metrics.NodeStats()  # read at scrape time (metrics.py)
         self._stop = asyncio.Event()
@@ -101,7 +114,16 @@ class StorageNode:
             self.runtime = runtime
             steps.write(f"mapping and registering a {cfg.arena_bytes / 2**30:.1f} GiB arena")
             self.arena = Arena(runtime, cfg.arena_bytes, cfg.hugepages, self.name,
-                               write_protect=cfg.write_protect)
+                               write_protect=cfg.write_protect, reserve=cfg.staging_bytes)
+            if cfg.disk:
+                self.tier = DiskTier(cfg.disk, cfg.disk_bytes, self.name, self.arena.arena_id)
+                self.staging = StagingArea(cfg.staging_bytes)
+                self._staged = asyncio.Event()  # set when staged extents come back
+                self._demoting = asyncio.Lock()  # one demotion at a time
+                log.info("node %s: disk tier %s, %d bytes%s; %d arena bytes for staging cold "
+                         "items", self.name, cfg.disk, self.tier.size,
+                         "" if self.tier.direct else " (no O_DIRECT there)",
+                         self.staging.size)
             _native.allow_remote_reads(self.arena.base, self.arena.size)
             steps.update(1, note="arena mapped")
             self._token = read_token(cfg.token_file)
@@ -141,6 +163,10 @@ class StorageNode:
                     self.local_map.close()
                 if self.control is not None:
                     await self.control.close()
+                if self.tier is not None:
+                    if getattr(self, "_disk_thread", None) is not None:
+                        self._disk_thread.shutdown(wait=True)
+                    self.tier.close()
                 del self.arena  # unmap before the runtime closes
                 self.arena = None
         log.info("node %s stopped", self.name)
@@ -222,6 +248,7 @@ class StorageNode:
                 page_kind=self.arena.page_kind,
                 **({"local_socket": self.local_map.name} if self.local_map else {}),
                 **({"node_id": former} if former is not None else {}),
+                **({"disk_size": self.tier.size} if self.tier is not None else {}),
             )
             self.node_id = reply["node_id"]
             self._interval = reply["heartbeat_interval"]
@@ -237,6 +264,31 @@ class StorageNode:
             await control.close()
             raise
         self._joined.set()
+
+    def _held_items(self) -> dict:
+        """LIVE items by table, both tiers: (keys, offsets, generations,
+        priorities, slot size); disk items have COLD offsets."""
+        held = {t: (*slots.live(), slots.slot_size) for t, slots in self.arena.tables().items()}
+        if self.tier is not None:
+            for table in self.tier.tables():
+                cold = self.tier.live(table)
+                if table in held:
+                    hot = held[table]
+                    held[table] = (*(np.concatenate([a, b]) for a, b in zip(hot[:4], cold)),
+                                   hot[4])
+                elif len(cold[0]):
+                    # the arena has no slots of it: its slot size is the spec's
+                    held[table] = (*cold, self._slot_sizes.get(table, 0))
+        return held
+
+    def _free(self, table: str, offsets, live_only: bool = False) -> None:
+        """Free slots of either tier (COLD offsets are disk slots)."""
+        offsets = np.asarray(offsets, np.uint64)
+        cold = is_cold(offsets)
+        if cold.any() and self.tier is not None:
+            self.tier.free(table, offsets[cold], live_only)
+            offsets = offsets[~cold]
+        self.arena.free(table, offsets, live_only)
 
     def _start_local_map(self) -> None:
         """Offer the sealed arena to same-host learners (a Unix socket, after
@@ -260,8 +312,7 @@ class StorageNode:
 
     async def _resend_items(self) -> None:
         """Send the restoring control plane every item we hold, in bounded batches."""
-        for table, slots in self.arena.tables().items():
-            keys, offsets, gens, prios = slots.live()
+        for table, (keys, offsets, gens, prios, slot_size) in self._held_items().items():
             totals = {"restored": 0, "adopted": 0, "discarded": 0}
             progress = Progress(f"re-sending table {table!r}", total=len(keys), unit="items",
                                 logger=log, every=5.0)
@@ -269,7 +320,7 @@ class StorageNode:
                 part = slice(i, i + RESEND_BATCH)
                 reply = await self.control.call(
                     "items_restored", reply_timeout=60.0, node_id=self.node_id, table=table,
-                    slot_size=slots.slot_size, keys=keys[part], offsets=offsets[part],
+                    slot_size=slot_size, keys=keys[part], offsets=offsets[part],
                     generations=gens[part], priorities=prios[part],
                 )
                 for k in totals:
@@ -284,10 +335,9 @@ class StorageNode:
     def _discard_items(self) -> None:
         """The control plane does not know our items (it started afresh, or had
         dropped us): free them, loudly."""
-        for table, slots in self.arena.tables().items():
-            offsets = slots.live()[1]
+        for table, (_, offsets, _, _, _) in self._held_items().items():
             if len(offsets):
-                self.arena.free(table, offsets)
+                self._free(table, offsets)
                 log.warning("the control plane does not restore items (it started without "
                             "--restore, or had dropped this node): %d items of table %r on "
                             "node %s are discarded", len(offsets), table, self.name)
@@ -338,9 +388,15 @@ class StorageNode:
     async def _on_push(self, op: str, fields: dict) -> None:
         if op == "free":
             try:
-                self.arena.free(fields["table"], fields["offsets"], live_only=True)
+                self._free(fields["table"], fields["offsets"], live_only=True)
             except ValueError as exc:  # a confused control plane must not stop the node
                 log.error("ignoring a free from the control plane: %s", exc)
+        elif op == "stage" and self.tier is not None:
+            asyncio.get_running_loop().create_task(self._stage(fields))
+        elif op == "unstage" and self.staging is not None:
+            for start in fields["extents"]:
+                self.staging.give(int(start))
+            self._staged.set()
         else:
             log.warning("ignoring unexpected push %r from the control plane", op)
 
@@ -354,6 +410,11 @@ class StorageNode:
                 "arena_size": self.arena.size,
                 "used_bytes": self.arena.used_bytes,
                 "inserted": self.inserted,
+                **({"disk_size": self.tier.size, "disk_used_bytes": self.tier.used_bytes,
+                    "demoted": self.tier.demoted, "disk_write_errors": self.tier.write_errors,
+                    "disk_read_errors": self.tier.read_errors,
+                    "staging_used_bytes": self.staging.used_bytes}
+                   if self.tier is not None else {}),
             }
         raise InvalidRequest(f"storage node {self.name} does not serve {op!r}: is the peer "
                              "a distore-ucx client of the same version?")
@@ -391,7 +452,7 @@ class StorageNode:
             asyncio.get_running_loop().create_task(self._forget_writer(peer))
         table = f["table"]
         t0 = time.perf_counter()  # metrics: request to acknowledgement
-        offsets = self.arena.allocate(table, slot_size, k)
+        offsets = await self._allocate(table, slot_size, k)
         wait = f.get("timeout", 60.0)  # a rate limiter (or a control-plane restart) may hold it
         deadline = time.monotonic() + wait
         try:
@@ -438,6 +499,139 @@ class StorageNode:
         self.inserted += k
         self.stats.inserted(k, k * item_bytes, time.perf_counter() - t0)
         return {"n": k, "evicted": reply.get("evicted", 0), "via": source.via}
+
+    # -- the disk tier (storage/tier.py, control/tiers.py) -------------------
+    async def _allocate(self, table: str, slot_size: int, k: int) -> np.ndarray:
+        """Arena slots for an insert; with a disk tier, a full arena first
+        demotes items of the table to disk (StorageFull when both are full)."""
+        self._slot_sizes[table] = slot_size
+        delay = 0.01
+        for _ in range(20):  # other inserts may take the room we made: try again
+            try:
+                return self.arena.allocate(table, slot_size, k)
+            except StorageFull:
+                if self.tier is None or self.control is None or not self._joined.is_set():
+                    raise
+            if await self._demote(table, slot_size, k) == 0:
+                # Nothing to demote now: the table's items here are leased, or
+                # inserts in flight have not reached the control plane yet.
+                await asyncio.sleep(delay)
+                delay = min(2 * delay, 0.5)
+        return self.arena.allocate(table, slot_size, k)  # raises StorageFull as it is
+
+    async def _demote(self, table: str, slot_size: int, k: int) -> int:
+        """Move at least k items of `table` (as the control plane picks them)
+        from the arena to disk; how many moved."""
+        async with self._demoting:
+            slots = self.arena.tables().get(table)
+            if slots is not None and slots.free_slots >= k:
+                return k  # another insert's demotion made the room meanwhile
+            want = min(max(k, DEMOTE_BATCH), self.tier.room(table, slot_size))
+            if want == 0:
+                self.tier.allocate(table, slot_size, k)  # raises StorageFull: both tiers full
+            reply = await self.control.call("demote", node_id=self.node_id, table=table,
+                                            n=want)
+            keys = np.frombuffer(reply["keys"], np.uint64)
+            if len(keys) == 0:
+                return 0
+            offsets = np.frombuffer(reply["offsets"], np.uint64)
+            gens = np.frombuffer(reply["generations"], np.uint64)
+            disk = self.tier.allocate(table, slot_size, len(keys))
+            new_gens = self.arena.next_generations(len(keys))
+            loop = asyncio.get_running_loop()
+            statuses = await loop.run_in_executor(
+                self._disk(), self.tier.write, self.arena.region, offsets, slot_size, disk,
+                keys, new_gens)
+            ok = statuses == 0
+            if not ok.all():
+                bad = int(np.count_nonzero(~ok))
+                self.tier.write_errors += bad
+                self.tier.free(table, disk[~ok])
+                log.error("node %s: could not write %d of %d items of table %r to the disk tier "
+                          "%s (%s); they stay in the arena", self.name, bad, len(keys), table,
+                          self.config.disk, os.strerror(int(statuses[~ok][0]))
+                          if statuses[~ok][0] > 0 else "bad slot")
+                if not ok.any():
+                    raise StorageFull(
+                        f"node {self.name}: arena full and the disk tier {self.config.disk} "
+                        f"failed to write ({os.strerror(int(statuses[0]))}); the insert into "
+                        f"table {table!r} was not stored and nothing in the arena was lost. "
+                        "Check the disk (see the node's log)")
+                keys, offsets, gens, disk, new_gens = (a[ok] for a in
+                                                       (keys, offsets, gens, disk, new_gens))
+            reply = await self.control.call(
+                "items_moved", node_id=self.node_id, table=table, keys=keys, offsets=offsets,
+                generations=gens, new_offsets=disk | COLD, new_generations=new_gens)
+            taken = np.frombuffer(reply["taken"], np.uint8).astype(bool)
+            self.tier.free(table, disk[~taken])  # evicted or sampled meanwhile: stay hot
+            if taken.any():  # then the table still has these arena slots
+                hot = self.arena.tables()[table]
+                prios = hot.cols["priority"][hot.index(offsets[taken])]
+                self.tier.commit(table, disk[taken], keys[taken], new_gens[taken], prios)
+                self.arena.free(table, offsets[taken], live_only=True)
+            self.tier.demoted += int(taken.sum())
+            return int(taken.sum())
+
+    async def _stage(self, f: dict) -> None:
+        """Read a sample's cold items into the staging area and tell the
+        control plane where they are (a `staged` push)."""
+        req, keys, slot_size = f["request"], f["keys"], f["slot_size"]
+        stride = stride_of(slot_size)
+        need = len(keys) * stride
+        try:
+            if need > self.staging.size:
+                raise StorageFull(
+                    f"node {self.name}: a sample needs {len(keys)} cold items of table "
+                    f"{f['table']!r} staged ({need} bytes) but the staging area holds "
+                    f"{self.staging.size}: raise --disk-staging or sample smaller batches")
+            deadline = time.monotonic() + STAGE_WAIT
+            while (room := self.staging.take(len(keys), stride)) is None:
+                # Staged extents come back when learners release their leases.
+                self._staged.clear()
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise Timeout(
+                        f"node {self.name}: staging area full ({self.staging.used_bytes} of "
+                        f"{self.staging.size} bytes leased) for {STAGE_WAIT:g} s, {need} bytes "
+                        f"of cold items of table {f['table']!r} wanted. Each learner holds "
+                        "the cold items of 2 batches (prefetch + 2 when iterating) until it "
+                        "releases them: raise --disk-staging, or sample smaller batches")
+                try:
+                    await asyncio.wait_for(self._staged.wait(), left)
+                except asyncio.TimeoutError:
+                    pass
+            dest, extents = room
+            t0 = time.perf_counter()
+            try:
+                statuses = await asyncio.get_running_loop().run_in_executor(
+                    self._disk(), self.tier.read, f["offsets"], slot_size,
+                    self.arena.region, dest, keys, f["generations"])
+            except BaseException:
+                for start in extents:
+                    self.staging.give(start)
+                self._staged.set()
+                raise
+            bad = statuses != 0
+            if bad.any():
+                self.tier.read_errors += int(bad.sum())
+                log.error("node %s: %d of %d cold items of table %r could not be read back from "
+                          "%s (status %d); reported lost", self.name, int(bad.sum()), len(keys),
+                          f["table"], self.config.disk, int(statuses[bad][0]))
+            self.control.push("staged", node_id=self.node_id, request=req, extents=extents,
+                              offsets=dest, statuses=statuses.view(np.uint32))
+            log.debug("staged %d cold items of table %r (%d bytes) in %.1f ms", len(keys),
+                      f["table"], need, 1e3 * (time.perf_counter() - t0))
+        except Exception as exc:  # the sample waiting on this must hear why
+            log.error("%s", exc)
+            if self.control is not None:
+                self.control.push("staged", node_id=self.node_id, request=req,
+                                  error=str(exc)[:4000])
+
+    def _disk(self) -> ThreadPoolExecutor:
+        # Disk batches, off the loop; the native call fans each out to its own threads.
+        if getattr(self, "_disk_thread", None) is None:
+            self._disk_thread = ThreadPoolExecutor(2, thread_name_prefix="disk")
+        return self._disk_thread
 
     async def _pull(self, source, offsets, keys, gens, src_offsets, lengths) -> None:
         """Read the batch into its slots on the pull thread (the event loop

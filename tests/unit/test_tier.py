@@ -1,0 +1,230 @@
+"""The disk tier: its file (header checks), its batched slot I/O, the
+staging area, and the control plane's demotion choices and moves."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+
+import distore_ucx as ds
+from distore_ucx._native_loader import _native
+from distore_ucx.control.tables import Table
+from distore_ucx.control.tiers import apply_moves, pick_demotions
+from distore_ucx.errors import StorageFull
+from distore_ucx.spec import TableSpec
+from distore_ucx.storage.tier import (
+    COLD,
+    HEADER_BYTES,
+    DiskTier,
+    StagingArea,
+    TierFileError,
+    is_cold,
+    stride_of,
+)
+from distore_ucx.transport import UcxRuntime
+
+MiB = 1 << 20
+
+
+def test_a_new_tier_file_is_preallocated_with_a_header(tmp_path):
+    path = str(tmp_path / "t.tier")
+    tier = DiskTier(path, 4 * MiB, "n0", arena_id=7)
+    tier.close()
+    assert os.path.getsize(path) == HEADER_BYTES + 4 * MiB
+    with open(path, "rb") as fh:
+        assert fh.read(8) == b"DSTIER\x00\x01"
+    DiskTier(path, 4 * MiB, "n1", arena_id=8).close()  # our own file: reused
+
+
+def test_a_file_that_is_not_a_tier_file_is_refused_and_left_alone(tmp_path):
+    path = tmp_path / "data.bin"
+    path.write_bytes(b"precious user data" * 1000)
+    with pytest.raises(TierFileError, match="not a distore tier file.*left untouched"):
+        DiskTier(str(path), 4 * MiB, "n0", arena_id=1)
+    assert path.read_bytes() == b"precious user data" * 1000
+
+
+def test_a_corrupt_header_is_refused(tmp_path):
+    path = str(tmp_path / "t.tier")
+    DiskTier(path, 4 * MiB, "n0", arena_id=1).close()
+    with open(path, "r+b") as fh:
+        fh.seek(20)
+        fh.write(b"\xff\xff")
+    with pytest.raises(TierFileError, match="corrupt header.*remove it"):
+        DiskTier(path, 4 * MiB, "n0", arena_id=1)
+
+
+def test_a_truncated_file_is_refused(tmp_path):
+    path = str(tmp_path / "t.tier")
+    DiskTier(path, 4 * MiB, "n0", arena_id=1).close()
+    os.truncate(path, HEADER_BYTES + MiB)
+    with pytest.raises(TierFileError, match="truncated.*header says"):
+        DiskTier(path, 4 * MiB, "n0", arena_id=1)
+    os.truncate(path, 100)
+    with pytest.raises(TierFileError, match="truncated"):
+        DiskTier(path, 4 * MiB, "n0", arena_id=1)
+
+
+def test_one_tier_file_serves_one_node_at_a_time(tmp_path):
+    path = str(tmp_path / "t.tier")
+    first = DiskTier(path, 4 * MiB, "n0", arena_id=1)
+    try:
+        with pytest.raises(TierFileError, match="in use by another storage node"):
+            DiskTier(path, 4 * MiB, "n1", arena_id=2)
+    finally:
+        first.close()
+
+
+def test_disk_slots_are_allocated_until_full_then_reused(tmp_path):
+    tier = DiskTier(str(tmp_path / "t.tier"), MiB, "n0", arena_id=1)
+    try:
+        assert stride_of(5000) == 8192 and tier.room("t", 5000) == 128
+        a = tier.allocate("t", 5000, 100)
+        assert (a % 4096 == 0).all() and len(np.unique(a)) == 100
+        with pytest.raises(StorageFull, match="arena and disk tier both full.*--disk-size"):
+            tier.allocate("t", 5000, 29)
+        tier.commit("t", a, a + np.uint64(1), a + np.uint64(2), np.ones(100))
+        tier.free("t", a[:10] | COLD)
+        assert tier.room("t", 5000) == 38
+        keys, offsets, _, _ = tier.live("t")
+        assert len(keys) == 90 and is_cold(offsets).all()
+    finally:
+        tier.close()
+
+
+def test_staging_area_spans_free_extents_and_merges_them_back():
+    area = StagingArea(10 * 4096)
+    first, ex1 = area.take(4, 4096)
+    second, ex2 = area.take(4, 4096)
+    assert area.take(3, 4096) is None  # 2 pages left
+    assert area.give(ex1[0])
+    offsets, extents = area.take(5, 4096)  # 4 freed pages at the bottom + 1 at the top
+    assert len(extents) == 2 and len(set(offsets.tolist()) & set(second.tolist())) == 0
+    for start in ex2 + extents:
+        assert area.give(start)
+    assert area.used_bytes == 0 and area.take(10, 4096) is not None
+    assert not area.give(12345)
+
+
+@pytest.fixture
+def arena():
+    with UcxRuntime(config={"TLS": "tcp"}) as rt:
+        region = rt.map_region(4 * MiB, remote_read=True)
+        yield region
+        del region
+
+
+def test_slots_written_to_disk_read_back_with_new_headers(tmp_path, arena):
+    tier = DiskTier(str(tmp_path / "t.tier"), 4 * MiB, "n0", arena_id=1)
+    try:
+        slot = 5000
+        view = arena.view()
+        rng = np.random.default_rng(3)
+        view[: 8 * slot] = rng.integers(0, 256, 8 * slot, dtype=np.uint8)
+        src = np.arange(8, dtype=np.uint64) * np.uint64(slot)
+        keys = np.arange(100, 108, dtype=np.uint64)
+        gens = np.arange(500, 508, dtype=np.uint64)
+        disk = tier.allocate("t", slot, 8)
+        assert (tier.write(arena, src, slot, disk, keys, gens) == 0).all()
+        # Read back into the upper half, 4 KiB aligned, one stride apart.
+        dest = np.uint64(2 * MiB) + np.arange(8, dtype=np.uint64) * np.uint64(stride_of(slot))
+        statuses = tier.read(disk | COLD, slot, arena, dest, keys, gens)
+        assert (statuses == 0).all()
+        for i in range(8):
+            got = view[int(dest[i]): int(dest[i]) + slot]
+            header = got[:16].view(np.uint64)
+            assert header[0] == keys[i] and header[1] == gens[i]
+            assert np.array_equal(got[16:], view[i * slot + 16: (i + 1) * slot])
+        # Asking for another generation (an older location) is refused, header zeroed.
+        wrong = gens.copy()
+        wrong[3] += 1
+        statuses = tier.read(disk, slot, arena, dest, keys, wrong)
+        assert statuses[3] == _native.STATUS_STALE and (np.delete(statuses, 3) == 0).all()
+        assert (view[int(dest[3]): int(dest[3]) + 16] == 0).all()
+        # A slot overwritten on disk behind our back is caught by its header.
+        fd = os.open(tier.path, os.O_WRONLY)
+        os.pwrite(fd, b"\x01" * 16, HEADER_BYTES + int(disk[5]))
+        os.close(fd)
+        statuses = tier.read(disk, slot, arena, dest, keys, gens)
+        assert statuses[5] == _native.STATUS_STALE
+        # Reading past the end of a truncated file is an I/O error, not data.
+        os.truncate(tier.path, HEADER_BYTES + int(disk[0]) + 4096)
+        statuses = tier.read(disk[:2], slot, arena, dest[:2], keys[:2], gens[:2])
+        assert statuses[0] == 5  # EIO: the slot ends past the end of the file
+    finally:
+        tier.close()
+
+
+SPEC = TableSpec.parse(((8,), "uint8"))
+
+
+def fill(table, n, node=1, priorities=None):
+    keys = np.arange(1, n + 1, dtype=np.uint64)
+    prios = np.ones(n) if priorities is None else priorities
+    table.add(node, keys, keys * np.uint64(64), keys + np.uint64(1000), prios)
+    return keys
+
+
+def test_demotion_picks_the_oldest_unleased_hot_items_of_the_node():
+    t = Table.make("t", 100, SPEC)
+    fill(t, 10)
+    t.add(2, np.array([50], np.uint64), np.array([0], np.uint64), np.array([1], np.uint64),
+          np.ones(1))
+    recs = t.core.lookup(np.array([1, 2], np.uint64))
+    t.lease(recs)  # the two oldest are leased: skipped
+    keys, offsets, gens = pick_demotions(t, 1, 3)
+    assert sorted(keys.tolist()) == [3, 4, 5]
+    assert (offsets == keys * np.uint64(64)).all() and (gens == keys + np.uint64(1000)).all()
+
+
+def test_prioritized_tables_demote_the_lowest_priorities():
+    t = Table.make("t", 100, SPEC, sampler=ds.Prioritized(1.0))
+    fill(t, 10, priorities=np.array([5, 1, 9, 0.5, 7, 3, 8, 2, 6, 4], float))
+    keys, _, _ = pick_demotions(t, 1, 3)
+    assert sorted(keys.tolist()) == [2, 4, 8]
+
+
+def test_a_move_is_taken_only_while_the_record_is_unchanged_and_unleased():
+    t = Table.make("t", 100, SPEC)
+    keys = fill(t, 6)
+    old = keys * np.uint64(64)
+    gens = keys + np.uint64(1000)
+    t.lease(t.core.lookup(keys[1:2]))  # sampled meanwhile: stays in DRAM
+    t.update_priorities(keys[:1], np.array([3.0]))  # a priority change is no move
+    gens[2] += 1  # the node copied another generation than the table knows
+    new = (np.arange(6, dtype=np.uint64) * np.uint64(4096)) | COLD
+    taken = apply_moves(t, 1, keys, old, gens, new, np.arange(6, dtype=np.uint64) + 9000)
+    assert taken.tolist() == [True, False, False, True, True, True]
+    s = t.store
+    recs = t.core.lookup(keys)
+    assert is_cold(s.offset[recs]).tolist() == taken.tolist()
+    assert s.generation[recs[0]] == 9000
+    # The sampler's view is unchanged: every item is still there.
+    assert t.size == 6
+    # A key evicted meanwhile is not taken either.
+    t2 = Table.make("t2", 100, SPEC)
+    assert not apply_moves(t2, 1, keys[:1], old[:1], gens[:1], new[:1], new[:1]).any()
+
+
+def test_a_failed_disk_write_is_a_status_per_slot_not_data(tmp_path, arena):
+    tier = DiskTier(str(tmp_path / "t.tier"), MiB, "n0", arena_id=1)
+    try:
+        disk = tier.allocate("t", 5000, 2)
+        good_fd = tier.fd
+        tier.fd = os.open(tier.path, os.O_RDONLY)  # writes fail: EBADF
+        try:
+            statuses = tier.write(arena, np.array([0, 8192], np.uint64), 5000, disk,
+                                  np.array([1, 2], np.uint64), np.array([3, 4], np.uint64))
+        finally:
+            os.close(tier.fd)
+            tier.fd = good_fd
+        assert (statuses == 9).all()  # EBADF, reported per slot
+        # Nothing was written: reading the slots back finds no such items.
+        dest = np.array([2 * MiB, 2 * MiB + 8192], np.uint64)
+        back = tier.read(disk, 5000, arena, dest, np.array([1, 2], np.uint64),
+                         np.array([3, 4], np.uint64))
+        assert (back == _native.STATUS_STALE).all()
+    finally:
+        tier.close()
