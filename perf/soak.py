@@ -354,7 +354,9 @@ def main(argv=None) -> int:
                     last = now
                     total_ins += w.inserted
                     total_bat += w.sampled_batches
-                    row = {"t_s": round(now - t0, 1),
+                    info = client.table_info("soak")
+                    row = {"t_s": round(now - t0, 1), "table_size": info["size"],
+                           "cold": info.get("cold", 0),  # items on the disk tiers now
                            "inserted_total": total_ins, "sampled_batches_total": total_bat,
                            "insert_per_s": round(w.inserted / dt, 1),
                            "sample_batches_per_s": round(w.sampled_batches / dt, 2),
@@ -376,6 +378,7 @@ def main(argv=None) -> int:
                     print(f"{row['t_s']:7.0f} s  insert {row['insert_per_s']:8.0f}/s  sample "
                           f"{row['sample_batches_per_s']:6.1f} b/s  p99 "
                           f"{row['sample']['p99_ms'] or 0:7.2f} ms  wrong {row['wrong']}  "
+                          + (f"cold {row['cold']}  " if args.disk else "") +
                           f"RSS {rss}", file=sys.stderr, flush=True)
             finally:
                 soak.stop.set()
