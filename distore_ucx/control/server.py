@@ -442,19 +442,20 @@ class ControlPlane:
         arenas = [n.arena_size + n.disk_size // stride_of(slot_size) * slot_size for n in nodes]
         room = sum(a // slot_size for a in arenas)  # slots, if this table had every arena
         need = capacity * slot_size
+        where = "arenas and disk tiers" if any(n.disk_size for n in nodes) else "arenas"
         if capacity > room:
             return [(f"table {name!r}: capacity {capacity} x {slot_size}-byte slots = {need} "
-                     f"bytes, but the arenas (and disk tiers) of the {len(nodes)} live storage "
+                     f"bytes, but the {where} of the {len(nodes)} live storage "
                      f"node(s) hold at most "
                      f"{room} such items ({sum(arenas)} bytes): inserts will fail with "
                      "StorageFull before the table is full. Lower the capacity, or start more "
-                     "storage nodes or larger arenas")]
+                     "storage nodes, larger arenas or disk tiers (--disk)")]
         others = {t.name: t.capacity * t.spec.slot_size for t in self.tables.values()}
         # Only the table that tips the sum over is warned about (once was enough
         # for tables that did not fit alone).
         if need + sum(others.values()) > sum(arenas) >= sum(others.values()):
             return [(f"table {name!r}: capacity {capacity} x {slot_size}-byte slots = {need} "
-                     f"bytes fits the live nodes' arenas ({sum(arenas)} bytes) alone, but not "
+                     f"bytes fits the live nodes' {where} ({sum(arenas)} bytes) alone, but not "
                      f"together with the other tables' capacities "
                      f"({', '.join(f'{k}: {v} bytes' for k, v in others.items())}): whichever "
                      "fills first takes the space, and inserts into the others fail with "
