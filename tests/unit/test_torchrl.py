@@ -16,19 +16,18 @@ tensordict = pytest.importorskip(
 TensorDict = tensordict.TensorDict
 
 
+def run_python(code: str, check: bool) -> subprocess.CompletedProcess:
+    """`code` in a fresh interpreter, outside the checkout (the installed package)."""
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120, check=check, cwd="/")
+
+
 def test_importing_distore_ucx_imports_neither_torch_nor_torchrl():
     code = (
         "import sys, distore_ucx; "
         "print(sorted(m for m in ('torch', 'tensordict', 'torchrl') if m in sys.modules))"
     )
-    out = subprocess.run(
-        [sys.executable, "-c", code],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=True,
-        cwd="/",
-    )
+    out = run_python(code, check=True)
     assert out.stdout.strip() == "[]", out.stdout + out.stderr
 
 
@@ -94,14 +93,7 @@ def test_without_tensordict_the_import_says_what_to_install():
         "import sys; sys.modules['tensordict'] = None\n"
         "try:\n    import distore_ucx.torchrl\nexcept ImportError as e:\n    print(e)"
     )
-    out = subprocess.run(
-        [sys.executable, "-c", code],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=True,
-        cwd="/",
-    )
+    out = run_python(code, check=True)
     assert "pip install 'distore-ucx[torchrl]'" in out.stdout, out.stdout + out.stderr
 
 
@@ -115,14 +107,7 @@ def test_the_example_without_torchrl_says_what_to_install():
         "import runpy, sys; sys.modules['torchrl'] = None; "
         f"sys.argv = [{path!r}]; runpy.run_path({path!r}, run_name='__main__')"
     )
-    out = subprocess.run(
-        [sys.executable, "-c", code],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-        cwd="/",
-    )
+    out = run_python(code, check=False)
     assert out.returncode == 2, out.stdout + out.stderr
     assert "needs torchrl, which is not installed" in out.stderr
     assert "pip install 'distore-ucx[examples]'" in out.stderr and "Traceback" not in out.stderr
