@@ -55,9 +55,58 @@ def test_prioritized_probabilities_weights_and_updates(client):
     res = learner.update_priorities(np.append(keys, np.uint64(12345)), np.append(new, 1.0))
     assert res == {"updated": 20, "missing": 1}
     assert learner.priority_updates_missing == 1
-    learner.sample()  # the batch requested ahead was drawn before the update
+    # The batches sampled ahead (one request holds sample_ahead of them,
+    # 128 // 64 = 2 here) were drawn before the update; the next is not.
+    assert learner.sample_ahead == 2
+    for _ in range(learner.sample_ahead):
+        learner.sample()
     b = learner.sample()
     assert np.mean(b.data["i"] == 3) > 0.95
+
+
+def test_sample_ahead_one_sees_updates_a_batch_later(client):
+    client.create_table("fresh", capacity=100, spec=SPEC, sampler=ds.Prioritized(1.0))
+    with client.writer() as w:
+        keys = w.insert("fresh", items(0, 20), priority=np.ones(20))
+    learner = client.learner("fresh", batch_size=8, sample_ahead=1)
+    learner.sample()
+    new = np.full(20, 1e-3)
+    new[5] = 1e6
+    learner.update_priorities(keys, new)
+    learner.sample()  # requested with the first one's read, before the update
+    assert np.mean(learner.sample().data["i"] == 5) > 0.9
+
+
+def test_sample_ahead_splits_one_reply_into_batches(client):
+    """Four batches from one control-plane request: each batch in place and
+    whole, and the reply's lease released only after the last was read."""
+    client.create_table("ahead", capacity=100, spec=SPEC)
+    with client.writer() as w:
+        w.insert("ahead", items(0, 50))
+    learner = client.learner("ahead", batch_size=8, sample_ahead=4)
+    assert learner.sample_ahead == 4
+    seen = []
+    for _ in range(12):
+        b = learner.sample()
+        assert len(b) == 8
+        assert np.array_equal(b.data["x"][:, 0], b.data["i"].astype(np.float32))
+        seen.append(b.data["i"].copy())
+    assert len(np.unique(np.concatenate(seen))) > 8  # not one batch repeated
+    # Replies' leases: at most the one being read and the one asked for.
+    assert client.status()["leases"] <= 2
+    learner.close()
+    assert client.status()["leases"] == 0
+
+
+def test_sample_ahead_is_refused_where_sampling_uses_items_up(client):
+    client.create_table("once", capacity=100, spec=SPEC, max_times_sampled=1)
+    with pytest.raises(ds.ConfigError, match="cannot be sampled ahead"):
+        client.learner("once", batch_size=4, sample_ahead=2)
+    client.create_table("free", capacity=100, spec=SPEC)
+    with pytest.raises(ds.ConfigError, match="at most 4096 items"):
+        client.learner("free", batch_size=2048, sample_ahead=4)
+    with pytest.raises(ds.ConfigError, match="at least 1"):
+        client.learner("free", batch_size=8, sample_ahead=0)
 
 
 def test_update_priorities_validates_on_the_client(client):
