@@ -110,7 +110,11 @@ void CopyPool::work() {
 
 void CopyPool::run(size_t parts, const std::function<void(size_t)>& job) {
   if (parts == 0) return;
-  if (threads_.empty() || parts == 1) {
+  std::unique_lock<std::mutex> caller(caller_, std::try_to_lock);
+  if (threads_.empty() || parts == 1 || !caller.owns_lock()) {
+    // No helpers, nothing to share, or another thread's batch has them (a
+    // node pulls on its event loop and on a worker thread at once): the
+    // job/parts/finished state below is one batch's, so run it all here.
     for (size_t i = 0; i < parts; ++i) job(i);
     return;
   }

@@ -68,13 +68,16 @@ class CopyPool {
 
   unsigned helpers() const { return static_cast<unsigned>(threads_.size()); }
   // Runs job(i) for every i in [0, parts) on the helpers and the caller;
-  // returns when all are done.
+  // returns when all are done. Safe to call from several threads at once:
+  // one caller at a time has the helpers, a caller that finds them taken
+  // runs its whole job on its own thread (it never waits for another's).
   void run(size_t parts, const std::function<void(size_t)>& job);
 
  private:
   void work();
   size_t drain(const std::function<void(size_t)>& job, size_t parts);
 
+  std::mutex caller_;  // held by the caller that has the helpers
   std::mutex mu_;
   std::condition_variable wake_, done_;
   std::vector<std::thread> threads_;

@@ -251,3 +251,43 @@ def test_copy_pool_threads_sleep_when_idle():
     t1 = proc.cpu_times()
     assert (t1.user + t1.system) - (t0.user + t0.system) < 0.05
     del pool
+
+
+def test_copy_pool_serves_two_threads_at_once(runtime, region):
+    """A storage node pulls on its event loop and on a worker thread with one
+    pool: concurrent batches must all complete and copy right (two callers
+    once overwrote each other's batch and both waited forever)."""
+    import threading
+
+    arena = mapped(region)
+    pool = _native.CopyPool(2)
+    item, n = 64 << 10, 16
+    errors, done = [], []
+
+    def loop(seed):
+        rng = np.random.default_rng(seed)
+        dest = runtime.map_region(n * item)
+        try:
+            for _ in range(200):
+                slots = rng.permutation(SIZE // item)[:n].astype(np.uint64)
+                st = _native.mapped_gather([arena], np.zeros(n, np.uint32),
+                                           slots * np.uint64(item), np.full(n, item, np.uint64),
+                                           dest, np.arange(n, dtype=np.uint64) * np.uint64(item),
+                                           pool, 1)
+                assert not st.any()
+                got = dest.view()[: n * item].reshape(n, item)
+                src = region.view()
+                for i in (0, n - 1):
+                    s = int(slots[i])
+                    assert np.array_equal(got[i], src[s * item:(s + 1) * item])
+            done.append(seed)
+        except BaseException as exc:  # reported below, in the test's thread
+            errors.append(exc)
+
+    threads = [threading.Thread(target=loop, args=(seed,), daemon=True) for seed in (1, 2, 3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not errors, errors
+    assert sorted(done) == [1, 2, 3], "a caller of the copy pool never returned (deadlock)"
