@@ -163,6 +163,9 @@ MESSAGES: dict[str, tuple[F, ...]] = {
         F("n", "int", lo=1, hi=MAX_SAMPLE),
         F("release", "list", required=False, max_len=1024),
         F("timeout", "float", required=False, lo=0, hi=86400),
+        # n is sample_ahead batches of this many: the control plane may answer
+        # with fewer whole batches (one, where nodes have disk tiers)
+        F("batch", "int", required=False, lo=1, hi=MAX_SAMPLE),
     ),
     "release": (F("leases", "list", max_len=1 << 16),),
     "update_priorities": (

@@ -409,7 +409,10 @@ class Learner:
     # -- control-plane requests (one connection, replies in order) --------
     def _sample_fields(self, n: int, wait: float) -> dict:
         release, self._done_leases = self._done_leases, []
-        return {"table": self.table, "n": n, "release": release, "timeout": wait}
+        fields = {"table": self.table, "n": n, "release": release, "timeout": wait}
+        if n > self.batch_size:  # sampled ahead: the answer may hold fewer batches
+            fields["batch"] = self.batch_size
+        return fields
 
     def _next_reply(self, wait: float) -> dict:
         """The next batch's reply: one sampled ahead, or a new reply split

@@ -516,7 +516,9 @@ class ControlPlane:
     async def op_sample(self, peer: Peer, f: dict) -> dict:
         """Sample n items under a lease owned by this connection.
 
-        `release` (lease ids of earlier batches) is handled first; ids of
+        With `batch` (n is several batches of that size, sampled ahead by a
+        learner) the answer may hold fewer whole batches: one where nodes
+        have disk tiers. `release` (lease ids of earlier batches) is handled first; ids of
         another connection's leases are refused and counted in the reply's
         `refused`, not failed: the sample itself is still answered."""
         refused = self._release_owned(peer, f["release"]) if "release" in f else 0
@@ -528,6 +530,12 @@ class ControlPlane:
                 f"for (control.max_sample = {self.config.max_sample}); sample smaller "
                 "batches, or raise --max-sample"
             )
+        batch = f.get("batch", n)
+        if batch < n and n % batch == 0 and self._disk_tiers():
+            # Sampled ahead (several batches asked at once): cold items must
+            # fit the nodes' staging areas, which are sized for a learner
+            # holding a batch or two, so answer one batch.
+            n = batch
         held, limit = self.leases.held(peer), self.config.max_leased_items
         if held + n > limit:
             raise LimitExceeded(
@@ -554,6 +562,10 @@ class ControlPlane:
             "items": items,
             "probabilities": probs,
         }
+
+    def _disk_tiers(self) -> bool:
+        """Whether any live storage node has a disk tier."""
+        return any(node.disk_size > 0 for node in self.members.alive())
 
     async def _stage_cold(self, table: Table, recs, items, lid: int):
         """Locations of a sample whose cold items their nodes staged

@@ -81,6 +81,11 @@ def test_a_table_four_times_the_arenas_fills_samples_and_evicts(make_cluster, tm
     # Uniform over the table: most samples are cold (only `hot` items fit in DRAM).
     assert len(seen) > 500
     assert len([i for i in seen if i < total - hot]) > 0.5 * len(seen)
+    # It asks 8 batches a request (sample_ahead), but with disk tiers the
+    # control plane answers one: 60 taken, at most 2 more asked.
+    assert learner.sample_ahead == 8
+    samples = client.table_info("t")["samples"]
+    assert 60 * 16 <= samples <= 62 * 16
     learner.close()
     client.close()
 
