@@ -158,7 +158,9 @@ class DistoreReplayBuffer:
     `ds.NoData`). A sampled TensorDict's tensors are views into the
     learner's ring, valid until `prefetch + 1` more samples; `clone=True`
     hands out copies instead. The learner asks for the next batch while it
-    reads this one, so a priority update shows from the second sample after it.
+    reads this one, so a priority update shows from the second sample after it
+    (one batch per request, `sample_ahead=1`; `learner_options={"sample_ahead":
+    k}` asks k at a time: fewer round trips, updates seen up to k batches later).
 
     Inserting: `extend` waits until its items are stored (`flush=True`);
     `flush=False` leaves batching to the writer (faster for actors that
@@ -522,7 +524,10 @@ class DistoreReplayBuffer:
                         f"table {self.table!r} does not exist yet: extend() the buffer (with "
                         "capacity= given) before sampling, or create the table"
                     )
-            opts = {"prefetch": self.prefetch, "beta": self._beta, **self._learner_options}
+            # One batch per control-plane request, as TorchRL's own buffers
+            # see a priority update at once (learner_options may say more).
+            opts = {"prefetch": self.prefetch, "beta": self._beta, "sample_ahead": 1,
+                    **self._learner_options}
             if self.device.type == "cuda":
                 opts["framework"] = "torch"
                 device = f"cuda:{self.device.index or 0}"
