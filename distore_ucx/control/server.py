@@ -39,7 +39,7 @@ from .leases import Leases
 from .membership import Membership
 from .restore import Restore
 from .tables import Freed, Table
-from .tiers import COLD, Tiers, apply_moves, cold_items, pick_demotions
+from .tiers import COLD, Demotions, Tiers, apply_moves, cold_items
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +61,7 @@ class ControlPlane:
         # them (control/leases.py); a new run draws a new id key.
         self.leases = Leases(config.lease_timeout)
         self.tiers = Tiers(self.members)  # nodes' disk tiers: demotion, staging
+        self.demotions = Demotions()  # full nodes' demotion candidates, one scan for many
         self._changed: dict[str, asyncio.Event] = {}  # set when a table's counts change
         self._seed = itertools.count(config.seed) if config.seed is not None else None
         self._stop = asyncio.Event()
@@ -215,6 +216,7 @@ class ControlPlane:
         node.alive = False
         self.stats.membership["left" if left else "dropped"] += 1
         dropped = sum(t.drop_node(node_id) for t in self.tables.values())
+        self.demotions.forget(node_id=node_id)
         if left:
             log.info("node %d (%s) left: %d items removed from sampling", node_id, node.name,
                      dropped)
@@ -593,7 +595,7 @@ class ControlPlane:
     def op_demote(self, peer: Peer, f: dict) -> dict:
         """A node whose arena is full: which of its items of a table to move to disk."""
         node_id = self._node_of(peer, f, "demote")
-        keys, offsets, gens = pick_demotions(self._table(f["table"]), node_id, f["n"])
+        keys, offsets, gens = self.demotions.pick(self._table(f["table"]), node_id, f["n"])
         return {"keys": keys, "offsets": offsets, "generations": gens}
 
     def op_items_moved(self, peer: Peer, f: dict) -> dict:

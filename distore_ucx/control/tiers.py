@@ -45,8 +45,7 @@ def pick_demotions(table, node_id: int, n: int) -> tuple[np.ndarray, np.ndarray,
     """Up to n hot, unleased items of `table` on `node_id`, those the table
     gives up first: (keys, offsets, generations)."""
     s = table.store
-    cand = np.flatnonzero((s.state == LIVE) & (s.node == node_id) & (s.offset < COLD)
-                          & (s.leases == 0))
+    cand = np.flatnonzero(_demotable(s, slice(None), node_id))
     if len(cand) > n > 0:
         if table.sampler.kind == "prioritized":
             score = table.core.priorities(cand)
@@ -57,6 +56,90 @@ def pick_demotions(table, node_id: int, n: int) -> tuple[np.ndarray, np.ndarray,
         cand = cand[:0]
     loc = s.locations(cand)  # keys live in the table core: read only these rows
     return loc["key"].copy(), loc["offset"].copy(), loc["generation"].copy()
+
+
+class Demotions:
+    """Demotion candidates found by one scan, handed out over many requests.
+
+    `pick_demotions` scans every record of the table: 15 ms at 10^6 items,
+    60 ms at 4 x 10^6 on the 2-core VM, for the 64 items a full node asks
+    for at a time. Here one scan per (table, node) keeps the
+    max(16 n, 4096, 1/64 of the node's hot items) best candidates in order;
+    each request takes the next ones that still qualify (LIVE, hot, on that
+    node, unleased, and the same item: its sequence unchanged, so a record
+    id reused by a newer item is not demoted in its place) and scans again
+    only when they run out. The order is the scan's: items inserted since,
+    or whose priority changed since, are ranked at the next scan.
+    """
+
+    MIN_CANDIDATES = 4096
+
+    def __init__(self):
+        self._queues: dict[tuple[str, int], _Candidates] = {}
+        self.scans = 0  # for tests and status
+
+    def pick(self, table, node_id: int, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Up to n items for `node_id` to demote: (keys, offsets, generations)."""
+        if n <= 0:
+            return pick_demotions(table, node_id, 0)
+        key = (table.name, node_id)
+        q = self._queues.get(key)
+        picked: list[np.ndarray] = []
+        need, scanned = n, False
+        while need > 0:
+            if q is None or q.table is not table or q.pos >= len(q.ids):
+                if scanned:
+                    break
+                q = self._queues[key] = self._scan(table, node_id, n)
+                scanned = True
+                if len(q.ids) == 0:
+                    break
+            ids = q.ids[q.pos:q.pos + need]
+            seqs = q.seqs[q.pos:q.pos + need]
+            q.pos += len(ids)
+            ok = _demotable(table.store, ids, node_id)  # LIVE first: then in the core
+            ok[ok] = table.core.sequences(ids[ok]) == seqs[ok]
+            if scanned and picked:  # a new scan finds this call's picks again
+                ok &= ~np.isin(ids, np.concatenate(picked))
+            ids = ids[ok]
+            picked.append(ids)
+            need -= len(ids)
+        ids = np.concatenate(picked) if picked else np.empty(0, np.int64)
+        loc = table.store.locations(ids)
+        return loc["key"].copy(), loc["offset"].copy(), loc["generation"].copy()
+
+    def _scan(self, table, node_id: int, n: int) -> _Candidates:
+        s = table.store
+        cand = np.flatnonzero(_demotable(s, slice(None), node_id))
+        want = max(16 * n, self.MIN_CANDIDATES, len(cand) // 64)
+        score = (table.core.priorities(cand) if table.sampler.kind == "prioritized"
+                 else table.core.sequences(cand))
+        if len(cand) > want:
+            best = np.argpartition(score, want - 1)[:want]
+            cand, score = cand[best], score[best]
+        order = np.argsort(score, kind="stable")
+        cand = cand[order]
+        self.scans += 1
+        return _Candidates(table, cand, table.core.sequences(cand))
+
+    def forget(self, node_id: int | None = None, table: str | None = None) -> None:
+        """Drop the candidates of a node that left or of a table deleted."""
+        for key in [k for k in self._queues
+                    if (node_id is None or k[1] == node_id) and (table is None or k[0] == table)]:
+            del self._queues[key]
+
+
+class _Candidates:
+    __slots__ = ("table", "ids", "seqs", "pos")
+
+    def __init__(self, table, ids: np.ndarray, seqs: np.ndarray):
+        self.table, self.ids, self.seqs, self.pos = table, ids, seqs, 0
+
+
+def _demotable(s, rows, node_id: int) -> np.ndarray:
+    """Which records of `rows` a node may demote: LIVE, hot, its own, unleased."""
+    return ((s.state[rows] == LIVE) & (s.node[rows] == node_id) & (s.offset[rows] < COLD)
+            & (s.leases[rows] == 0))
 
 
 def cold_items(table) -> int:

@@ -95,3 +95,17 @@ def test_metrics_cost_script_sets_each_cost_against_its_path(tmp_path):
     for r in rows:
         assert r["path_us"] > 0 and r["metrics_us"] >= 0 and r["share"] is not None
     assert rows[0]["sample_batches"] > 0 and rows[0]["insert_batches"] > 0
+
+
+def test_demotion_script_compares_the_ranked_picker_with_a_full_scan(tmp_path):
+    """perf/demotion.py, small: both pickers timed, every requested item picked."""
+    proc = subprocess.run(
+        [sys.executable, os.path.join(REPO, "perf", "demotion.py"), "--items", "20000",
+         "--total", "3000", "--scans", "2"],
+        capture_output=True, text=True, timeout=120, cwd=str(tmp_path), check=False)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    rows = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+    assert [r["sampler"] for r in rows] == ["prioritized", "uniform"]
+    for r in rows:
+        assert r["scan_ms"] > 0 and r["ranked_ms"] > 0
+        assert r["picked"] >= 3000 and r["scans"] >= 1

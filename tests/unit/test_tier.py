@@ -11,7 +11,7 @@ import pytest
 import distore_ucx as ds
 from distore_ucx._native_loader import _native
 from distore_ucx.control.tables import Table
-from distore_ucx.control.tiers import apply_moves, pick_demotions
+from distore_ucx.control.tiers import Demotions, apply_moves, pick_demotions
 from distore_ucx.errors import StorageFull
 from distore_ucx.spec import TableSpec
 from distore_ucx.storage.tier import (
@@ -228,3 +228,44 @@ def test_a_failed_disk_write_is_a_status_per_slot_not_data(tmp_path, arena):
         assert (back == _native.STATUS_STALE).all()
     finally:
         tier.close()
+
+
+def test_demotions_hand_out_one_scans_candidates_in_order_and_recheck_them():
+    """One scan serves many requests, oldest first; a candidate evicted (its
+    record reused by a newer item), leased or moved since the scan is
+    skipped; the next scan comes when the candidates run out."""
+    t = Table.make("t", 10_000, SPEC)
+    keys = fill(t, 10_000)
+    d = Demotions()
+    got, _, _ = d.pick(t, 1, 64)
+    assert got.tolist() == list(range(1, 65)) and d.scans == 1
+    # Since the scan: 70 new items evict keys 1-70 (FIFO) and reuse their
+    # records; 71 is leased; 72 moved to disk.
+    new = np.arange(20_001, 20_071, dtype=np.uint64)
+    t.add(1, new, new * np.uint64(64), new, np.ones(70))
+    assert len(t.core.lookup(keys[:70])[t.core.lookup(keys[:70]) >= 0]) == 0
+    t.lease(t.core.lookup(keys[70:71]))
+    t.store.offset[t.core.lookup(keys[71:72])] |= COLD
+    got, offsets, _ = d.pick(t, 1, 10)
+    assert got.tolist() == list(range(73, 83)) and d.scans == 1
+    assert (offsets == got * np.uint64(64)).all()
+    t.store.offset[t.core.lookup(got)] |= COLD  # the node moved them
+    # The scan kept max(16 x 64, 4096, 10_000 // 64) = 4096 candidates: asking
+    # for more than are left scans again, once, and goes on in order.
+    got, _, _ = d.pick(t, 1, 5000)
+    assert d.scans == 2 and len(got) == 5000
+    assert (np.diff(got.astype(np.int64)) > 0).all() and got[0] == 83
+    # Another node's items are never named; a node that left is forgotten.
+    assert len(d.pick(t, 2, 10)[0]) == 0
+    d.forget(node_id=1)
+    d.pick(t, 1, 1)
+    assert d.scans == 4
+
+
+def test_demotions_of_prioritized_tables_go_lowest_priority_first():
+    t = Table.make("t", 10_000, SPEC, sampler=ds.Prioritized(1.0))
+    prios = np.random.default_rng(0).random(5000) + 0.01
+    keys = fill(t, 5000, priorities=prios)
+    d = Demotions()
+    got = np.concatenate([d.pick(t, 1, 100)[0] for _ in range(5)])
+    assert got.tolist() == keys[np.argsort(prios, kind="stable")[:500]].tolist()
