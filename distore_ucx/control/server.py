@@ -519,26 +519,32 @@ class ControlPlane:
         """Sample n items under a lease owned by this connection.
 
         With `batch` (n is several batches of that size, sampled ahead by a
-        learner) the answer may hold fewer whole batches: one where nodes
-        have disk tiers. `release` (lease ids of earlier batches) is handled first; ids of
+        learner) the answer may hold fewer whole batches: as many as
+        control.max_sample and the connection's lease limit allow, one where
+        nodes have disk tiers. `release` (lease ids of earlier batches) is
+        handled first; ids of
         another connection's leases are refused and counted in the reply's
         `refused`, not failed: the sample itself is still answered."""
         refused = self._release_owned(peer, f["release"]) if "release" in f else 0
         table = self._table(f["table"])
         n = f["n"]
+        held, limit = self.leases.held(peer), self.config.max_leased_items
+        batch = f.get("batch", n)
+        if batch < n and n % batch == 0:
+            # Sampled ahead (several batches asked at once): answer fewer
+            # whole batches rather than refuse. Cold items must fit the
+            # nodes' staging areas, sized for a learner holding a batch or
+            # two, so one batch where nodes have disk tiers.
+            if self._disk_tiers():
+                n = batch
+            fit = min(self.config.max_sample, limit - held) // batch * batch
+            n = max(batch, min(n, fit))
         if n > self.config.max_sample:
             raise LimitExceeded(
                 f"table {table.name!r}: a sample of {n} items is more than one request may ask "
                 f"for (control.max_sample = {self.config.max_sample}); sample smaller "
                 "batches, or raise --max-sample"
             )
-        batch = f.get("batch", n)
-        if batch < n and n % batch == 0 and self._disk_tiers():
-            # Sampled ahead (several batches asked at once): cold items must
-            # fit the nodes' staging areas, which are sized for a learner
-            # holding a batch or two, so answer one batch.
-            n = batch
-        held, limit = self.leases.held(peer), self.config.max_leased_items
         if held + n > limit:
             raise LimitExceeded(
                 f"table {table.name!r}: this connection holds leases on {held} items and asks "

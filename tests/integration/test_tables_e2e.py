@@ -222,3 +222,22 @@ def test_a_batch_the_limiter_can_never_admit_is_refused(client):
         w.insert("tiny_q", items(0, 8))
         w.flush()
     assert time.monotonic() - t0 < 4  # refused at once, not after the timeout
+
+
+def test_sampling_ahead_answers_fewer_batches_under_a_low_max_sample(make_cluster, monkeypatch):
+    """A control plane whose max_sample is below what a learner asks ahead
+    answers whole batches that fit; the learner samples on, never refused."""
+    monkeypatch.setenv("DISTORE_CONTROL_MAX_SAMPLE", "64")
+    cluster = make_cluster()
+    with ds.connect(cluster.address) as c:
+        c.create_table("small", capacity=100, spec=SPEC)
+        with c.writer() as w:
+            w.insert("small", items(0, 50))
+        learner = c.learner("small", batch_size=32)
+        assert learner.sample_ahead == 4  # asks 128 items, answered 64 at a time
+        for _ in range(6):
+            b = learner.sample()
+            assert len(b) == 32
+            assert np.array_equal(b.data["x"][:, 0], b.data["i"].astype(np.float32))
+        assert c.table_info("small")["samples"] <= 8 * 32
+        learner.close()
