@@ -22,6 +22,7 @@ Selector::Selector(SelectorKind kind, double alpha, const Column<double>* priori
                    const Column<uint64_t>* seq1)
     : kind_(kind),
       alpha_(alpha),
+      queue_(kind == SelectorKind::kLifo, seq1),
       heap_(kind == SelectorKind::kLifo || kind == SelectorKind::kMaxHeap,
             kind == SelectorKind::kFifo || kind == SelectorKind::kLifo, priority, seq1) {}
 
@@ -50,7 +51,11 @@ void Selector::insert(int64_t id, double priority) {
       break;
     default:
       // FIFO/LIFO by sequence, min/max heap by priority (the core's columns).
-      heap_.push(id);
+      if (by_sequence()) {
+        queue_.push(id);
+      } else {
+        heap_.push(id);
+      }
   }
 }
 
@@ -71,7 +76,11 @@ void Selector::remove(int64_t id) {
       tree_.set(i, 0.0);
       break;
     default:
-      heap_.remove(id);
+      if (by_sequence()) {
+        queue_.remove(id);
+      } else {
+        heap_.remove(id);
+      }
   }
 }
 
@@ -125,7 +134,7 @@ int64_t Selector::select(std::mt19937_64& rng, double* probability) {
     }
     default:
       *probability = 1.0;
-      return heap_.top();
+      return by_sequence() ? queue_.top() : heap_.top();
   }
 }
 
@@ -166,6 +175,7 @@ double Selector::probability(int64_t id) const {
     case SelectorKind::kUniform:
       return size_ == 0 ? 0.0 : 1.0 / static_cast<double>(size_);
     default:
+      if (by_sequence()) return (!queue_.empty() && queue_.top() == id) ? 1.0 : 0.0;
       return (!heap_.empty() && heap_.top() == id) ? 1.0 : 0.0;
   }
 }
@@ -183,7 +193,11 @@ void Selector::resident_bytes(const char* prefix,
                                             member_list_.capacity() * sizeof(uint32_t));
       break;
     default:
-      out->emplace_back(p + ".heap", heap_.resident_bytes());
+      if (by_sequence()) {
+        out->emplace_back(p + ".queue", queue_.resident_bytes());
+      } else {
+        out->emplace_back(p + ".heap", heap_.resident_bytes());
+      }
   }
 }
 

@@ -14,6 +14,7 @@
 
 #include "column.h"
 #include "heap.h"
+#include "seq_queue.h"
 #include "sum_tree.h"
 
 namespace distore {
@@ -29,7 +30,8 @@ SelectorKind selector_kind(int index);
 
 // One selection policy over the table's items. Ids are below 2^32 - 1.
 // Memory an item: uniform 8 bytes (dense list + position), prioritized
-// about 16 (sum tree) + 1 bit (membership), heaps 8 (id + position).
+// about 16 (sum tree) + 1 bit (membership), fifo/lifo 8-12 (queue with holes +
+// position), heaps 8 (id + position).
 class Selector {
  public:
   // `priority` and `seq1` (sequence + 1) are the table core's columns, read
@@ -70,8 +72,10 @@ class Selector {
   Column<uint64_t> members_;
   std::vector<uint32_t> member_list_;
   bool member_list_valid_ = false;
-  // fifo, lifo, min/max heap
+  // fifo, lifo: insertion order; min/max heap: by priority
+  SequenceQueue queue_;
   IndexedHeap heap_;
+  bool by_sequence() const { return kind_ == SelectorKind::kFifo || kind_ == SelectorKind::kLifo; }
 };
 
 }  // namespace distore

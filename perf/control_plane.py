@@ -8,6 +8,12 @@ sum_tree_updates
     `TableCore.update_priorities` (by key: hash lookup + tree update) on a
     prioritized table of 10^6 items. Baseline: a numpy scatter of the same
     values into a flat array (no tree), the floor of any update.
+full_fifo
+    `TableCore.insert` in batches of 4096 into a full table of 2^20 items
+    with a FIFO remover (each insert evicts the oldest; evicted ids are
+    reused by the next batch, as the item store does), prioritized and
+    uniform samplers, for --seconds-full s: inserts/s. Baseline: the same
+    inserts into a table with room (no eviction), in the same run.
 sample_256
     `TableCore.sample(256)` from 10^6 prioritized items: latency p50/p99.
     Baseline: numpy inverse-CDF sampling (cumsum + searchsorted) over the
@@ -99,6 +105,38 @@ def bench_updates(args, out):
     out.append(row)
     print(json.dumps(row), flush=True)
     return core, rng
+
+
+def bench_full_fifo(args, out):
+    from distore_ucx import _tables
+    from distore_ucx.control.selectors import KINDS
+
+    n, b = 1 << 20, 4096
+    for sampler in ("prioritized", "uniform"):
+        rates = {}
+        for full in (False, True):
+            t = _tables.TableCore(KINDS.index(sampler), 0.6, KINDS.index("fifo"), 1.0,
+                                  n if full else 1 << 31, 0, 7)
+            ids = np.arange(n, dtype=np.int64)
+            for i in range(0, n, b):
+                t.insert(ids[i:i + b], ids[i:i + b].astype(np.uint64),
+                         np.random.default_rng(i).random(b) + 0.1)
+            nxt, key, done = np.arange(n, n + b, dtype=np.int64), n, 0
+            prios = np.random.default_rng(1).random(b) + 0.1
+            t0 = time.perf_counter()
+            while time.perf_counter() - t0 < args.seconds_full:
+                keys = np.arange(key, key + b, dtype=np.uint64)
+                evicted = t.insert(nxt, keys, prios)
+                key += b
+                done += b
+                # full: the evicted ids come back; with room: fresh ids
+                nxt = (np.asarray(evicted, np.int64) if full
+                       else np.arange(key, key + b, dtype=np.int64))
+            rates[full] = done / (time.perf_counter() - t0)
+        row = {"bench": "full_fifo", "sampler": sampler, "items": n, "batch": b,
+               "full_per_s": round(rates[True]), "with_room_per_s": round(rates[False])}
+        out.append(row)
+        print(json.dumps(row), flush=True)
 
 
 def bench_sample(args, core, rng, out):
@@ -386,8 +424,10 @@ def main(argv=None) -> int:
                    help="table sizes for --only sample_e2e")
     p.add_argument("--e2e-iters", type=int, default=2000, help="learner samples a size")
     p.add_argument("--memory-child", nargs=2, metavar=("N", "KIND"), help=argparse.SUPPRESS)
-    p.add_argument("--only", choices=("updates", "decide", "remote", "checkpoint", "memory",
-                            "sample_e2e"),
+    p.add_argument("--seconds-full", type=float, default=2.0,
+                   help="seconds of inserts into a full FIFO table (full_fifo)")
+    p.add_argument("--only", choices=("updates", "full_fifo", "decide", "remote", "checkpoint",
+                                      "memory", "sample_e2e"),
                    help="run one group (updates includes sample_256)")
     p.add_argument("--json-out", help="also write the JSON lines here")
     args = p.parse_args(argv)
@@ -403,6 +443,8 @@ def main(argv=None) -> int:
     if args.only in (None, "updates"):
         core, rng = bench_updates(args, out)
         bench_sample(args, core, rng, out)
+    if args.only in (None, "full_fifo"):
+        bench_full_fifo(args, out)
     if args.only in (None, "decide"):
         bench_decide(args, out)
     if args.only in (None, "remote"):
@@ -419,6 +461,9 @@ def main(argv=None) -> int:
         elif r["bench"] == "sample_256":
             print(f"sample_256         p50 {r['p50_us']:7.1f} us, p99 {r['p99_us']:7.1f} us"
                   f"        numpy CDF p50 {r['numpy_cdf_p50_us']:9.1f} us")
+        elif r["bench"] == "full_fifo":
+            print(f"full_fifo {r['sampler']:<9}{r['full_per_s'] / 1e6:6.2f} M inserts/s (each "
+                  f"evicts)         with room {r['with_room_per_s'] / 1e6:6.2f} M/s")
         elif r["bench"] == "decide_32":
             print(f"decide_32 {r['sampler']:<9}p50 {r['p50_us']:7.1f} us CPU, p99 "
                   f"{r['p99_us']:7.1f} us")

@@ -195,6 +195,69 @@ def test_heap_selectors_agree_with_a_sorted_reference(kind, ops):
             assert t.sample(1)[0].tolist() == [want]
 
 
+@settings(max_examples=60, deadline=None)
+@given(st.sampled_from(["fifo", "lifo"]),
+       st.permutations(list(range(40))),
+       st.lists(st.tuples(st.sampled_from(["insert", "remove", "select"]), st.integers(0, 1000)),
+                min_size=1, max_size=300))
+def test_fifo_and_lifo_follow_sequences_after_restores_removals_and_reused_ids(kind, order, ops):
+    """FIFO/LIFO keep insertion-sequence order through a restore that puts
+    items back out of order, removals anywhere, ids reused by newer items
+    and the queue's compactions (hundreds of ops over few ids)."""
+    t = core(sampler=kind, remover="fifo")
+    seqs = {}  # id -> sequence
+    ids = i64(order[:20])  # a checkpoint's items, in record order, not sequence order
+    back = np.array([1000 + 7 * ((i * 13) % 20) for i in range(20)], np.uint64)
+    t.restore(ids, ids.astype(np.uint64) + np.uint64(10_000), np.ones(20),
+              np.zeros(20, np.uint32), back)
+    seqs.update({int(i): int(q) for i, q in zip(ids, back)})
+    seq = t.next_seq
+    free = [i for i in range(40) if i not in seqs]
+    key = 50_000
+    for op, x in ops:
+        if op == "insert" and free:
+            i = free.pop(x % len(free))  # a freed id is reused by a newer item
+            t.insert(i64([i]), u64([key]), np.ones(1))
+            key += 1
+            seqs[i] = seq
+            seq += 1
+        elif op == "remove" and seqs:
+            i = sorted(seqs)[x % len(seqs)]
+            t.remove(i64([i]))
+            del seqs[i]
+            free.append(i)
+        if seqs:
+            want = (min if kind == "fifo" else max)(seqs, key=seqs.get)
+            assert t.sample(1)[0].tolist() == [want]
+            assert t.probabilities(i64([want])).tolist() == [1.0]
+
+
+def test_a_full_fifo_table_evicts_oldest_first_through_many_compactions():
+    """20,000 inserts into a table of 100 (each evicts), with removals
+    anywhere: the queue squeezes its holes out many times over and every
+    eviction is still the oldest item left."""
+    rng = np.random.default_rng(3)
+    t = core(sampler="uniform", remover="fifo", capacity=100)
+    live = {}  # id -> sequence
+    free = list(range(200))
+    for seq in range(20_000):
+        if len(live) > 10 and rng.random() < 0.2:
+            i = int(rng.choice(sorted(live)))
+            t.remove(i64([i]))
+            del live[i]
+            free.append(i)
+        i = free.pop(0)
+        evicted = t.insert(i64([i]), u64([1_000_000 + seq]), np.ones(1)).tolist()
+        if len(live) == 100:
+            oldest = min(live, key=live.get)
+            assert evicted == [oldest], seq
+            del live[oldest]
+            free.append(oldest)
+        else:
+            assert evicted == []
+        live[i] = seq
+
+
 # -- item store and the records of a table -------------------------------------
 
 def test_item_store_hands_out_fresh_ids_in_order_and_reuses_released_ones_first():
@@ -267,7 +330,7 @@ def test_keys_of_items_evicted_while_leased_stay_readable():
 
 def test_the_core_reports_its_memory_by_structure():
     """About 61 bytes an item in the core at 10^6 items (key 8, priority 8,
-    times 4, sequence 8, key index 5-11, sum tree 16, FIFO heap 8); huge
+    times 4, sequence 8, key index 5-11, sum tree 16, FIFO queue 8); huge
     pages may round each structure up by 2 MiB."""
     n = 1_000_000
     t = core("prioritized", capacity=n)
@@ -277,6 +340,6 @@ def test_the_core_reports_its_memory_by_structure():
         t.insert(b, b.astype(np.uint64), np.ones(len(b)))
     usage = t.memory_usage()
     assert {"key", "priority", "times_sampled", "sequence", "key_index",
-            "sampler.sum_tree", "remover.heap"} <= set(usage)
+            "sampler.sum_tree", "remover.queue"} <= set(usage)
     per_item = sum(usage.values()) / n
     assert 55 <= per_item <= 85, usage
