@@ -57,6 +57,11 @@ MAX_RESAMPLES = 20
 # most by default, and whatever the caller asks.
 SAMPLE_AHEAD_ITEMS = 128
 MAX_SAMPLE_AHEAD_ITEMS = 4096
+# A learner samples ahead only while sample() is called back to back: gaps
+# between one batch read and the next call shorter than this, twice running.
+# A training step between samples is longer; then a request asks one batch,
+# leases live one step, and priority updates show a batch later, as before.
+AHEAD_GAP = 0.001
 # The prefetch thread asks the control plane in slices this long, so that
 # close() never waits long for a thread blocked on an empty table.
 PREFETCH_POLL = 0.5
@@ -147,10 +152,13 @@ class Learner:
     request (default: as many as fit in 128 items, at most 8; 1 for tables
     whose sampling uses items up; `DISTORE_SAMPLE_AHEAD` overrides the
     default). Each request costs both processes a socket round trip; asking
-    for 4 batches of 32 at once cuts that cost 4-fold. The price: batches
-    sampled ahead were drawn before the priority updates of the batches
-    before them (as with Reverb's in-flight samples); items evicted
-    meanwhile are caught by the header check and resampled.
+    for 4 batches of 32 at once cuts that cost 4-fold. It applies only while
+    `sample()` is called back to back (under 1 ms between a batch and the
+    next call, twice running): with a training step in between, a request
+    asks one batch. The price: batches sampled ahead were drawn before the
+    priority updates of the batches before them (as with Reverb's in-flight
+    samples); items evicted meanwhile are caught by the header check and
+    resampled.
     """
 
     def __init__(
@@ -222,6 +230,9 @@ class Learner:
         # Batches of a reply sampled ahead, not yet read; the last one carries
         # the reply's lease (released once every batch of it has been read).
         self._ahead: list[dict] = []
+        self._fast = 0  # back-to-back samples in a row (see AHEAD_GAP), up to 2
+        self._read_at: float | None = None  # when the last batch was read
+        self.requests = 0  # sample requests sent to the control plane
         # The first batch's locations are asked for first (without waiting for
         # data): the control plane answers while the ring, the endpoints and
         # the mappings are made below, so the first sample() finds the reply
@@ -341,6 +352,9 @@ class Learner:
 
     def _sample(self, wait: float) -> tuple[int, Batch]:
         """Sample and read one batch into the next ring slot: (slot, batch)."""
+        now = time.monotonic()
+        if self._read_at is not None:
+            self._fast = min(self._fast + 1, 2) if now - self._read_at < AHEAD_GAP else 0
         slot = self._next
         self._next = (self._next + 1) % len(self._ring)
         dest = self._ring.acquire(slot)
@@ -376,6 +390,7 @@ class Learner:
             )
         self._done_leases.extend(leases)  # read: released with the next request
         self._ring.fill(slot, n)
+        self._read_at = time.monotonic()
         weights = None
         if self.beta is not None:
             w = (table_size * probs) ** -self.beta
@@ -408,6 +423,7 @@ class Learner:
 
     # -- control-plane requests (one connection, replies in order) --------
     def _sample_fields(self, n: int, wait: float) -> dict:
+        self.requests += 1
         release, self._done_leases = self._done_leases, []
         fields = {"table": self.table, "n": n, "release": release, "timeout": wait}
         if n > self.batch_size:  # sampled ahead: the answer may hold fewer batches
@@ -459,8 +475,9 @@ class Learner:
 
     @property
     def _ask(self) -> int:
-        """Items one sample request asks for (the batches sampled ahead)."""
-        return self.batch_size * self.sample_ahead
+        """Items one sample request asks for: sample_ahead batches while
+        samples come back to back, else one."""
+        return self.batch_size * (self.sample_ahead if self._fast >= 2 else 1)
 
     def _prefetch(self, wait: float) -> None:
         self._rpc.send("sample", **self._sample_fields(self._ask, wait))

@@ -68,16 +68,16 @@ def test_every_process_serves_metrics_that_add_up(make_cluster):
         assert total(control, "distore_table_inserts_total", **t) == ITEMS
         assert total(control, "distore_table_size", **t) == ITEMS
         assert total(control, "distore_table_capacity", **t) == 1000
-        # One request asks for sample_ahead (k) batches and the next request
-        # leaves when a reply's last batch is taken: 5 handed out, the
-        # request after them perhaps not answered yet.
+        # 5 batches handed out; samples back to back ask sample_ahead (k)
+        # batches a request once two came in a row, and the request after
+        # the last one may not be answered yet: 50 to 50 + 10 k sampled.
         k = learner.sample_ahead
         assert k == 8  # 128 items // 10, at most 8
-        asked = 10 * k * (5 // k + 1)
-        assert total(control, "distore_table_samples_total", **t) in (asked - 10 * k, asked)
+        sampled = total(control, "distore_table_samples_total", **t)
+        assert 50 <= sampled <= 50 + 10 * k and sampled % 10 == 0
         assert total(control, "distore_table_priority_updates_total", **t) == 10
-        # One decision a request: the 5 batches came in one.
-        assert total(control, "distore_table_sample_decision_seconds_count", **t) >= 5 // k + 1
+        # One decision a request, and a request may carry several batches.
+        assert total(control, "distore_table_sample_decision_seconds_count", **t) >= 2
         assert total(control, "distore_leases") >= 1
         assert total(control, "distore_nodes", state="alive") == 2
         assert total(control, "distore_membership_changes_total", change="joined") == 2

@@ -98,6 +98,28 @@ def test_sample_ahead_splits_one_reply_into_batches(client):
     assert client.status()["leases"] == 0
 
 
+def test_sample_ahead_applies_only_to_samples_back_to_back(client):
+    """With a training step between samples each request asks one batch, as
+    before sampling ahead existed; back to back, sample_ahead batches."""
+    client.create_table("paced", capacity=100, spec=SPEC)
+    with client.writer() as w:
+        w.insert("paced", items(0, 50))
+    learner = client.learner("paced", batch_size=8, sample_ahead=4)
+    before = client.table_info("paced")["samples"]
+    for _ in range(6):
+        learner.sample()
+        time.sleep(0.02)  # a training step
+    assert learner.requests == 7  # one a batch (and the next one asked)
+    assert client.table_info("paced")["samples"] - before <= 7 * 8
+    first = learner.requests
+    for _ in range(40):
+        learner.sample()
+    # 4 batches a request once two came in a row: about 12, whatever a busy
+    # machine's pauses (each costs up to 3 more) add.
+    assert learner.requests - first <= 24
+    learner.close()
+
+
 def test_sample_ahead_is_refused_where_sampling_uses_items_up(client):
     client.create_table("once", capacity=100, spec=SPEC, max_times_sampled=1)
     with pytest.raises(ds.ConfigError, match="cannot be sampled ahead"):
