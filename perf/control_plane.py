@@ -36,7 +36,9 @@ memory (--only memory; not in the default run)
     uniform sampler + FIFO remover), a fresh subprocess builds a real
     `Table` of that capacity, inserts that many items through `Table.add` in
     batches of 4096 (as the server does), and reports the RSS it grew by
-    per item (and the peak), split by structure: numpy columns of the
+    per item (and the peak); then inserts as many again into the full
+    table (each insert evicts the oldest item, a running buffer's steady
+    state) and reports the RSS growth per item once more. Split by structure: numpy columns of the
     ItemStore, and the native TableCore's own count of its vectors. Then
     `Table.sample(256)`, the reply's locations and `unlease`: p50/p99 (the
     server's sample path, without the network).
@@ -318,6 +320,9 @@ def memory_child(n: int, kind: str, iters: int) -> dict:
     keys = np.arange(n, dtype=np.uint64) + (np.uint64(7) << np.uint64(40))
     offsets = np.arange(n, dtype=np.uint64) * np.uint64(spec.slot_size)
     prios = rng.uniform(0.1, 2, n)
+    # A second n keys, inserted into the full table: every insert evicts the
+    # oldest item (the FIFO remover), the steady state of a running buffer.
+    keys2 = keys + np.uint64(n)
     before = _rss_kib()
     table = Table.make("t", n, spec, sampler=sampler, remover=Fifo(), seed=3)
     t = time.perf_counter()
@@ -327,6 +332,13 @@ def memory_child(n: int, kind: str, iters: int) -> dict:
     fill_s = time.perf_counter() - t
     assert table.size == n
     after = _rss_kib()
+    t = time.perf_counter()
+    for i in range(0, n, step):
+        table.add(1, keys2[i:i + step], offsets[i:i + step], offsets[i:i + step],
+                  prios[i:i + step])
+    evict_s = time.perf_counter() - t
+    assert table.size == n
+    after_evicting = _rss_kib()
     s = table.store
     parts = {f"store.{name}": _resident_bytes(col) for name, col in s.cols.items()}
     parts.update({f"store.{k}": int(v) for k, v in getattr(s, "extra_nbytes", dict)().items()})
@@ -345,9 +357,11 @@ def memory_child(n: int, kind: str, iters: int) -> dict:
         lat.append(time.perf_counter() - t)
     return {"bench": "memory", "kind": kind, "items": n,
             "bytes_per_item": round((after - before) * 1024 / n, 1),
+            "bytes_per_item_after_evicting": round((after_evicting - before) * 1024 / n, 1),
             "peak_bytes_per_item": round((_rss_kib("VmHWM") - before) * 1024 / n, 1),
             "parts_bytes_per_item": {k: round(v / n, 2) for k, v in parts.items()},
-            "fill_s": round(fill_s, 2), "sample_256": stats(lat)}
+            "fill_s": round(fill_s, 2), "evicting_fill_s": round(evict_s, 2),
+            "sample_256": stats(lat)}
 
 
 def bench_memory(args, out):
@@ -469,7 +483,8 @@ def main(argv=None) -> int:
                   f"{r['p99_us']:7.1f} us")
         elif r["bench"] == "memory":
             print(f"memory {r['kind']:<11} {r['items']:>9,} items  {r['bytes_per_item']:6.1f} "
-                  f"B/item (peak {r['peak_bytes_per_item']:6.1f}), sample_256 p50 "
+                  f"B/item (peak {r['peak_bytes_per_item']:6.1f}, after evicting "
+                  f"{r['bytes_per_item_after_evicting']:6.1f}), sample_256 p50 "
                   f"{r['sample_256']['p50_us']:6.1f} us   x{r['sample_p50_vs_smallest']:.2f} "
                   f"of the smallest")
         elif r["bench"] == "sample_e2e":
