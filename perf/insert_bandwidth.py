@@ -102,11 +102,17 @@ def start_sampler(address: str, table: str, batch: int, seconds: float) -> subpr
     return proc
 
 
+def sample_batch_for(size: int) -> int:
+    """The concurrent learner's batch for items of `size` bytes, as the
+    workloads sample them: W1 32 x 110 KB, W2 8 x 3 MB, W3 4 x 10 MB."""
+    return 32 if size < MiB else max(4, (24 * MiB) // size)
+
+
 def run_mode(ds, client, tls: str, size: int, mode: str, args, pids: dict) -> dict:
     table = f"ins_{tls.replace(',', '_')}_{size}_{mode}"
-    # Every table of the run shares the arena: each gets an equal part of half
-    # of it (the rest: slots of batches in flight, not yet evicted for).
-    share = int(args.arena * 0.5) // (len(args.sizes) * len(args.modes))
+    # The tables of one size share the arena (a cluster per size): each gets
+    # an equal part of half of it (the rest: slots of batches in flight).
+    share = int(args.arena * 0.5) // len(args.modes)
     capacity = max(8, share // (size + 64))
     client.create_table(table, capacity, ((size,), np.uint8), sampler=ds.Uniform(),
                         remover=ds.Fifo())
@@ -125,7 +131,8 @@ def run_mode(ds, client, tls: str, size: int, mode: str, args, pids: dict) -> di
     writer.flush()
     sampler = None
     if mode == "concurrent":
-        sampler = start_sampler(client.address, table, args.sample_batch, args.seconds)
+        sampler = start_sampler(client.address, table,
+                                args.sample_batch or sample_batch_for(size), args.seconds)
         sampler.stdin.write("go\n")
         sampler.stdin.flush()
     n = 0
@@ -192,11 +199,14 @@ def run_tls(args, tls: str, out) -> list[dict]:
     os.environ["DISTORE_LOCAL_MAP"] = "1" if args.local_map else "0"
     rows = []
     env = {"UCX_TLS": tls, "UCX_LOG_LEVEL": "error"}
-    with ds.LocalCluster(nodes=1, arena_bytes=args.arena, env=env, log_level="WARNING") as c:
-        client = ds.connect(c.address)
-        pids = {"control": c.control.pid, "node": c.nodes[0].pid}
-        try:
-            for size in args.sizes:
+    for size in args.sizes:
+        # A fresh cluster per item size: the tables of one size share its
+        # arena (those of every size at once overfill it with 10 MB items).
+        with ds.LocalCluster(nodes=1, arena_bytes=args.arena, env=env,
+                             log_level="WARNING") as c:
+            client = ds.connect(c.address)
+            pids = {"control": c.control.pid, "node": c.nodes[0].pid}
+            try:
                 pt, why = measure_perftest(tls, size, args.batch, args.batch * 200,
                                            args.batch * 20, args.perftest_timeout)
                 if why:
@@ -208,8 +218,8 @@ def run_tls(args, tls: str, out) -> list[dict]:
                     row["ratio_vs_perftest"] = row["gbps"] / pt["gbps"] if pt else None
                     rows.append(row)
                     out.write(row)
-        finally:
-            client.close()
+            finally:
+                client.close()
     return rows
 
 
@@ -233,8 +243,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--modes", default="one,batched",
                    help="comma-separated: one, batched, concurrent (default one,batched)")
     p.add_argument("--batch", type=int, default=32, help="items per call in batched mode")
-    p.add_argument("--sample-batch", type=int, default=32,
-                   help="items per sample() of the concurrent mode's learner")
+    p.add_argument("--sample-batch", type=int, default=None,
+                   help="items per sample() of the concurrent mode's learner (default: "
+                        "the workloads' batches: 32 below 1 MB, else about 24 MiB, at least 4)")
     p.add_argument("--no-local-map", dest="local_map", action="store_false",
                    help="same-host nodes read writers with process_vm_readv, not a mapping")
     p.add_argument("--seconds", type=float, default=2.0, help="timed seconds per run")

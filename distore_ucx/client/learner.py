@@ -57,6 +57,10 @@ MAX_RESAMPLES = 20
 # most by default, and whatever the caller asks.
 SAMPLE_AHEAD_ITEMS = 128
 MAX_SAMPLE_AHEAD_ITEMS = 4096
+# ... and at most this many bytes of items by default: a request's items stay
+# leased until its last batch is read, and an item evicted while leased keeps
+# its slot until then (10 MB items, batches of 4: 6 batches ahead, not 8).
+SAMPLE_AHEAD_BYTES = 256 << 20
 # A learner samples ahead only while sample() is called back to back: gaps
 # between one batch read and the next call shorter than this, twice running.
 # A training step between samples is longer; then a request asks one batch,
@@ -98,8 +102,10 @@ class Batch:
         return len(self.keys)
 
 
-def _sample_ahead(asked: int | None, batch_size: int, consuming: bool) -> int:
-    """Batches per control-plane request (see Learner's `sample_ahead`)."""
+def _sample_ahead(asked: int | None, batch_size: int, consuming: bool,
+                  item_bytes: int = 0) -> int:
+    """Batches per control-plane request (see Learner's `sample_ahead`);
+    `item_bytes` bounds the default by SAMPLE_AHEAD_BYTES."""
     if consuming:
         if asked not in (None, 1):
             raise ConfigError(
@@ -115,7 +121,8 @@ def _sample_ahead(asked: int | None, batch_size: int, consuming: bool) -> int:
                 raise ConfigError(f"DISTORE_SAMPLE_AHEAD={env!r} is not a whole number of "
                                   "batches; set it to 1 (no sampling ahead) or more") from None
         else:
-            return max(1, min(8, SAMPLE_AHEAD_ITEMS // batch_size))
+            by_bytes = SAMPLE_AHEAD_BYTES // max(1, batch_size * item_bytes)
+            return max(1, min(8, SAMPLE_AHEAD_ITEMS // batch_size, by_bytes))
     if asked < 1 or asked * batch_size > MAX_SAMPLE_AHEAD_ITEMS:
         raise ConfigError(
             f"sample_ahead={asked} with batch_size={batch_size}: it must be at least 1 and ask "
@@ -149,7 +156,7 @@ class Learner:
     UCX (`learner.paths` says which node is read how); `copy_threads`:
     threads that copy large same-host batches (default: up to 4, at least 2);
     `sample_ahead`: batches the learner asks the control plane for in one
-    request (default: as many as fit in 128 items, at most 8; 1 for tables
+    request (default: as many as fit in 128 items and 256 MiB, at most 8; 1 for tables
     whose sampling uses items up; `DISTORE_SAMPLE_AHEAD` overrides the
     default). Each request costs both processes a socket round trip; asking
     for 4 batches of 32 at once cuts that cost 4-fold. It applies only while
@@ -204,7 +211,8 @@ class Learner:
         self._consuming = (
             info["max_times_sampled"] > 0 or info["rate_limiter"]["kind"] != "min_size"
         )
-        self.sample_ahead = _sample_ahead(sample_ahead, batch_size, self._consuming)
+        self.sample_ahead = _sample_ahead(sample_ahead, batch_size, self._consuming,
+                                          self.spec.slot_size)
         self.priority_updates_missing = 0
         self._slot = self.spec.slot_size
         self._read = SLOT_HEADER + self.spec.item_bytes
