@@ -30,8 +30,8 @@ SelectorKind selector_kind(int index);
 
 // One selection policy over the table's items. Ids are below 2^32 - 1.
 // Memory an item: uniform 8 bytes (dense list + position), prioritized
-// about 16 (sum tree) + 1 bit (membership), fifo/lifo 8-12 (queue with holes +
-// position), heaps 8 (id + position).
+// about 16 (sum tree) + 1 bit (membership), fifo/lifo under 11 (queue of under
+// 1.75x the live ids + position), heaps 8 (id + position).
 class Selector {
  public:
   // `priority` and `seq1` (sequence + 1) are the table core's columns, read

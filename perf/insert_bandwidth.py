@@ -252,7 +252,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--min-bytes", type=int, default=64 * MiB, help="at least this much per run")
     p.add_argument("--arena", type=int, default=1 << 30,
                    help="storage arena bytes (every slot is written once before timing)")
-    p.add_argument("--batch-bytes", type=int, default=4 * MiB, help="writer batch_bytes")
+    p.add_argument("--batch-bytes", type=int, default=8 * MiB,
+                   help="writer batch_bytes (default 8 MiB, the writer's)")
     p.add_argument("--in-flight", type=int, default=4,
                    help="writer max_in_flight (default 4, the writer's)")
     p.add_argument("--perftest-timeout", type=float, default=120.0)

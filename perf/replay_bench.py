@@ -52,8 +52,8 @@ from common import JsonLines, apply_ucx_env, cpu_seconds, fmt, log
 HERE = os.path.dirname(os.path.abspath(__file__))
 DEFAULT_FILE = os.path.join(HERE, "workloads.toml")
 GiB, MiB = 1 << 30, 1 << 20
-PREFILL_CHUNK_BYTES = 4 * MiB
-# The writer sends messages of at most 1024 items and 4 MiB and places them round
+PREFILL_CHUNK_BYTES = 8 * MiB
+# The writer sends messages of at most 1024 items and 8 MiB (its batch_bytes) and places them round
 # robin over the nodes; chunks of exactly one message keep the nodes evenly filled
 # (chunks of 1398 would go out as 1024 + 374, always the 1024 to the same node).
 WRITER_MAX_ITEMS = 1024
@@ -100,9 +100,9 @@ def plan(w: dict, memory: int, nodes: int) -> dict:
     """Capacity scaled to the memory budget, and the arena each node needs for it."""
     slot = slot_bytes(w["item_bytes"])
     capacity = max(w["batch_size"], min(int(w["capacity"]), memory // slot))
-    # Slack: writes go round robin in messages of up to 4 MiB, so nodes differ by a
+    # Slack: writes go round robin in messages of up to 8 MiB, so nodes differ by a
     # few messages; evicted slots under lease (the learner's ring) are not reused yet.
-    slack = 4 * max(4 * MiB, slot) + 4 * w["batch_size"] * slot
+    slack = 4 * max(8 * MiB, slot) + 4 * w["batch_size"] * slot
     arena = math.ceil(capacity * slot / nodes) + slack
     return {"capacity": capacity, "slot": slot, "arena": arena}
 

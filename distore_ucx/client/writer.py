@@ -2,7 +2,8 @@
 
 `insert` packs items by the table's spec straight into a staging buffer
 (one copy from the caller's arrays) and returns their keys at once. A full
-buffer (or `flush`) becomes a batch: the writer sends its storage node a
+buffer, one whose first item is older than `max_delay` (sent at the next
+`insert`), or `flush` makes a batch: the writer sends its storage node a
 small descriptor over the control connection (keys, priorities, the
 buffer's remote key, address and item offsets) and the node reads the items
 one-sided, straight into its arena slots (storage/pulls.py), then
@@ -96,6 +97,7 @@ class _Batch:
     keys: np.ndarray = None  # uint64[capacity], the first n in use
     priorities: np.ndarray = None  # float64[capacity]
     sent: float = 0.0  # perf_counter when sent (metrics: time to acknowledgement)
+    opened: float = 0.0  # time.monotonic() when its first item came (max_delay)
 
     def __post_init__(self):
         self.keys = np.empty(self.capacity, np.uint64)
@@ -133,11 +135,12 @@ class Writer:
     def __init__(
         self,
         client,
-        batch_bytes: int = 4 << 20,
+        batch_bytes: int = 8 << 20,
         max_items: int = 1024,
         max_in_flight: int = 4,
         timeout: float = 60.0,
         local_map: bool | None = None,
+        max_delay: float | None = 0.1,
     ):
         """`timeout`: how long a batch may wait for a rate limiter (or a node)
         before failing with RateLimiterTimeout (or Timeout); staging memory is
@@ -145,13 +148,20 @@ class Writer:
         `local_map` (default True, `DISTORE_LOCAL_MAP=0` turns it off): hand
         same-host nodes the staging buffers' sealed memfds, so that they copy
         batches with plain loads (otherwise they read this process's memory
-        with process_vm_readv)."""
+        with process_vm_readv). `max_delay` (seconds, default 0.1; None: never):
+        a batch whose first item is older than this is sent at the next
+        `insert`, full or not, so that a slow actor's items do not wait for
+        `batch_bytes` of them (`flush` sends at once)."""
         if batch_bytes < 1 or max_items < 1 or max_in_flight < 1:
             raise ConfigError("batch_bytes, max_items and max_in_flight must be positive")
+        if max_delay is not None and not 0 <= max_delay < math.inf:
+            raise ConfigError(f"max_delay must be a number of seconds >= 0 (or None), "
+                              f"got {max_delay!r}")
         self._client = client
         self.batch_bytes = batch_bytes
         self.max_items = max_items
         self.max_in_flight = max_in_flight
+        self.max_delay = math.inf if max_delay is None else float(max_delay)
         self.timeout = timeout
         reply = client.call("register_writer")
         self.writer_id = reply["writer_id"]
@@ -215,7 +225,8 @@ class Writer:
                 batch.priorities[batch.n : batch.n + k] = prio[done : done + k]
                 batch.n += k
                 done += k
-                if batch.n == batch.capacity:
+                if (batch.n == batch.capacity
+                        or time.monotonic() - batch.opened > self.max_delay):
                     self._send(self._open.pop(table), set())
         except _Failed as failed:
             failed.raise_with(keys[done:])
@@ -261,7 +272,7 @@ class Writer:
             batch.keys[batch.n] = key
             batch.priorities[batch.n] = priority
             batch.n += 1
-            if batch.n == batch.capacity:
+            if batch.n == batch.capacity or time.monotonic() - batch.opened > self.max_delay:
                 self._send(self._open.pop(table), set())
         except _Failed as failed:
             failed.raise_with(None)
@@ -309,7 +320,7 @@ class Writer:
         buf = self._buffer()
         buf.grow(spec.item_bytes)
         capacity = min(self.max_items, max(1, min(self.batch_bytes, buf.size) // spec.item_bytes))
-        batch = _Batch(table, spec, buf, capacity)
+        batch = _Batch(table, spec, buf, capacity, opened=time.monotonic())
         self._open[table] = batch
         return batch
 

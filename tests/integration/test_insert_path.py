@@ -147,6 +147,34 @@ def test_an_item_larger_than_batch_bytes_grows_its_buffer(client, tls):
         assert np.array_equal(row, data[int(np.flatnonzero(keys == key)[0])])
 
 
+@pytest.mark.parametrize("tls", ["mapped"], indirect=True)
+def test_a_slow_writers_items_are_sent_after_max_delay_not_when_the_batch_fills(client, tls):
+    # One item every 20 ms would take minutes to fill a batch: with max_delay
+    # the batch goes at the first insert after 0.1 s, without flush().
+    client.create_table("slow", capacity=100, spec=((ITEM,), "uint8"))
+    client.create_table("held", capacity=100, spec=((ITEM,), "uint8"))
+    slow = client.writer(max_delay=0.1)
+    held = client.writer(max_delay=None)
+    t0 = time.monotonic()
+    for row in items(np.arange(12)):
+        slow.insert("slow", row)
+        held.insert("held", row)
+        time.sleep(0.02)
+    assert time.monotonic() - t0 > 0.2
+    wait_for(lambda: client.table_info("slow")["size"] >= 5,
+             "a batch older than max_delay was not sent at the next insert")
+    time.sleep(0.3)
+    assert client.table_info("held")["size"] == 0  # waits for a full batch or flush()
+    held.flush()
+    assert client.table_info("held")["size"] == 12
+    slow.flush()
+    assert client.table_info("slow")["size"] == 12
+    with pytest.raises(ds.ConfigError, match="max_delay"):
+        client.writer(max_delay=-1)
+    slow.close()
+    held.close()
+
+
 WRITER = textwrap.dedent("""
     import numpy as np, distore_ucx as ds
     ITEM = {item}
