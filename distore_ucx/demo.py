@@ -54,8 +54,7 @@ def _writer(address: str, rate: float, stop, counter, errors) -> None:
                         stop.wait(ahead)
                         continue
                 # Keys are assigned by the writer at insert; embed the same ones.
-                base = writer._key_base + np.uint64(writer._seq)
-                keys = base + np.arange(WRITE_BATCH, dtype=np.uint64)
+                keys = writer.next_keys(WRITE_BATCH)
                 got = writer.insert(TABLE, make_items(keys, pattern))
                 if not np.array_equal(got, keys):
                     raise RuntimeError("writer key assignment changed under the demo")

@@ -127,7 +127,7 @@ class Soak:
                         continue
                     n = min(due - done, int(a.insert_rate) + 1)  # at most a second's worth
                     for _ in range(n):
-                        key = w._key_base + np.uint64(w._seq)
+                        key = w.next_keys(1)[0]
                         w.insert(self.table, {"payload": make_payload([key], a.item_bytes)[0],
                                               "key": key}, priority=1.0)
                     t0 = time.perf_counter()

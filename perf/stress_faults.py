@@ -120,15 +120,13 @@ def main(argv=None) -> int:
         admin.create_table("t", capacity=4000, spec=SPEC)
         with admin.writer(max_items=100) as w:
             for _ in range(40):
-                w.insert(
-                    "t", make(w._key_base + np.uint64(w._seq) + np.arange(100, dtype=np.uint64))
-                )
+                w.insert("t", make(w.next_keys(100)))
 
         def writer():
             try:
                 with ds.connect(cluster.address) as c, c.writer(max_items=50) as w:
                     while not stop.is_set():
-                        keys = w._key_base + np.uint64(w._seq) + np.arange(50, dtype=np.uint64)
+                        keys = w.next_keys(50)
                         try:
                             w.insert("t", make(keys))
                             w.flush()

@@ -191,6 +191,19 @@ class Writer:
         metrics.track("writer", self)
         self._closed = False
 
+    def next_keys(self, n: int = 1) -> np.ndarray:
+        """The keys the next `n` items this writer inserts will get (uint64), so
+        that items can carry their own key (for checks end to end). Keys are
+        given in insertion order and never reused; another `insert` first
+        changes them.
+
+        >>> keys = writer.next_keys(4)
+        >>> assert (writer.insert("replay", make_items(keys)) == keys).all()
+        """
+        if n < 0:
+            raise ValueError(f"next_keys: n must be >= 0, got {n}")
+        return self._key_base + np.uint64(self._seq) + np.arange(n, dtype=np.uint64)
+
     @property
     def paths(self) -> dict[int, str]:
         """How each storage node read this writer's batches, by node id

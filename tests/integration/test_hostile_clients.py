@@ -39,7 +39,7 @@ def wrong(batch) -> int:
 
 
 def insert(writer, table: str, n: int) -> None:
-    keys = writer._key_base + np.uint64(writer._seq) + np.arange(n, dtype=np.uint64)
+    keys = writer.next_keys(n)
     assert np.array_equal(writer.insert(table, make(keys)), keys)
 
 

@@ -147,6 +147,19 @@ def test_an_item_larger_than_batch_bytes_grows_its_buffer(client, tls):
         assert np.array_equal(row, data[int(np.flatnonzero(keys == key)[0])])
 
 
+@pytest.mark.parametrize("tls", ["tcp"], indirect=True)
+def test_next_keys_are_the_keys_the_next_inserts_get(client, tls):
+    client.create_table("k", capacity=100, spec=((ITEM,), "uint8"))
+    with client.writer() as writer:
+        ahead = writer.next_keys(5)
+        assert len(writer.next_keys(0)) == 0 and ahead.dtype == np.uint64
+        assert np.array_equal(writer.insert("k", items(np.arange(3))), ahead[:3])
+        assert writer.insert("k", items([3])[0])[0] == ahead[3]
+        assert np.array_equal(writer.next_keys(1), ahead[4:])
+        with pytest.raises(ValueError, match="n must be >= 0"):
+            writer.next_keys(-1)
+
+
 @pytest.mark.parametrize("tls", ["mapped"], indirect=True)
 def test_a_slow_writers_items_are_sent_after_max_delay_not_when_the_batch_fills(client, tls):
     # One item every 20 ms would take minutes to fill a batch: with max_delay

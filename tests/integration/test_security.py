@@ -32,7 +32,7 @@ def make(keys: np.ndarray) -> dict:
 
 def insert(writer, table: str, n: int) -> np.ndarray:
     """Insert n items whose payload embeds the key the writer gives them."""
-    keys = writer._key_base + np.uint64(writer._seq) + np.arange(n, dtype=np.uint64)
+    keys = writer.next_keys(n)
     got = writer.insert(table, make(keys))
     assert np.array_equal(got, keys)
     return keys
