@@ -15,8 +15,9 @@
 //
 // Memory: 4 bytes an entry of the queue, which holds under 1.75x the live
 // ids (the free entries are squeezed out once they are a quarter of them),
-// plus 4 bytes a position per id: under 11 bytes an item. Ownership: owns its storage; reads the sequence column it was
-// given (owned by the table core, which outlives it). Thread safety: none.
+// plus 4 bytes a position per id: under 11 bytes an item.
+// Ownership: owns its storage; reads the sequence column it was given
+// (owned by the table core, which outlives it). Thread safety: none.
 #pragma once
 
 #include <algorithm>

@@ -38,10 +38,11 @@ memory (--only memory; not in the default run)
     batches of 4096 (as the server does), and reports the RSS it grew by
     per item (and the peak); then inserts as many again into the full
     table (each insert evicts the oldest item, a running buffer's steady
-    state) and reports the RSS growth per item once more. Split by structure: numpy columns of the
-    ItemStore, and the native TableCore's own count of its vectors. Then
-    `Table.sample(256)`, the reply's locations and `unlease`: p50/p99 (the
-    server's sample path, without the network).
+    state) and reports the RSS growth per item once more. Split by
+    structure: numpy columns of the ItemStore, and the native TableCore's
+    own count of its vectors. Then `Table.sample(256)`, the reply's
+    locations and `unlease`: p50/p99 (the server's sample path, without
+    the network).
     Baseline: the same p50 at the smallest size, in the same run.
 sample_e2e (--only sample_e2e; not in the default run)
     What a learner sees: `learner.sample()` of batch 256 (prefetch off: one

@@ -52,9 +52,10 @@ from common import JsonLines, apply_ucx_env, cpu_seconds, fmt, log
 HERE = os.path.dirname(os.path.abspath(__file__))
 DEFAULT_FILE = os.path.join(HERE, "workloads.toml")
 GiB, MiB = 1 << 30, 1 << 20
-PREFILL_CHUNK_BYTES = 8 * MiB
-# The writer sends messages of at most 1024 items and 8 MiB (its batch_bytes) and places them round
-# robin over the nodes; chunks of exactly one message keep the nodes evenly filled
+WRITER_BATCH_BYTES = 8 * MiB  # the writer's default batch_bytes
+PREFILL_CHUNK_BYTES = WRITER_BATCH_BYTES
+# The writer sends messages of at most 1024 items and WRITER_BATCH_BYTES and places them
+# round robin over the nodes; chunks of exactly one message keep the nodes evenly filled
 # (chunks of 1398 would go out as 1024 + 374, always the 1024 to the same node).
 WRITER_MAX_ITEMS = 1024
 PACE_SLICE_S = 0.05  # a paced writer sends what 50 ms of its rate asks for at once
@@ -100,9 +101,9 @@ def plan(w: dict, memory: int, nodes: int) -> dict:
     """Capacity scaled to the memory budget, and the arena each node needs for it."""
     slot = slot_bytes(w["item_bytes"])
     capacity = max(w["batch_size"], min(int(w["capacity"]), memory // slot))
-    # Slack: writes go round robin in messages of up to 8 MiB, so nodes differ by a
+    # Slack: writes go round robin in messages of up to WRITER_BATCH_BYTES, so nodes differ by a
     # few messages; evicted slots under lease (the learner's ring) are not reused yet.
-    slack = 4 * max(8 * MiB, slot) + 4 * w["batch_size"] * slot
+    slack = 4 * max(WRITER_BATCH_BYTES, slot) + 4 * w["batch_size"] * slot
     arena = math.ceil(capacity * slot / nodes) + slack
     return {"capacity": capacity, "slot": slot, "arena": arena}
 

@@ -103,9 +103,9 @@ class Batch:
 
 
 def _sample_ahead(asked: int | None, batch_size: int, consuming: bool,
-                  item_bytes: int = 0) -> int:
+                  slot_bytes: int = 0) -> int:
     """Batches per control-plane request (see Learner's `sample_ahead`);
-    `item_bytes` bounds the default by SAMPLE_AHEAD_BYTES."""
+    `slot_bytes` (an item's slot) bounds the default by SAMPLE_AHEAD_BYTES."""
     if consuming:
         if asked not in (None, 1):
             raise ConfigError(
@@ -121,7 +121,7 @@ def _sample_ahead(asked: int | None, batch_size: int, consuming: bool,
                 raise ConfigError(f"DISTORE_SAMPLE_AHEAD={env!r} is not a whole number of "
                                   "batches; set it to 1 (no sampling ahead) or more") from None
         else:
-            by_bytes = SAMPLE_AHEAD_BYTES // max(1, batch_size * item_bytes)
+            by_bytes = SAMPLE_AHEAD_BYTES // max(1, batch_size * slot_bytes)
             return max(1, min(8, SAMPLE_AHEAD_ITEMS // batch_size, by_bytes))
     if asked < 1 or asked * batch_size > MAX_SAMPLE_AHEAD_ITEMS:
         raise ConfigError(
@@ -156,8 +156,8 @@ class Learner:
     UCX (`learner.paths` says which node is read how); `copy_threads`:
     threads that copy large same-host batches (default: up to 4, at least 2);
     `sample_ahead`: batches the learner asks the control plane for in one
-    request (default: as many as fit in 128 items and 256 MiB, at most 8; 1 for tables
-    whose sampling uses items up; `DISTORE_SAMPLE_AHEAD` overrides the
+    request (default: as many as fit in 128 items and 256 MiB, at most 8; 1
+    for tables whose sampling uses items up; `DISTORE_SAMPLE_AHEAD` overrides the
     default). Each request costs both processes a socket round trip; asking
     for 4 batches of 32 at once cuts that cost 4-fold. It applies only while
     `sample()` is called back to back (under 1 ms between a batch and the

@@ -97,7 +97,7 @@ class _Batch:
     keys: np.ndarray = None  # uint64[capacity], the first n in use
     priorities: np.ndarray = None  # float64[capacity]
     sent: float = 0.0  # perf_counter when sent (metrics: time to acknowledgement)
-    opened: float = 0.0  # time.monotonic() when its first item came (max_delay)
+    send_by: float = math.inf  # time.monotonic() past which it goes at the next insert
 
     def __post_init__(self):
         self.keys = np.empty(self.capacity, np.uint64)
@@ -238,8 +238,7 @@ class Writer:
                 batch.priorities[batch.n : batch.n + k] = prio[done : done + k]
                 batch.n += k
                 done += k
-                if (batch.n == batch.capacity
-                        or time.monotonic() - batch.opened > self.max_delay):
+                if batch.n == batch.capacity or time.monotonic() > batch.send_by:
                     self._send(self._open.pop(table), set())
         except _Failed as failed:
             failed.raise_with(keys[done:])
@@ -285,7 +284,7 @@ class Writer:
             batch.keys[batch.n] = key
             batch.priorities[batch.n] = priority
             batch.n += 1
-            if batch.n == batch.capacity or time.monotonic() - batch.opened > self.max_delay:
+            if batch.n == batch.capacity or time.monotonic() > batch.send_by:
                 self._send(self._open.pop(table), set())
         except _Failed as failed:
             failed.raise_with(None)
@@ -333,7 +332,7 @@ class Writer:
         buf = self._buffer()
         buf.grow(spec.item_bytes)
         capacity = min(self.max_items, max(1, min(self.batch_bytes, buf.size) // spec.item_bytes))
-        batch = _Batch(table, spec, buf, capacity, opened=time.monotonic())
+        batch = _Batch(table, spec, buf, capacity, send_by=time.monotonic() + self.max_delay)
         self._open[table] = batch
         return batch
 
