@@ -383,7 +383,17 @@ class StorageNode:
     async def _heartbeat(self, interval: float) -> None:
         while True:
             self.control.push("heartbeat", node_id=self.node_id, used_bytes=self.arena.used_bytes)
+            if getattr(self, "_pull_thread", None) is not None:
+                # Writers' connection set-ups and closes that arrived between
+                # pulls, handled on the thread that owns the reader worker.
+                self._pull_thread.submit(self._progress_reader)
             await asyncio.sleep(interval)
+
+    def _progress_reader(self) -> None:
+        try:
+            self.runtime.progress_reader()
+        except Exception as exc:  # the next pull reports a broken endpoint itself
+            log.debug("node %s: progressing the reader worker: %s", self.name, exc)
 
     async def _on_push(self, op: str, fields: dict) -> None:
         if op == "free":

@@ -164,13 +164,14 @@ class Sources:
                 "pid namespace), or allow a transport with failure handling (e.g. tcp)"
             )
         address = f["worker_address"]
-        ep = self.runtime.endpoint(address, name, detect_failures=True)
+        # On the reader worker: only the node's pull thread progresses it.
+        ep = self.runtime.endpoint(address, name, detect_failures=True, reader=True)
         rkey = _native.RemoteKey(ep, f["rkey"], base, size, name)
         if address not in peer.state["worker_addresses"]:
             peer.state["worker_addresses"].add(address)
             self._users[address] = self._users.get(address, 0) + 1
         return Source(name, f"ucx (UCX_TLS={self.runtime.transports})", base, size,
-                      worker=self.runtime.worker, rkey=rkey)
+                      worker=self.runtime.reader_worker, rkey=rkey)
 
 
 def _owns_connection(pid: int, peer) -> bool:
