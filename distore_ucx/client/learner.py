@@ -560,7 +560,7 @@ class Learner:
         if u.any():
             k = int(u.sum())
             got = _native.gather(
-                self._runtime.worker, peers.rkeys, index[u].astype(np.uint32),
+                self._runtime.reader_worker, peers.rkeys, index[u].astype(np.uint32),
                 peers.base_lut[nodes[u]] + items["offset"][u], self._lengths[:k], dest,
                 dest_rows[u], self.transfer_timeout,
             )

@@ -102,7 +102,11 @@ class Peer:
             # Without shared-memory transports nothing is gained by giving up
             # peer-failure handling: keep it (a dead peer then fails reads).
             shm = same_host and runtime.shared_memory
-            ep = runtime.endpoint(self.worker_address, self.name, detect_failures=not shm)
+            # On the reader worker: learners' gathers progress it themselves
+            # (over TCP, 30% more W1 bandwidth than sharing the worker whose
+            # progress thread wakes on the same sockets; docs/performance.md).
+            ep = runtime.endpoint(self.worker_address, self.name, detect_failures=not shm,
+                                  reader=True)
             self.rkey = _native.RemoteKey(
                 ep, desc["rkey"], desc["arena_base"], desc["arena_size"], self.name
             )
