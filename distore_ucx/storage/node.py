@@ -383,10 +383,12 @@ class StorageNode:
     async def _heartbeat(self, interval: float) -> None:
         while True:
             self.control.push("heartbeat", node_id=self.node_id, used_bytes=self.arena.used_bytes)
-            if getattr(self, "_pull_thread", None) is not None:
+            tick = getattr(self, "_reader_tick", None)
+            if getattr(self, "_pull_thread", None) is not None and (tick is None or tick.done()):
                 # Writers' connection set-ups and closes that arrived between
-                # pulls, handled on the thread that owns the reader worker.
-                self._pull_thread.submit(self._progress_reader)
+                # pulls, handled on the thread that owns the reader worker
+                # (one at a time: none piles up behind a pull that waits).
+                self._reader_tick = self._pull_thread.submit(self._progress_reader)
             await asyncio.sleep(interval)
 
     def _progress_reader(self) -> None:

@@ -15,7 +15,7 @@ nodes it does not map). Over TCP, where every get is emulated with
 messages, sharing the first worker meant two threads taking its lock and
 waking on its sockets for each batch. Measured (docs/performance.md): a
 node pulling 110 KB-10 MB items spent 0.7-1.2 CPU s/GB, 0.44-0.53 with the
-reader worker, and inserted 25-60% faster; a learner's W1 sample path rose
+reader worker, and inserted 20-60% faster; a learner's W1 sample path rose
 from 1.3-1.4 to 1.8 GB/s, its p99 from 6.8 to 2.6 ms. `progress_reader()`
 handles whatever peers sent while nobody read (a node calls it from its
 pull thread between batches).
@@ -145,8 +145,8 @@ class UcxRuntime:
         shared-memory transports, which cannot detect failures: for a peer
         on the same host pass False (and check its process yourself, see
         `ProcessWatch`) to read through shared memory (CMA). `reader`: the
-        endpoint is on `reader_worker`, for reads made by the one thread
-        that progresses it.
+        endpoint is on `reader_worker`, for reads made by the threads that
+        progress it.
         """
         worker = self.reader_worker if reader else self.worker
         with self._lock:
