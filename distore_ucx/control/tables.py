@@ -115,6 +115,11 @@ class Table:
         self.deletes = 0
         self.stats = TableStats()  # read by the metrics collector at scrape time
         self.pending: Pending | None = None  # a restore from a checkpoint in progress
+        # Set once any item of this table has been on a disk tier (demoted or
+        # restored cold); never cleared. Its samples then ask one batch per
+        # request: nodes' staging areas are sized for a batch or two of cold
+        # items per learner (control/server.py op_sample).
+        self.may_hold_cold = False
 
     @classmethod
     def make(cls, name: str, capacity: int, spec, sampler: Selector | None = None,

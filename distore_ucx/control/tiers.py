@@ -163,6 +163,8 @@ def apply_moves(table, node_id: int, keys, old_offsets, old_generations, new_off
     moved = recs[taken]
     s.offset[moved] = np.asarray(new_offsets, np.uint64)[taken]
     s.generation[moved] = np.asarray(new_generations, np.uint64)[taken]
+    if (s.offset[moved] >= COLD).any():
+        table.may_hold_cold = True
     return taken
 
 

@@ -90,6 +90,35 @@ def test_a_table_four_times_the_arenas_fills_samples_and_evicts(make_cluster, tm
     client.close()
 
 
+@pytest.mark.parametrize("tls", ["mapped"], indirect=True)
+def test_a_table_that_never_left_dram_samples_ahead_beside_a_cold_one(make_cluster, tmp_path,
+                                                                      tls):
+    # Disk tiers on every node, but only a table that has had items on disk
+    # is held to one batch per request (staging areas are sized for that);
+    # a hot table samples ahead as on nodes without tiers.
+    cluster = tier_cluster(make_cluster, tmp_path)
+    client = ds.connect(cluster.address)
+    key_to_idx: dict = {}
+    client.create_table("hot", capacity=40, spec=SPEC)
+    insert(client, "hot", 0, 40, key_to_idx)
+    client.create_table("cold", capacity=400, spec=SPEC)
+    insert(client, "cold", 1000, 400, key_to_idx, max_in_flight=1)
+    assert client.table_info("hot")["cold"] == 0 and client.table_info("cold")["cold"] > 0
+    for name in ("hot", "cold"):
+        learner = client.learner(name, batch_size=4, sample_ahead=4)
+        for i in range(40):  # back to back (ahead only then); every 8th checked
+            batch = learner.sample()
+            if i % 8 == 7:
+                check(batch, key_to_idx)
+        asked = client.table_info(name)["samples"]
+        if name == "hot":  # 4 batches a request once sampling back to back
+            assert learner.requests <= 15 and asked >= 40 * 4
+        else:  # one a request, plus the one asked ahead
+            assert learner.requests >= 40 and asked <= 41 * 4
+        learner.close()
+    client.close()
+
+
 @pytest.mark.parametrize("tls", ["tcp", "mapped"], indirect=True)
 def test_tier_moves_under_concurrent_inserts_and_samples(make_cluster, tmp_path, tls):
     cluster = tier_cluster(make_cluster, tmp_path)
@@ -249,5 +278,11 @@ def test_cold_items_come_back_after_a_control_plane_restore(make_cluster, tmp_pa
     for _ in range(40):
         seen.update(check(learner.sample(timeout=10), key_to_idx).tolist())
     assert len([i for i in seen if i < 200]) > 50  # old (cold) items among them
+    # The restored control plane knows the table holds cold items: one batch
+    # a request however fast it is asked (staging areas are sized for that).
+    asked = client.table_info("t")["samples"]
+    for _ in range(24):
+        learner.sample(timeout=10)
+    assert client.table_info("t")["samples"] - asked <= 25 * 16
     learner.close()
     client.close()
