@@ -34,6 +34,7 @@ stderr. GB/s = 10^9 item bytes per second of wall time.
 from __future__ import annotations
 
 import argparse
+import itertools
 import mmap
 import os
 import shutil
@@ -130,14 +131,13 @@ def cold_run(args, size: int, batch: int, out: JsonLines) -> list[dict]:
         scratch[:] = 0  # touched once, as a learner's ring is
         halves = (scratch[:batch * stride], scratch[batch * stride:])
 
+        turns = itertools.count()
+
         def raw(threads, buffers=1):
             offsets = ALIGN + rng.integers(0, used, batch).astype(np.uint64) * np.uint64(stride)
-            raw.calls += 1
             st = _native.disk_read_raw(fd, offsets, stride, threads,
-                                       halves[raw.calls % buffers])
+                                       halves[next(turns) % buffers])
             assert (st == 0).all(), st
-
-        raw.calls = 0
 
         def ours():
             ours.last = learner.sample()

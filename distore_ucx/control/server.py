@@ -355,8 +355,6 @@ class ControlPlane:
         table, freed, counts = self._restoring.items(self.tables, node_id, f)
         self._free(f["table"], freed)
         if table is not None:
-            if (np.asarray(f["offsets"], np.uint64) >= COLD).any():
-                table.may_hold_cold = True
             self._touch(table)
         return counts
 

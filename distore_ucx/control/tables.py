@@ -17,6 +17,7 @@ import numpy as np
 
 from .. import _tables
 from ..metrics import TableStats
+from ..storage.tier import COLD  # loads no native code
 from ..table_definition import TableDefinition
 from .checkpoint import TableImage
 from .items import FREE, LIVE, RETIRED, ItemStore
@@ -235,6 +236,8 @@ class Table:
         generations = np.asarray(generations, np.uint64)
         priorities = np.ascontiguousarray(priorities, np.float64)
         n = len(keys)
+        if (offsets >= COLD).any():  # items on the node's disk tier come back cold
+            self.may_hold_cold = True
         discard = np.ones(n, dtype=bool)
         discard[np.unique(keys, return_index=True)[1]] = False  # a key once per report
         ids = self.core.lookup(keys)

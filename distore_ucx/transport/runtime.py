@@ -121,6 +121,9 @@ class UcxRuntime:
         lock a progress thread holds and wakes no other thread. It is
         thread safe (UCS_THREAD_MODE_MULTI, as ucxx makes every worker).
         Made on first use."""
+        reader = self._reader  # read on every UCX gather: no lock once made
+        if reader is not None:
+            return reader
         with self._lock:
             if self._closed:
                 raise ConnectionFailed("the UCX runtime is closed")

@@ -55,7 +55,6 @@ def test_a_pull_through_the_reader_worker_lands_whole(pair):
     for i, s in enumerate(slots.astype(np.int64)):
         assert np.array_equal(view[s + 16: s + 16 + ITEM], rows[i])
         assert view[s: s + 16].view(np.uint64).tolist() == [keys[i], gens[i]]
-    del rkey, src
 
 
 def test_dropping_a_peer_closes_its_endpoints_on_both_workers(pair):
