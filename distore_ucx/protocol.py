@@ -91,6 +91,9 @@ MESSAGES: dict[str, tuple[F, ...]] = {
         F("node_id", "int", required=False, lo=1, hi=2**32 - 1),
         # bytes of the node's disk tier (storage/tier.py; absent: none)
         F("disk_size", "int", required=False, lo=0, hi=2**62),
+        # the UCX worker that takes inserts as active messages (absent: the
+        # node reads writers' staging buffers with one-sided gets only)
+        F("insert_address", "bytes", required=False, max_len=1 << 16),
     ),
     "heartbeat": (F("node_id", "int", lo=0, hi=2**32), F("used_bytes", "int", lo=0)),
     # A node shutting down (SIGTERM): its items leave sampling at once.
@@ -197,6 +200,9 @@ MESSAGES: dict[str, tuple[F, ...]] = {
         # same host: the ticket under which the writer handed the node the
         # buffer's sealed memfd (transport/local_map.py); the node copies from it
         F("staging", "bytes", required=False, max_len=16),
+        # the items come as UCX active messages headed by this batch token,
+        # to the node's insert_address (storage/pulls.py), not by a get
+        F("am_token", "int", required=False, lo=1, hi=2**64 - 1),
     ),
     "free": (
         F("table", "str", **_NAME),

@@ -27,4 +27,5 @@ NB_MODULE(_native, m) {
   bind_endpoint(m);
   bind_staging(m);  // staging.cc: same-host writers' sealed staging buffers
   bind_disk(m);     // disk_io.cc: batched slot I/O of the disk tier
+  bind_am(m);       // am_insert.cc: inserts carried by UCX active messages
 }

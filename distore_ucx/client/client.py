@@ -147,12 +147,12 @@ class Client:
         with self._lock:
             if self._runtime is None:
                 from ..transport import UcxRuntime
-                from ..transport.runtime import close_at_exit
+                from ..transport.runtime import close_at_exit, rendezvous_config
 
                 if not _WITH_RUNTIME:
                     close_at_exit(_close_learners_at_exit)
                 _WITH_RUNTIME.add(self)
-                self._runtime = UcxRuntime()
+                self._runtime = UcxRuntime(config=rendezvous_config())
             return self._runtime
 
     def call(self, op: str, **fields: Any) -> dict:

@@ -46,7 +46,8 @@ import numpy as np
 
 from .. import metrics
 from .._native_loader import _native
-from ..errors import ConfigError, ConnectionFailed, RateLimiterTimeout, StorageFull
+from ..errors import ConfigError, ConnectionFailed, RateLimiterTimeout, StorageFull, UcxError
+from ..storage.pulls import AM_INSERT_ID, am_inserts_enabled
 from ..transport import rpc
 from ..transport.local_map import TICKET_BYTES, send_staging
 from ..transport.runtime import host_id
@@ -184,6 +185,7 @@ class Writer:
         self._sent: dict[int, int] = {}  # bytes sent to each node (placement)
         self._paths: dict[int, str] = {}  # how each node reads our buffers (logged once)
         self.local_map = local_map_default() if local_map is None else bool(local_map)
+        self.active_messages = am_inserts_enabled()  # nodes that offer them get items so
         self._handed: dict[tuple[int, str, int], bytes] = {}  # connection -> ticket handed
         self._no_map: dict[int, str] = {}  # nodes that cannot map our buffers, and why
         self.inserted = 0
@@ -360,7 +362,15 @@ class Writer:
                 raise self._settle(exc, batch) from None
             node_id = node["node_id"]
             staging = self._staging(node, batch.buffer)
+            offsets = np.arange(batch.n, dtype=np.uint64) * np.uint64(ib)
+            lengths = np.full(batch.n, ib, np.uint64)
+            extra = {"staging": staging} if staging else {}
             try:
+                # Items as UCX active messages first, the descriptor naming
+                # them second: a message the node never claims goes back to us.
+                token = None if staging else self._send_messages(node, batch, offsets, lengths)
+                if token is not None:
+                    extra["am_token"] = token
                 conn.send(
                     "insert",
                     table=batch.table,
@@ -368,15 +378,15 @@ class Writer:
                     item_bytes=ib,
                     keys=keys,
                     priorities=prios,
-                    offsets=np.arange(batch.n, dtype=np.uint64) * np.uint64(ib),
-                    lengths=np.full(batch.n, ib, np.uint64),
+                    offsets=offsets,
+                    lengths=lengths,
                     rkey=batch.buffer.rkey,
                     base=batch.buffer.base,
                     size=batch.buffer.size,
                     timeout=float(self.timeout),
                     node_id=node_id,
                     **self._me,
-                    **({"staging": staging} if staging else {}),
+                    **extra,
                 )
             except ConnectionFailed as exc:
                 log.warning("storage node %d unreachable (%s); trying another", node_id, exc)
@@ -509,6 +519,27 @@ class Writer:
             return None
         self._handed[key] = buf.ticket
         return buf.ticket
+
+    def _send_messages(self, node: dict, batch: _Batch, offsets: np.ndarray,
+                       lengths: np.ndarray) -> int | None:
+        """Post the batch's items to `node` as UCX active messages (one native
+        call) and return the batch token its descriptor must name; None when
+        the node reads our buffer itself (it offers no insert worker, or it
+        is on this host and reads us through shared memory)."""
+        address = node.get("insert_address")
+        if not address or not self.active_messages:
+            return None
+        if node.get("host_id") == self._me["host_id"] and self._runtime.shared_memory:
+            return None  # the node reads this process's memory (cma)
+        name = f"storage node {node['node_id']} ({node['name']})"
+        ep = self._runtime.endpoint(address, name, detect_failures=False)
+        token = secrets.randbits(64) | 1
+        try:
+            _native.am_send(ep, batch.buffer.region, AM_INSERT_ID, token, offsets, lengths)
+        except UcxError as exc:
+            self._runtime.drop_endpoint(address)
+            raise ConnectionFailed(f"{name}: sending an insert batch failed: {exc}") from exc
+        return token
 
     def _next_node(self, exclude: set[int], buffer: int) -> tuple[dict, rpc.Client]:
         nodes = [n for n in self._nodes if n["node_id"] not in exclude]

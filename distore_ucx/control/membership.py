@@ -37,6 +37,7 @@ class Node:
     page_kind: str = ""
     local_socket: str = ""
     disk_size: int = 0  # bytes of the node's disk tier (0: none)
+    insert_address: bytes = b""  # UCX worker taking inserts as active messages (b"": none)
     peer: Any = field(repr=False, default=None)
     last_seen: float = 0.0
     used_bytes: int = 0
@@ -62,6 +63,8 @@ class Node:
         if with_keys:
             d["worker_address"] = self.worker_address
             d["rkey"] = self.rkey
+            if self.insert_address:
+                d["insert_address"] = self.insert_address
         return d
 
 

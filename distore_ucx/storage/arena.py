@@ -231,6 +231,14 @@ class Arena:
             source.worker, source.rkey, source.pid, source.base, source.size,
             offsets, src_addresses, lengths, keys, generations, timeout)
 
+    def pull_am(self, inbox, token: int, offsets: np.ndarray, keys: np.ndarray,
+                generations: np.ndarray, lengths: np.ndarray, timeout: float) -> np.ndarray:
+        """Receive batch `token`'s items, sent by the writer as UCX active
+        messages (storage/pulls.py), each straight into its allocated slot, in
+        one native call with the GIL released (run it on the thread that
+        progresses the inbox's worker); returns the per-item statuses."""
+        return _native.pull_am(self.region, self.local_region, inbox, token, offsets, lengths,
+                               keys, generations, timeout)
 
     def pull_mapped(self, source, offsets: np.ndarray, keys: np.ndarray,
                     generations: np.ndarray, src_addresses: np.ndarray, lengths: np.ndarray,

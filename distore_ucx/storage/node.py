@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import select
 import signal
 import socket
 import time
@@ -47,14 +48,18 @@ from ..spec import SLOT_HEADER
 from ..transport import UcxRuntime
 from ..transport.local_map import LocalMapServer
 from ..transport.rpc import AsyncClient, parse_address, serve
-from ..transport.runtime import host_id
+from ..transport.runtime import host_id, rendezvous_config
 from .arena import Arena, page_advice, page_size_label
+from .pulls import AM_INSERT_ID
 from .tier import COLD, DiskTier, StagingArea, is_cold, stride_of
 
 log = logging.getLogger(__name__)
 
 RESEND_BATCH = 1 << 16  # items per items_restored message after a re-join
 PULL_TIMEOUT = 30.0  # s for reading one insert batch from a writer
+# Insert messages no descriptor claimed within this long are released.
+AM_MESSAGE_TTL = 2 * PULL_TIMEOUT
+WRITER_CHECK = 0.05  # s between checks that a writer whose batch is pulled is still there
 COPY_HELPERS = 1  # threads besides the copying one for same-host batch copies
 # Same-host batches up to this size are copied on the event loop (~2 ms at
 # most); larger ones on the pull thread, so that the loop is never held long.
@@ -87,6 +92,7 @@ class StorageNode:
         self.tier: DiskTier | None = None  # the disk tier (--disk), storage/tier.py
         self.staging: StagingArea | None = None  # where sampled cold items are read to
         self._slot_sizes: dict[str, int] = {}  # table -> slot size, as inserts said
+        self.am_inbox = None  # writers' inserts by UCX active message (storage/pulls.py)
         self.inserted = 0
         self.stats = metrics.NodeStats()  # read at scrape time (metrics.py)
         self._stop = asyncio.Event()
@@ -110,7 +116,7 @@ class StorageNode:
         # Start-up steps: a bar when run on a terminal, log lines otherwise.
         steps = Progress(f"node {self.name} starting", total=3, unit="steps", logger=log,
                          every=0)
-        with UcxRuntime() as runtime:
+        with UcxRuntime(config=rendezvous_config()) as runtime:
             self.runtime = runtime
             steps.write(f"mapping and registering a {cfg.arena_bytes / 2**30:.1f} GiB arena")
             self.arena = Arena(runtime, cfg.arena_bytes, cfg.hugepages, self.name,
@@ -125,6 +131,7 @@ class StorageNode:
                          "" if self.tier.direct else " (no O_DIRECT there)",
                          self.staging.size)
             _native.allow_remote_reads(self.arena.base, self.arena.size)
+            self._start_am_inbox()
             steps.update(1, note="arena mapped")
             self._token = read_token(cfg.token_file)
             self._start_local_map()
@@ -167,6 +174,8 @@ class StorageNode:
                     if getattr(self, "_disk_thread", None) is not None:
                         self._disk_thread.shutdown(wait=True)
                     self.tier.close()
+                if self.am_inbox is not None:
+                    await self._stop_am_inbox()
                 del self.arena  # unmap before the runtime closes
                 self.arena = None
         log.info("node %s stopped", self.name)
@@ -249,6 +258,8 @@ class StorageNode:
                 **({"local_socket": self.local_map.name} if self.local_map else {}),
                 **({"node_id": former} if former is not None else {}),
                 **({"disk_size": self.tier.size} if self.tier is not None else {}),
+                **({"insert_address": bytes(self.runtime.reader_worker.address)}
+                   if self.am_inbox is not None else {}),
             )
             self.node_id = reply["node_id"]
             self._interval = reply["heartbeat_interval"]
@@ -394,8 +405,60 @@ class StorageNode:
     def _progress_reader(self) -> None:
         try:
             self.runtime.progress_reader()
+            if self.am_inbox is not None:
+                # Messages of batches whose descriptor never came (the writer
+                # died between the two) go back to their senders.
+                expired = self.am_inbox.expire(AM_MESSAGE_TTL)
+                if expired:
+                    log.warning("node %s: released %d insert messages that no descriptor "
+                                "claimed within %g s", self.name, expired, AM_MESSAGE_TTL)
         except Exception as exc:  # the next pull reports a broken endpoint itself
             log.debug("node %s: progressing the reader worker: %s", self.name, exc)
+
+    def _start_am_inbox(self) -> None:
+        """Take writers' inserts as UCX active messages on the reader worker,
+        where UCX emulates RMA in software (storage/pulls.py says why)."""
+        from .pulls import am_inserts
+
+        why_not = am_inserts(self.runtime)
+        if why_not:
+            log.info("node %s: writers' batches are read with one-sided gets (%s)", self.name,
+                     why_not)
+            return
+        self.am_inbox = _native.AmInbox(self.runtime.reader_worker, AM_INSERT_ID)
+        log.info("node %s: writers' batches come as UCX active messages (rendezvous "
+                 "scheme %s), received straight into slots", self.name,
+                 self.runtime.config.get("RNDV_SCHEME") or "UCX's default")
+
+    async def _stop_am_inbox(self) -> None:
+        # Closing it ends a pull under way (its items fail; the writer resends).
+        inbox, self.am_inbox = self.am_inbox, None
+        await asyncio.get_running_loop().run_in_executor(None, inbox.close)
+
+    def _watch_writer(self, peer, token: int | None, k: int):
+        """While batch `token` is pulled: if the writer's connection hangs up
+        (it died), discard the batch, so that the pull ends at once instead
+        of waiting for bytes that will never come (see native/am_insert.h).
+        The insert is answered on the connection's own task, which reads
+        nothing meanwhile: the socket is polled for the hang-up instead."""
+        if not token:
+            return None
+        sock = peer.writer.get_extra_info("socket")
+        if sock is None:
+            return None
+        poller = select.poll()
+        poller.register(sock.fileno(), select.POLLRDHUP | select.POLLHUP | select.POLLERR)
+
+        async def watch():
+            while not poller.poll(0):
+                await asyncio.sleep(WRITER_CHECK)
+            inbox = self.am_inbox
+            if inbox is not None:
+                log.warning("node %s: the writer at %s left with an insert of %d items in "
+                            "flight; its slots are freed", self.name, peer.address, k)
+                inbox.discard(token, k)
+
+        return asyncio.get_running_loop().create_task(watch())
 
     async def _on_push(self, op: str, fields: dict) -> None:
         if op == "free":
@@ -414,7 +477,14 @@ class StorageNode:
 
     async def _handle(self, peer, op: str, f: dict):
         if op == "insert":
-            return await self._insert(peer, f)
+            try:
+                return await self._insert(peer, f)
+            except BaseException:
+                token = f.get("am_token")
+                if token and self.am_inbox is not None:
+                    # The batch's messages, now and when they come, go back.
+                    self.am_inbox.discard(token, len(f["keys"]))
+                raise
         if op == "node_info":
             return {
                 "node_id": self.node_id,
@@ -458,6 +528,10 @@ class StorageNode:
                 f"insert into {f['table']!r}: {k} items of lengths {_lengths(lengths)} for "
                 f"items of {item_bytes} bytes in {slot_size}-byte slots"
             )
+        if f.get("am_token") and self.am_inbox is None:
+            raise InvalidRequest(
+                f"storage node {self.name} does not take inserts as UCX active messages "
+                "(it did not offer an insert_address): is the writer of another version?")
         source = self._sources().get(peer, f)
         if not peer.state.get("watched"):
             peer.state["watched"] = True
@@ -469,7 +543,13 @@ class StorageNode:
         deadline = time.monotonic() + wait
         try:
             gens = self.arena.next_generations(k)
-            await self._pull(source, offsets, keys, gens, f["offsets"], lengths)
+            watch = self._watch_writer(peer, f.get("am_token"), k)
+            try:
+                await self._pull(source, offsets, keys, gens, f["offsets"], lengths,
+                                 f.get("am_token"))
+            finally:
+                if watch is not None:
+                    watch.cancel()
             while True:
                 await self._until_joined(deadline, k)
                 if node_id != self.node_id:  # dropped, then re-joined as another node
@@ -645,7 +725,8 @@ class StorageNode:
             self._disk_thread = ThreadPoolExecutor(2, thread_name_prefix="disk")
         return self._disk_thread
 
-    async def _pull(self, source, offsets, keys, gens, src_offsets, lengths) -> None:
+    async def _pull(self, source, offsets, keys, gens, src_offsets, lengths,
+                    token: int | None = None) -> None:
         """Read the batch into its slots on the pull thread (the event loop
         keeps serving), or here for a mapped batch of at most
         INLINE_COPY_BYTES; raise if any item could not be read."""
@@ -658,7 +739,10 @@ class StorageNode:
             self.arena.pull_mapped(source, offsets, keys, gens, addresses, lengths,
                                    self._copy_pool())
             return
-        if source.mapping is not None:
+        if token:
+            job = loop.run_in_executor(self._puller(), self.arena.pull_am, self.am_inbox, token,
+                                       offsets, keys, gens, lengths, PULL_TIMEOUT)
+        elif source.mapping is not None:
             job = loop.run_in_executor(self._puller(), self.arena.pull_mapped, source, offsets,
                                        keys, gens, addresses, lengths, self._copy_pool())
         else:

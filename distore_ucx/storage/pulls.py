@@ -22,6 +22,19 @@ A `Source` is one staging buffer as the node reads it:
   storage node must outlive any writer. The writer's pid is trusted only
   once it is shown to own the writer's control connection.
 
+- through UCX active messages (`am_inserts`): the writer posts each staged
+  item as a rendezvous message to the node's reader worker, headed by a
+  random batch token that its descriptor names, and the node receives each
+  straight into its slot (`_native.pull_am`). Where UCX emulates RMA in
+  software (TCP), a get is a request message answered with the bytes
+  copied into bounce buffers on both sides; a rendezvous with the
+  `put_zcopy` scheme sends them from the staging buffer and receives them
+  into the slot with no copy of UCX's own. Measured on TCP loopback
+  (docs/performance.md): ucx_perftest's active messages 4.9-7.5 GB/s
+  against its gets' 1.2-1.6. Where UCX has RDMA, the node keeps reading
+  with one-sided gets (nothing is copied there either, and the writer's
+  buffer stays remote-READ only, the node's slots unexposed).
+
 Sources are cached per control connection, keyed by (worker address, remote
 key) or ticket, and dropped with it. Thread safety: used from the node's
 event loop, except `offer`, which the map socket's thread calls (under a
@@ -44,6 +57,7 @@ from ..transport.runtime import host_id
 log = logging.getLogger(__name__)
 
 MAX_SOURCES = 64  # cached staging buffers per writer connection
+AM_INSERT_ID = 0x4453  # the UCX active message id of insert messages ("DS")
 MAX_MAPPED = 4  # of which mapped (a writer uses one buffer per connection)
 MAX_OFFERED = 256  # handed-over buffers not yet claimed by a connection
 
@@ -121,6 +135,14 @@ class Sources:
                     del cache[old]  # unmapped once no pull holds it
             cache.move_to_end(ticket)
             return src
+        if f.get("am_token"):
+            src = cache.get("am")
+            if src is None:
+                src = cache["am"] = Source(
+                    f"writer at {peer.address}" + (f" (pid {f['pid']})" if f.get("pid") else ""),
+                    f"ucx active messages (UCX_TLS={self.runtime.transports})", f["base"],
+                    f["size"])
+            return src
         key = (f["worker_address"], f["rkey"], f["base"], f["size"])
         src = cache.get(key)
         if src is not None:
@@ -172,6 +194,28 @@ class Sources:
             self._users[address] = self._users.get(address, 0) + 1
         return Source(name, f"ucx (UCX_TLS={self.runtime.transports})", base, size,
                       worker=self.runtime.reader_worker, rkey=rkey)
+
+
+def am_inserts(runtime) -> str:
+    """Whether a node on `runtime` takes inserts as UCX active messages:
+    "" if so, else why not. Not where UCX has an RDMA transport: there a
+    one-sided get reads the writer's buffer with no copy, and keeps it
+    remote-READ only (a rendezvous could expose the node's slots to the
+    writer's writes). `DISTORE_AM_INSERTS=0` turns them off."""
+    from ..transport.capabilities import query
+
+    if not am_inserts_enabled():
+        return "DISTORE_AM_INSERTS=0"
+    caps = query(runtime.context)
+    if caps.rdma:
+        return "UCX has an RDMA transport: one-sided gets copy nothing"
+    return ""
+
+
+def am_inserts_enabled() -> bool:
+    """False when `DISTORE_AM_INSERTS=0` (for measuring the get path)."""
+    return os.environ.get("DISTORE_AM_INSERTS", "1").strip().lower() not in ("0", "false", "no",
+                                                                             "off")
 
 
 def _owns_connection(pid: int, peer) -> bool:

@@ -85,6 +85,11 @@ class UcxRuntime:
         log.debug("UCX %s runtime started (tls=%s)", _native.ucx_version(), self.transports)
 
     @property
+    def config(self) -> dict[str, str]:
+        """The UCX options this runtime set over the environment (no UCX_ prefix)."""
+        return dict(self._config)
+
+    @property
     def transports(self) -> str:
         """The transports UCX was allowed to use (UCX_TLS), 'all' when unset."""
         return self._config.get("TLS") or os.environ.get("UCX_TLS", "all")
@@ -251,6 +256,18 @@ _NO_PEER_FAILURE = {"sm", "shm", "posix", "sysv", "cma", "knem", "xpmem", "self"
 def _shared_memory_only(tls: str) -> bool:
     names = {t.strip() for t in tls.split(",") if t.strip()}
     return bool(names) and names <= _NO_PEER_FAILURE
+
+
+def rendezvous_config() -> dict[str, str]:
+    """UCX options of clients' and storage nodes' runtimes: the `put_zcopy`
+    rendezvous scheme, unless UCX_RNDV_SCHEME is set. Writers send their
+    items to nodes as rendezvous messages (storage/pulls.py); with this
+    scheme (the sender's choice) each goes from the staging buffer into its
+    slot with no bounce copy on a software transport (TCP). It concerns
+    rendezvous only: one-sided gets are unchanged."""
+    if os.environ.get("UCX_RNDV_SCHEME"):
+        return {}
+    return {"RNDV_SCHEME": "put_zcopy"}
 
 
 def host_id() -> str:

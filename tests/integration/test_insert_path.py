@@ -26,6 +26,7 @@ import pytest
 import distore_ucx as ds
 from distore_ucx._native_loader import _native
 from distore_ucx.errors import RemoteError
+from distore_ucx.storage.pulls import AM_INSERT_ID
 from distore_ucx.transport import rpc
 from distore_ucx.transport.local_map import send_staging
 from distore_ucx.transport.runtime import host_id
@@ -68,7 +69,8 @@ def node_bytes_match_table(client, table: str) -> bool:
 
 
 ALL_PATHS = pytest.mark.parametrize("tls", ["tcp", "sm", "mapped"], indirect=True)
-VIA = {"tcp": "ucx (UCX_TLS=tcp)", "sm": "cma (same host)", "mapped": "mapped (same host)"}
+VIA = {"tcp": "ucx active messages (UCX_TLS=tcp)", "sm": "cma (same host)",
+       "mapped": "mapped (same host)"}
 
 
 def expected_via() -> str:
@@ -273,6 +275,51 @@ def test_malformed_insert_descriptors_get_an_error_and_the_node_serves_on(client
     conn.close()
     batch = client.learner("t", batch_size=8).sample()
     assert whole(batch.data).all()
+
+
+@pytest.mark.parametrize("tls", ["tcp"], indirect=True)
+def test_insert_messages_that_do_not_match_their_descriptor_fail_and_the_node_serves_on(
+        client, tls):
+    # Over TCP writers send items as UCX active messages headed by a batch
+    # token that their descriptor names (storage/pulls.py).
+    client.create_table("t", capacity=1000, spec=((ITEM,), "uint8"))
+    runtime = client.runtime
+    region = _native.MemoryRegion.write_protected(runtime.context, 1 << 20)
+    region.view()[: 4 * ITEM] = items(np.arange(4)).ravel()
+    node = client.nodes()[0]
+    assert node.get("insert_address"), "a node over TCP takes inserts as active messages"
+    ep = runtime.endpoint(node["insert_address"], "node", detect_failures=False)
+    conn = rpc.Client(node["address"], 10.0, name="node", token=client.token)
+    keys = np.arange(1, 5, dtype=np.uint64) + np.uint64(1 << 60)
+    offsets = np.arange(4, dtype=np.uint64) * np.uint64(ITEM)
+    # Messages one byte shorter than the descriptor's lengths.
+    _native.am_send(ep, region, AM_INSERT_ID, 77, offsets, np.full(4, ITEM - 1, np.uint64))
+    with pytest.raises((ds.DistoreError, RemoteError), match="could not read 4 of 4 items"):
+        conn.call("insert", **descriptor(region, keys, worker_address=runtime.address,
+                                         am_token=77))
+    assert client.table_info("t")["size"] == 0
+    wait_for(lambda: node_bytes_match_table(client, "t"), "a refused insert kept its slots")
+    # The same items under another token, whole: stored, and read back whole.
+    _native.am_send(ep, region, AM_INSERT_ID, 78, offsets, np.full(4, ITEM, np.uint64))
+    reply = conn.call("insert", **descriptor(region, keys, worker_address=runtime.address,
+                                             am_token=78))
+    assert reply["n"] == 4 and reply["via"] == VIA["tcp"]
+    conn.close()
+    batch = client.learner("t", batch_size=8).sample()
+    assert whole(batch.data).all()
+
+
+@pytest.mark.parametrize("tls", ["tcp"], indirect=True)
+def test_am_inserts_off_means_one_sided_gets(make_cluster, tls, monkeypatch):
+    monkeypatch.setenv("DISTORE_AM_INSERTS", "0")  # nodes and writer: the get path
+    cluster = make_cluster(nodes=1)
+    with ds.connect(cluster.address) as client:
+        assert "insert_address" not in client.nodes()[0]
+        client.create_table("t", capacity=1000, spec=((ITEM,), "uint8"))
+        with client.writer() as writer:
+            writer.insert("t", items(np.arange(100)))
+        assert set(writer.paths.values()) == {"ucx (UCX_TLS=tcp)"}
+        assert whole(client.learner("t", batch_size=50).sample().data).all()
 
 
 @pytest.mark.parametrize("tls", ["mapped"], indirect=True)

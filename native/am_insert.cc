@@ -1,0 +1,326 @@
+#include "am_insert.h"
+
+#include <sched.h>
+
+#include <atomic>
+#include <cstring>
+#include <string>
+#include <thread>
+
+#include "status.h"
+
+namespace distore {
+
+namespace {
+
+constexpr uint64_t kHeader = 16;  // key, generation (spec.SLOT_HEADER)
+using clock = std::chrono::steady_clock;
+
+// How long a failed batch's token is remembered (late messages released).
+constexpr auto kDiscardMemory = std::chrono::seconds(300);
+
+}  // namespace
+
+AmInbox::AmInbox(nanobind::object worker, uintptr_t worker_handle, unsigned am_id,
+                 size_t max_messages)
+    : worker_(std::move(worker)),
+      worker_h_(reinterpret_cast<ucp_worker_h>(worker_handle)),
+      am_id_(am_id),
+      max_messages_(max_messages) {
+  if (worker_h_ == nullptr) throw UcxError(kStatusBadArgument, "AmInbox: no worker");
+  ucp_am_handler_param_t param;
+  std::memset(&param, 0, sizeof(param));
+  param.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_FLAGS |
+                     UCP_AM_HANDLER_PARAM_FIELD_CB | UCP_AM_HANDLER_PARAM_FIELD_ARG;
+  param.id = am_id;
+  // Whole messages only, and eager data we may keep until a pull takes it.
+  param.flags = UCP_AM_FLAG_WHOLE_MSG | UCP_AM_FLAG_PERSISTENT_DATA;
+  param.cb = &AmInbox::on_message;
+  param.arg = this;
+  check(ucp_worker_set_am_recv_handler(worker_h_, &param), "registering the insert handler");
+  registered_ = true;
+}
+
+AmInbox::~AmInbox() { close(); }
+
+void AmInbox::close() {
+  std::vector<Message> dropped;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!registered_) return;
+    registered_ = false;
+    for (auto& kv : messages_) dropped.push_back(std::move(kv.second));
+    messages_.clear();
+  }
+  ucp_am_handler_param_t param;
+  std::memset(&param, 0, sizeof(param));
+  param.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_CB |
+                     UCP_AM_HANDLER_PARAM_FIELD_ARG;
+  param.id = am_id_;
+  param.cb = nullptr;
+  param.arg = nullptr;
+  ucp_worker_set_am_recv_handler(worker_h_, &param);
+  for (auto& m : dropped) release(m);
+}
+
+bool AmInbox::discarded(uint64_t token) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return !registered_ || discarded_.count(token) != 0;
+}
+
+size_t AmInbox::waiting() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return messages_.size();
+}
+
+uint64_t AmInbox::refused() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return refused_;
+}
+
+// UCX calls (which take the worker's lock) are never made under mu_: the
+// handler runs under the worker's lock and takes mu_.
+void AmInbox::release(Message& m) {
+  if (m.desc != nullptr) ucp_am_data_release(worker_h_, m.desc);
+  m.desc = nullptr;
+  m.bytes.clear();
+}
+
+size_t AmInbox::expire(double max_age_s) {
+  std::vector<Message> dropped;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    const auto now = clock::now();
+    const auto age = std::chrono::duration<double>(max_age_s);
+    for (auto it = messages_.begin(); it != messages_.end();) {
+      if (now - it->second.arrived > age) {
+        dropped.push_back(std::move(it->second));
+        it = messages_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+    for (auto it = discarded_.begin(); it != discarded_.end();) {
+      it = now - it->second > kDiscardMemory ? discarded_.erase(it) : std::next(it);
+    }
+  }
+  for (auto& m : dropped) release(m);
+  return dropped.size();
+}
+
+void AmInbox::discard(uint64_t token, uint32_t count) {
+  std::vector<Message> dropped;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (uint32_t i = 0; i < count; ++i) {
+      auto it = messages_.find(Key{token, i});
+      if (it == messages_.end()) continue;
+      dropped.push_back(std::move(it->second));
+      messages_.erase(it);
+    }
+    discarded_[token] = clock::now();
+  }
+  for (auto& m : dropped) release(m);
+}
+
+bool AmInbox::take(uint64_t token, uint32_t index, Message* out) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = messages_.find(Key{token, index});
+  if (it == messages_.end()) return false;
+  *out = std::move(it->second);
+  messages_.erase(it);
+  return true;
+}
+
+ucs_status_t AmInbox::on_message(void* arg, const void* header, size_t header_length,
+                                 void* data, size_t length, const ucp_am_recv_param_t* param) {
+  auto* self = static_cast<AmInbox*>(arg);
+  AmInsertHeader h;
+  if (self == nullptr || header_length != sizeof(h)) {
+    if (self != nullptr) {
+      std::lock_guard<std::mutex> lock(self->mu_);
+      ++self->refused_;
+    }
+    return UCS_OK;  // not ours to keep: UCX releases it (a rendezvous sender gets an error)
+  }
+  std::memcpy(&h, header, sizeof(h));
+  return self->receive(h, data, length, param);
+}
+
+ucs_status_t AmInbox::receive(const AmInsertHeader& h, void* data, size_t length,
+                              const ucp_am_recv_param_t* param) {
+  std::lock_guard<std::mutex> lock(mu_);
+  const bool rndv = param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV;
+  const bool persistent = param->recv_attr & UCP_AM_RECV_ATTR_FLAG_DATA;
+  if (!registered_ || h.index >= h.count || messages_.size() >= max_messages_ ||
+      discarded_.count(h.token) != 0 || messages_.count(Key{h.token, h.index}) != 0) {
+    ++refused_;
+    return UCS_OK;  // dropped: a rendezvous sender's request completes with an error
+  }
+  Message m;
+  m.length = length;
+  m.rndv = rndv;
+  m.arrived = clock::now();
+  if (rndv || persistent) {
+    m.desc = data;  // kept until a pull receives or releases it
+  } else {
+    const auto* p = static_cast<const uint8_t*>(data);
+    m.bytes.assign(p, p + length);
+  }
+  messages_.emplace(Key{h.token, h.index}, std::move(m));
+  return (rndv || persistent) ? UCS_INPROGRESS : UCS_OK;
+}
+
+void am_send(const Endpoint& ep, const MemoryRegion& region, unsigned am_id, uint64_t token,
+             const uint64_t* offsets, const uint64_t* lengths, size_t n) {
+  if (n > UINT32_MAX) throw UcxError(kStatusBadArgument, "am_send: too many items", ep.peer());
+  for (size_t i = 0; i < n; ++i) {
+    if (lengths[i] > region.size() || offsets[i] > region.size() - lengths[i]) {
+      throw UcxError(kStatusOutOfBounds,
+                     "am_send: item " + std::to_string(i) + " lies outside the staging buffer",
+                     ep.peer());
+    }
+  }
+  if (!ep.alive()) {
+    throw UcxError(ep.status(), "the endpoint to " + ep.peer() + " has failed", ep.peer());
+  }
+  ucp_request_param_t param;
+  std::memset(&param, 0, sizeof(param));
+  param.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS | UCP_OP_ATTR_FIELD_MEMH;
+  // Rendezvous always (the node receives each item straight into its slot);
+  // the header is copied, so it need not outlive the call.
+  param.flags = UCP_AM_SEND_FLAG_RNDV | UCP_AM_SEND_FLAG_COPY_HEADER;
+  param.memh = region.memh();
+  auto* base = reinterpret_cast<char*>(region.address());
+  for (size_t i = 0; i < n; ++i) {
+    AmInsertHeader h{token, static_cast<uint32_t>(i), static_cast<uint32_t>(n)};
+    ucs_status_ptr_t r =
+        ucp_am_send_nbx(ep.ep(), am_id, &h, sizeof(h), base + offsets[i], lengths[i], &param);
+    if (UCS_PTR_IS_ERR(r)) {
+      throw UcxError(UCS_PTR_STATUS(r),
+                     "posting insert message " + std::to_string(i) + " to " + ep.peer() +
+                         " failed: " + status_name(UCS_PTR_STATUS(r)),
+                     ep.peer());
+    }
+    if (r != nullptr) ucp_request_free(r);  // released by UCX once complete
+  }
+}
+
+void pull_am(const MemoryRegion& arena, const MemoryRegion& dest, AmInbox& inbox,
+             uint64_t token, const PullItem* items, size_t n, double timeout_s,
+             int32_t* statuses) {
+  validate_pull(arena, 0, UINT64_MAX, items, n);
+  if (dest.address() != arena.local_address() || dest.size() < arena.size()) {
+    throw UcxError(kStatusBadArgument, "pull_am: dest is not the arena's writable alias");
+  }
+  ucp_worker_h worker = inbox.worker();
+  auto* base = reinterpret_cast<uint8_t*>(arena.local_address());
+  for (size_t i = 0; i < n; ++i) store_header(base, items[i].slot_offset, 0, 0);
+  std::atomic_thread_fence(std::memory_order_release);
+
+  ucp_request_param_t param;
+  std::memset(&param, 0, sizeof(param));
+  param.op_attr_mask = UCP_OP_ATTR_FIELD_MEMH;
+  param.memh = dest.memh();
+
+  enum : uint8_t { kWaiting, kReceiving, kDone };
+  std::vector<uint8_t> state(n, kWaiting);
+  std::vector<void*> requests(n, nullptr);
+  size_t left = n, next = 0;  // items not done; first item perhaps still waiting
+  const auto deadline = clock::now() + std::chrono::duration<double>(timeout_s);
+  auto idle_from = clock::now();
+  unsigned idle = 0, checks = 0;
+  bool late = false;
+  auto finish = [&](size_t i, int32_t s) {
+    statuses[i] = s;
+    state[i] = kDone;
+    --left;
+  };
+  while (left > 0) {
+    unsigned events = ucp_worker_progress(worker);
+    for (size_t i = next; i < n; ++i) {
+      if (state[i] == kReceiving) {
+        const ucs_status_t s = ucp_request_check_status(requests[i]);
+        if (s == UCS_INPROGRESS) continue;
+        ucp_request_free(requests[i]);
+        requests[i] = nullptr;
+        finish(i, s);
+        events = 1;
+        continue;
+      }
+      if (state[i] != kWaiting) continue;
+      AmInbox::Message m;
+      if (!inbox.take(token, static_cast<uint32_t>(i), &m)) continue;
+      events = 1;
+      uint8_t* slot = base + items[i].slot_offset + kHeader;
+      if (m.length != items[i].length) {
+        inbox.release(m);
+        finish(i, UCS_ERR_MESSAGE_TRUNCATED);
+      } else if (m.rndv) {
+        ucs_status_ptr_t r = ucp_am_recv_data_nbx(worker, m.desc, slot, m.length, &param);
+        if (r == nullptr) {
+          finish(i, UCS_OK);
+        } else if (UCS_PTR_IS_ERR(r)) {
+          finish(i, UCS_PTR_STATUS(r));
+        } else {
+          requests[i] = r;
+          state[i] = kReceiving;
+        }
+      } else {
+        std::memcpy(slot, m.desc != nullptr ? m.desc : m.bytes.data(), m.length);
+        inbox.release(m);
+        finish(i, UCS_OK);
+      }
+    }
+    while (next < n && state[next] == kDone) ++next;
+    if (left > 0 && (events != 0 ? (++checks & 63) == 0 : (idle & 15) == 0) &&
+        inbox.discarded(token)) {
+      // The writer is gone (or the node stops): nothing more will come.
+      for (size_t i = 0; i < n; ++i) {
+        if (state[i] == kReceiving) {
+          ucp_request_free(requests[i]);  // UCX releases it if it ever ends
+          requests[i] = nullptr;
+          finish(i, UCS_ERR_CONNECTION_RESET);
+        } else if (state[i] == kWaiting) {
+          finish(i, UCS_ERR_CANCELED);
+        }
+      }
+      break;
+    }
+    if (events != 0) {
+      idle = 0;
+      continue;
+    }
+    // Nothing moved: after 10 us yield, after 100 us sleep a little (the
+    // writer's progress thread may need the core we would spin on); the
+    // same pacing as the gather's wait (gather.cc).
+    const auto now = clock::now();
+    if (idle++ == 0) idle_from = now;
+    const auto quiet = now - idle_from;
+    if (late) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    } else if (quiet > std::chrono::microseconds(100)) {
+      std::this_thread::sleep_for(std::chrono::microseconds(20));
+    } else if (quiet > std::chrono::microseconds(10)) {
+      sched_yield();
+    }
+    if (!late && (idle & 255) == 0 && now > deadline) {
+      // Items whose message never came fail now; a receive under way is
+      // not abandoned (UCX would still write the slot) unless the batch is
+      // discarded: it ends when its bytes land or the writer is gone.
+      late = true;
+      for (size_t i = 0; i < n; ++i) {
+        if (state[i] == kWaiting) finish(i, UCS_ERR_TIMED_OUT);
+      }
+    }
+  }
+
+  std::atomic_thread_fence(std::memory_order_release);
+  for (size_t i = 0; i < n; ++i) {
+    if (statuses[i] == UCS_OK) {
+      store_header(base, items[i].slot_offset, items[i].key, items[i].generation);
+    }
+  }
+}
+
+}  // namespace distore
