@@ -1,12 +1,10 @@
 #include "am_insert.h"
 
-#include <sched.h>
-
 #include <atomic>
 #include <cstring>
 #include <string>
-#include <thread>
 
+#include "idle_wait.h"
 #include "status.h"
 
 namespace distore {
@@ -186,11 +184,10 @@ void am_send(const Endpoint& ep, const MemoryRegion& region, unsigned am_id, uin
   }
   ucp_request_param_t param;
   std::memset(&param, 0, sizeof(param));
-  param.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS | UCP_OP_ATTR_FIELD_MEMH;
+  param.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
   // Rendezvous always (the node receives each item straight into its slot);
   // the header is copied, so it need not outlive the call.
   param.flags = UCP_AM_SEND_FLAG_RNDV | UCP_AM_SEND_FLAG_COPY_HEADER;
-  param.memh = region.memh();
   auto* base = reinterpret_cast<char*>(region.address());
   for (size_t i = 0; i < n; ++i) {
     AmInsertHeader h{token, static_cast<uint32_t>(i), static_cast<uint32_t>(n)};
@@ -228,7 +225,7 @@ void pull_am(const MemoryRegion& arena, const MemoryRegion& dest, AmInbox& inbox
   std::vector<void*> requests(n, nullptr);
   size_t left = n, next = 0;  // items not done; first item perhaps still waiting
   const auto deadline = clock::now() + std::chrono::duration<double>(timeout_s);
-  auto idle_from = clock::now();
+  IdleWait wait;
   unsigned idle = 0, checks = 0;
   bool late = false;
   auto finish = [&](size_t i, int32_t s) {
@@ -288,23 +285,14 @@ void pull_am(const MemoryRegion& arena, const MemoryRegion& dest, AmInbox& inbox
       break;
     }
     if (events != 0) {
+      wait.reset();
       idle = 0;
       continue;
     }
-    // Nothing moved: after 10 us yield, after 100 us sleep a little (the
-    // writer's progress thread may need the core we would spin on); the
-    // same pacing as the gather's wait (gather.cc).
-    const auto now = clock::now();
-    if (idle++ == 0) idle_from = now;
-    const auto quiet = now - idle_from;
-    if (late) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(1));
-    } else if (quiet > std::chrono::microseconds(100)) {
-      std::this_thread::sleep_for(std::chrono::microseconds(20));
-    } else if (quiet > std::chrono::microseconds(10)) {
-      sched_yield();
-    }
-    if (!late && (idle & 255) == 0 && now > deadline) {
+    // Nothing moved: pause (the writer's progress thread may need the core
+    // we would spin on), as the gather does.
+    idle = wait.pause(late);
+    if (!late && (idle & 255) == 0 && clock::now() > deadline) {
       // Items whose message never came fail now; a receive under way is
       // not abandoned (UCX would still write the slot) unless the batch is
       // discarded: it ends when its bytes land or the writer is gone.

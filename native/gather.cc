@@ -11,6 +11,7 @@
 #include <thread>
 
 #include "endpoint.h"
+#include "idle_wait.h"
 #include "status.h"
 
 namespace distore {
@@ -148,13 +149,12 @@ void gather(ucp_worker_h worker, const std::vector<const RemoteKey*>& rkeys,
 
   // Progress ourselves: another thread (ucxx's) may be parked in epoll on the
   // same worker and only polling request status can hang. After a stretch of
-  // fruitless progress we yield the core rather than spin it.
+  // fruitless progress we yield the core rather than spin it (idle_wait.h).
   using clock = std::chrono::steady_clock;
   const auto deadline = clock::now() + std::chrono::duration<double>(timeout_s);
   const auto stall = std::chrono::duration<double>(stall_s);
   auto last_done = clock::now();
-  auto idle_from = last_done;  // when the current stretch of fruitless progress began
-  unsigned idle = 0;
+  IdleWait wait;
   bool cancelled = false, forced = false;
   while (pending > 0) {
     unsigned events = ucp_worker_progress(worker);
@@ -170,28 +170,12 @@ void gather(ucp_worker_h worker, const std::vector<const RemoteKey*>& rkeys,
       last_done = clock::now();
     }
     if (events != 0) {
-      idle = 0;
+      wait.reset();
       continue;
     }
-    // Nothing moved: after 10 us yield, after 100 us sleep a little (a peer
-    // that answers over TCP needs the core we would spin on), and past the
-    // deadline only poll. By time, not by count: a TCP progress call is a
-    // system call (1-2 us), an RDMA one 0.1 us. Counted polls (yield after
-    // 64, sleep after 1024: 1-2 ms of spinning over TCP) left the peer's
-    // progress thread without a core on 2 cores: TCP inserts 0.67 -> 0.76
-    // GB/s (mean of alternated rounds) and the node's CPU per GB 1.59 ->
-    // 1.35 s, single-item TCP latency unchanged (docs/performance.md).
-    const auto now_idle = clock::now();
-    if (idle++ == 0) idle_from = now_idle;
-    const auto quiet = now_idle - idle_from;
-    if (cancelled) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(1));
-    } else if (quiet > std::chrono::microseconds(100)) {
-      std::this_thread::sleep_for(std::chrono::microseconds(20));
-    } else if (quiet > std::chrono::microseconds(10)) {
-      sched_yield();
-    }
-    if ((idle & 255) != 0 || forced) continue;
+    // Nothing moved: pause (a peer that answers over TCP needs the core we
+    // would spin on); past the deadline only poll now and then.
+    if ((wait.pause(cancelled) & 255) != 0 || forced) continue;
     const auto now = clock::now();
     if (!cancelled && now > deadline) {
       // UCX completes cancelled requests with UCS_ERR_CANCELED on later
