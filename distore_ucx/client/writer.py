@@ -47,7 +47,7 @@ import numpy as np
 from .. import metrics
 from .._native_loader import _native
 from ..errors import ConfigError, ConnectionFailed, RateLimiterTimeout, StorageFull, UcxError
-from ..storage.pulls import AM_INSERT_ID, am_inserts_enabled
+from ..storage.pulls import AM_INSERT_ID, am_inserts_enabled, am_min_item_bytes
 from ..transport import rpc
 from ..transport.local_map import TICKET_BYTES, send_staging
 from ..transport.runtime import host_id
@@ -185,7 +185,9 @@ class Writer:
         self._sent: dict[int, int] = {}  # bytes sent to each node (placement)
         self._paths: dict[int, str] = {}  # how each node reads our buffers (logged once)
         self.local_map = local_map_default() if local_map is None else bool(local_map)
-        self.active_messages = am_inserts_enabled()  # nodes that offer them get items so
+        # Nodes that offer it get items of at least this many bytes as UCX
+        # active messages (storage/pulls.py); None: never.
+        self._am_min_item = am_min_item_bytes() if am_inserts_enabled() else None
         self._handed: dict[tuple[int, str, int], bytes] = {}  # connection -> ticket handed
         self._no_map: dict[int, str] = {}  # nodes that cannot map our buffers, and why
         self.inserted = 0
@@ -524,10 +526,11 @@ class Writer:
                        lengths: np.ndarray) -> int | None:
         """Post the batch's items to `node` as UCX active messages (one native
         call) and return the batch token its descriptor must name; None when
-        the node reads our buffer itself (it offers no insert worker, or it
-        is on this host and reads us through shared memory)."""
+        the node reads our buffer itself (it offers no insert worker, the
+        items are smaller than DISTORE_AM_MIN_ITEM, or it is on this host
+        and reads us through shared memory)."""
         address = node.get("insert_address")
-        if not address or not self.active_messages:
+        if not address or self._am_min_item is None or batch.spec.item_bytes < self._am_min_item:
             return None
         if node.get("host_id") == self._me["host_id"] and self._runtime.shared_memory:
             return None  # the node reads this process's memory (cma)

@@ -58,6 +58,12 @@ log = logging.getLogger(__name__)
 
 MAX_SOURCES = 64  # cached staging buffers per writer connection
 AM_INSERT_ID = 0x4453  # the UCX active message id of insert messages ("DS")
+# A rendezvous message costs three control messages besides the bytes, a
+# get one: below this size per-item overhead wins over the copies saved.
+# Measured over TCP loopback, one item per insert(): 3 KB 163k items/s by
+# gets vs 61k by messages, 29 KB 1.22 vs 0.99 GB/s, 64 KB 1.10 vs 1.24
+# (docs/performance.md).
+AM_MIN_ITEM_BYTES = 64 << 10
 MAX_MAPPED = 4  # of which mapped (a writer uses one buffer per connection)
 MAX_OFFERED = 256  # handed-over buffers not yet claimed by a connection
 
@@ -216,6 +222,18 @@ def am_inserts_enabled() -> bool:
     """False when `DISTORE_AM_INSERTS=0` (for measuring the get path)."""
     return os.environ.get("DISTORE_AM_INSERTS", "1").strip().lower() not in ("0", "false", "no",
                                                                              "off")
+
+
+def am_min_item_bytes() -> int:
+    """Items smaller than this go by one-sided gets even to nodes that take
+    active messages (`DISTORE_AM_MIN_ITEM`, bytes; default AM_MIN_ITEM_BYTES)."""
+    value = os.environ.get("DISTORE_AM_MIN_ITEM", "").strip()
+    if not value:
+        return AM_MIN_ITEM_BYTES
+    try:
+        return max(0, int(value))
+    except ValueError:
+        raise ConfigError(f"DISTORE_AM_MIN_ITEM must be a number of bytes, got {value!r}") from None
 
 
 def _owns_connection(pid: int, peer) -> bool:

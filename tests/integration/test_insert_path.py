@@ -26,7 +26,7 @@ import pytest
 import distore_ucx as ds
 from distore_ucx._native_loader import _native
 from distore_ucx.errors import RemoteError
-from distore_ucx.storage.pulls import AM_INSERT_ID
+from distore_ucx.storage.pulls import AM_INSERT_ID, AM_MIN_ITEM_BYTES
 from distore_ucx.transport import rpc
 from distore_ucx.transport.local_map import send_staging
 from distore_ucx.transport.runtime import host_id
@@ -66,6 +66,13 @@ def node_bytes_match_table(client, table: str) -> bool:
     info = client.table_info(table)
     used = sum(n["used_bytes"] for n in client.status()["nodes"])
     return used == info["size"] * info["slot_size"]
+
+
+@pytest.fixture(autouse=True)
+def _small_items_as_messages(monkeypatch):
+    # Items here are 3000 bytes: have writers (this process and the ones it
+    # starts) send them as active messages over TCP, as they send large ones.
+    monkeypatch.setenv("DISTORE_AM_MIN_ITEM", "0")
 
 
 ALL_PATHS = pytest.mark.parametrize("tls", ["tcp", "sm", "mapped"], indirect=True)
@@ -307,6 +314,27 @@ def test_insert_messages_that_do_not_match_their_descriptor_fail_and_the_node_se
     conn.close()
     batch = client.learner("t", batch_size=8).sample()
     assert whole(batch.data).all()
+
+
+@pytest.mark.parametrize("tls", ["tcp"], indirect=True)
+def test_small_items_go_by_gets_and_large_ones_as_messages_by_default(client, tls,
+                                                                      monkeypatch):
+    monkeypatch.delenv("DISTORE_AM_MIN_ITEM")
+    large = AM_MIN_ITEM_BYTES
+    client.create_table("small", capacity=1000, spec=((ITEM,), "uint8"))
+    client.create_table("large", capacity=100, spec=((large,), "uint8"))
+    with client.writer() as writer:
+        writer.insert("small", items(np.arange(100)))
+        writer.flush()
+        assert set(writer.paths.values()) == {"ucx (UCX_TLS=tcp)"}
+    with client.writer() as writer:
+        data = np.random.default_rng(1).integers(0, 255, (20, large), np.uint8)
+        writer.insert("large", data)
+        writer.flush()
+        assert set(writer.paths.values()) == {VIA["tcp"]}
+    batch = client.learner("large", batch_size=20).sample()
+    got = {bytes(row) for row in np.asarray(batch.data).reshape(20, large)}
+    assert got <= {bytes(row) for row in data}
 
 
 @pytest.mark.parametrize("tls", ["tcp"], indirect=True)
