@@ -82,11 +82,26 @@ def ucx_info() -> dict:
             gdr_copy=caps.gdr_copy,
             rdma=caps.rdma,
             gpu_direct=caps.gpu_direct,
+            remote_inserts=_remote_inserts(caps.rdma),
         )
         del ctx
     except Exception as exc:  # report, do not fail: doctor runs on broken hosts
         info["error"] = f"cannot create a UCX context: {exc}"
     return info
+
+
+def _remote_inserts(rdma: bool) -> str:
+    """How a storage node on this host reads inserts from writers on other
+    hosts (storage/pulls.py)."""
+    from .storage.pulls import AM_MIN_ITEM_BYTES, am_inserts_enabled
+
+    if rdma:
+        return "one-sided gets (RDMA: nothing is copied)"
+    if not am_inserts_enabled():
+        return "one-sided gets (DISTORE_AM_INSERTS=0; UCX emulates them in software here)"
+    return (f"UCX active messages for items of {AM_MIN_ITEM_BYTES >> 10} KiB and more "
+            "(rendezvous, received into the slots: UCX emulates RMA in software here), "
+            "one-sided gets below")
 
 
 def gpu_info() -> tuple[list[dict], str]:
@@ -310,6 +325,8 @@ def format_report(r: Report) -> list[str]:
         flags = [f"{k}={'yes' if u[k] else 'no'}"
                  for k in ("cuda_copy", "cuda_ipc", "gdr_copy", "rdma")]
         lines.append(f"  CUDA support: {' '.join(flags)}")
+        if u.get("remote_inserts"):
+            lines.append(f"  inserts from other hosts: {u['remote_inserts']}")
     if r.gpus:
         for g in r.gpus:
             lines.append(f"GPU {g['index']}: {g['name']}, {_gib(g['memory_bytes'])}, "
