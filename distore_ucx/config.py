@@ -206,6 +206,34 @@ class UcxConfig:
 _LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 
 
+def switch_from_env(name: str, default: bool = True) -> bool:
+    """A measuring or debugging switch read from the environment
+    (DISTORE_LOCAL_MAP, DISTORE_AM_INSERTS): "0", "false", "no" or "off"
+    turn it off, "1", "true", "yes" or "on" on; unset or empty, `default`.
+    Anything else is a ConfigError naming the variable."""
+    value = os.environ.get(name, "").strip()
+    if not value:
+        return default
+    try:
+        return _to_bool(value)
+    except ValueError:
+        raise ConfigError(f"{name} must be 0 or 1 (or false/true, no/yes, off/on), "
+                          f"got {value!r}") from None
+
+
+def size_from_env(name: str, default: int) -> int:
+    """A size in bytes read from the environment ("65536", "64KiB");
+    unset or empty, `default`. Anything else is a ConfigError naming the
+    variable."""
+    value = os.environ.get(name, "").strip()
+    if not value:
+        return default
+    try:
+        return parse_size(value)
+    except ConfigError as exc:
+        raise ConfigError(f"{name}: {exc}") from None
+
+
 def _to_int(v: Any) -> int:
     if isinstance(v, bool) or not isinstance(v, (int, str)):
         raise ValueError(f"expected an integer, got {v!r}")

@@ -93,13 +93,12 @@ def ucx_info() -> dict:
 def _remote_inserts(rdma: bool) -> str:
     """How a storage node on this host reads inserts from writers on other
     hosts (storage/pulls.py)."""
-    from .storage.pulls import AM_MIN_ITEM_BYTES, am_inserts_enabled
+    from .storage.pulls import am_inserts, am_min_item_bytes
 
-    if rdma:
-        return "one-sided gets (RDMA: nothing is copied)"
-    if not am_inserts_enabled():
-        return "one-sided gets (DISTORE_AM_INSERTS=0; UCX emulates them in software here)"
-    return (f"UCX active messages for items of {AM_MIN_ITEM_BYTES >> 10} KiB and more "
+    why_not = am_inserts(rdma)
+    if why_not:
+        return f"one-sided gets ({why_not})"
+    return (f"UCX active messages for items of {am_min_item_bytes() >> 10} KiB and more "
             "(rendezvous, received into the slots: UCX emulates RMA in software here), "
             "one-sided gets below")
 

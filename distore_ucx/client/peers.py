@@ -39,6 +39,7 @@ import time
 import numpy as np
 
 from .._native_loader import _native
+from ..config import switch_from_env
 from ..errors import DistoreError, UcxError
 from ..transport.local_map import receive_arena
 from ..transport.runtime import ProcessWatch, host_id
@@ -56,8 +57,7 @@ COOLDOWN = 3.0
 def local_map_default() -> bool:
     """Whether learners map same-host arenas unless told otherwise
     (`DISTORE_LOCAL_MAP=0` turns it off, for measuring and debugging)."""
-    return os.environ.get("DISTORE_LOCAL_MAP", "1").strip().lower() not in ("0", "false", "no",
-                                                                           "off")
+    return switch_from_env("DISTORE_LOCAL_MAP")
 
 
 class Peer:

@@ -47,11 +47,12 @@ from ..progress import Progress
 from ..roles import write_ready
 from ..spec import SLOT_HEADER
 from ..transport import UcxRuntime
+from ..transport.capabilities import query
 from ..transport.local_map import LocalMapServer
 from ..transport.rpc import AsyncClient, parse_address, serve
 from ..transport.runtime import host_id, rendezvous_config
 from .arena import Arena, page_advice, page_size_label
-from .pulls import AM_INSERT_ID
+from .pulls import AM_INSERT_ID, am_inserts
 from .tier import COLD, DiskTier, StagingArea, is_cold, stride_of
 
 log = logging.getLogger(__name__)
@@ -419,9 +420,7 @@ class StorageNode:
     def _start_am_inbox(self) -> None:
         """Take writers' inserts as UCX active messages on the reader worker,
         where UCX emulates RMA in software (storage/pulls.py says why)."""
-        from .pulls import am_inserts
-
-        why_not = am_inserts(self.runtime)
+        why_not = am_inserts(query(self.runtime.context).rdma)
         if why_not:
             log.info("node %s: writers' batches are read with one-sided gets (%s)", self.name,
                      why_not)

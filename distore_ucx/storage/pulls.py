@@ -51,6 +51,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 
 from .._native_loader import _native
+from ..config import size_from_env, switch_from_env
 from ..errors import ConfigError, ConnectionFailed, InvalidArgument, UcxError
 from ..transport.runtime import host_id
 
@@ -202,38 +203,29 @@ class Sources:
                       worker=self.runtime.reader_worker, rkey=rkey)
 
 
-def am_inserts(runtime) -> str:
-    """Whether a node on `runtime` takes inserts as UCX active messages:
-    "" if so, else why not. Not where UCX has an RDMA transport: there a
-    one-sided get reads the writer's buffer with no copy, and keeps it
-    remote-READ only (a rendezvous could expose the node's slots to the
+def am_inserts(rdma: bool) -> str:
+    """Whether a node whose UCX has (`rdma`) or lacks an RDMA transport takes
+    inserts as UCX active messages: "" if so, else why not. Not with RDMA:
+    there a one-sided get reads the writer's buffer with no copy, and keeps
+    it remote-READ only (a rendezvous could expose the node's slots to the
     writer's writes). `DISTORE_AM_INSERTS=0` turns them off."""
-    from ..transport.capabilities import query
-
     if not am_inserts_enabled():
         return "DISTORE_AM_INSERTS=0"
-    caps = query(runtime.context)
-    if caps.rdma:
-        return "UCX has an RDMA transport: one-sided gets copy nothing"
+    if rdma:
+        return "UCX has an RDMA transport, where a get copies nothing"
     return ""
 
 
 def am_inserts_enabled() -> bool:
     """False when `DISTORE_AM_INSERTS=0` (for measuring the get path)."""
-    return os.environ.get("DISTORE_AM_INSERTS", "1").strip().lower() not in ("0", "false", "no",
-                                                                             "off")
+    return switch_from_env("DISTORE_AM_INSERTS")
 
 
 def am_min_item_bytes() -> int:
     """Items smaller than this go by one-sided gets even to nodes that take
-    active messages (`DISTORE_AM_MIN_ITEM`, bytes; default AM_MIN_ITEM_BYTES)."""
-    value = os.environ.get("DISTORE_AM_MIN_ITEM", "").strip()
-    if not value:
-        return AM_MIN_ITEM_BYTES
-    try:
-        return max(0, int(value))
-    except ValueError:
-        raise ConfigError(f"DISTORE_AM_MIN_ITEM must be a number of bytes, got {value!r}") from None
+    active messages (`DISTORE_AM_MIN_ITEM`, bytes or e.g. "64KiB"; default
+    AM_MIN_ITEM_BYTES)."""
+    return size_from_env("DISTORE_AM_MIN_ITEM", AM_MIN_ITEM_BYTES)
 
 
 def _owns_connection(pid: int, peer) -> bool:

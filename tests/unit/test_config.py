@@ -283,3 +283,29 @@ def test_config_check_refuses_a_token_the_processes_refuse(tmp_path):
     path = write(tmp_path, f'[auth]\ntoken_file = "{short}"\n')
     (problem,) = check_file(path)
     assert "12 bytes; use at least 16" in str(problem)
+
+
+def test_switches_and_sizes_from_the_environment_are_parsed_or_refused_clearly(monkeypatch):
+    from distore_ucx.config import size_from_env, switch_from_env
+
+    monkeypatch.delenv("DISTORE_TEST_SWITCH", raising=False)
+    assert switch_from_env("DISTORE_TEST_SWITCH") is True
+    assert switch_from_env("DISTORE_TEST_SWITCH", default=False) is False
+    for off in ("0", "false", "No", " off "):
+        monkeypatch.setenv("DISTORE_TEST_SWITCH", off)
+        assert switch_from_env("DISTORE_TEST_SWITCH") is False
+    monkeypatch.setenv("DISTORE_TEST_SWITCH", "yes")
+    assert switch_from_env("DISTORE_TEST_SWITCH", default=False) is True
+    monkeypatch.setenv("DISTORE_TEST_SWITCH", "maybe")
+    with pytest.raises(ConfigError, match="DISTORE_TEST_SWITCH must be 0 or 1"):
+        switch_from_env("DISTORE_TEST_SWITCH")
+
+    monkeypatch.delenv("DISTORE_TEST_SIZE", raising=False)
+    assert size_from_env("DISTORE_TEST_SIZE", 123) == 123
+    monkeypatch.setenv("DISTORE_TEST_SIZE", "64KiB")
+    assert size_from_env("DISTORE_TEST_SIZE", 123) == 65536
+    monkeypatch.setenv("DISTORE_TEST_SIZE", "4096")
+    assert size_from_env("DISTORE_TEST_SIZE", 123) == 4096
+    monkeypatch.setenv("DISTORE_TEST_SIZE", "lots")
+    with pytest.raises(ConfigError, match="DISTORE_TEST_SIZE"):
+        size_from_env("DISTORE_TEST_SIZE", 123)
