@@ -1,6 +1,11 @@
 // Bindings: batched slot I/O of the disk tier (disk_io.h).
 #include "bindings.h"
 
+#include <nanobind/stl/optional.h>
+
+#include <algorithm>
+#include <optional>
+
 #include "disk_io.h"
 #include "memory.h"
 
@@ -46,13 +51,28 @@ StatusArray disk_write_py(int fd, const MemoryRegion& region, Vec<uint64_t> src_
 }
 
 // Slots of the tier file `fd` read into the arena `region` (its writable alias).
+using Bytes = nb::ndarray<uint8_t, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
+
 StatusArray disk_read_py(int fd, Vec<uint64_t> disk_offsets, size_t stride, MemoryRegion& region,
                          Vec<uint64_t> dest_offsets, Vec<uint64_t> keys,
-                         Vec<uint64_t> generations, size_t threads) {
+                         Vec<uint64_t> generations, size_t threads, std::optional<Bytes> bounce,
+                         size_t chunk) {
   const size_t n = disk_offsets.shape(0);
   check_batch(n, {dest_offsets.shape(0), keys.shape(0), generations.shape(0)}, "disk_read");
   if (stride % kDiskAlign != 0 || region.local_address() % kDiskAlign != 0) {
     throw UcxError(kStatusBadArgument, "disk_read: stride and arena must be 4096-aligned");
+  }
+  uint8_t* via = nullptr;
+  if (bounce.has_value()) {
+    via = bounce->data();
+    const size_t workers = std::max<size_t>(1, threads);
+    if (chunk == 0 || chunk % kDiskAlign != 0 ||
+        reinterpret_cast<uintptr_t>(via) % kDiskAlign != 0 ||
+        bounce->shape(0) / workers < chunk) {
+      throw UcxError(kStatusBadArgument, "disk_read: the bounce buffer must be 4096-aligned "
+                                         "and hold threads x chunk bytes, chunk a positive "
+                                         "multiple of 4096");
+    }
   }
   for (size_t i = 0; i < n; ++i) {
     if (dest_offsets(i) % kDiskAlign != 0 || disk_offsets(i) % kDiskAlign != 0 ||
@@ -66,7 +86,7 @@ StatusArray disk_read_py(int fd, Vec<uint64_t> disk_offsets, size_t stride, Memo
     nb::gil_scoped_release release;
     disk_read_slots(fd, disk_offsets.data(), stride,
                     reinterpret_cast<uint8_t*>(region.local_address()), dest_offsets.data(),
-                    keys.data(), generations.data(), n, threads, statuses);
+                    keys.data(), generations.data(), n, threads, statuses, via, chunk);
   }
   return array;
 }
@@ -107,9 +127,11 @@ void bind_disk(nb::module_& m) {
         "Write arena slots to the tier file with new headers (GIL released); per-slot "
         "statuses (0 or an errno).");
   m.def("disk_read", &disk_read_py, "fd"_a, "disk_offsets"_a, "stride"_a, "region"_a,
-        "dest_offsets"_a, "keys"_a, "generations"_a, "threads"_a,
+        "dest_offsets"_a, "keys"_a, "generations"_a, "threads"_a, "bounce"_a = nb::none(),
+        "chunk"_a = 0,
         "Read tier-file slots into the arena and check their headers (GIL released); "
-        "per-slot statuses (0, an errno, or STATUS_STALE).");
+        "per-slot statuses (0, an errno, or STATUS_STALE). With `bounce` (threads x chunk "
+        "bytes, 4096-aligned) each thread reads through its own chunk of it.");
   m.def("disk_read_raw", &disk_read_raw_py, "fd"_a, "disk_offsets"_a, "stride"_a, "threads"_a,
         "scratch"_a,
         "O_DIRECT reads of the same shape into scratch memory (the disk's own bandwidth).");

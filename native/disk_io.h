@@ -33,8 +33,14 @@ void disk_write_slots(int fd, const uint8_t* src, const uint64_t* src_offsets, s
 // (dest and dest_offsets aligned to kDiskAlign, the space `stride` long) and
 // checks the header against (keys[i], generations[i]). A failed slot gets
 // its header zeroed, so no reader can take it for the item.
+// With `bounce` (threads x `chunk` bytes, chunk a multiple of kDiskAlign),
+// each thread reads `chunk` bytes at a time into its own part of it and
+// copies them to dest: for a dest of scattered 4 KiB pages, which a disk
+// splits into many small requests, and a bounce of hugepages, which it
+// does not (storage/tier.py says when).
 void disk_read_slots(int fd, const uint64_t* disk_offsets, size_t stride, uint8_t* dest,
                      const uint64_t* dest_offsets, const uint64_t* keys,
-                     const uint64_t* generations, size_t n, size_t threads, int32_t* statuses);
+                     const uint64_t* generations, size_t n, size_t threads, int32_t* statuses,
+                     uint8_t* bounce = nullptr, size_t chunk = 0);
 
 }  // namespace distore

@@ -11,15 +11,14 @@ Every sampled batch is checked byte for byte (exit status 1 on a mismatch).
 Baseline, same run, alternated with ours ``--runs`` times: the disk's own
 bandwidth for the same reads, i.e. batches of the same number of random
 slots of the same size read with O_DIRECT from the same tier file by the
-same native batched reader (8 reads in flight), into memory that is not
-the arena; the same with one read in flight (``qd1``); and the same reads
-alternating between two such buffers (``qd8_2buf``), as any reader that
-hands one batch out while it fills the next must. On the VM these figures
-come from, a destination just written is faster to read into (the host's
-virtual disk copies into guest memory, and a reused 24 MB buffer stays in
-its cache): one reused buffer reads 20-30% faster than two alternated ones
-(docs/performance.md), and the node's staging area alternates at least two
-extents. Ratios are printed against both.
+same native batched reader (8 reads in flight), into physically contiguous
+memory (transparent hugepages, storage/tier.py hugepage_buffer); the same
+with one read in flight (``qd1``); and the same reads alternating between
+two such buffers (``qd8_2buf``), as any reader that hands one batch out
+while it fills the next must. Each row also gives the disk's read requests
+per item (from /sys/dev/block/.../stat): a read into scattered 4 KiB pages
+is split at the disk's segment limit into several requests, and on the VM
+these figures come from that halves the bandwidth (docs/performance.md).
 
 ``--hot``: also sample a table that fits the arena (32 x 110 KB items) from a
 node with a disk tier and from one without, alternated, to show that hot
@@ -35,7 +34,6 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import mmap
 import os
 import shutil
 import statistics
@@ -70,6 +68,24 @@ def stride_of(size: int) -> int:
 
     slot = TableSpec.parse(((size,), "uint8")).slot_size
     return (slot + ALIGN - 1) // ALIGN * ALIGN
+
+
+def block_stat_path(path: str) -> str | None:
+    """/sys/dev/block/M:m/stat of the device holding `path`, or None."""
+    dev = os.stat(path).st_dev
+    stat = f"/sys/dev/block/{os.major(dev)}:{os.minor(dev)}/stat"
+    return stat if os.path.exists(stat) else None
+
+
+def block_stat(path: str | None) -> tuple[int, int] | None:
+    """(read requests completed, sectors read) of a block device, or None."""
+    if path is None:
+        return None
+    try:
+        fields = open(path).read().split()
+        return int(fields[0]), int(fields[2])
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 def timed(fn, seconds: float) -> tuple[int, float, list[float]]:
@@ -126,10 +142,13 @@ def cold_run(args, size: int, batch: int, out: JsonLines) -> list[dict]:
         rng = np.random.default_rng(1)
         used = n_items - hot_items
 
-        scratch_map = mmap.mmap(-1, 2 * batch * stride)  # page aligned, reused like a ring
-        scratch = np.frombuffer(scratch_map, np.uint8)
-        scratch[:] = 0  # touched once, as a learner's ring is
+        from distore_ucx.storage.tier import hugepage_buffer
+
+        # The disk's best: physically contiguous memory, which it reads in one
+        # request per item (the node reads through such buffers too).
+        scratch = hugepage_buffer(2 * batch * stride)  # reused like a ring
         halves = (scratch[:batch * stride], scratch[batch * stride:])
+        disk_stat = block_stat_path(args.dir)
 
         turns = itertools.count()
 
@@ -154,11 +173,19 @@ def cold_run(args, size: int, batch: int, out: JsonLines) -> list[dict]:
                              ("disk_o_direct_qd8_2buf", lambda: raw(8, 2)),
                              ("cold_sample", ours),
                              ("cold_iterate_prefetch2", ours_iterating)):
+                before = block_stat(disk_stat)
                 calls, wall, lat = timed(fn, args.seconds)
+                after = block_stat(disk_stat)
                 row = {"size": size, "batch": batch, "what": what, "run": run,
                        "gbps": calls * batch * size / wall / 1e9,
                        "p50_ms": 1e3 * statistics.median(lat),
                        "hot_fraction": hot_items / n_items, "fill_s": fill_s}
+                if before is not None and after is not None:
+                    # Read requests the disk completed per item read, and their
+                    # size: how far the kernel split each item's read.
+                    reads, sectors = after[0] - before[0], after[1] - before[1]
+                    row["disk_requests_per_item"] = reads / max(1, calls * batch)
+                    row["disk_kib_per_request"] = sectors * 512 / 1024 / max(1, reads)
                 out.write(row)
                 rows.append(row)
             bad += not verify(ours.last)  # the last batch of each run, byte for byte
@@ -312,9 +339,11 @@ def main(argv=None) -> int:
         table.append([f"{size / MiB:.2f} MiB" if size >= MiB else f"{size / 1e3:.0f} KB",
                       str(batch), what, " ".join(fmt(r["gbps"], ".2f") for r in rs),
                       fmt(med, ".2f"), fmt(statistics.median(r["p50_ms"] for r in rs), ".1f"),
-                      fmt(ratio, ".2f"), fmt(ratio2, ".2f")])
+                      fmt(ratio, ".2f"), fmt(ratio2, ".2f"),
+                      fmt(statistics.median(r["disk_requests_per_item"] for r in rs), ".2f")
+                      if all("disk_requests_per_item" in r for r in rs) else "-"])
     common.print_table(["item", "batch", "what", "GB/s per run", "median", "p50 ms",
-                        "vs baseline (qd8)", "vs qd8_2buf"], table)
+                        "vs baseline (qd8)", "vs qd8_2buf", "disk req/item"], table)
     return 1 if bad else 0
 
 

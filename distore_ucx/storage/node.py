@@ -53,7 +53,7 @@ from ..transport.rpc import AsyncClient, parse_address, serve
 from ..transport.runtime import host_id, rendezvous_config
 from .arena import Arena, page_advice, page_size_label
 from .pulls import AM_INSERT_ID, am_inserts
-from .tier import COLD, DiskTier, StagingArea, is_cold, stride_of
+from .tier import COLD, DiskTier, StagingArea, bounce_reads, is_cold, stride_of
 
 log = logging.getLogger(__name__)
 
@@ -126,12 +126,14 @@ class StorageNode:
             if cfg.disk:
                 self.tier = DiskTier(cfg.disk, cfg.disk_bytes, self.name, self.arena.arena_id)
                 self.staging = StagingArea(cfg.staging_bytes)
+                self.tier.bounce = self.tier.direct and bounce_reads(self.arena.page_kind)
                 self._staged = asyncio.Event()  # set when staged extents come back
                 self._demoting = asyncio.Lock()  # one demotion at a time
                 log.info("node %s: disk tier %s, %d bytes%s; %d arena bytes for staging cold "
-                         "items", self.name, cfg.disk, self.tier.size,
+                         "items%s", self.name, cfg.disk, self.tier.size,
                          "" if self.tier.direct else " (no O_DIRECT there)",
-                         self.staging.size)
+                         self.staging.size, f", read through hugepage buffers (arena pages: "
+                         f"{self.arena.page_kind})" if self.tier.bounce else "")
             _native.allow_remote_reads(self.arena.base, self.arena.size)
             self._start_am_inbox()
             steps.update(1, note="arena mapped")

@@ -31,11 +31,13 @@ import logging
 import mmap
 import os
 import struct
+import threading
 import time
 import zlib
 
 import numpy as np
 
+from ..config import switch_from_env
 from ..errors import ConfigError, StorageFull
 from .slots import SlotTable
 
@@ -49,6 +51,51 @@ FORMAT_VERSION = 1
 # magic, version, header bytes, data bytes, arena id, created (unix s), node name
 _HEADER = struct.Struct("<8sIIQQd64s")
 IO_THREADS = 8  # transfers in flight per batch (the device's queue depth)
+# Cold reads into an arena of 4 KiB pages go through this much contiguous
+# memory per I/O thread (bounce_reads()): 8 x 4 MiB per disk thread.
+BOUNCE_CHUNK = 4 << 20
+
+
+def bounce_reads(page_kind: str) -> bool:
+    """Whether cold reads into an arena whose pages are `page_kind` (a
+    MemoryRegion's) go through a buffer of transparent hugepages.
+
+    A disk splits a read at its segment limit (254 pages on the virtio disk
+    measured here, 127-256 on NVMe), so a read into scattered 4 KiB pages
+    costs several requests where a read into physically contiguous memory
+    costs one: measured here, 3 MiB items read 4-6 requests each into the
+    arena's shared-memory pages and 1 into hugepages, and sampling cold items
+    ran at half the disk's speed (docs/performance.md). Reserved hugepages
+    (hugetlb) and shmem hugepages the admin allows are contiguous already;
+    otherwise each I/O thread reads into its own hugepage chunk and copies
+    (a memcpy of every byte, on the node's disk threads).
+    DISTORE_DISK_BOUNCE=0/1 overrides the choice."""
+    contiguous = page_kind == "hugetlb" or (page_kind == "thp" and _shmem_thp())
+    return switch_from_env("DISTORE_DISK_BOUNCE", not contiguous)
+
+
+def _shmem_thp() -> bool:
+    """Whether the kernel gives shared memory hugepages where asked (madvise)."""
+    try:
+        with open("/sys/kernel/mm/transparent_hugepage/shmem_enabled") as f:
+            chosen = f.read().split("[", 1)[1].split("]", 1)[0]
+    except (OSError, IndexError):
+        return False
+    return chosen in ("always", "within_size", "advise", "force")
+
+
+def hugepage_buffer(nbytes: int) -> np.ndarray:
+    """`nbytes` of private anonymous memory, 2 MiB aligned, transparent
+    hugepages asked for (madvise) and faulted in address order: as
+    physically contiguous as the kernel allows."""
+    raw = mmap.mmap(-1, nbytes + (2 << 20), flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    if hasattr(mmap, "MADV_HUGEPAGE"):
+        raw.madvise(mmap.MADV_HUGEPAGE)
+    whole = np.frombuffer(raw, np.uint8)
+    start = (-whole.ctypes.data) % (2 << 20)
+    buf = whole[start:start + nbytes]
+    buf[:] = 0
+    return buf
 
 
 def stride_of(slot_size: int) -> int:
@@ -88,6 +135,8 @@ class DiskTier:
         self.used_bytes = 0
         self.write_errors = 0
         self.read_errors = 0
+        self.bounce = False  # read through hugepage buffers (bounce_reads(); the node sets it)
+        self._bounces = threading.local()
         self.demoted = 0  # items moved here from the arena
 
     # -- the file ----------------------------------------------------------
@@ -247,14 +296,21 @@ class DiskTier:
 
     def read(self, disk_offsets, slot_size: int, region, dest_offsets, keys,
              generations) -> np.ndarray:
-        """Read disk slots into the arena (staging area) and check their headers."""
+        """Read disk slots into the arena (staging area) and check their
+        headers; through hugepage buffers when `bounce` (bounce_reads())."""
         from .._native_loader import _native
 
+        bounce = chunk = None
+        if self.bounce:
+            chunk = min(BOUNCE_CHUNK, stride_of(slot_size))
+            bounce = getattr(self._bounces, "buffer", None)
+            if bounce is None:  # one per disk thread, kept
+                bounce = self._bounces.buffer = hugepage_buffer(IO_THREADS * BOUNCE_CHUNK)
         data = (np.asarray(disk_offsets, np.uint64) & ~COLD) + np.uint64(HEADER_BYTES)
         return _native.disk_read(
             self.fd, np.ascontiguousarray(data), stride_of(slot_size), region,
             np.ascontiguousarray(dest_offsets, np.uint64), np.ascontiguousarray(keys, np.uint64),
-            np.ascontiguousarray(generations, np.uint64), IO_THREADS)
+            np.ascontiguousarray(generations, np.uint64), IO_THREADS, bounce, chunk or 0)
 
 
 class StagingArea:

@@ -20,6 +20,7 @@ from distore_ucx.storage.tier import (
     DiskTier,
     StagingArea,
     TierFileError,
+    bounce_reads,
     is_cold,
     stride_of,
 )
@@ -116,8 +117,14 @@ def arena():
         del region
 
 
-def test_slots_written_to_disk_read_back_with_new_headers(tmp_path, arena):
+@pytest.mark.parametrize("bounce_chunk", [0, 4 * MiB, 4096],
+                         ids=["direct", "bounce", "bounce_in_4k_chunks"])
+def test_slots_written_to_disk_read_back_with_new_headers(tmp_path, arena, bounce_chunk,
+                                                          monkeypatch):
     tier = DiskTier(str(tmp_path / "t.tier"), 4 * MiB, "n0", arena_id=1)
+    if bounce_chunk:  # read through hugepage buffers, a slot in one chunk or in two
+        tier.bounce = True
+        monkeypatch.setattr("distore_ucx.storage.tier.BOUNCE_CHUNK", bounce_chunk)
     try:
         slot = 5000
         view = arena.view()
@@ -153,6 +160,31 @@ def test_slots_written_to_disk_read_back_with_new_headers(tmp_path, arena):
         os.truncate(tier.path, HEADER_BYTES + int(disk[0]) + 4096)
         statuses = tier.read(disk[:2], slot, arena, dest[:2], keys[:2], gens[:2])
         assert statuses[0] == 5  # EIO: the slot ends past the end of the file
+    finally:
+        tier.close()
+
+
+def test_reads_go_through_hugepage_buffers_unless_the_arena_is_contiguous(monkeypatch):
+    monkeypatch.delenv("DISTORE_DISK_BOUNCE", raising=False)
+    assert bounce_reads("4k") is True
+    assert bounce_reads("hugetlb") is False  # reserved hugepages: read straight in
+    monkeypatch.setenv("DISTORE_DISK_BOUNCE", "0")
+    assert bounce_reads("4k") is False
+    monkeypatch.setenv("DISTORE_DISK_BOUNCE", "1")
+    assert bounce_reads("hugetlb") is True
+    monkeypatch.setenv("DISTORE_DISK_BOUNCE", "sometimes")
+    with pytest.raises(ds.ConfigError, match="DISTORE_DISK_BOUNCE"):
+        bounce_reads("4k")
+
+
+def test_a_bounce_buffer_too_small_for_the_threads_is_refused(tmp_path, arena):
+    tier = DiskTier(str(tmp_path / "t.tier"), 1 * MiB, "n0", arena_id=1)
+    try:
+        one = np.zeros(1, np.uint64)
+        small = np.zeros(2 * 4096, np.uint8)
+        with pytest.raises(ds.UcxError, match="bounce buffer"):
+            _native.disk_read(tier.fd, one + np.uint64(HEADER_BYTES), 4096, arena, one, one,
+                              one, 4, small, 4096)
     finally:
         tier.close()
 
