@@ -68,22 +68,25 @@ def node_bytes_match_table(client, table: str) -> bool:
     return used == info["size"] * info["slot_size"]
 
 
-@pytest.fixture(autouse=True)
-def _small_items_as_messages(monkeypatch):
-    # Items here are 3000 bytes: have writers (this process and the ones it
-    # starts) send them as active messages over TCP, as they send large ones.
+@pytest.fixture
+def messages(monkeypatch):
+    # Active-message inserts are opt-in (storage/pulls.py says why). Items
+    # here are 3000 bytes: have writers (this process and the ones it starts)
+    # send them as active messages over TCP, as they would send large ones.
+    monkeypatch.setenv("DISTORE_AM_INSERTS", "1")
     monkeypatch.setenv("DISTORE_AM_MIN_ITEM", "0")
 
 
 ALL_PATHS = pytest.mark.parametrize("tls", ["tcp", "sm", "mapped"], indirect=True)
-VIA = {"tcp": "ucx active messages (UCX_TLS=tcp)", "sm": "cma (same host)",
-       "mapped": "mapped (same host)"}
+VIA = {"tcp": "ucx active messages (UCX_TLS=tcp)", "tcp_gets": "ucx (UCX_TLS=tcp)",
+       "sm": "cma (same host)", "mapped": "mapped (same host)"}
 
 
 def expected_via() -> str:
-    """How nodes read inserts in this test (the tls fixture set the environment)."""
+    """How nodes read inserts in this test (the tls and messages fixtures set
+    the environment)."""
     if os.environ["UCX_TLS"] == "tcp":
-        return VIA["tcp"]
+        return VIA["tcp" if os.environ.get("DISTORE_AM_INSERTS") == "1" else "tcp_gets"]
     return VIA["mapped" if os.environ.get("DISTORE_LOCAL_MAP") == "1" else "sm"]
 
 
@@ -286,7 +289,7 @@ def test_malformed_insert_descriptors_get_an_error_and_the_node_serves_on(client
 
 @pytest.mark.parametrize("tls", ["tcp"], indirect=True)
 def test_insert_messages_that_do_not_match_their_descriptor_fail_and_the_node_serves_on(
-        client, tls):
+        messages, client, tls):
     # Over TCP writers send items as UCX active messages headed by a batch
     # token that their descriptor names (storage/pulls.py).
     client.create_table("t", capacity=1000, spec=((ITEM,), "uint8"))
@@ -317,8 +320,8 @@ def test_insert_messages_that_do_not_match_their_descriptor_fail_and_the_node_se
 
 
 @pytest.mark.parametrize("tls", ["tcp"], indirect=True)
-def test_small_items_go_by_gets_and_large_ones_as_messages_by_default(client, tls,
-                                                                      monkeypatch):
+def test_small_items_go_by_gets_and_large_ones_as_messages_when_on(messages, client, tls,
+                                                                    monkeypatch):
     monkeypatch.delenv("DISTORE_AM_MIN_ITEM")
     large = AM_MIN_ITEM_BYTES
     client.create_table("small", capacity=1000, spec=((ITEM,), "uint8"))
@@ -338,8 +341,12 @@ def test_small_items_go_by_gets_and_large_ones_as_messages_by_default(client, tl
 
 
 @pytest.mark.parametrize("tls", ["tcp"], indirect=True)
-def test_am_inserts_off_means_one_sided_gets(make_cluster, tls, monkeypatch):
-    monkeypatch.setenv("DISTORE_AM_INSERTS", "0")  # nodes and writer: the get path
+@pytest.mark.parametrize("setting", [None, "0"], ids=["default", "off"])
+def test_am_inserts_off_means_one_sided_gets(make_cluster, tls, monkeypatch, setting):
+    if setting is None:  # off unless asked for
+        monkeypatch.delenv("DISTORE_AM_INSERTS", raising=False)
+    else:
+        monkeypatch.setenv("DISTORE_AM_INSERTS", setting)  # nodes and writer: the get path
     cluster = make_cluster(nodes=1)
     with ds.connect(cluster.address) as client:
         assert "insert_address" not in client.nodes()[0]

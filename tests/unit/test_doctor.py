@@ -27,8 +27,8 @@ def test_doctor_reports_ucx_and_what_is_missing():
     # This kernel (>= 5.1) seals memfds against writable mappings.
     assert "same-host mapping: works" in text and "arena pages:" in text
     assert "same-host nodes -> mapped" in text
-    # The wheel's UCX has no verbs: remote writers' items come as messages.
-    assert "inserts from other hosts: UCX active messages for items of 64 KiB" in text
+    # Active-message inserts are opt-in (storage/pulls.py): gets, saying why.
+    assert "inserts from other hosts: one-sided gets (off unless DISTORE_AM_INSERTS=1" in text
     if not cuda_present():
         assert "GPUs: none found" in text
         assert "MISSING GPU: no NVIDIA GPU or driver found" in text
