@@ -126,7 +126,8 @@ class StorageNode:
             if cfg.disk:
                 self.tier = DiskTier(cfg.disk, cfg.disk_bytes, self.name, self.arena.arena_id)
                 self.staging = StagingArea(cfg.staging_bytes)
-                self.tier.bounce = self.tier.direct and bounce_reads(self.arena.page_kind)
+                self.tier.bounce = self.tier.direct and bounce_reads(
+                    not page_advice(self.arena.page_kind))
                 self._staged = asyncio.Event()  # set when staged extents come back
                 self._demoting = asyncio.Lock()  # one demotion at a time
                 log.info("node %s: disk tier %s, %d bytes%s; %d arena bytes for staging cold "

@@ -56,32 +56,22 @@ IO_THREADS = 8  # transfers in flight per batch (the device's queue depth)
 BOUNCE_CHUNK = 4 << 20
 
 
-def bounce_reads(page_kind: str) -> bool:
-    """Whether cold reads into an arena whose pages are `page_kind` (a
-    MemoryRegion's) go through a buffer of transparent hugepages.
+def bounce_reads(contiguous: bool) -> bool:
+    """Whether cold reads go through a buffer of transparent hugepages,
+    for an arena whose pages are (`contiguous`: reserved hugepages, or shmem
+    hugepages the admin allows; storage/arena.py page_advice) or are not
+    physically contiguous.
 
     A disk splits a read at its segment limit (254 pages on the virtio disk
     measured here, 127-256 on NVMe), so a read into scattered 4 KiB pages
     costs several requests where a read into physically contiguous memory
     costs one: measured here, 3 MiB items read 4-6 requests each into the
     arena's shared-memory pages and 1 into hugepages, and sampling cold items
-    ran at half the disk's speed (docs/performance.md). Reserved hugepages
-    (hugetlb) and shmem hugepages the admin allows are contiguous already;
-    otherwise each I/O thread reads into its own hugepage chunk and copies
-    (a memcpy of every byte, on the node's disk threads).
+    ran at half the disk's speed (docs/performance.md). Through the buffer,
+    each I/O thread reads into its own hugepage chunk and copies (a memcpy
+    of every byte, on the node's disk threads).
     DISTORE_DISK_BOUNCE=0/1 overrides the choice."""
-    contiguous = page_kind == "hugetlb" or (page_kind == "thp" and _shmem_thp())
     return switch_from_env("DISTORE_DISK_BOUNCE", not contiguous)
-
-
-def _shmem_thp() -> bool:
-    """Whether the kernel gives shared memory hugepages where asked (madvise)."""
-    try:
-        with open("/sys/kernel/mm/transparent_hugepage/shmem_enabled") as f:
-            chosen = f.read().split("[", 1)[1].split("]", 1)[0]
-    except (OSError, IndexError):
-        return False
-    return chosen in ("always", "within_size", "advise", "force")
 
 
 def hugepage_buffer(nbytes: int) -> np.ndarray:
@@ -300,7 +290,7 @@ class DiskTier:
         headers; through hugepage buffers when `bounce` (bounce_reads())."""
         from .._native_loader import _native
 
-        bounce = chunk = None
+        bounce, chunk = None, 0
         if self.bounce:
             chunk = min(BOUNCE_CHUNK, stride_of(slot_size))
             bounce = getattr(self._bounces, "buffer", None)
@@ -310,7 +300,7 @@ class DiskTier:
         return _native.disk_read(
             self.fd, np.ascontiguousarray(data), stride_of(slot_size), region,
             np.ascontiguousarray(dest_offsets, np.uint64), np.ascontiguousarray(keys, np.uint64),
-            np.ascontiguousarray(generations, np.uint64), IO_THREADS, bounce, chunk or 0)
+            np.ascontiguousarray(generations, np.uint64), IO_THREADS, bounce, chunk)
 
 
 class StagingArea:
