@@ -1,10 +1,7 @@
 // Bindings: batched slot I/O of the disk tier (disk_io.h).
 #include "bindings.h"
 
-#include <nanobind/stl/optional.h>
-
 #include <algorithm>
-#include <optional>
 
 #include "disk_io.h"
 #include "memory.h"
@@ -50,43 +47,29 @@ StatusArray disk_write_py(int fd, const MemoryRegion& region, Vec<uint64_t> src_
   return array;
 }
 
-// Slots of the tier file `fd` read into the arena `region` (its writable alias).
-using Bytes = nb::ndarray<uint8_t, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
-
-StatusArray disk_read_py(int fd, Vec<uint64_t> disk_offsets, size_t stride, MemoryRegion& region,
-                         Vec<uint64_t> dest_offsets, Vec<uint64_t> keys,
-                         Vec<uint64_t> generations, size_t threads, std::optional<Bytes> bounce,
-                         size_t chunk) {
+// Slots of the tier file `fd` read into the arena `region` (its writable
+// alias) through the node's queue `reader`.
+StatusArray disk_reader_read(DiskReader& reader, int fd, Vec<uint64_t> disk_offsets,
+                             size_t stride, MemoryRegion& region, Vec<uint64_t> dest_offsets,
+                             Vec<uint64_t> keys, Vec<uint64_t> generations) {
   const size_t n = disk_offsets.shape(0);
-  check_batch(n, {dest_offsets.shape(0), keys.shape(0), generations.shape(0)}, "disk_read");
+  check_batch(n, {dest_offsets.shape(0), keys.shape(0), generations.shape(0)}, "disk read");
   if (stride % kDiskAlign != 0 || region.local_address() % kDiskAlign != 0) {
-    throw UcxError(kStatusBadArgument, "disk_read: stride and arena must be 4096-aligned");
-  }
-  uint8_t* via = nullptr;
-  if (bounce.has_value()) {
-    via = bounce->data();
-    const size_t workers = std::max<size_t>(1, threads);
-    if (chunk == 0 || chunk % kDiskAlign != 0 ||
-        reinterpret_cast<uintptr_t>(via) % kDiskAlign != 0 ||
-        bounce->shape(0) / workers < chunk) {
-      throw UcxError(kStatusBadArgument, "disk_read: the bounce buffer must be 4096-aligned "
-                                         "and hold threads x chunk bytes, chunk a positive "
-                                         "multiple of 4096");
-    }
+    throw UcxError(kStatusBadArgument, "disk read: stride and arena must be 4096-aligned");
   }
   for (size_t i = 0; i < n; ++i) {
     if (dest_offsets(i) % kDiskAlign != 0 || disk_offsets(i) % kDiskAlign != 0 ||
         dest_offsets(i) > region.size() || region.size() - dest_offsets(i) < stride) {
-      throw UcxError(kStatusOutOfBounds, "disk_read: slot " + std::to_string(i) +
+      throw UcxError(kStatusOutOfBounds, "disk read: slot " + std::to_string(i) +
                                              " lies outside the arena or is misaligned");
     }
   }
   auto [array, statuses] = new_statuses(n);
   {
     nb::gil_scoped_release release;
-    disk_read_slots(fd, disk_offsets.data(), stride,
-                    reinterpret_cast<uint8_t*>(region.local_address()), dest_offsets.data(),
-                    keys.data(), generations.data(), n, threads, statuses, via, chunk);
+    reader.read(fd, disk_offsets.data(), stride,
+                reinterpret_cast<uint8_t*>(region.local_address()), dest_offsets.data(),
+                keys.data(), generations.data(), n, statuses);
   }
   return array;
 }
@@ -126,12 +109,18 @@ void bind_disk(nb::module_& m) {
         "disk_offsets"_a, "stride"_a, "keys"_a, "generations"_a, "threads"_a, "sync"_a,
         "Write arena slots to the tier file with new headers (GIL released); per-slot "
         "statuses (0 or an errno).");
-  m.def("disk_read", &disk_read_py, "fd"_a, "disk_offsets"_a, "stride"_a, "region"_a,
-        "dest_offsets"_a, "keys"_a, "generations"_a, "threads"_a, "bounce"_a = nb::none(),
-        "chunk"_a = 0,
-        "Read tier-file slots into the arena and check their headers (GIL released); "
-        "per-slot statuses (0, an errno, or STATUS_STALE). With `bounce` (threads x chunk "
-        "bytes, 4096-aligned) each thread reads through its own chunk of it.");
+  nb::class_<DiskReader>(m, "DiskReader",
+                         "A node's cold-read queue: threads kept for its life, batches of "
+                         "all callers served first in, first out (disk_io.h).")
+      .def(nb::init<size_t, size_t>(), "threads"_a, "chunk"_a,
+           "`threads` reading threads; with `chunk` > 0 (a multiple of 4096) each reads "
+           "through its own `chunk` bytes of hugepage-backed memory.")
+      .def_prop_ro("threads", &DiskReader::threads, "Reading threads.")
+      .def_prop_ro("chunk", &DiskReader::chunk, "Bounce bytes per thread (0: straight in).")
+      .def("read", &disk_reader_read, "fd"_a, "disk_offsets"_a, "stride"_a, "region"_a,
+           "dest_offsets"_a, "keys"_a, "generations"_a,
+           "Read tier-file slots into the arena behind earlier calls' batches and check "
+           "their headers (GIL released); per-slot statuses (0, an errno, or STATUS_STALE).");
   m.def("disk_read_raw", &disk_read_raw_py, "fd"_a, "disk_offsets"_a, "stride"_a, "threads"_a,
         "scratch"_a,
         "O_DIRECT reads of the same shape into scratch memory (the disk's own bandwidth).");

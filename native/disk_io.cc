@@ -1,6 +1,7 @@
 // Batched slot I/O against the tier file: see disk_io.h.
 #include "disk_io.h"
 
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -8,8 +9,15 @@
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
+#include <stdexcept>
+#include <string>
+#include <system_error>
 #include <thread>
 #include <vector>
+
+#if defined(__x86_64__)
+#include <emmintrin.h>
+#endif
 
 #include "status.h"
 
@@ -35,6 +43,35 @@ void fan_out(size_t n, size_t threads, F work) {
   for (size_t t = 0; t < extra; ++t) pool.emplace_back(loop, t + 1);
   loop(0);
   for (auto& t : pool) t.join();
+}
+
+// Copies a chunk just read into a bounce buffer on to its staging slot with
+// non-temporal stores where the CPU has them: the staged bytes are read next
+// by a learner, not by this thread, and ordinary stores would first read
+// every destination line. On the 2-core VM this copy slows the disk's
+// transfers running beside it: batches of 3 MiB items read 3.10-3.24 GB/s
+// with memcpy of whole items, 3.25-3.49 with these stores in 2 MiB chunks,
+// 3.7-4.1 with no copy (docs/performance.md, "The bounce copy").
+void stage_copy(uint8_t* to, const uint8_t* from, size_t n) {
+#if defined(__x86_64__)
+  const size_t lines = (reinterpret_cast<uintptr_t>(to) | reinterpret_cast<uintptr_t>(from)) % 16
+                           ? 0
+                           : n / 64;
+  for (size_t i = 0; i < lines; ++i) {
+    const auto* s = reinterpret_cast<const __m128i*>(from + 64 * i);
+    auto* d = reinterpret_cast<__m128i*>(to + 64 * i);
+    const __m128i a = _mm_load_si128(s), b = _mm_load_si128(s + 1);
+    const __m128i c = _mm_load_si128(s + 2), e = _mm_load_si128(s + 3);
+    _mm_stream_si128(d, a);
+    _mm_stream_si128(d + 1, b);
+    _mm_stream_si128(d + 2, c);
+    _mm_stream_si128(d + 3, e);
+  }
+  _mm_sfence();  // visible before the thread's work is seen as done
+  std::memcpy(to + 64 * lines, from + 64 * lines, n - 64 * lines);
+#else
+  std::memcpy(to, from, n);
+#endif
 }
 
 // pread/pwrite the whole range, resuming after short transfers; 0 or an errno
@@ -84,39 +121,32 @@ void disk_write_slots(int fd, const uint8_t* src, const uint64_t* src_offsets, s
   }
 }
 
-void disk_read_slots(int fd, const uint64_t* disk_offsets, size_t stride, uint8_t* dest,
-                     const uint64_t* dest_offsets, const uint64_t* keys,
-                     const uint64_t* generations, size_t n, size_t threads, int32_t* statuses,
-                     uint8_t* bounce, size_t chunk) {
-  // Work units: whole slots, or with a bounce buffer each slot's chunks, so
-  // that a batch of a few large items still keeps `threads` reads in flight.
-  const size_t pieces = bounce == nullptr ? 1 : (stride + chunk - 1) / chunk;
-  std::vector<std::atomic<int>> errors(n);
-  for (auto& e : errors) e.store(0, std::memory_order_relaxed);
-  fan_out(n * pieces, threads, [&](size_t u, size_t worker) {
-    const size_t i = u / pieces;
-    if (errors[i].load(std::memory_order_relaxed) != 0) return;  // the slot failed already
-    uint8_t* to = dest + dest_offsets[i];
-    int status;
-    if (bounce == nullptr) {
-      status = transfer_all(
-          [&](size_t at, size_t len, off_t off) { return ::pread(fd, to + at, len, off); },
-          stride, disk_offsets[i]);
-    } else {  // this chunk through this thread's part of the contiguous buffer
-      uint8_t* via = bounce + worker * chunk;
-      const size_t done = (u % pieces) * chunk;
-      const size_t len = std::min(chunk, stride - done);
-      status = transfer_all(
-          [&](size_t at, size_t l, off_t off) { return ::pread(fd, via + at, l, off); }, len,
-          disk_offsets[i] + done);
-      if (status == 0) std::memcpy(to + done, via, len);
-    }
-    if (status != 0) {
-      int none = 0;
-      errors[i].compare_exchange_strong(none, status);
-    }
-  });
-  for (size_t i = 0; i < n; ++i) {  // every unit has ended: check the headers
+namespace {
+
+// One work unit of a read: slot i whole into dest, or its `part`-th chunk
+// through `via` (chunk bytes of contiguous memory) and on into dest.
+int read_unit(int fd, uint64_t disk_offset, size_t stride, uint8_t* to, size_t part,
+              uint8_t* via, size_t chunk) {
+  if (via == nullptr) {
+    return transfer_all(
+        [&](size_t at, size_t len, off_t off) { return ::pread(fd, to + at, len, off); },
+        stride, disk_offset);
+  }
+  const size_t done = part * chunk;
+  const size_t len = std::min(chunk, stride - done);
+  const int status = transfer_all(
+      [&](size_t at, size_t l, off_t off) { return ::pread(fd, via + at, l, off); }, len,
+      disk_offset + done);
+  if (status == 0) stage_copy(to + done, via, len);
+  return status;
+}
+
+// After every unit has ended: each slot's status, its header checked; a
+// failed slot's header zeroed.
+void check_slots(uint8_t* dest, const uint64_t* dest_offsets, const uint64_t* keys,
+                 const uint64_t* generations, size_t n, const std::atomic<int>* errors,
+                 int32_t* statuses) {
+  for (size_t i = 0; i < n; ++i) {
     uint8_t* to = dest + dest_offsets[i];
     int status = errors[i].load();
     if (status == 0) {
@@ -127,6 +157,118 @@ void disk_read_slots(int fd, const uint64_t* disk_offsets, size_t stride, uint8_
     if (status != 0) std::memset(to, 0, kHeader);
     statuses[i] = status;
   }
+}
+
+void fail(std::atomic<int>& error, int status) {
+  int none = 0;
+  error.compare_exchange_strong(none, status);
+}
+
+}  // namespace
+
+void disk_read_slots(int fd, const uint64_t* disk_offsets, size_t stride, uint8_t* dest,
+                     const uint64_t* dest_offsets, const uint64_t* keys,
+                     const uint64_t* generations, size_t n, size_t threads, int32_t* statuses) {
+  std::vector<std::atomic<int>> errors(n);
+  for (auto& e : errors) e.store(0, std::memory_order_relaxed);
+  fan_out(n, threads, [&](size_t i, size_t) {
+    const int status =
+        read_unit(fd, disk_offsets[i], stride, dest + dest_offsets[i], 0, nullptr, 0);
+    if (status != 0) fail(errors[i], status);
+  });
+  check_slots(dest, dest_offsets, keys, generations, n, errors.data(), statuses);
+}
+
+struct DiskReader::Batch {
+  int fd;
+  const uint64_t* disk_offsets;
+  size_t stride;
+  uint8_t* dest;
+  const uint64_t* dest_offsets;
+  size_t pieces;  // units per slot
+  size_t units;
+  size_t next = 0;  // the next unit to hand out (under mu_)
+  size_t done = 0;  // units ended (under mu_)
+  std::vector<std::atomic<int>> errors;
+};
+
+DiskReader::DiskReader(size_t threads, size_t chunk) : chunk_(chunk) {
+  threads = std::max<size_t>(1, threads);
+  if (chunk % kDiskAlign != 0) {
+    throw std::invalid_argument("DiskReader: chunk must be a multiple of 4096 bytes (0: none)");
+  }
+  if (chunk > 0) {
+    constexpr size_t kHuge = size_t{2} << 20;
+    map_bytes_ = threads * chunk + kHuge;
+    map_ = ::mmap(nullptr, map_bytes_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1,
+                  0);
+    if (map_ == MAP_FAILED) {
+      map_ = nullptr;
+      throw std::system_error(errno, std::generic_category(),
+                              "DiskReader: cannot map " + std::to_string(map_bytes_) +
+                                  " bytes of bounce memory");
+    }
+    ::madvise(map_, map_bytes_, MADV_HUGEPAGE);  // a hint: 4 KiB pages still work
+    const auto at = reinterpret_cast<uintptr_t>(map_);
+    bounce_ = reinterpret_cast<uint8_t*>((at + kHuge - 1) / kHuge * kHuge);
+    std::memset(bounce_, 0, threads * chunk);  // faulted in address order: contiguous
+  }
+  pool_.reserve(threads);
+  for (size_t t = 0; t < threads; ++t) pool_.emplace_back(&DiskReader::work, this, t);
+}
+
+DiskReader::~DiskReader() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stopping_ = true;
+  }
+  ready_.notify_all();
+  for (auto& t : pool_) t.join();
+  if (map_ != nullptr) ::munmap(map_, map_bytes_);
+}
+
+void DiskReader::work(size_t worker) {
+  uint8_t* via = bounce_ == nullptr ? nullptr : bounce_ + worker * chunk_;
+  std::unique_lock<std::mutex> lock(mu_);
+  for (;;) {
+    ready_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
+    if (queue_.empty()) return;  // stopping, and every queued batch handed out
+    Batch* b = queue_.front();
+    const size_t u = b->next++;
+    if (b->next == b->units) queue_.pop_front();
+    lock.unlock();
+    const size_t i = u / b->pieces;
+    if (b->errors[i].load(std::memory_order_relaxed) == 0) {  // else the slot failed already
+      const int status = read_unit(b->fd, b->disk_offsets[i], b->stride,
+                                   b->dest + b->dest_offsets[i], u % b->pieces, via, chunk_);
+      if (status != 0) fail(b->errors[i], status);
+    }
+    lock.lock();
+    if (++b->done == b->units) finished_.notify_all();
+  }
+}
+
+void DiskReader::read(int fd, const uint64_t* disk_offsets, size_t stride, uint8_t* dest,
+                      const uint64_t* dest_offsets, const uint64_t* keys,
+                      const uint64_t* generations, size_t n, int32_t* statuses) {
+  if (n == 0) return;
+  Batch b;
+  b.fd = fd;
+  b.disk_offsets = disk_offsets;
+  b.stride = stride;
+  b.dest = dest;
+  b.dest_offsets = dest_offsets;
+  b.pieces = chunk_ == 0 ? 1 : (stride + chunk_ - 1) / chunk_;
+  b.units = n * b.pieces;
+  b.errors = std::vector<std::atomic<int>>(n);
+  for (auto& e : b.errors) e.store(0, std::memory_order_relaxed);
+  {
+    std::unique_lock<std::mutex> lock(mu_);
+    queue_.push_back(&b);
+    ready_.notify_all();
+    finished_.wait(lock, [&] { return b.done == b.units; });
+  }
+  check_slots(dest, dest_offsets, keys, generations, n, b.errors.data(), statuses);
 }
 
 }  // namespace distore

@@ -7,12 +7,18 @@
 // per-item statuses: 0, an errno value, or kStatusStale when a slot read
 // back does not hold the (key, generation) asked for.
 //
-// Ownership: nothing is kept between calls; threads are joined before
-// return. Thread safety: calls may run concurrently on disjoint slots.
+// Ownership: the functions keep nothing between calls (threads are joined
+// before return); DiskReader keeps its threads. Thread safety: calls may run
+// concurrently on disjoint slots.
 #pragma once
 
+#include <condition_variable>
 #include <cstddef>
 #include <cstdint>
+#include <deque>
+#include <mutex>
+#include <thread>
+#include <vector>
 
 namespace distore {
 
@@ -32,15 +38,59 @@ void disk_write_slots(int fd, const uint8_t* src, const uint64_t* src_offsets, s
 // Reads `stride` bytes at disk_offsets[i] straight into dest + dest_offsets[i]
 // (dest and dest_offsets aligned to kDiskAlign, the space `stride` long) and
 // checks the header against (keys[i], generations[i]). A failed slot gets
-// its header zeroed, so no reader can take it for the item.
-// With `bounce` (threads x `chunk` bytes, chunk a multiple of kDiskAlign),
-// each thread reads `chunk` bytes at a time into its own part of it and
-// copies them to dest: for a dest of scattered 4 KiB pages, which a disk
-// splits into many small requests, and a bounce of hugepages, which it
-// does not (storage/tier.py says when).
+// its header zeroed, so no reader can take it for the item. Threads are
+// made for the call: the perf baseline's reader (a node reads with
+// DiskReader).
 void disk_read_slots(int fd, const uint64_t* disk_offsets, size_t stride, uint8_t* dest,
                      const uint64_t* dest_offsets, const uint64_t* keys,
-                     const uint64_t* generations, size_t n, size_t threads, int32_t* statuses,
-                     uint8_t* bounce = nullptr, size_t chunk = 0);
+                     const uint64_t* generations, size_t n, size_t threads, int32_t* statuses);
+
+// A storage node's cold reads: `threads` threads kept for the node's life
+// and one first-in, first-out queue of work units. read() queues its batch
+// behind the batches of earlier calls (from any thread) and returns when
+// its own units are done, so the disk always has the next batch's reads
+// queued while the last reads of the current one complete, and each batch
+// completes at the disk's full speed instead of two completing together.
+//
+// With `chunk` > 0 each thread reads through its own `chunk` bytes of
+// hugepage-backed memory (made here, 2 MiB aligned) and copies to dest, a
+// slot in ceil(stride / chunk) units: for a dest of scattered 4 KiB pages,
+// which a disk splits into many small requests (storage/tier.py says
+// when). With chunk 0 each unit is a whole slot read straight into dest.
+//
+// Ownership: the threads and the bounce memory, released by the destructor,
+// which first lets every queued batch finish. Thread safety: read() may be
+// called from several threads at once on disjoint destinations.
+class DiskReader {
+ public:
+  DiskReader(size_t threads, size_t chunk);
+  ~DiskReader();
+  DiskReader(const DiskReader&) = delete;
+  DiskReader& operator=(const DiskReader&) = delete;
+
+  // As disk_read_slots, through the queue (statuses: 0, an errno, or
+  // kStatusStale).
+  void read(int fd, const uint64_t* disk_offsets, size_t stride, uint8_t* dest,
+            const uint64_t* dest_offsets, const uint64_t* keys, const uint64_t* generations,
+            size_t n, int32_t* statuses);
+
+  size_t threads() const { return pool_.size(); }
+  size_t chunk() const { return chunk_; }
+
+ private:
+  struct Batch;
+  void work(size_t worker);
+
+  size_t chunk_;
+  uint8_t* bounce_ = nullptr;  // threads x chunk_ bytes, 2 MiB aligned, inside map_
+  void* map_ = nullptr;
+  size_t map_bytes_ = 0;
+  std::mutex mu_;
+  std::condition_variable ready_;     // work queued, or stopping
+  std::condition_variable finished_;  // a batch's last unit is done
+  std::deque<Batch*> queue_;          // batches with units not yet handed out
+  bool stopping_ = false;
+  std::vector<std::thread> pool_;
+};
 
 }  // namespace distore

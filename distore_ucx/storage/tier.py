@@ -52,8 +52,10 @@ FORMAT_VERSION = 1
 _HEADER = struct.Struct("<8sIIQQd64s")
 IO_THREADS = 8  # transfers in flight per batch (the device's queue depth)
 # Cold reads into an arena of 4 KiB pages go through this much contiguous
-# memory per I/O thread (bounce_reads()): 8 x 4 MiB per disk thread.
-BOUNCE_CHUNK = 4 << 20
+# memory per I/O thread (bounce_reads()): 8 x 2 MiB per disk thread, each
+# chunk one hugepage. Chunks smaller than an item let one chunk's copy run
+# while the disk fills the next (docs/performance.md, "The bounce copy").
+BOUNCE_CHUNK = 2 << 20
 
 
 def bounce_reads(contiguous: bool) -> bool:
@@ -77,7 +79,9 @@ def bounce_reads(contiguous: bool) -> bool:
 def hugepage_buffer(nbytes: int) -> np.ndarray:
     """`nbytes` of private anonymous memory, 2 MiB aligned, transparent
     hugepages asked for (madvise) and faulted in address order: as
-    physically contiguous as the kernel allows."""
+    physically contiguous as the kernel allows. The memory the disk reads
+    best into: perf/tier_bandwidth.py's baseline reads into it; the node's
+    native reader (DiskReader) makes its bounce memory the same way."""
     raw = mmap.mmap(-1, nbytes + (2 << 20), flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
     if hasattr(mmap, "MADV_HUGEPAGE"):
         raw.madvise(mmap.MADV_HUGEPAGE)
@@ -126,7 +130,8 @@ class DiskTier:
         self.write_errors = 0
         self.read_errors = 0
         self.bounce = False  # read through hugepage buffers (bounce_reads(); the node sets it)
-        self._bounces = threading.local()
+        self._reader = None  # the native read queue, made on the first read
+        self._reader_lock = threading.Lock()  # the node's two disk threads may both make it
         self.demoted = 0  # items moved here from the arena
 
     # -- the file ----------------------------------------------------------
@@ -215,6 +220,7 @@ class DiskTier:
 
     def close(self) -> None:
         """Close the tier file (its items are gone with the node)."""
+        self._reader = None  # its threads end once queued batches are done
         if self.fd >= 0:
             os.close(self.fd)
             self.fd = -1
@@ -290,17 +296,19 @@ class DiskTier:
         headers; through hugepage buffers when `bounce` (bounce_reads())."""
         from .._native_loader import _native
 
-        bounce, chunk = None, 0
-        if self.bounce:
-            chunk = min(BOUNCE_CHUNK, stride_of(slot_size))
-            bounce = getattr(self._bounces, "buffer", None)
-            if bounce is None:  # one per disk thread, kept
-                bounce = self._bounces.buffer = hugepage_buffer(IO_THREADS * BOUNCE_CHUNK)
+        chunk = BOUNCE_CHUNK if self.bounce else 0
+        with self._reader_lock:
+            if self._reader is None or self._reader.chunk != chunk:
+                # IO_THREADS threads for the node's life, one queue: batches
+                # of concurrent samples are read one after another, in order,
+                # each at the disk's full speed, the next one's reads queued.
+                self._reader = _native.DiskReader(IO_THREADS, chunk)
+            reader = self._reader
         data = (np.asarray(disk_offsets, np.uint64) & ~COLD) + np.uint64(HEADER_BYTES)
-        return _native.disk_read(
+        return reader.read(
             self.fd, np.ascontiguousarray(data), stride_of(slot_size), region,
             np.ascontiguousarray(dest_offsets, np.uint64), np.ascontiguousarray(keys, np.uint64),
-            np.ascontiguousarray(generations, np.uint64), IO_THREADS, bounce, chunk)
+            np.ascontiguousarray(generations, np.uint64))
 
 
 class StagingArea:

@@ -4,6 +4,7 @@ staging area, and the control plane's demotion choices and moves."""
 from __future__ import annotations
 
 import os
+import threading
 
 import numpy as np
 import pytest
@@ -178,15 +179,58 @@ def test_reads_go_through_hugepage_buffers_unless_the_arena_is_contiguous(monkey
         bounce_reads(contiguous=False)
 
 
-def test_a_bounce_buffer_too_small_for_the_threads_is_refused(tmp_path, arena):
-    tier = DiskTier(str(tmp_path / "t.tier"), 1 * MiB, "n0", arena_id=1)
+def test_a_disk_reader_chunk_must_be_whole_blocks():
+    with pytest.raises(ValueError, match="multiple of 4096"):
+        _native.DiskReader(4, 1000)
+
+
+@pytest.mark.parametrize("chunk", [0, 8192], ids=["direct", "bounce"])
+def test_batches_read_from_several_threads_at_once_all_come_back_whole(tmp_path, arena, chunk):
+    # The node's two disk threads share one reader: their batches queue
+    # behind each other and each call returns its own batch, complete.
+    tier = DiskTier(str(tmp_path / "t.tier"), 2 * MiB, "n0", arena_id=1)
+    reader = _native.DiskReader(3, chunk)
     try:
-        one = np.zeros(1, np.uint64)
-        small = np.zeros(2 * 4096, np.uint8)
-        with pytest.raises(ds.UcxError, match="bounce buffer"):
-            _native.disk_read(tier.fd, one + np.uint64(HEADER_BYTES), 4096, arena, one, one,
-                              one, 4, small, 4096)
+        slot, n = 20_000, 16  # 5 pages on disk: 3 chunks of 8 KiB through the bounce memory
+        stride = stride_of(slot)
+        view = arena.view()
+        view[: n * slot] = np.random.default_rng(5).integers(0, 256, n * slot, dtype=np.uint8)
+        want = view[: n * slot].reshape(n, slot).copy()
+        keys = np.arange(1, n + 1, dtype=np.uint64)
+        gens = keys + np.uint64(50)
+        disk = tier.allocate("t", slot, n)
+        assert (tier.write(arena, np.arange(n, dtype=np.uint64) * np.uint64(slot), slot, disk,
+                           keys, gens) == 0).all()
+        data = (disk & ~COLD) + np.uint64(HEADER_BYTES)
+        base = 2 * MiB - 4 * n * stride  # four destinations, one per caller
+        errors = []
+
+        def read(caller: int) -> None:
+            order = np.random.default_rng(caller).permutation(n)
+            dest = np.uint64(base + caller * n * stride) + np.arange(n, dtype=np.uint64) * \
+                np.uint64(stride)
+            for _ in range(20):
+                got = reader.read(tier.fd, data[order], stride, arena, dest, keys[order],
+                                  gens[order])
+                if not (got == 0).all():
+                    errors.append(got)
+                    return
+                for row, item in enumerate(order):
+                    start = int(dest[row])
+                    slot_bytes = view[start + 16: start + slot]
+                    if not np.array_equal(slot_bytes, want[item, 16:]):
+                        errors.append(f"caller {caller}: item {item} wrong")
+                        return
+
+        threads = [threading.Thread(target=read, args=(c,)) for c in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        assert not errors
+        assert reader.threads == 3 and reader.chunk == chunk
     finally:
+        reader = None  # its threads end
         tier.close()
 
 
