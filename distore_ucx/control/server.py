@@ -158,6 +158,9 @@ class ControlPlane:
         server = await serve(
             self.config.host, self.config.port, self.handle, self._on_close,
             concurrent=frozenset({"items_added"}),  # may wait on a rate limiter
+            # A learner keeps two samples in flight while they draw cold
+            # items: the second one's node reads while the first one's does.
+            ordered=frozenset({"sample"}),
             token=read_token(self.config.token_file),
             max_frame=self.config.max_frame, max_pending=self.config.max_pending,
         )
@@ -533,8 +536,8 @@ class ControlPlane:
         if batch < n and n % batch == 0:
             # Sampled ahead (several batches asked at once): answer fewer
             # whole batches rather than refuse. Cold items must fit the
-            # nodes' staging areas, sized for a learner holding a batch or
-            # two, so one batch for a table that may hold cold items. A
+            # nodes' staging areas, sized for a learner holding three
+            # batches, so one batch for a table that may hold cold items. A
             # table that never left DRAM samples ahead, disk tiers or not
             # (it ran at 0.69x without: perf/tier_bandwidth.py --hot).
             if table.may_hold_cold:
@@ -555,6 +558,17 @@ class ControlPlane:
                 "idle learners), or raise --max-leased-items"
             )
         await self._wait(table, lambda: table.can_sample(n), "sample", n, f.get("timeout", 0.0))
+        if self.leases.held(peer) + n > limit:
+            # Samples of one connection run concurrently (a learner keeps two
+            # in flight for cold items): another may have been granted while
+            # this one waited. Checked again with no await before the grant,
+            # so pipelining can never take more than the limit.
+            raise LimitExceeded(
+                f"table {table.name!r}: this connection holds leases on "
+                f"{self.leases.held(peer)} items and asks for {n} more, over its limit "
+                f"(control.max_leased_items = {limit}). Keep fewer samples in flight, "
+                "release read batches, or raise --max-leased-items"
+            )
         t0 = time.perf_counter()  # metrics: the decision, without the wait
         size = table.size  # the size the probabilities refer to
         recs, probs, freed = table.sample(n)
@@ -563,7 +577,8 @@ class ControlPlane:
         lease = self.leases.grant(table.name, recs, peer)
         items = table.locations(recs)  # protocol.ITEM_LOCATION records
         table.stats.decision.observe(time.perf_counter() - t0)
-        if (items["offset"] >= COLD).any():
+        staged = int(np.count_nonzero(items["offset"] >= COLD))
+        if staged:
             items = await self._stage_cold(table, recs, items, lease)
         return {
             "lease": lease,
@@ -571,6 +586,7 @@ class ControlPlane:
             "table_size": size,
             "items": items,
             "probabilities": probs,
+            "staged": staged,  # cold items read from disk for it (learners ask further ahead)
         }
 
     async def _stage_cold(self, table: Table, recs, items, lid: int):

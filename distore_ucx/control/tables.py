@@ -118,7 +118,7 @@ class Table:
         self.pending: Pending | None = None  # a restore from a checkpoint in progress
         # Set once any item of this table has been on a disk tier (demoted or
         # restored cold); never cleared. Its samples then ask one batch per
-        # request: nodes' staging areas are sized for a batch or two of cold
+        # request: nodes' staging areas are sized for three batches of cold
         # items per learner (control/server.py op_sample).
         self.may_hold_cold = False
 

@@ -301,6 +301,7 @@ async def serve(
     handler: Handler,
     on_close: Callable[[Peer], None] | None = None,
     concurrent: frozenset[str] = frozenset(),
+    ordered: frozenset[str] = frozenset(),
     token: bytes | None = None,
     max_frame: int = protocol.MAX_FRAME,
     max_pending: int = MAX_PENDING,
@@ -311,8 +312,12 @@ async def serve(
     Requests on one connection are answered in order, except operations in
     `concurrent`, which may wait (a rate limiter holding an insert) and are
     answered when done while the connection goes on; their senders match
-    replies by id. A malformed message gets an error reply and its
-    connection is closed; other connections go on.
+    replies by id. Operations in `ordered` are handled concurrently too
+    (a sample waiting for a node to read its cold items from disk while
+    the next sample's node starts reading), but their replies, and those
+    of every request after them, go out in the order the requests came.
+    A malformed message gets an error reply and its connection is closed;
+    other connections go on.
 
     With a `token`, every connection must first answer the greeting's
     challenge (transport/auth.py) within `handshake_timeout` seconds. Until
@@ -328,7 +333,8 @@ async def serve(
     pushes back on its sender) until one is answered.
     """
 
-    async def answer(peer: Peer, writer, mid: int, op: str, fields: dict) -> None:
+    async def answer(peer: Peer, writer, mid: int, op: str, fields: dict,
+                     after: asyncio.Task | None = None) -> None:
         try:
             result = await handler(peer, op, fields)
         except errors.DistoreError as exc:
@@ -336,6 +342,8 @@ async def serve(
         except Exception as exc:  # a bug here must not take the server down
             log.exception("error handling %s from %s", op, peer.address)
             result = exc
+        if after is not None:  # the reply to the request before this one goes first
+            await asyncio.wait([after])
         if mid == 0 or writer.is_closing():  # push: no reply
             return
         if isinstance(result, BaseException):
@@ -349,6 +357,7 @@ async def serve(
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         peer = Peer(reader, writer)
         peer.state["authenticated"] = False
+        last: asyncio.Task | None = None  # the latest `ordered` request's answer
         try:
             try:
                 ok = await asyncio.wait_for(
@@ -382,13 +391,22 @@ async def serve(
                     log.warning("closing %s: %s", peer.address, exc)
                     writer.writelines(protocol.encode(protocol.error_reply(mid, exc)))
                     break
-                if op in concurrent:
+                if op in concurrent or op in ordered:
+                    after = None
+                    if op in ordered:
+                        after = last if last is not None and not last.done() else None
                     task = asyncio.get_running_loop().create_task(
-                        answer(peer, writer, mid, op, fields)
+                        answer(peer, writer, mid, op, fields, after)
                     )
                     peer.tasks.add(task)
                     task.add_done_callback(peer.tasks.discard)
+                    if op in ordered:
+                        last = task
                     continue
+                if last is not None:
+                    if not last.done():  # ordered replies still to go: this one after them
+                        await asyncio.wait([last])
+                    last = None
                 await answer(peer, writer, mid, op, fields)
                 if writer.transport.get_write_buffer_size() > 1 << 20:
                     await writer.drain()

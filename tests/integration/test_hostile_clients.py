@@ -223,6 +223,19 @@ def test_per_connection_limits_are_clear_errors_naming_their_setting(monkeypatch
         client.connection().call("sample", table="t", n=100, timeout=5.0)
         assert conn.call("sample", table="t", n=100, timeout=5.0, release=[a])["refused"] == 0
         conn.close()
+        # Samples of one connection run concurrently: three pipelined ones
+        # waiting on an empty table all passed the limit when they came,
+        # but no more than the limit is granted once items arrive.
+        client.create_table("p", capacity=1000, spec=SPEC)
+        piped = client.connection()
+        for _ in range(3):
+            piped.send("sample", table="p", n=100, timeout=20.0)
+        with ds.connect(cluster.address) as c3, c3.writer() as w:
+            insert(w, "p", 100)
+        assert piped.receive(30)["lease"] and piped.receive(30)["lease"]
+        with pytest.raises(ds.LimitExceeded, match="control.max_leased_items = 250"):
+            piped.receive(30)
+        piped.close()
 
 
 def test_space_a_drained_table_gives_back_is_used_by_another():

@@ -27,7 +27,8 @@ class Server:
 
         async def handler(peer, op, fields):
             if extra is not None and op in extra:
-                return extra[op](peer, fields)
+                result = extra[op](peer, fields)
+                return await result if asyncio.iscoroutine(result) else result
             if op == "nodes":
                 self.started += 1
                 await self.gate.wait()
@@ -176,5 +177,36 @@ def test_a_wrong_or_missing_token_is_refused_and_the_server_serves_on():
             rpc.Client(server.address, timeout=10, token=b"w" * 32, reconnect=5)
         with rpc.Client(server.address, timeout=10, token=TOKEN) as client:
             assert client.call("status")["op"] == "status"
+    finally:
+        server.close()
+
+
+
+
+def test_ordered_requests_run_at_once_but_are_answered_in_order():
+    # table_info is `ordered` here; "slow" waits for the gate, "quick"
+    # answers at once. The second starts while the first waits (a learner's
+    # second sample has its node reading while the first one's node reads),
+    # yet its reply comes second, and that of a plain request after them third.
+    started = []
+
+    async def info(peer, fields):
+        started.append(fields["name"])
+        if fields["name"] == "slow":
+            await server.gate.wait()
+        return {"name": fields["name"]}
+
+    server = Server(extra={"table_info": info}, ordered=frozenset({"table_info"}))
+    try:
+        with rpc.Client(server.address, timeout=10) as client:
+            client.send("table_info", name="slow")
+            client.send("table_info", name="quick")
+            client.send("status")
+            wait_for(lambda: started == ["slow", "quick"])  # the second began meanwhile
+            assert not client.wait_readable(0.3)  # and its reply waits for the first's
+            server.release()
+            assert client.receive()["name"] == "slow"
+            assert client.receive()["name"] == "quick"
+            assert client.receive()["op"] == "status"
     finally:
         server.close()
