@@ -105,8 +105,9 @@ def cold_run(args, size: int, batch: int, out: JsonLines) -> list[dict]:
     from distore_ucx._native_loader import _native
 
     stride = stride_of(size)
-    # Two learners: sample() holds 2 batches, the prefetching iterator 4.
-    staging = 7 * batch * stride
+    # Two learners, each holding the cold items of 3 batches (the one read,
+    # two asked ahead), and room for one more each while releases travel.
+    staging = 8 * batch * stride
     hot_items = 4
     arena = staging + hot_items * stride + MiB
     n_items = args.table_bytes // size

@@ -5,7 +5,10 @@ trip, which also releases the previous batch's lease), then makes one native
 call that posts a UCX get for every item, from every storage node, into one
 destination buffer. Each slot's header (key, generation) comes in the same
 read and is checked: an item whose slot was reused, or whose node failed
-mid-read, is dropped and resampled, never returned.
+mid-read, is dropped and resampled, never returned. The next batch's
+request is sent before the current batch is read; while replies carry cold
+items (read from a node's disk tier first) two are kept in flight, so the
+node reads one batch while the other's reads complete (COLD_DEPTH).
 
 Batches land on the learner's device (client/device.py: "cpu" or
 "cuda:N"; numpy, torch or CuPy) through a ring of `prefetch + 1`
@@ -66,6 +69,12 @@ SAMPLE_AHEAD_BYTES = 256 << 20
 # A training step between samples is longer; then a request asks one batch,
 # leases live one step, and priority updates show a batch later, as before.
 AHEAD_GAP = 0.001
+# Sample requests a learner keeps in flight while its replies carry cold
+# items (read from a node's disk tier while the control plane holds the
+# reply): the node then has the next request before it has finished the
+# current one, and the disk never waits for the learner's round trip. Each
+# adds one batch to the staging space a learner holds (docs/operations.md).
+COLD_DEPTH = 2
 # The prefetch thread asks the control plane in slices this long, so that
 # close() never waits long for a thread blocked on an empty table.
 PREFETCH_POLL = 0.5
@@ -233,8 +242,12 @@ class Learner:
         self._rpc = client.connection()
         self._session = self._rpc.session  # a new one means a new control-plane connection
         self._done_leases: list[int] = []  # leases of batches already read
-        self._outstanding = False  # a request for the next batch is in flight
-        self._prefetched: dict | None = None  # its reply, if already received
+        # Replies received but not yet used (a resample had to wait behind
+        # them); the requests still in flight are self._rpc.in_flight.
+        self._received: list[dict] = []
+        # Sample requests kept in flight ahead of the batch being read: one,
+        # or COLD_DEPTH while replies carry cold items (see _depth_for).
+        self._depth = 1
         # Batches of a reply sampled ahead, not yet read; the last one carries
         # the reply's lease (released once every batch of it has been read).
         self._ahead: list[dict] = []
@@ -372,7 +385,7 @@ class Learner:
         rows = np.arange(n)
         reply = self._next_reply(wait)
         if not self._consuming and not self._ahead:
-            self._prefetch(wait)  # the last batch of a reply: ask for the next ones
+            self._top_up(wait)  # the last batch of a reply: ask for the next ones
         if self._rpc.session != self._session:
             self._new_session()
         leases = []
@@ -442,7 +455,9 @@ class Learner:
         """The next batch's reply: one sampled ahead, or a new reply split
         into `sample_ahead` batches."""
         if not self._ahead:
-            self._ahead = self._split(self._new_reply(wait))
+            reply = self._new_reply(wait)
+            self._depth = COLD_DEPTH if reply.get("staged", 0) else 1
+            self._ahead = self._split(reply)
         return self._ahead.pop(0)
 
     def _split(self, reply: dict) -> list[dict]:
@@ -461,17 +476,16 @@ class Learner:
         return parts
 
     def _new_reply(self, wait: float) -> dict:
-        if self._prefetched is not None:
-            reply, self._prefetched = self._prefetched, None
-            return reply
-        if self._outstanding:
-            self._outstanding = False
+        if self._received:
+            return self._received.pop(0)
+        if self._rpc.in_flight:
             early, self._early = self._early, False
             try:
                 return self._rpc.receive(wait + 10.0)
             except ConnectionFailed as exc:
-                # The control plane went away with our request: ask again
-                # (the call waits for it to come back, up to the timeout).
+                # The control plane went away with our requests (in_flight is
+                # now 0): ask again (the call waits for it to come back, up
+                # to the timeout).
                 log.warning("table %r: %s; asking again", self.table, exc)
             except (NoData, RateLimiterTimeout):
                 if not early:
@@ -489,14 +503,21 @@ class Learner:
 
     def _prefetch(self, wait: float) -> None:
         self._rpc.send("sample", **self._sample_fields(self._ask, wait))
-        self._outstanding = True
+
+    def _top_up(self, wait: float) -> None:
+        """Send sample requests until `_depth` are in flight or received
+        but unused. Cold items are read from disk by their node while the
+        control plane holds the reply; with two requests in flight the node
+        has the next batch's request before it has finished the current
+        one's, so the disk does not wait for the learner's round trip."""
+        while self._rpc.in_flight + len(self._received) < self._depth:
+            self._prefetch(wait)
 
     def _resample(self, n: int, wait: float) -> dict:
-        if self._outstanding:  # its reply comes first: keep it for the next batch
-            self._outstanding = False
+        while self._rpc.in_flight:  # their replies come first: keep them for the next batches
             try:
-                self._prefetched = self._rpc.receive(wait + 10.0)
-            except ConnectionFailed as exc:
+                self._received.append(self._rpc.receive(wait + 10.0))
+            except ConnectionFailed as exc:  # the rest went with the connection
                 log.warning("table %r: %s; asking again", self.table, exc)
         return self._rpc.call("sample", reply_timeout=wait + 10.0, **self._sample_fields(n, wait))
 
@@ -507,6 +528,7 @@ class Learner:
         self._session = self._rpc.session
         self._done_leases = []
         self._ahead = []  # sampled under the old connection: its leases are gone
+        self._received = []
         self._peers.forget_all("the control-plane connection is new")
 
     def _gather(self, reply: dict, rows: np.ndarray, dest, slot: int) -> np.ndarray:
@@ -584,16 +606,16 @@ class Learner:
             if not self._rpc.connected:
                 # Lost with the control plane: its leases are gone or will
                 # expire; do not wait for it to come back just to say so.
-                self._outstanding, self._prefetched, self._done_leases = False, None, []
-                self._ahead = []
+                self._received, self._done_leases, self._ahead = [], [], []
             self._done_leases.extend(r["lease"] for r in self._ahead if r["lease"] is not None)
             self._ahead = []
-            if self._outstanding:
-                self._outstanding = False
-                self._prefetched = self._rpc.receive(self.timeout + 10.0)
-            if self._prefetched is not None:
-                self._done_leases.append(self._prefetched["lease"])
-                self._prefetched = None
+            while self._rpc.in_flight:
+                try:
+                    self._received.append(self._rpc.receive(self.timeout + 10.0))
+                except (NoData, RateLimiterTimeout):
+                    pass  # that request was answered without a lease
+            self._done_leases.extend(r["lease"] for r in self._received)
+            self._received = []
             if self._done_leases:
                 self._rpc.call("release", leases=self._done_leases)
         except DistoreError:

@@ -689,15 +689,18 @@ class StorageNode:
                         f"node {self.name}: staging area full ({self.staging.used_bytes} of "
                         f"{self.staging.size} bytes leased) for {STAGE_WAIT:g} s, {need} bytes "
                         f"of cold items of table {f['table']!r} wanted. Each learner holds "
-                        "the cold items of 2 batches (prefetch + 2 when iterating) until it "
-                        "releases them: raise --disk-staging, or sample smaller batches")
+                        "the cold items of 3 batches (the one it reads and two asked ahead) "
+                        "until it releases them: raise --disk-staging, or sample smaller "
+                        "batches")
                 try:
                     await asyncio.wait_for(self._staged.wait(), left)
                 except asyncio.TimeoutError:
                     pass
             dest, extents = room
-            t0 = time.perf_counter()
+            t0 = time.perf_counter()  # the debug log's time includes the wait for the disk
             try:
+                # Samples' batches queue in the tier's native reader, first
+                # in, first out (storage/tier.py).
                 statuses = await asyncio.get_running_loop().run_in_executor(
                     self._disk(), self.tier.read, f["offsets"], slot_size,
                     self.arena.region, dest, keys, f["generations"])
