@@ -246,7 +246,7 @@ class Learner:
         # them); the requests still in flight are self._rpc.in_flight.
         self._received: list[dict] = []
         # Sample requests kept in flight ahead of the batch being read: one,
-        # or COLD_DEPTH while replies carry cold items (see _depth_for).
+        # or COLD_DEPTH while replies carry cold items (set in _next_reply).
         self._depth = 1
         # Batches of a reply sampled ahead, not yet read; the last one carries
         # the reply's lease (released once every batch of it has been read).

@@ -52,7 +52,7 @@ FORMAT_VERSION = 1
 _HEADER = struct.Struct("<8sIIQQd64s")
 IO_THREADS = 8  # transfers in flight per batch (the device's queue depth)
 # Cold reads into an arena of 4 KiB pages go through this much contiguous
-# memory per I/O thread (bounce_reads()): 8 x 2 MiB per disk thread, each
+# memory per I/O thread (bounce_reads()): 8 x 2 MiB per node, each
 # chunk one hugepage. Chunks smaller than an item let one chunk's copy run
 # while the disk fills the next (docs/performance.md, "The bounce copy").
 BOUNCE_CHUNK = 2 << 20
