@@ -15,11 +15,8 @@
 #include <thread>
 #include <vector>
 
-#if defined(__x86_64__)
-#include <emmintrin.h>
-#endif
-
 #include "status.h"
+#include "stream_copy.h"
 
 namespace distore {
 
@@ -43,35 +40,6 @@ void fan_out(size_t n, size_t threads, F work) {
   for (size_t t = 0; t < extra; ++t) pool.emplace_back(loop, t + 1);
   loop(0);
   for (auto& t : pool) t.join();
-}
-
-// Copies a chunk just read into a bounce buffer on to its staging slot with
-// non-temporal stores where the CPU has them: the staged bytes are read next
-// by a learner, not by this thread, and ordinary stores would first read
-// every destination line. On the 2-core VM this copy slows the disk's
-// transfers running beside it: batches of 3 MiB items read 3.10-3.24 GB/s
-// with memcpy of whole items, 3.25-3.49 with these stores in 2 MiB chunks,
-// 3.7-4.1 with no copy (docs/performance.md, "The bounce copy").
-void stage_copy(uint8_t* to, const uint8_t* from, size_t n) {
-#if defined(__x86_64__)
-  const size_t lines = (reinterpret_cast<uintptr_t>(to) | reinterpret_cast<uintptr_t>(from)) % 16
-                           ? 0
-                           : n / 64;
-  for (size_t i = 0; i < lines; ++i) {
-    const auto* s = reinterpret_cast<const __m128i*>(from + 64 * i);
-    auto* d = reinterpret_cast<__m128i*>(to + 64 * i);
-    const __m128i a = _mm_load_si128(s), b = _mm_load_si128(s + 1);
-    const __m128i c = _mm_load_si128(s + 2), e = _mm_load_si128(s + 3);
-    _mm_stream_si128(d, a);
-    _mm_stream_si128(d + 1, b);
-    _mm_stream_si128(d + 2, c);
-    _mm_stream_si128(d + 3, e);
-  }
-  _mm_sfence();  // visible before the thread's work is seen as done
-  std::memcpy(to + 64 * lines, from + 64 * lines, n - 64 * lines);
-#else
-  std::memcpy(to, from, n);
-#endif
 }
 
 // pread/pwrite the whole range, resuming after short transfers; 0 or an errno
@@ -137,7 +105,13 @@ int read_unit(int fd, uint64_t disk_offset, size_t stride, uint8_t* to, size_t p
   const int status = transfer_all(
       [&](size_t at, size_t l, off_t off) { return ::pread(fd, via + at, l, off); }, len,
       disk_offset + done);
-  if (status == 0) stage_copy(to + done, via, len);
+  // On to the staging slot with non-temporal stores (stream_copy.h): the
+  // staged bytes are read next by a learner, not by this thread. On the
+  // 2-core VM this copy slows the disk's transfers beside it: batches of
+  // 3 MiB items read 3.10-3.24 GB/s with memcpy of whole items, 3.25-3.49
+  // streamed in 2 MiB chunks, 3.7-4.1 with no copy (docs/performance.md,
+  // "The bounce copy").
+  if (status == 0) stream_copy(to + done, via, len, 0);
   return status;
 }
 
