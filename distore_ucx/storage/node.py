@@ -126,8 +126,12 @@ class StorageNode:
             if cfg.disk:
                 self.tier = DiskTier(cfg.disk, cfg.disk_bytes, self.name, self.arena.arena_id)
                 self.staging = StagingArea(cfg.staging_bytes)
+                # Straight into the staging area only on reserved hugepages:
+                # into shared-memory transparent hugepages the disk read at
+                # 2.0-2.2 GB/s here, through the hugepage buffers 3.2-3.3
+                # (reserved: 3.45 straight in; docs/performance.md).
                 self.tier.bounce = self.tier.direct and bounce_reads(
-                    not page_advice(self.arena.page_kind))
+                    self.arena.page_kind == "hugetlb")
                 self._staged = asyncio.Event()  # set when staged extents come back
                 self._demoting = asyncio.Lock()  # one demotion at a time
                 log.info("node %s: disk tier %s, %d bytes%s; %d arena bytes for staging cold "

@@ -60,9 +60,8 @@ BOUNCE_CHUNK = 2 << 20
 
 def bounce_reads(contiguous: bool) -> bool:
     """Whether cold reads go through a buffer of transparent hugepages,
-    for an arena whose pages are (`contiguous`: reserved hugepages, or shmem
-    hugepages the admin allows; storage/arena.py page_advice) or are not
-    physically contiguous.
+    for an arena whose pages are (`contiguous`: reserved hugepages; the node
+    decides) or are not physically contiguous.
 
     A disk splits a read at its segment limit (254 pages on the virtio disk
     measured here, 127-256 on NVMe), so a read into scattered 4 KiB pages
