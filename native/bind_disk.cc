@@ -1,8 +1,6 @@
 // Bindings: batched slot I/O of the disk tier (disk_io.h).
 #include "bindings.h"
 
-#include <algorithm>
-
 #include "disk_io.h"
 #include "memory.h"
 

@@ -27,18 +27,17 @@ constexpr size_t kHeader = 16;  // key, generation (spec.SLOT_HEADER)
 // Runs work(i) for i in [0, n) over up to `threads` threads (the calling
 // one included); items are handed out one at a time, so a slow transfer
 // never holds back a queue behind it.
-// work(i, worker): worker in [0, threads) names the thread (0: the caller).
 template <typename F>
 void fan_out(size_t n, size_t threads, F work) {
   std::atomic<size_t> next{0};
-  auto loop = [&](size_t worker) {
-    for (size_t i = next.fetch_add(1); i < n; i = next.fetch_add(1)) work(i, worker);
+  auto loop = [&] {
+    for (size_t i = next.fetch_add(1); i < n; i = next.fetch_add(1)) work(i);
   };
   const size_t extra = std::min(n, threads > 0 ? threads : 1) - (n > 0 ? 1 : 0);
   std::vector<std::thread> pool;
   pool.reserve(extra);
-  for (size_t t = 0; t < extra; ++t) pool.emplace_back(loop, t + 1);
-  loop(0);
+  for (size_t t = 0; t < extra; ++t) pool.emplace_back(loop);
+  loop();
   for (auto& t : pool) t.join();
 }
 
@@ -65,7 +64,7 @@ void disk_write_slots(int fd, const uint8_t* src, const uint64_t* src_offsets, s
                       const uint64_t* disk_offsets, size_t stride, const uint64_t* keys,
                       const uint64_t* generations, size_t n, size_t threads, bool sync,
                       int32_t* statuses) {
-  fan_out(n, threads, [&](size_t i, size_t) {
+  fan_out(n, threads, [&](size_t i) {
     void* raw = nullptr;
     if (posix_memalign(&raw, kDiskAlign, stride) != 0) {
       statuses[i] = ENOMEM;
@@ -145,7 +144,7 @@ void disk_read_slots(int fd, const uint64_t* disk_offsets, size_t stride, uint8_
                      const uint64_t* generations, size_t n, size_t threads, int32_t* statuses) {
   std::vector<std::atomic<int>> errors(n);
   for (auto& e : errors) e.store(0, std::memory_order_relaxed);
-  fan_out(n, threads, [&](size_t i, size_t) {
+  fan_out(n, threads, [&](size_t i) {
     const int status =
         read_unit(fd, disk_offsets[i], stride, dest + dest_offsets[i], 0, nullptr, 0);
     if (status != 0) fail(errors[i], status);

@@ -12,7 +12,7 @@ Baseline, same run, alternated with ours ``--runs`` times: the disk's own
 bandwidth for the same reads, i.e. batches of the same number of random
 slots of the same size read with O_DIRECT from the same tier file by the
 same native batched reader (8 reads in flight), into physically contiguous
-memory (transparent hugepages, storage/tier.py hugepage_buffer); the same
+memory (transparent hugepages, ``hugepage_buffer``); the same
 with one read in flight (``qd1``); and the same reads alternating between
 two such buffers (``qd8_2buf``), as any reader that hands one batch out
 while it fills the next must. Each row also gives the disk's read requests
@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import itertools
+import mmap
 import os
 import shutil
 import statistics
@@ -68,6 +69,21 @@ def stride_of(size: int) -> int:
 
     slot = TableSpec.parse(((size,), "uint8")).slot_size
     return (slot + ALIGN - 1) // ALIGN * ALIGN
+
+
+def hugepage_buffer(nbytes: int) -> np.ndarray:
+    """`nbytes` of private anonymous memory, 2 MiB aligned, transparent
+    hugepages asked for (madvise) and faulted in address order: as
+    physically contiguous as the kernel allows, the memory the disk reads
+    best into (the node's DiskReader makes its bounce memory the same way)."""
+    raw = mmap.mmap(-1, nbytes + (2 << 20), flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    if hasattr(mmap, "MADV_HUGEPAGE"):
+        raw.madvise(mmap.MADV_HUGEPAGE)
+    whole = np.frombuffer(raw, np.uint8)
+    start = (-whole.ctypes.data) % (2 << 20)
+    buf = whole[start:start + nbytes]
+    buf[:] = 0
+    return buf
 
 
 def block_stat_path(path: str) -> str | None:
@@ -142,8 +158,6 @@ def cold_run(args, size: int, batch: int, out: JsonLines) -> list[dict]:
         fd = os.open(cluster.disk_path(0), os.O_RDONLY | os.O_DIRECT)
         rng = np.random.default_rng(1)
         used = n_items - hot_items
-
-        from distore_ucx.storage.tier import hugepage_buffer
 
         # The disk's best: physically contiguous memory, which it reads in one
         # request per item (the node reads through such buffers too).

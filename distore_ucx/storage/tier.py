@@ -69,26 +69,10 @@ def bounce_reads(contiguous: bool) -> bool:
     costs one: measured here, 3 MiB items read 4-6 requests each into the
     arena's shared-memory pages and 1 into hugepages, and sampling cold items
     ran at half the disk's speed (docs/performance.md). Through the buffer,
-    each I/O thread reads into its own hugepage chunk and copies (a memcpy
-    of every byte, on the node's disk threads).
+    each of the node's reading threads (native DiskReader) reads into its
+    own 2 MiB hugepage chunk and streams it on into the staging area.
     DISTORE_DISK_BOUNCE=0/1 overrides the choice."""
     return switch_from_env("DISTORE_DISK_BOUNCE", not contiguous)
-
-
-def hugepage_buffer(nbytes: int) -> np.ndarray:
-    """`nbytes` of private anonymous memory, 2 MiB aligned, transparent
-    hugepages asked for (madvise) and faulted in address order: as
-    physically contiguous as the kernel allows. The memory the disk reads
-    best into: perf/tier_bandwidth.py's baseline reads into it; the node's
-    native reader (DiskReader) makes its bounce memory the same way."""
-    raw = mmap.mmap(-1, nbytes + (2 << 20), flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-    if hasattr(mmap, "MADV_HUGEPAGE"):
-        raw.madvise(mmap.MADV_HUGEPAGE)
-    whole = np.frombuffer(raw, np.uint8)
-    start = (-whole.ctypes.data) % (2 << 20)
-    buf = whole[start:start + nbytes]
-    buf[:] = 0
-    return buf
 
 
 def stride_of(slot_size: int) -> int:
