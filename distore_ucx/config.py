@@ -156,6 +156,10 @@ class NodeConfig:
     def __post_init__(self):
         if self.arena_bytes < 1 << 20:
             raise ConfigError(f"arena of {self.arena_bytes} bytes is too small (at least 1MiB)")
+        if self.reconnect_timeout < 0:
+            raise ConfigError(f"reconnect_timeout={self.reconnect_timeout}: it must be >= 0 "
+                              "seconds (how long a node keeps its data and retries after "
+                              "losing the control plane)")
         if self.disk and self.disk_bytes < 1 << 20:
             raise ConfigError(f"--disk {self.disk} needs --disk-size of at least 1MiB "
                               f"(got {self.disk_bytes} bytes)")
@@ -172,8 +176,6 @@ class NodeConfig:
         if not self.disk:
             return 0
         return (self.disk_staging or self.arena_bytes // 4) // 4096 * 4096
-        if self.reconnect_timeout < 0:
-            raise ConfigError("reconnect_timeout must be >= 0 seconds")
 
 
 @dataclass(frozen=True)

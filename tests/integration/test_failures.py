@@ -78,12 +78,16 @@ def test_killed_node_is_dropped_within_3s_and_sampling_continues(cluster, client
 @ALL_PATHS
 def test_reads_in_flight_when_a_node_dies_are_resampled(cluster, client, tls):
     fill(client, 8, 50)
-    learner = client.learner("t", batch_size=32)
+    # Sampling ahead: replies received before the kill still name the dead
+    # node's items, so the next samples must read some of them and fail.
+    learner = client.learner("t", batch_size=32, sample_ahead=8)
     check(learner.sample())
+    check(learner.sample())
+    assert learner.resampled == 0
     cluster.kill_node(1)
-    # No wait: the first samples may still name the dead node's items.
     for _ in range(30):
         check(learner.sample())
+    assert learner.resampled > 0, "no read of the dead node's items was resampled"
 
 
 @ALL_PATHS

@@ -28,6 +28,12 @@ def test_tiny_arena_is_refused():
         NodeConfig(control="127.0.0.1:1", arena_bytes=1000)
 
 
+def test_negative_reconnect_timeout_is_refused():
+    # The check used to sit after a `return` and never ran.
+    with pytest.raises(ConfigError, match="reconnect_timeout=-1"):
+        NodeConfig(control="127.0.0.1:1", arena_bytes=1 << 20, reconnect_timeout=-1)
+
+
 # -- distore.toml, DISTORE_* and flags ---------------------------------------
 
 from distore_ucx.config import UcxConfig, check_file, resolve  # noqa: E402
