@@ -26,11 +26,21 @@ def _has_cuda() -> bool:
     return shutil.which("nvidia-smi") is not None or os.path.exists("/dev/nvidia0")
 
 
+# The fast lane (`pytest -m "not slow"`): every unit test and the end-to-end
+# smoke test (tests/integration/test_smoke.py, marked `smoke`). Every other
+# test that starts real processes (tests/integration, tests/cluster) is in the
+# slow lane, so a new integration test is never silently added to the fast one.
+SLOW_DIRS = ("integration", "cluster")
+
+
 def pytest_collection_modifyitems(config, items):
     no_gpu = pytest.mark.skip(reason="needs a CUDA GPU; none on this machine")
     no_rdma = pytest.mark.skip(reason="needs RDMA hardware (InfiniBand/RoCE); none here")
     has_rdma = os.path.isdir("/sys/class/infiniband") and os.listdir("/sys/class/infiniband")
     for item in items:
+        folder = item.path.parent.name
+        if folder in SLOW_DIRS and "smoke" not in item.keywords and "slow" not in item.keywords:
+            item.add_marker(pytest.mark.slow)
         if "gpu" in item.keywords and not _has_cuda():
             item.add_marker(no_gpu)
         if "rdma" in item.keywords and not has_rdma:
