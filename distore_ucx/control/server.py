@@ -38,6 +38,7 @@ from .checkpoint import IdState, Image
 from .leases import Leases
 from .membership import Membership
 from .restore import Restore
+from .retirements import Retirements
 from .tables import Freed, Table
 from .tiers import COLD, Demotions, Tiers, apply_moves, cold_items
 
@@ -62,6 +63,7 @@ class ControlPlane:
         self.leases = Leases(config.lease_timeout)
         self.tiers = Tiers(self.members)  # nodes' disk tiers: demotion, staging
         self.demotions = Demotions()  # full nodes' demotion candidates, one scan for many
+        self.retirements = Retirements(self.members)  # evicted leased slots being marked
         self._changed: dict[str, asyncio.Event] = {}  # set when a table's counts change
         self._seed = itertools.count(config.seed) if config.seed is not None else None
         self._stop = asyncio.Event()
@@ -514,9 +516,13 @@ class ControlPlane:
         if "used_bytes" in f:
             self.members.nodes[node_id].used_bytes = f["used_bytes"]
         freed = table.add(node_id, f["keys"], f["offsets"], f["generations"], f["priorities"])
+        retired = table.retired_leased
         self._free(table.name, freed)
         self._touch(table)
-        return {"evicted": int(len(freed.nodes))}
+        # Evicted items a learner sampled ahead: their nodes mark the slots
+        # retired before the insert is acknowledged (control/retirements.py).
+        await self.retirements.mark(table.name, retired)
+        return {"evicted": int(len(freed.nodes) + len(retired))}
 
     async def op_sample(self, peer: Peer, f: dict) -> dict:
         """Sample n items under a lease owned by this connection.
@@ -628,6 +634,10 @@ class ControlPlane:
     def op_staged(self, peer: Peer, f: dict) -> None:
         """A node staged (or could not stage) a sample's cold items."""
         self.tiers.staged(self._node_of(peer, f, "staged"), f)
+
+    def op_retired(self, peer: Peer, f: dict) -> None:
+        """A node marked the slots of a `retire` push."""
+        self.retirements.retired(self._node_of(peer, f, "retired"), f["request"])
 
     def op_update_priorities(self, peer: Peer, f: dict) -> dict:
         if (f["priorities"] < 0).any():

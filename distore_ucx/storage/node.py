@@ -473,6 +473,11 @@ class StorageNode:
                 self._free(fields["table"], fields["offsets"], live_only=True)
             except ValueError as exc:  # a confused control plane must not stop the node
                 log.error("ignoring a free from the control plane: %s", exc)
+        elif op == "retire":
+            # Evicted items a learner holds a lease on: their reads must fail
+            # the header check from now on (control/retirements.py).
+            self.arena.mark_retired(fields["offsets"], fields["generations"])
+            self.control.push("retired", node_id=self.node_id, request=fields["request"])
         elif op == "stage" and self.tier is not None:
             asyncio.get_running_loop().create_task(self._stage(fields))
         elif op == "unstage" and self.staging is not None:
