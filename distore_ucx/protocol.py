@@ -146,6 +146,13 @@ MESSAGES: dict[str, tuple[F, ...]] = {
         F("statuses", "u32[]", required=False),
         F("error", "str", required=False, max_len=4096),
     ),
+    # A node whose arena has no room for an insert into a table: evict up
+    # to n of that table's items stored on it, by the table's remover.
+    "evict": (
+        F("node_id", "int", lo=0, hi=2**32),
+        F("table", "str", **_NAME),
+        F("n", "int", lo=1, hi=MAX_ITEMS),
+    ),
     # A node's answer to a retire push: the slots' headers are marked.
     "retired": (
         F("node_id", "int", lo=0, hi=2**32),

@@ -97,7 +97,9 @@ class Client:
         return _strip(info)
 
     def table_info(self, name: str) -> dict:
-        """Size, capacity, counts (inserts, samples, deletes), spec of a table."""
+        """Size, capacity, counts (inserts, samples, deletes), spec of a table;
+        `fits`: how many of its items the live nodes can hold beside the
+        other tables' items (a full arena evicts by the table's remover)."""
         return _strip(self.call("table_info", name=name))
 
     def tables(self) -> list[dict]:

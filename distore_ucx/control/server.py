@@ -39,6 +39,7 @@ from .leases import Leases
 from .membership import Membership
 from .restore import Restore
 from .retirements import Retirements
+from .room import fits, pick_for_room
 from .tables import Freed, Table
 from .tiers import COLD, Demotions, Tiers, apply_moves, cold_items
 
@@ -64,6 +65,7 @@ class ControlPlane:
         self.tiers = Tiers(self.members)  # nodes' disk tiers: demotion, staging
         self.demotions = Demotions()  # full nodes' demotion candidates, one scan for many
         self.retirements = Retirements(self.members)  # evicted leased slots being marked
+        self._rng = np.random.default_rng(config.seed)  # random removers making room
         self._changed: dict[str, asyncio.Event] = {}  # set when a table's counts change
         self._seed = itertools.count(config.seed) if config.seed is not None else None
         self._stop = asyncio.Event()
@@ -454,8 +456,9 @@ class ControlPlane:
             return [(f"table {name!r}: capacity {capacity} x {slot_size}-byte slots = {need} "
                      f"bytes, but the {where} of the {len(nodes)} live storage "
                      f"node(s) hold at most "
-                     f"{room} such items ({sum(arenas)} bytes): inserts will fail with "
-                     "StorageFull before the table is full. Lower the capacity, or start more "
+                     f"{room} such items ({sum(arenas)} bytes): once they are full, an "
+                     "insert evicts the table's own items by its remover, so it holds about "
+                     f"{room} items (table_info's 'fits'). Lower the capacity, or start more "
                      "storage nodes, larger arenas or disk tiers (--disk)")]
         others = {t.name: t.capacity * t.spec.slot_size for t in self.tables.values()}
         # Only the table that tips the sum over is warned about (once was enough
@@ -464,14 +467,15 @@ class ControlPlane:
             return [(f"table {name!r}: capacity {capacity} x {slot_size}-byte slots = {need} "
                      f"bytes fits the live nodes' {where} ({sum(arenas)} bytes) alone, but not "
                      f"together with the other tables' capacities "
-                     f"({', '.join(f'{k}: {v} bytes' for k, v in others.items())}): whichever "
-                     "fills first takes the space, and inserts into the others fail with "
-                     "StorageFull")]
+                     f"({', '.join(f'{k}: {v} bytes' for k, v in others.items())}): tables "
+                     "share arenas first come, first served; a table with no room evicts its "
+                     "own items, and one that holds none on a full node gets StorageFull")]
         return []
 
     def op_table_info(self, peer: Peer, f: dict) -> dict:
         table = self._table(f["name"])
-        return {**table.info(), "cold": cold_items(table)}
+        return {**table.info(), "cold": cold_items(table),
+                "fits": fits(table, list(self.tables.values()), self.members.alive())}
 
     def op_list_tables(self, peer: Peer, f: dict) -> dict:
         return {"tables": [t.info() for t in self.tables.values()]}
@@ -634,6 +638,22 @@ class ControlPlane:
     def op_staged(self, peer: Peer, f: dict) -> None:
         """A node staged (or could not stage) a sample's cold items."""
         self.tiers.staged(self._node_of(peer, f, "staged"), f)
+
+    def op_evict(self, peer: Peer, f: dict) -> dict:
+        """A node whose arena has no room for an insert into a table: evict
+        up to n of that table's items stored there, by its remover
+        (control/room.py); the node frees the slots it is told."""
+        node_id = self._node_of(peer, f, "evict")
+        table = self._table(f["table"])
+        recs = pick_for_room(table, node_id, f["n"], self._rng)
+        freed = table.evict(recs)  # unleased: every slot is freed
+        if len(recs):
+            self._touch(table)
+            log.debug("table %r: %d items evicted to make room on node %d", table.name,
+                      len(recs), node_id)
+        s = table.store
+        leased = int(np.count_nonzero((s.node == node_id) & (s.leases > 0)))
+        return {"offsets": freed.offsets, "leased": leased}
 
     def op_retired(self, peer: Peer, f: dict) -> None:
         """A node marked the slots of a `retire` push."""

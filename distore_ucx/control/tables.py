@@ -189,6 +189,12 @@ class Table:
         s.state[recs] = LIVE
         return recs
 
+    def evict(self, recs: np.ndarray) -> Freed:
+        """Take LIVE records out of the table as its remover would (counted
+        as deletes): to make room in a full arena (control/room.py)."""
+        self.core.remove(recs)
+        return self._retire(recs)
+
     def drop_node(self, node: int) -> int:
         """Take every item stored on `node` out of the table (the node died)."""
         s = self.store

@@ -115,6 +115,13 @@ class Arena:
         self.used_bytes += k * slot_size
         return np.concatenate([reused, fresh]) if len(reused) else fresh
 
+    def shortfall(self, table: str, slot_size: int, k: int) -> int:
+        """How many of k slots for `table` the arena cannot give now (0: allocate succeeds)."""
+        slots = self._tables.get(table)
+        free = slots.free_slots if slots is not None else 0
+        room = self._room(slot_size, slots.end if slots is not None else 0)
+        return max(0, k - free - room)
+
     @property
     def free_extents(self) -> list[tuple[int, int]]:
         """(offset, bytes) of space given back below the bump pointer."""
