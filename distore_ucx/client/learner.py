@@ -267,6 +267,7 @@ class Learner:
         self._held: int | None = None  # ring slot of the batch the caller holds (GPU fences)
         self._locs: list = [None] * (prefetch + 1)  # per ring slot: its items' locations
         self._headers = None  # where batches fetched ahead have their headers re-read
+        self._check_keys: dict = {}  # node id -> (address, remote key) for those re-reads
         self._lengths = np.full(batch_size, self._read, np.uint64)
         self._rows = np.arange(batch_size, dtype=np.uint64) * np.uint64(self._slot)
         self.resampled = 0
@@ -458,20 +459,46 @@ class Learner:
                                                  self._headers, None)
         rest = np.flatnonzero(statuses == _native.STATUS_NOT_MAPPED)
         if len(rest):
-            nodes = locs["node"][rest].astype(np.int64)
-            index = np.where(nodes < len(key_lut), key_lut[np.minimum(nodes, len(key_lut) - 1)],
-                             -1)
-            u = rest[index >= 0]
-            statuses[rest[index < 0]] = _native.STATUS_UNREACHABLE
-            if len(u):
+            statuses[rest] = _native.STATUS_UNREACHABLE  # unless read below
+            header = self._headers.view().view(np.uint64).reshape(n, 2)
+            for node_id in np.unique(locs["node"][rest]).tolist():
+                u = rest[locs["node"][rest] == node_id]
+                worker, key = self._check_key(node_id, rkeys, key_lut)
+                if key is None:
+                    continue
                 got = _native.gather(
-                    self._runtime.reader_worker, rkeys, index[index >= 0].astype(np.uint32),
-                    base_lut[locs["node"][u]] + locs["offset"][u], np.full(len(u), 16, np.uint64),
+                    worker, [key], np.zeros(len(u), np.uint32),
+                    base_lut[node_id] + locs["offset"][u], np.full(len(u), 16, np.uint64),
                     self._headers, rows16[u], self.transfer_timeout)
-                header = self._headers.view().view(np.uint64).reshape(n, 2)[u]
-                same = (header[:, 0] == locs["key"][u]) & (header[:, 1] == locs["generation"][u])
+                same = ((header[u, 0] == locs["key"][u])
+                        & (header[u, 1] == locs["generation"][u]))
                 statuses[u] = np.where((got == 0) & ~same, _native.STATUS_STALE, got)
+                if (got != 0).any():
+                    self._check_keys.pop(node_id, None)  # made again next time
         return np.flatnonzero(statuses != 0)
+
+    def _check_key(self, node_id: int, rkeys: list, key_lut: np.ndarray):
+        """(worker, remote key) to re-read a node's headers from the consumer's
+        thread. A same-host node read with process_vm_readv: its key, on the
+        reader worker (no round trip). Over UCX: a key of our own on the main
+        worker's endpoint, whose connection carries no batch reads, so the
+        16-byte reads do not wait behind the prefetch thread's (over TCP the
+        node answers each connection in order). (None, None): unknown node."""
+        peer = self._peers.get(node_id)
+        if peer is None or node_id >= len(key_lut) or key_lut[node_id] < 0:
+            return None, None
+        if peer.path == "cma":
+            return self._runtime.reader_worker, rkeys[key_lut[node_id]]
+        key = self._check_keys.get(node_id)
+        if key is None or key[0] != peer.worker_address:
+            desc = next((d for d in self._client.nodes() if d["node_id"] == node_id), None)
+            if desc is None or desc["worker_address"] != peer.worker_address:
+                return None, None
+            ep = self._runtime.endpoint(peer.worker_address, peer.name)
+            key = (peer.worker_address, _native.RemoteKey(
+                ep, desc["rkey"], desc["arena_base"], desc["arena_size"], peer.name))
+            self._check_keys[node_id] = key
+        return self._runtime.worker, key[1]
 
     def _repair(self, slot: int, batch: Batch, rows: np.ndarray, wait: float) -> Batch:
         """On the prefetch thread: resample `rows` of a batch it read ahead
@@ -690,6 +717,7 @@ class Learner:
             pass  # the leases will expire
         self._done_leases = []
         self._headers = None
+        self._check_keys = {}
         self._peers.close()
         self._ring.close()
         self._rpc.close()

@@ -72,6 +72,7 @@ def test_prefetched_then_evicted_is_never_returned(make_cluster, tls):
             # weights follow the probabilities the rows were drawn with
             w = (batch.table_size * batch.probabilities) ** -0.4
             assert np.allclose(batch.weights, w / w.max())
+        assert learner.resampled > 0  # batches read ahead were repaired, not handed out
         learner.close()
 
 
