@@ -27,13 +27,69 @@ from .items import FREE, LIVE
 
 def pick_for_room(table, node_id: int, n: int, rng: np.random.Generator) -> np.ndarray:
     """Record ids of up to n of `table`'s LIVE, unleased, hot items on
-    `node_id`, those its remover would evict first."""
-    s = table.store
-    cand = np.flatnonzero((s.state == LIVE) & (s.node == node_id) & (s.leases == 0)
-                          & (s.offset < COLD))
-    if n <= 0 or len(cand) == 0:
+    `node_id`, those its remover would evict first (one full scan)."""
+    cand = np.flatnonzero(_evictable(table.store, slice(None), node_id))
+    if n <= 0:
         return cand[:0]
-    if len(cand) <= n:
+    return _ranked(table, cand, n, rng)
+
+
+class Room:
+    """Candidates to evict for room, found by one scan per (table, node)
+    and handed out over many requests (as control/tiers.py Demotions do):
+    a full arena asks for about one insert batch's worth at a time, and a
+    scan of every record of a large table costs milliseconds. Each request
+    takes the next candidates that still qualify (LIVE, hot, on that node,
+    unleased, and the same item: its sequence unchanged) and scans again
+    only when they run out, so the order is the scan's: items inserted, or
+    re-prioritized, since are ranked at the next scan."""
+
+    MIN_CANDIDATES = 4096
+
+    def __init__(self, rng: np.random.Generator):
+        self.rng = rng
+        self._queues: dict[tuple[str, int], tuple] = {}  # -> (table, ids, sequences, [pos])
+        self.scans = 0  # for tests and status
+
+    def pick(self, table, node_id: int, n: int) -> np.ndarray:
+        """Record ids of up to n items of `table` on `node_id` to evict."""
+        key = (table.name, node_id)
+        picked: list[np.ndarray] = []
+        need, scanned = n, False
+        while need > 0:
+            q = self._queues.get(key)
+            if q is None or q[0] is not table or q[3][0] >= len(q[1]):
+                if scanned:
+                    break
+                cand = np.flatnonzero(_evictable(table.store, slice(None), node_id))
+                want = max(16 * n, self.MIN_CANDIDATES, len(cand) // 64)
+                ids = _ranked(table, cand, want, self.rng)
+                q = self._queues[key] = (table, ids, table.core.sequences(ids), [0])
+                self.scans += 1
+                scanned = True
+                if len(ids) == 0:
+                    break
+            _, ids, seqs, pos = q
+            ids, seqs = ids[pos[0]:pos[0] + need], seqs[pos[0]:pos[0] + need]
+            pos[0] += len(ids)
+            ok = _evictable(table.store, ids, node_id)  # LIVE first: then in the core
+            ok[ok] = table.core.sequences(ids[ok]) == seqs[ok]
+            if scanned and picked:  # a new scan finds this call's picks again
+                ok &= ~np.isin(ids, np.concatenate(picked))
+            picked.append(ids[ok])
+            need -= int(ok.sum())
+        return np.concatenate(picked) if picked else np.empty(0, np.int64)
+
+
+def _evictable(s, rows, node_id: int) -> np.ndarray:
+    """Which records of `rows` may be evicted for room on `node_id`."""
+    return ((s.state[rows] == LIVE) & (s.node[rows] == node_id) & (s.leases[rows] == 0)
+            & (s.offset[rows] < COLD))
+
+
+def _ranked(table, cand: np.ndarray, n: int, rng: np.random.Generator) -> np.ndarray:
+    """The first n of `cand` in the order the table's remover evicts them."""
+    if len(cand) == 0:
         return cand
     kind = table.remover.kind
     if kind in ("fifo", "lifo"):
@@ -45,14 +101,17 @@ def pick_for_room(table, node_id: int, n: int, rng: np.random.Generator) -> np.n
         if kind == "max_heap":
             score = -score
     elif kind == "prioritized":
+        # Weighted sampling without replacement (exponential races): an
+        # item goes before others with probability by priority^alpha.
         weight = table.core.priorities(cand) ** table.remover.alpha
-        total = weight.sum()
-        if total > 0 and np.count_nonzero(weight) >= n:
-            return rng.choice(cand, n, replace=False, p=weight / total)
-        score = rng.random(len(cand))
+        with np.errstate(divide="ignore"):
+            score = rng.exponential(size=len(cand)) / weight
     else:  # uniform
         score = rng.random(len(cand))
-    return cand[np.argpartition(score, n - 1)[:n]]
+    if len(cand) > n:
+        best = np.argpartition(score, n - 1)[:n]
+        cand, score = cand[best], score[best]
+    return cand[np.argsort(score, kind="stable")]
 
 
 def fits(table, tables, nodes) -> int:

@@ -39,7 +39,7 @@ from .leases import Leases
 from .membership import Membership
 from .restore import Restore
 from .retirements import Retirements
-from .room import fits, pick_for_room
+from .room import Room, fits
 from .tables import Freed, Table
 from .tiers import COLD, Demotions, Tiers, apply_moves, cold_items
 
@@ -65,7 +65,7 @@ class ControlPlane:
         self.tiers = Tiers(self.members)  # nodes' disk tiers: demotion, staging
         self.demotions = Demotions()  # full nodes' demotion candidates, one scan for many
         self.retirements = Retirements(self.members)  # evicted leased slots being marked
-        self._rng = np.random.default_rng(config.seed)  # random removers making room
+        self.room = Room(np.random.default_rng(config.seed))  # full arenas: what to evict
         self._changed: dict[str, asyncio.Event] = {}  # set when a table's counts change
         self._seed = itertools.count(config.seed) if config.seed is not None else None
         self._stop = asyncio.Event()
@@ -645,7 +645,7 @@ class ControlPlane:
         (control/room.py); the node frees the slots it is told."""
         node_id = self._node_of(peer, f, "evict")
         table = self._table(f["table"])
-        recs = pick_for_room(table, node_id, f["n"], self._rng)
+        recs = self.room.pick(table, node_id, f["n"])
         freed = table.evict(recs)  # unleased: every slot is freed
         if len(recs):
             self._touch(table)

@@ -72,3 +72,19 @@ def test_add_reports_the_leased_items_it_evicted_for_marking():
     assert r.nodes.tolist() == [1] and r.offsets.tolist() == [0]
     assert r.generations.tolist() == [1000]
     assert (t.store.state == RETIRED).sum() == 1
+
+
+def test_room_hands_out_one_scans_candidates_over_many_requests():
+    from distore_ucx.control.room import Room
+
+    t = Table.make("t", 10_000, SPEC)  # Fifo remover
+    add(t, np.arange(6000), node=1)
+    add(t, np.arange(6000, 6100), node=2)
+    room = Room(np.random.default_rng(0))
+    got = [keys_of(t, room.pick(t, 1, 16)) for _ in range(4)]
+    assert got == [list(range(i, i + 16)) for i in range(0, 64, 16)]
+    assert room.scans == 1
+    t.lease(t.core.lookup(np.array([64], np.uint64)))  # leased since the scan: skipped
+    t.evict(t.core.lookup(np.arange(65, 70, dtype=np.uint64)))  # gone since: skipped
+    assert keys_of(t, room.pick(t, 1, 3)) == [70, 71, 72]
+    assert (t.store.node[room.pick(t, 2, 200)] == 2).all() and room.scans == 2
