@@ -21,7 +21,10 @@ slot). `batch.clone()` keeps a copy.
 Iterating (`for batch in learner`) keeps `prefetch` batches in flight on a
 background thread (client/prefetch.py) that then does all of this
 learner's sampling: the control connection and the UCX gather are used
-from one thread only.
+from one thread only. A batch it read ahead has its slot headers read again
+when handed out: rows whose items were evicted since (their nodes mark the
+slots before the evicting insert is acknowledged) are resampled in place
+by the thread first, so no batch handed out holds an item evicted before.
 """
 
 from __future__ import annotations
