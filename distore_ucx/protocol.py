@@ -146,6 +146,18 @@ MESSAGES: dict[str, tuple[F, ...]] = {
         F("statuses", "u32[]", required=False),
         F("error", "str", required=False, max_len=4096),
     ),
+    # A node whose arena has no room for an insert into a table: evict up
+    # to n of that table's items stored on it, by the table's remover.
+    "evict": (
+        F("node_id", "int", lo=0, hi=2**32),
+        F("table", "str", **_NAME),
+        F("n", "int", lo=1, hi=MAX_ITEMS),
+    ),
+    # A node's answer to a retire push: the slots' headers are marked.
+    "retired": (
+        F("node_id", "int", lo=0, hi=2**32),
+        F("request", "int", lo=1, hi=2**63 - 1),
+    ),
     # write a checkpoint now (distore checkpoint)
     "checkpoint": (),
     "register_writer": (),
@@ -215,6 +227,14 @@ MESSAGES: dict[str, tuple[F, ...]] = {
         F("slot_size", "int", lo=1, hi=1 << 34),
         F("offsets", "u64[]"),
         F("keys", "u64[]"),
+        F("generations", "u64[]"),
+    ),
+    # control plane -> node: evicted items still leased; mark their slots'
+    # headers retired (reads then fail their check), answer with `retired`
+    "retire": (
+        F("request", "int", lo=1, hi=2**63 - 1),
+        F("table", "str", **_NAME),
+        F("offsets", "u64[]"),
         F("generations", "u64[]"),
     ),
     # control plane -> node: staged extents whose lease ended

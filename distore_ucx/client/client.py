@@ -51,7 +51,10 @@ class Client:
         self._rpc = rpc.Client(address, timeout, token=self.token, reconnect=timeout)
         self._lock = threading.Lock()
         self._runtime = None
-        self._children: list[Any] = []
+        self._children: list[Any] = []  # learners
+        # Writers, held weakly: one the caller drops is collected and flushes
+        # by itself (Writer.__del__); close() flushes those still here.
+        self._writers: weakref.WeakSet[Writer] = weakref.WeakSet()
         self._specs: dict[str, TableSpec] = {}
         self._closed = False
         self._connections: weakref.WeakSet[rpc.Client] = weakref.WeakSet()  # see connection()
@@ -94,7 +97,9 @@ class Client:
         return _strip(info)
 
     def table_info(self, name: str) -> dict:
-        """Size, capacity, counts (inserts, samples, deletes), spec of a table."""
+        """Size, capacity, counts (inserts, samples, deletes), spec of a table;
+        `fits`: how many of its items the live nodes can hold beside the
+        other tables' items (a full arena evicts by the table's remover)."""
         return _strip(self.call("table_info", name=name))
 
     def tables(self) -> list[dict]:
@@ -130,7 +135,7 @@ class Client:
         """A Writer for inserting items; see Writer for options."""
         ensure_open(self, "client")
         w = Writer(self, **options)
-        self._children.append(w)
+        self._writers.add(w)
         return w
 
     def learner(self, table: str, batch_size: int, device: str = "cpu", **options: Any):
@@ -170,8 +175,10 @@ class Client:
     def close(self) -> None:
         """Close writers (flushing them), learners, the UCX runtime, the connection."""
         children, self._children = self._children, []
+        writers = sorted(self._writers, key=lambda w: w.writer_id)
+        self._writers = weakref.WeakSet()
         first_error = None
-        for child in reversed(children):
+        for child in [*reversed(writers), *reversed(children)]:
             try:
                 child.close()
             except Exception as exc:  # close everything, then report

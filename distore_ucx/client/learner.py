@@ -21,7 +21,10 @@ slot). `batch.clone()` keeps a copy.
 Iterating (`for batch in learner`) keeps `prefetch` batches in flight on a
 background thread (client/prefetch.py) that then does all of this
 learner's sampling: the control connection and the UCX gather are used
-from one thread only.
+from one thread only. A batch it read ahead has its slot headers read again
+when handed out: rows whose items were evicted since (their nodes mark the
+slots before the evicting insert is acknowledged) are resampled in place
+by the thread first, so no batch handed out holds an item evicted before.
 """
 
 from __future__ import annotations
@@ -265,6 +268,9 @@ class Learner:
         self._next = 0
         self._prefetcher: Prefetcher | None = None
         self._held: int | None = None  # ring slot of the batch the caller holds (GPU fences)
+        self._locs: list = [None] * (prefetch + 1)  # per ring slot: its items' locations
+        self._headers = None  # where batches fetched ahead have their headers re-read
+        self._check_keys: dict = {}  # node id -> (address, remote key) for those re-reads
         self._lengths = np.full(batch_size, self._read, np.uint64)
         self._rows = np.arange(batch_size, dtype=np.uint64) * np.uint64(self._slot)
         self.resampled = 0
@@ -349,6 +355,12 @@ class Learner:
         except BaseException:
             self._stop_prefetch()  # the thread has ended; the next iteration restarts it
             raise
+        stale = self._retired_rows(slot)
+        if len(stale):
+            # Items evicted after the thread read them (their slots are
+            # marked): never handed out, resampled in place by the thread.
+            batch = self._prefetcher.call(lambda: self._repair(slot, batch, stale, wait),
+                                          wait + self.transfer_timeout + 10.0)
         return self._hand_out(slot, batch)
 
     def _produce(self, stopping) -> tuple[int, Batch]:
@@ -382,19 +394,36 @@ class Learner:
         n = self.batch_size
         keys = np.empty(n, np.uint64)
         probs = np.empty(n, np.float64)
-        rows = np.arange(n)
+        locs = self._locs[slot] = np.empty(n, ITEM_LOCATION)  # re-checked at hand-out
         reply = self._next_reply(wait)
         if not self._consuming and not self._ahead:
             self._top_up(wait)  # the last batch of a reply: ask for the next ones
         if self._rpc.session != self._session:
             self._new_session()
+        table_size = self._read_rows(reply, np.arange(n), dest, slot, keys, probs, locs, wait)
+        self._ring.fill(slot, n)
+        self._read_at = time.monotonic()
+        weights = None
+        if self.beta is not None:
+            w = (table_size * probs) ** -self.beta
+            weights = w / w.max()
+        return slot, Batch(None, keys, probs, table_size, weights)
+
+    def _read_rows(self, reply: dict, rows: np.ndarray, dest, slot: int, keys: np.ndarray,
+                   probs: np.ndarray, locs: np.ndarray, wait: float) -> int:
+        """Read `reply`'s items into `rows` of ring slot `slot`, resampling
+        those that fail their header check; fills keys, probabilities and
+        locations of those rows. Returns the table size of the last reply."""
+        n = len(rows)
         leases = []
         for attempt in range(MAX_RESAMPLES):
             if reply["lease"] is not None:  # None: not the last batch of a reply
                 leases.append(reply["lease"])
             table_size = reply["table_size"]
             got = self._gather(reply, rows, dest, slot)
-            keys[rows[got]] = np.frombuffer(reply["items"], ITEM_LOCATION)["key"][got]
+            items = np.frombuffer(reply["items"], ITEM_LOCATION)
+            keys[rows[got]] = items["key"][got]
+            locs[rows[got]] = items[got]
             probs[rows[got]] = np.frombuffer(reply["probabilities"], np.float64)[got]
             rows = rows[~got]
             if len(rows) == 0:
@@ -410,13 +439,82 @@ class Learner:
                 f"{MAX_RESAMPLES} resamples; storage nodes may be failing (see distore status)"
             )
         self._done_leases.extend(leases)  # read: released with the next request
-        self._ring.fill(slot, n)
-        self._read_at = time.monotonic()
-        weights = None
-        if self.beta is not None:
-            w = (table_size * probs) ** -self.beta
-            weights = w / w.max()
-        return slot, Batch(None, keys, probs, table_size, weights)
+        return table_size
+
+    def _retired_rows(self, slot: int) -> np.ndarray:
+        """Rows of the batch in ring slot `slot` whose items left the table
+        since they were read (evicted while this learner held them: their
+        node marked the slots, control/retirements.py), found by reading
+        every slot header again in place: one native call for mapped nodes,
+        one small UCX gather for the rest. A header that cannot be read
+        counts as retired (the row is resampled). Runs on the consumer's
+        thread while the prefetch thread reads the next batches: it only
+        reads the peers' current tables (replaced, never changed in place)."""
+        locs = self._locs[slot]
+        n = len(locs)
+        if self._headers is None:
+            self._headers = self._runtime.map_region(n * 16)
+        peers = self._peers
+        mappings, map_lut = peers.mappings, peers.map_lut
+        rkeys, key_lut, base_lut = peers.rkeys, peers.key_lut, peers.base_lut
+        rows16 = np.arange(n, dtype=np.uint64) * np.uint64(16)
+        statuses = _native.mapped_gather_located(mappings, map_lut, locs.tobytes(), rows16, 16,
+                                                 self._headers, None)
+        rest = np.flatnonzero(statuses == _native.STATUS_NOT_MAPPED)
+        if len(rest):
+            statuses[rest] = _native.STATUS_UNREACHABLE  # unless read below
+            header = self._headers.view().view(np.uint64).reshape(n, 2)
+            for node_id in np.unique(locs["node"][rest]).tolist():
+                u = rest[locs["node"][rest] == node_id]
+                worker, key = self._check_key(node_id, rkeys, key_lut)
+                if key is None:
+                    continue
+                got = _native.gather(
+                    worker, [key], np.zeros(len(u), np.uint32),
+                    base_lut[node_id] + locs["offset"][u], np.full(len(u), 16, np.uint64),
+                    self._headers, rows16[u], self.transfer_timeout)
+                same = ((header[u, 0] == locs["key"][u])
+                        & (header[u, 1] == locs["generation"][u]))
+                statuses[u] = np.where((got == 0) & ~same, _native.STATUS_STALE, got)
+                if (got != 0).any():
+                    self._check_keys.pop(node_id, None)  # made again next time
+        return np.flatnonzero(statuses != 0)
+
+    def _check_key(self, node_id: int, rkeys: list, key_lut: np.ndarray):
+        """(worker, remote key) to re-read a node's headers from the consumer's
+        thread. A same-host node read with process_vm_readv: its key, on the
+        reader worker (no round trip). Over UCX: a key of our own on the main
+        worker's endpoint, whose connection carries no batch reads, so the
+        16-byte reads do not wait behind the prefetch thread's (over TCP the
+        node answers each connection in order). (None, None): unknown node."""
+        peer = self._peers.get(node_id)
+        if peer is None or node_id >= len(key_lut) or key_lut[node_id] < 0:
+            return None, None
+        if peer.path == "cma":
+            return self._runtime.reader_worker, rkeys[key_lut[node_id]]
+        key = self._check_keys.get(node_id)
+        if key is None or key[0] != peer.worker_address:
+            desc = next((d for d in self._client.nodes() if d["node_id"] == node_id), None)
+            if desc is None or desc["worker_address"] != peer.worker_address:
+                return None, None
+            ep = self._runtime.endpoint(peer.worker_address, peer.name)
+            key = (peer.worker_address, _native.RemoteKey(
+                ep, desc["rkey"], desc["arena_base"], desc["arena_size"], peer.name))
+            self._check_keys[node_id] = key
+        return self._runtime.worker, key[1]
+
+    def _repair(self, slot: int, batch: Batch, rows: np.ndarray, wait: float) -> Batch:
+        """On the prefetch thread: resample `rows` of a batch it read ahead
+        (their items were evicted since) into the same ring slot."""
+        dest = self._ring.acquire(slot)
+        self.resampled += len(rows)
+        table_size = self._read_rows(self._resample(len(rows), wait), rows, dest, slot,
+                                     batch.keys, batch.probabilities, self._locs[slot], wait)
+        self._ring.fill(slot, self.batch_size)
+        if batch.weights is not None:
+            w = (table_size * batch.probabilities) ** -self.beta
+            batch.weights = w / w.max()
+        return batch
 
     def update_priorities(self, keys, priorities) -> dict:
         """Set new priorities for sampled items, in one batched request.
@@ -621,6 +719,8 @@ class Learner:
         except DistoreError:
             pass  # the leases will expire
         self._done_leases = []
+        self._headers = None
+        self._check_keys = {}
         self._peers.close()
         self._ring.close()
         self._rpc.close()

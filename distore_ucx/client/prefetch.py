@@ -46,6 +46,7 @@ class _State:
         self.items: deque = deque()
         self.credits = depth
         self.error: BaseException | None = None
+        self.jobs: deque[_Job] = deque()  # calls to run on the thread (Prefetcher.call)
         self.stop = False
         self.finished = False
 
@@ -62,11 +63,16 @@ def _work(produce_ref: Callable[[], Any], state: _State) -> None:
     try:
         while True:
             with state.cond:
-                while state.credits == 0 and not state.stop:
+                while state.credits == 0 and not state.stop and not state.jobs:
                     state.cond.wait()
                 if state.stop:
                     return
-                state.credits -= 1
+                job = state.jobs.popleft() if state.jobs else None
+                if job is None:
+                    state.credits -= 1
+            if job is not None:
+                job.run()
+                continue
             produce = produce_ref()
             if produce is None:  # the owner was collected
                 return
@@ -86,7 +92,32 @@ def _work(produce_ref: Callable[[], Any], state: _State) -> None:
     finally:
         with state.cond:
             state.finished = True
+            for job in state.jobs:  # nobody will run them now
+                job.fail(PrefetcherClosed("the prefetcher was closed"))
+            state.jobs.clear()
             state.cond.notify_all()
+
+
+class _Job:
+    """A call run on the prefetch thread for the consumer (Prefetcher.call)."""
+
+    def __init__(self, fn: Callable[[], Any]):
+        self.fn = fn
+        self.done = threading.Event()
+        self.result: Any = None
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        try:
+            self.result = self.fn()
+        except BaseException as exc:  # handed to the caller
+            self.error = exc
+        self.fn = None
+        self.done.set()
+
+    def fail(self, exc: BaseException) -> None:
+        self.error = exc
+        self.done.set()
 
 
 class Prefetcher:
@@ -134,6 +165,24 @@ class Prefetcher:
                 state.cond.wait(remaining)
             self._holding = True
             return state.items.popleft()
+
+    def call(self, fn: Callable[[], Any], timeout: float | None = None) -> Any:
+        """Run `fn()` on the producer's thread, before the next item it
+        starts producing (after the one it is producing now), and return its
+        result or raise its exception: for work on what the producer owns
+        (a learner repairing a batch it handed over)."""
+        state = self._state
+        job = _Job(fn)
+        with state.cond:
+            if state.finished or state.stop:
+                raise PrefetcherClosed("the prefetcher was closed")
+            state.jobs.append(job)
+            state.cond.notify_all()
+        if not job.done.wait(timeout):
+            raise TimeoutError(f"the prefetch thread did not run the call within {timeout} s")
+        if job.error is not None:
+            raise job.error
+        return job.result
 
     @property
     def alive(self) -> bool:

@@ -30,6 +30,12 @@ writer is empty afterwards. A node that dies with a batch in flight: the
 batch goes to another node (the control plane drops whatever the dead
 node held, so nothing is doubled).
 
+A writer left open flushes by itself: when it is garbage-collected, and at
+interpreter exit (before the UCX runtimes close) for writers still open;
+each waits up to its `timeout`, and items it could not store are logged
+as a warning with their count and the reason. Call `close()` (or use the
+writer as a context manager) to see such a failure as an exception.
+
 Order: a table's FIFO order is the order in which the control plane
 registers batches. With `max_in_flight` > 1, two batches of one writer may
 be registered in either order; `max_in_flight=1` keeps a writer's items in
@@ -43,7 +49,9 @@ import logging
 import math
 import os
 import secrets
+import threading
 import time
+import weakref
 from collections import deque
 from dataclasses import dataclass
 
@@ -55,7 +63,7 @@ from ..errors import ConfigError, ConnectionFailed, RateLimiterTimeout, StorageF
 from ..storage.pulls import AM_INSERT_ID, am_inserts_enabled, am_min_item_bytes
 from ..transport import rpc
 from ..transport.local_map import TICKET_BYTES, send_staging
-from ..transport.runtime import host_id
+from ..transport.runtime import close_at_exit, host_id
 from .lifecycle import check_insert, ensure_open
 from .peers import local_map_default
 
@@ -199,6 +207,7 @@ class Writer:
         self.stats = metrics.WriterStats()  # ds.metrics.registry() reads it
         metrics.track("writer", self)
         self._closed = False
+        _track_open(self)
 
     def next_keys(self, n: int = 1) -> np.ndarray:
         """The keys the next `n` items this writer inserts will get (uint64), so
@@ -331,6 +340,30 @@ class Writer:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+    def __del__(self):
+        # A writer dropped without close(): store what it holds (bounded by
+        # its timeout) and say what could not be stored.
+        if not getattr(self, "_closed", True):
+            self._close_unattended("garbage-collected without close()")
+
+    def _close_unattended(self, why: str) -> None:
+        """close() for a writer nobody closed (collected, or open at exit):
+        never raises; items that could not be stored are logged with their
+        count and the reason."""
+        if self._closed:
+            return
+        held = sum(b.n for b in self._open.values()) + sum(b.n for _, b, _, _ in
+                                                             self._in_flight)
+        try:
+            self.close()
+        except BaseException as exc:  # nobody to raise to: say it
+            lost = getattr(exc, "not_stored", held)
+            log.warning("writer %d (%s): %d items could not be stored: %s", self.writer_id,
+                        why, lost, exc)
+        else:
+            if held:
+                log.info("writer %d (%s): flushed its last %d items", self.writer_id, why, held)
 
     # -- internals -------------------------------------------------------
     def _batch(self, table: str, spec) -> _Batch:
@@ -585,6 +618,33 @@ class Writer:
             self._conns.pop(key).close()
             self._handed.pop(key, None)  # a new connection claims its buffer anew
         self._nodes = [n for n in self._nodes if n["node_id"] != node_id]
+
+
+# Writers not closed yet; at interpreter exit each is flushed and closed
+# (before the UCX runtimes close: their staging buffers and active-message
+# sends use them). Held weakly: a writer dropped earlier flushes in __del__.
+_OPEN: weakref.WeakSet[Writer] = weakref.WeakSet()
+_OPEN_LOCK = threading.Lock()
+_at_exit_registered = False
+
+
+def _track_open(writer: Writer) -> None:
+    # Registered with the first writer, after its client's runtime registered
+    # its own callback: the last registered runs first, so writers flush
+    # before learners close and before the runtimes do.
+    global _at_exit_registered
+    with _OPEN_LOCK:
+        if not _at_exit_registered:
+            close_at_exit(_close_writers_at_exit)
+            _at_exit_registered = True
+        _OPEN.add(writer)
+
+
+def _close_writers_at_exit() -> None:
+    with _OPEN_LOCK:
+        writers = list(_OPEN)
+    for writer in writers:
+        writer._close_unattended("still open at interpreter exit")
 
 
 # While a node's reply takes longer than this, the writer checks every this

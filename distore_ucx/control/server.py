@@ -38,6 +38,8 @@ from .checkpoint import IdState, Image
 from .leases import Leases
 from .membership import Membership
 from .restore import Restore
+from .retirements import Retirements
+from .room import Room, fits
 from .tables import Freed, Table
 from .tiers import COLD, Demotions, Tiers, apply_moves, cold_items
 
@@ -62,6 +64,8 @@ class ControlPlane:
         self.leases = Leases(config.lease_timeout)
         self.tiers = Tiers(self.members)  # nodes' disk tiers: demotion, staging
         self.demotions = Demotions()  # full nodes' demotion candidates, one scan for many
+        self.retirements = Retirements(self.members)  # evicted leased slots being marked
+        self.room = Room(np.random.default_rng(config.seed))  # full arenas: what to evict
         self._changed: dict[str, asyncio.Event] = {}  # set when a table's counts change
         self._seed = itertools.count(config.seed) if config.seed is not None else None
         self._stop = asyncio.Event()
@@ -452,8 +456,9 @@ class ControlPlane:
             return [(f"table {name!r}: capacity {capacity} x {slot_size}-byte slots = {need} "
                      f"bytes, but the {where} of the {len(nodes)} live storage "
                      f"node(s) hold at most "
-                     f"{room} such items ({sum(arenas)} bytes): inserts will fail with "
-                     "StorageFull before the table is full. Lower the capacity, or start more "
+                     f"{room} such items ({sum(arenas)} bytes): once they are full, an "
+                     "insert evicts the table's own items by its remover, so it holds about "
+                     f"{room} items (table_info's 'fits'). Lower the capacity, or start more "
                      "storage nodes, larger arenas or disk tiers (--disk)")]
         others = {t.name: t.capacity * t.spec.slot_size for t in self.tables.values()}
         # Only the table that tips the sum over is warned about (once was enough
@@ -462,14 +467,15 @@ class ControlPlane:
             return [(f"table {name!r}: capacity {capacity} x {slot_size}-byte slots = {need} "
                      f"bytes fits the live nodes' {where} ({sum(arenas)} bytes) alone, but not "
                      f"together with the other tables' capacities "
-                     f"({', '.join(f'{k}: {v} bytes' for k, v in others.items())}): whichever "
-                     "fills first takes the space, and inserts into the others fail with "
-                     "StorageFull")]
+                     f"({', '.join(f'{k}: {v} bytes' for k, v in others.items())}): tables "
+                     "share arenas first come, first served; a table with no room evicts its "
+                     "own items, and one that holds none on a full node gets StorageFull")]
         return []
 
     def op_table_info(self, peer: Peer, f: dict) -> dict:
         table = self._table(f["name"])
-        return {**table.info(), "cold": cold_items(table)}
+        return {**table.info(), "cold": cold_items(table),
+                "fits": fits(table, list(self.tables.values()), self.members.alive())}
 
     def op_list_tables(self, peer: Peer, f: dict) -> dict:
         return {"tables": [t.info() for t in self.tables.values()]}
@@ -514,9 +520,13 @@ class ControlPlane:
         if "used_bytes" in f:
             self.members.nodes[node_id].used_bytes = f["used_bytes"]
         freed = table.add(node_id, f["keys"], f["offsets"], f["generations"], f["priorities"])
+        retired = table.retired_leased
         self._free(table.name, freed)
         self._touch(table)
-        return {"evicted": int(len(freed.nodes))}
+        # Evicted items a learner sampled ahead: their nodes mark the slots
+        # retired before the insert is acknowledged (control/retirements.py).
+        await self.retirements.mark(table.name, retired)
+        return {"evicted": int(len(freed.nodes) + len(retired))}
 
     async def op_sample(self, peer: Peer, f: dict) -> dict:
         """Sample n items under a lease owned by this connection.
@@ -628,6 +638,26 @@ class ControlPlane:
     def op_staged(self, peer: Peer, f: dict) -> None:
         """A node staged (or could not stage) a sample's cold items."""
         self.tiers.staged(self._node_of(peer, f, "staged"), f)
+
+    def op_evict(self, peer: Peer, f: dict) -> dict:
+        """A node whose arena has no room for an insert into a table: evict
+        up to n of that table's items stored there, by its remover
+        (control/room.py); the node frees the slots it is told."""
+        node_id = self._node_of(peer, f, "evict")
+        table = self._table(f["table"])
+        recs = self.room.pick(table, node_id, f["n"])
+        freed = table.evict(recs)  # unleased: every slot is freed
+        if len(recs):
+            self._touch(table)
+            log.debug("table %r: %d items evicted to make room on node %d", table.name,
+                      len(recs), node_id)
+        s = table.store
+        leased = int(np.count_nonzero((s.node == node_id) & (s.leases > 0)))
+        return {"offsets": freed.offsets, "leased": leased}
+
+    def op_retired(self, peer: Peer, f: dict) -> None:
+        """A node marked the slots of a `retire` push."""
+        self.retirements.retired(self._node_of(peer, f, "retired"), f["request"])
 
     def op_update_priorities(self, peer: Peer, f: dict) -> dict:
         if (f["priorities"] < 0).any():

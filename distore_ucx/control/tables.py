@@ -43,6 +43,24 @@ class Freed:
 
 
 @dataclass
+class Retired:
+    """Leased items that left the table (evicted): their slots stay until
+    the lease ends, and their nodes mark the slots' headers retired so that
+    no read of them passes its header check (control/retirements.py)."""
+
+    nodes: np.ndarray
+    offsets: np.ndarray
+    generations: np.ndarray
+
+    @classmethod
+    def empty(cls) -> Retired:
+        return cls(np.empty(0, np.uint32), np.empty(0, np.uint64), np.empty(0, np.uint64))
+
+    def __len__(self) -> int:
+        return len(self.nodes)
+
+
+@dataclass
 class Pending:
     """Checkpointed items no node has re-sent yet (a restore in progress).
 
@@ -121,6 +139,9 @@ class Table:
         # request: nodes' staging areas are sized for three batches of cold
         # items per learner (control/server.py op_sample).
         self.may_hold_cold = False
+        # Leased items the last add() evicted: the caller has their slots
+        # marked retired before it acknowledges the insert.
+        self.retired_leased = Retired.empty()
 
     @classmethod
     def make(cls, name: str, capacity: int, spec, sampler: Selector | None = None,
@@ -147,7 +168,14 @@ class Table:
         recs = self._place(node, keys, offsets, generations)
         evicted = self.core.insert(recs, keys, np.ascontiguousarray(priorities, np.float64))
         self.inserts += len(keys)
+        self.retired_leased = self._leased(evicted)
         return self._retire(evicted)
+
+    def _leased(self, recs: np.ndarray) -> Retired:
+        """Where those of `recs` that a learner holds a lease on are."""
+        s = self.store
+        held = recs[s.leases[recs] > 0]
+        return Retired(s.node[held].copy(), s.offset[held].copy(), s.generation[held].copy())
 
     def _place(self, node: int, keys, offsets, generations) -> np.ndarray:
         """New LIVE records for items stored at (node, offsets); their ids."""
@@ -160,6 +188,12 @@ class Table:
         s.leases[recs] = 0
         s.state[recs] = LIVE
         return recs
+
+    def evict(self, recs: np.ndarray) -> Freed:
+        """Take LIVE records out of the table as its remover would (counted
+        as deletes): to make room in a full arena (control/room.py)."""
+        self.core.remove(recs)
+        return self._retire(recs)
 
     def drop_node(self, node: int) -> int:
         """Take every item stored on `node` out of the table (the node died)."""
@@ -366,4 +400,4 @@ class Table:
         }
 
 
-__all__ = ["Table", "Freed", "FREE", "LIVE", "RETIRED"]
+__all__ = ["Table", "Freed", "Retired", "FREE", "LIVE", "RETIRED"]

@@ -58,6 +58,7 @@ class Arena:
         self.used_bytes = 0
         self._context = runtime.context
         self._local = None  # the writable alias, registered for local access (pulls)
+        self._words = None  # the writable alias as uint64 words (mark_retired)
 
     @property
     def share_fd(self) -> int:
@@ -113,6 +114,13 @@ class Arena:
         slots.carve(fresh)
         self.used_bytes += k * slot_size
         return np.concatenate([reused, fresh]) if len(reused) else fresh
+
+    def shortfall(self, table: str, slot_size: int, k: int) -> int:
+        """How many of k slots for `table` the arena cannot give now (0: allocate succeeds)."""
+        slots = self._tables.get(table)
+        free = slots.free_slots if slots is not None else 0
+        room = self._room(slot_size, slots.end if slots is not None else 0)
+        return max(0, k - free - room)
 
     @property
     def free_extents(self) -> list[tuple[int, int]]:
@@ -195,6 +203,21 @@ class Arena:
             # Every slot of the table is free: its space goes back to all tables.
             self._give_back(slots.cols["offset"][: slots.n], slots.slot_size)
             del self._tables[table]
+
+    def mark_retired(self, offsets: np.ndarray, generations: np.ndarray) -> int:
+        """Zero the header generation of slots that still hold these
+        generations (items evicted while a learner holds a lease on them):
+        every read's header check then fails, while the slot stays allocated
+        until the control plane frees it. Returns how many were marked."""
+        if self._words is None:
+            self._words = self.region.view().view(np.uint64)  # the writable alias
+        offsets = np.asarray(offsets, np.uint64)
+        gens = np.asarray(generations, np.uint64)
+        ok = offsets + np.uint64(16) <= np.uint64(self.size)  # a confused peer: ignore
+        idx = (offsets[ok] // np.uint64(8) + np.uint64(1)).astype(np.int64)  # generation word
+        same = idx[self._words[idx] == gens[ok]]
+        self._words[same] = 0
+        return len(same)
 
     def tables(self) -> dict[str, SlotTable]:
         """Every table that has slots here, by name."""

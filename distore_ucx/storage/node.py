@@ -53,6 +53,7 @@ from ..transport.rpc import AsyncClient, parse_address, serve
 from ..transport.runtime import host_id, rendezvous_config
 from .arena import Arena, page_advice, page_size_label
 from .pulls import AM_INSERT_ID, am_inserts
+from .slots import ALLOCATED
 from .tier import COLD, DiskTier, StagingArea, bounce_reads, is_cold, stride_of
 
 log = logging.getLogger(__name__)
@@ -473,6 +474,11 @@ class StorageNode:
                 self._free(fields["table"], fields["offsets"], live_only=True)
             except ValueError as exc:  # a confused control plane must not stop the node
                 log.error("ignoring a free from the control plane: %s", exc)
+        elif op == "retire":
+            # Evicted items a learner holds a lease on: their reads must fail
+            # the header check from now on (control/retirements.py).
+            self.arena.mark_retired(fields["offsets"], fields["generations"])
+            self.control.push("retired", node_id=self.node_id, request=fields["request"])
         elif op == "stage" and self.tier is not None:
             asyncio.get_running_loop().create_task(self._stage(fields))
         elif op == "unstage" and self.staging is not None:
@@ -602,21 +608,55 @@ class StorageNode:
     # -- the disk tier (storage/tier.py, control/tiers.py) -------------------
     async def _allocate(self, table: str, slot_size: int, k: int) -> np.ndarray:
         """Arena slots for an insert; with a disk tier, a full arena first
-        demotes items of the table to disk (StorageFull when both are full)."""
+        demotes items of the table to disk (StorageFull when both are full);
+        without one, the table evicts its own items here, by its remover
+        (control/room.py; StorageFull when none can be)."""
         self._slot_sizes[table] = slot_size
         delay = 0.01
         for _ in range(20):  # other inserts may take the room we made: try again
             try:
                 return self.arena.allocate(table, slot_size, k)
-            except StorageFull:
-                if self.tier is None or self.control is None or not self._joined.is_set():
+            except StorageFull as exc:
+                if self.control is None or not self._joined.is_set():
                     raise
+                if self.tier is None:
+                    if not await self._make_room(table, slot_size, k, exc):
+                        await asyncio.sleep(delay)  # inserts in flight hold the space
+                        delay = min(2 * delay, 0.5)
+                    continue
             if await self._demote(table, slot_size, k) == 0:
                 # Nothing to demote now: the table's items here are leased, or
                 # inserts in flight have not reached the control plane yet.
                 await asyncio.sleep(delay)
                 delay = min(2 * delay, 0.5)
         return self.arena.allocate(table, slot_size, k)  # raises StorageFull as it is
+
+    async def _make_room(self, table: str, slot_size: int, k: int, full: StorageFull) -> bool:
+        """Have the control plane evict items of `table` stored here (by the
+        table's remover) and free their slots. False when none could be
+        evicted yet because inserts in flight hold the table's space here
+        (their items become evictable once registered); StorageFull, saying
+        why, when none can be."""
+        need = self.arena.shortfall(table, slot_size, k)
+        if need == 0:
+            return True  # another insert's eviction made the room meanwhile
+        reply = await self.control.call("evict", node_id=self.node_id, table=table, n=need)
+        offsets = np.frombuffer(reply["offsets"], np.uint64)
+        if len(offsets):
+            self.arena.free(table, offsets, live_only=True)
+            return True
+        slots = self.arena.tables().get(table)
+        if slots is not None and (slots.cols["state"][:slots.n] == ALLOCATED).any():
+            return False
+        leased = reply.get("leased", 0)
+        raise StorageFull(
+            f"{full} [table {table!r} has no item on node {self.name} that could be evicted "
+            "to make room"
+            + (f": its {leased} items here are under lease (learners reading them; they are "
+               "freed when released)" if leased else
+               ": the space is held by other tables, which keep it (tables share arenas "
+               "first come, first served)")
+            + "]")
 
     async def _demote(self, table: str, slot_size: int, k: int) -> int:
         """Move at least k items of `table` (as the control plane picks them)
