@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import tempfile
 import textwrap
 
 import numpy as np
@@ -28,7 +29,8 @@ client = ds.connect(sys.argv[1])
 def run_actor(address: str, body: str, timeout: float = 60.0) -> subprocess.CompletedProcess:
     script = HEAD + textwrap.dedent(body)
     return subprocess.run([sys.executable, "-c", script, address], capture_output=True,
-                          text=True, timeout=timeout, env=dict(os.environ))
+                          text=True, timeout=timeout, env=dict(os.environ),
+                          cwd=tempfile.gettempdir())  # the installed package, not the checkout
 
 
 @pytest.mark.parametrize("tls", ["tcp"], indirect=True)
