@@ -144,7 +144,8 @@ class StorageNode:
             steps.update(1, note="arena mapped")
             self._token = read_token(cfg.token_file)
             self._start_local_map()
-            server = await serve(host, cfg.port, self._handle, token=self._token)
+            server = await serve(host, cfg.port, self._handle, token=self._token,
+                                 role="storage node")
             port = server.sockets[0].getsockname()[1]
             self._where = (host, port)
             steps.update(1, note=f"listening on {host}:{port}")
