@@ -51,7 +51,7 @@ from ..transport.capabilities import query
 from ..transport.local_map import LocalMapServer
 from ..transport.rpc import AsyncClient, parse_address, serve
 from ..transport.runtime import host_id, rendezvous_config
-from .arena import Arena, page_advice, page_size_label
+from .arena import Arena, granted_page_kind, page_advice, page_size_label
 from .pulls import AM_INSERT_ID, am_inserts
 from .tier import COLD, DiskTier, StagingArea, bounce_reads, is_cold, stride_of
 
@@ -153,7 +153,8 @@ class StorageNode:
                 cfg.metrics_port, host, loop, self, metrics.node_snapshot,
                 metrics.node_families, f"storage node {self.name}", cfg.metrics_optional)
             try:
-                await self._join()
+                if not await self._first_join():
+                    return 0 if self._stop.is_set() else 3
                 steps.update(1, note=f"joined as node {self.node_id}")
                 steps.close()
                 log.info(
@@ -217,6 +218,24 @@ class StorageNode:
                           self.config.control, self.config.reconnect_timeout, self.name)
                 return 3
 
+    async def _first_join(self) -> bool:
+        """Join at start; a control plane not up yet (started after its nodes,
+        or restarting) is waited for as after losing it, for
+        `reconnect_timeout` s. False: none came, or we were stopped."""
+        try:
+            await self._join()
+            return True
+        except (ConnectionFailed, Timeout) as exc:
+            log.warning("no control plane at %s yet (%s); node %s tries to join for %g s "
+                        "(--reconnect-timeout)", self.config.control, exc, self.name,
+                        self.config.reconnect_timeout)
+        if await self._rejoin():
+            return True
+        if not self._stop.is_set():
+            log.error("no control plane at %s within %g s; node %s exits",
+                      self.config.control, self.config.reconnect_timeout, self.name)
+        return False
+
     async def _rejoin(self) -> bool:
         """Try to re-join until `reconnect_timeout` passes or we are stopped."""
         deadline = time.monotonic() + self.config.reconnect_timeout
@@ -225,7 +244,8 @@ class StorageNode:
             old = self.control
             try:
                 await self._join()
-                await old.close()
+                if old is not None:  # None: joining for the first time
+                    await old.close()
                 return True
             except Exception as exc:  # whatever went wrong, try again until the deadline
                 if str(exc) != last_error:
@@ -264,7 +284,7 @@ class StorageNode:
                 pid=os.getpid(),
                 host_id=host_id(),
                 arena_id=self.arena.arena_id,
-                page_kind=self.arena.page_kind,
+                page_kind=granted_page_kind(self.arena.page_kind),
                 **({"local_socket": self.local_map.name} if self.local_map else {}),
                 **({"node_id": former} if former is not None else {}),
                 **({"disk_size": self.tier.size} if self.tier is not None else {}),

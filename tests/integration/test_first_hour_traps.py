@@ -327,3 +327,90 @@ def test_status_without_a_token_names_the_flag_first(tmp_path):
     line = out.stderr.strip().splitlines()[-1]
     assert "requires a token: pass --token-file FILE" in line, line
     assert line.index("--token-file") < line.index("token_file=")
+
+
+# -- 9. a node started before its control plane ------------------------------------------
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.slow
+def test_a_node_started_before_the_control_plane_waits_for_it(tmp_path):
+    port = _free_port()
+    env = dict(os.environ, UCX_TLS="tcp", UCX_NET_DEVICES="lo")
+    node_ready, control_ready = tmp_path / "node.ready", tmp_path / "control.ready"
+    node_log = tmp_path / "node.log"
+    with open(node_log, "w") as log:
+        node = subprocess.Popen(
+            [sys.executable, "-m", "distore_ucx", "node", "--control", f"127.0.0.1:{port}",
+             "--arena", "4MiB", "--no-hugepages", "--metrics-port", "0",
+             "--reconnect-timeout", "60", "--ready-file", str(node_ready)],
+            stdout=log, stderr=subprocess.STDOUT, env=env, cwd=tempfile.gettempdir())
+    control = None
+    try:
+        wait_for(lambda: "tries to join for 60 s" in node_log.read_text(), 60,
+                 "the node to say it waits for the control plane",
+                 state=lambda: node_log.read_text())
+        assert node.poll() is None  # before: it exited at once
+        control = subprocess.Popen(
+            [sys.executable, "-m", "distore_ucx", "control", "--port", str(port),
+             "--metrics-port", "0", "--ready-file", str(control_ready)],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env,
+            cwd=tempfile.gettempdir())
+        wait_for(node_ready.exists, 60, "the node to join", state=lambda: node_log.read_text())
+        with ds.connect(f"127.0.0.1:{port}") as client:
+            assert [n["alive"] for n in client.nodes()] == [True]
+    finally:
+        for proc in (node, control):
+            if proc is not None:
+                proc.terminate()
+                proc.wait(timeout=30)
+
+
+def test_a_node_whose_control_plane_never_comes_exits_saying_so(tmp_path):
+    out = run_cli("node", "--control", f"127.0.0.1:{_free_port()}", "--arena", "4MiB",
+                  "--no-hugepages", "--metrics-port", "0", "--reconnect-timeout", "1",
+                  env=dict(os.environ, UCX_TLS="tcp", UCX_NET_DEVICES="lo"))
+    assert out.returncode == 3, out.stderr
+    assert "tries to join for 1 s" in out.stderr
+    assert "within 1 s; node" in out.stderr and "Traceback" not in out.stderr
+
+
+# -- 11. small inconsistencies -------------------------------------------------------------
+
+def test_status_says_the_pages_the_node_log_says(tmp_path):
+    with ds.LocalCluster(nodes=1, arena_bytes=4 << 20, log_level="INFO",
+                         hugepages=True, log_dir=str(tmp_path)) as cluster:
+        out = run_cli("status", "--control", cluster.address, "--json", "--interval", "0")
+        (node,) = json.loads(out.stdout)["nodes"]
+        log = (tmp_path / "node0.log").read_text()
+    # Asked for hugepages, a node on a host without them logs 4 KiB pages;
+    # status said "thp" then.
+    logged = {"hugetlb": "2 MiB (reserved hugepages)", "thp": "2 MiB (transparent hugepages)",
+              "4k": "4 KiB"}
+    assert f"arena on {logged[node['page_kind']]} pages" in log, (node, log)
+
+
+def test_config_show_into_head_ends_quietly(tmp_path):
+    # `distore config show | head`, with head gone before the first write.
+    read, write = os.pipe()
+    os.close(read)
+    try:
+        out = subprocess.run([sys.executable, "-m", "distore_ucx", "config", "show"],
+                             stdout=write, stderr=subprocess.PIPE, text=True, timeout=60,
+                             cwd=tempfile.gettempdir())
+    finally:
+        os.close(write)
+    assert out.returncode == 141  # as a tool killed by SIGPIPE
+    assert "BrokenPipeError" not in out.stderr and "Traceback" not in out.stderr, out.stderr
+
+
+def test_a_fifo_remover_is_shown_without_alpha(store):
+    with ds.connect(store.address) as client:
+        info = client.create_table("shown", capacity=10, spec=((8,), "uint8"),
+                                   sampler=ds.Prioritized(0.6), remover=ds.Fifo())
+    assert info["remover"] == {"kind": "fifo"}
+    assert info["sampler"] == {"kind": "prioritized", "alpha": 0.6}
