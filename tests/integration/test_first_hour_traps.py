@@ -414,3 +414,20 @@ def test_a_fifo_remover_is_shown_without_alpha(store):
                                    sampler=ds.Prioritized(0.6), remover=ds.Fifo())
     assert info["remover"] == {"kind": "fifo"}
     assert info["sampler"] == {"kind": "prioritized", "alpha": 0.6}
+
+
+# -- 7. the torchrl extra, installed from the checkout ------------------------------------
+
+def test_the_torchrl_extra_pins_torch_as_the_examples_do():
+    try:
+        import tomllib
+    except ImportError:  # Python 3.10
+        import tomli as tomllib
+
+    with open(os.path.join(REPO, "pyproject.toml"), "rb") as fh:
+        extras = tomllib.load(fh)["project"]["optional-dependencies"]
+    torch = [r for r in extras["examples"] if r.startswith("torch==")]
+    assert torch and torch[0] in extras["torchrl"]  # no multi-GB download, no backtracking
+    readme = open(os.path.join(REPO, "README.md")).read()
+    assert "pip install '.[torchrl]'" in readme  # the package is on no index
+    assert "pip install 'distore-ucx[torchrl]'" not in readme
