@@ -45,6 +45,7 @@ def store():
 # releases that lease, to a control plane the same ^C has just stopped.
 INTERRUPTED = """
 import time
+import numpy as np
 import distore_ucx as ds
 cluster = ds.LocalCluster(nodes=1, arena_bytes=4 << 20, log_level="WARNING").start()
 client = ds.connect(cluster.address)
@@ -53,7 +54,7 @@ with client.writer() as w:
     w.insert("t", np.zeros((10, 8), np.uint8))
 with client.learner("t", batch_size=4, sample_ahead=1) as learner:
     learner.sample()
-    print("sampling", flush=True)
+    print("sampling", cluster.log_dir, flush=True)
     time.sleep(120)
 """
 
@@ -67,7 +68,8 @@ def test_ctrl_c_on_a_local_cluster_script_exits_at_once():
         start_new_session=True,  # a terminal's ^C reaches the whole process group
         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
-        assert proc.stdout.readline().strip() == "sampling", proc.stderr.read()
+        said, log_dir = proc.stdout.readline().split()
+        assert said == "sampling", proc.stderr.read()
         os.killpg(proc.pid, signal.SIGINT)
         start = time.monotonic()
         _, err = proc.communicate(timeout=90)
@@ -81,6 +83,7 @@ def test_ctrl_c_on_a_local_cluster_script_exits_at_once():
     assert took < 10, f"took {took:.0f} s to exit after ^C:\n{err}"
     assert "sending it again" not in err and "ConnectionFailed" not in err, err
     assert err.strip().splitlines()[-1] == "KeyboardInterrupt", err
+    assert not os.path.exists(log_dir)  # the cluster's folder went with it
 
 
 # -- 2. a batch no sample request can carry ----------------------------------------
