@@ -247,14 +247,13 @@ def _listening(role: str, host: str, port: int, flag: str):
     try:
         yield
     except OSError as exc:
-        if exc.errno not in (errno.EADDRINUSE, errno.EADDRNOTAVAIL, errno.EACCES):
-            raise
+        if exc.errno not in (errno.EADDRINUSE, errno.EADDRNOTAVAIL):
+            raise  # only a bind fails with these
         why = {errno.EADDRINUSE: "another process (another control plane or node?) "
                                  f"listens there: stop it, or pass {flag} N (0 = any free "
                                  "port)",
                errno.EADDRNOTAVAIL: "this host has no such address: pass --host with one "
-                                    "of its own addresses",
-               errno.EACCES: f"ports below 1024 need privileges: pass {flag} 1024 or above"}
+                                    "of its own addresses"}
         raise ConfigError(f"the {role} cannot listen on {host}:{port}: {exc.strerror}; "
                           f"{why[exc.errno]}") from None
 
