@@ -139,7 +139,12 @@ class Client:
         return w
 
     def learner(self, table: str, batch_size: int, device: str = "cpu", **options: Any):
-        """A Learner sampling `batch_size` items of `table` into `device` memory."""
+        """A Learner sampling `batch_size` items of `table` into `device` memory.
+
+        `batch_size` is 1 to 65536 (what one sample request carries), and a
+        host ring of `prefetch + 1` such batches must fit in memory: both are
+        refused here with ConfigError, before anything is allocated.
+        """
         ensure_open(self, "client")
         _refuse_batch_size(batch_size)
         _refuse_unadmittable(self.table_info(table), table, batch_size)
