@@ -36,6 +36,7 @@ from .. import metrics
 from .._native_loader import _native
 from ..config import NodeConfig, read_token
 from ..errors import (
+    AuthenticationFailed,
     ConnectionFailed,
     InvalidRequest,
     SpecMismatch,
@@ -225,6 +226,8 @@ class StorageNode:
         try:
             await self._join()
             return True
+        except AuthenticationFailed:
+            raise  # a control plane answered and refused us: waiting will not help
         except (ConnectionFailed, Timeout) as exc:
             log.warning("no control plane at %s yet (%s); node %s tries to join for %g s "
                         "(--reconnect-timeout)", self.config.control, exc, self.name,

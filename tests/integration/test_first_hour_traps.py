@@ -434,3 +434,16 @@ def test_the_torchrl_extra_pins_torch_as_the_examples_do():
     readme = open(os.path.join(REPO, "README.md")).read()
     assert "pip install '.[torchrl]'" in readme  # the package is on no index
     assert "pip install 'distore-ucx[torchrl]'" not in readme
+
+
+def test_a_node_with_the_wrong_token_still_fails_at_once(tmp_path):
+    token, wrong = _token(tmp_path), tmp_path / "wrong"
+    wrong.write_bytes(os.urandom(32).hex().encode())
+    wrong.chmod(0o600)
+    with ds.LocalCluster(nodes=0, log_level="WARNING", token_file=str(token)) as cluster:
+        start = time.monotonic()
+        out = run_cli("node", "--control", cluster.address, "--arena", "4MiB",
+                      "--no-hugepages", "--metrics-port", "0", "--token-file", str(wrong),
+                      env=dict(os.environ, UCX_TLS="tcp", UCX_NET_DEVICES="lo"))
+    assert out.returncode == 2 and "refused our token" in out.stderr, out.stderr
+    assert "tries to join" not in out.stderr and time.monotonic() - start < 30
