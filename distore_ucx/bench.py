@@ -2,9 +2,10 @@
 
 The suite is the standalone scripts in the source tree's `perf/` folder
 (replay workloads, bandwidth and latency sweeps); they are not part of the
-installed package, so this command needs a source checkout (the package
-imported from it, as with `pip install -e .` or PYTHONPATH=<checkout>), or
-`--perf-dir` pointing at one's `perf/`. Each script runs as a subprocess
+installed package, so this command needs a source checkout: the package
+imported from it (`pip install -e .`, PYTHONPATH=<checkout>), the current
+directory inside one (after `pip install .`), or `--perf-dir` pointing at
+one's `perf/`. The scripts use the installed distore_ucx. Each script runs as a subprocess
 with the same Python and the same distore_ucx; its progress is echoed with
 a prefix, its JSON lines, table and plot land in the output folder, and a
 summary table closes the run.
@@ -26,21 +27,36 @@ SUITE = ("replay", "bandwidth", "latency")
 SCRIPTS = {"replay": "replay_bench.py", "bandwidth": "bandwidth.py", "latency": "latency.py"}
 
 
-def find_perf_dir(given: str | None = None) -> Path:
-    """The perf/ folder of the source checkout distore_ucx was imported from.
+def _lacks(perf: Path) -> list[str]:
+    return [s for s in SCRIPTS.values() if not (perf / s).is_file()]
+
+
+def find_perf_dir(given: str | None = None, cwd: str | None = None) -> Path:
+    """The perf/ folder of a source checkout: `given`, else the one beside
+    the imported distore_ucx (pip install -e ., PYTHONPATH=<checkout>), else
+    that of the checkout the current directory is in (after `pip install .`
+    the package lives in site-packages, the scripts stay in the checkout).
 
     Raises ConfigError, saying what to do, when there is none.
     """
     pkg = Path(__file__).resolve().parent
-    perf = Path(given).resolve() if given else pkg.parent / "perf"
-    missing = [s for s in SCRIPTS.values() if not (perf / s).is_file()]
-    if missing:
-        raise ConfigError(
-            f"distore bench runs the scripts in a source checkout's perf/ folder, and "
-            f"{perf} lacks {', '.join(missing)} (distore_ucx was imported from {pkg}). "
-            f"Clone the repository and run it from there (pip install -e . or "
-            f"PYTHONPATH=<checkout>), or pass --perf-dir <checkout>/perf")
-    return perf
+    if given:
+        perf = Path(given).resolve()
+        missing = _lacks(perf)
+        if missing:
+            raise ConfigError(
+                f"--perf-dir {perf} lacks {', '.join(missing)}: give the perf/ folder of a "
+                "distore-ucx source checkout")
+        return perf
+    here = Path(cwd or os.getcwd()).resolve()
+    for root in (pkg.parent, here, *here.parents):
+        if (root / "distore_ucx").is_dir() and not _lacks(root / "perf"):
+            return root / "perf"
+    raise ConfigError(
+        f"distore bench runs the scripts in a source checkout's perf/ folder, which the "
+        f"installed package does not include (distore_ucx was imported from {pkg}), and "
+        f"{here} is not inside a checkout. Run it from inside the repository's clone, or "
+        f"pass --perf-dir <checkout>/perf")
 
 
 def _summarize(name: str, rows: list[dict]) -> list[str]:

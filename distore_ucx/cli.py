@@ -14,6 +14,8 @@ by config.resolve and passed down as typed configuration.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import errno
 import json
 import logging
 import os
@@ -197,7 +199,9 @@ def main(argv: list[str] | None = None) -> int:
 
             config = settings.control()
             _refuse_exposure("control plane", config.host, settings)
-            return control_main(config, args.ready_file)
+            _make_checkpoint_folder(config.checkpoint)
+            with _listening("control plane", config.host, config.port, "--port"):
+                return control_main(config, args.ready_file)
         if args.command == "node":
             from .storage.node import main as node_main
             from .storage.node import route_address
@@ -206,7 +210,8 @@ def main(argv: list[str] | None = None) -> int:
             config = settings.node()
             host = config.host or route_address(parse_address(config.control)[0])
             _refuse_exposure("storage node", host, settings)
-            return node_main(config, args.ready_file)
+            with _listening("storage node", host, config.port, "--port"):
+                return node_main(config, args.ready_file)
         if args.command == "status":
             address = settings["control.address"] or "127.0.0.1:7700"
             return _status(address, args, settings["auth.token_file"] or None)
@@ -218,6 +223,11 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:
+        # The reader went away (distore config show | head): stop quietly, as
+        # other tools do, and keep Python from complaining at exit.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141  # 128 + SIGPIPE
     return 1
 
 
@@ -228,6 +238,41 @@ def _refuse_exposure(role: str, host: str, settings: Settings) -> None:
     if warning:
         for _ in range(3):  # hard to miss in a log
             log.warning("%s", warning)
+
+
+@contextlib.contextmanager
+def _listening(role: str, host: str, port: int, flag: str):
+    """A port that cannot be listened on (taken, not ours, no such address)
+    is one line, like every other CLI error, not an OSError traceback."""
+    try:
+        yield
+    except OSError as exc:
+        if exc.errno not in (errno.EADDRINUSE, errno.EADDRNOTAVAIL):
+            raise  # only a bind fails with these
+        why = {errno.EADDRINUSE: "another process (another control plane or node?) "
+                                 f"listens there: stop it, or pass {flag} N (0 = any free "
+                                 "port)",
+               errno.EADDRNOTAVAIL: "this host has no such address: pass --host with one "
+                                    "of its own addresses"}
+        raise ConfigError(f"the {role} cannot listen on {host}:{port}: {exc.strerror}; "
+                          f"{why[exc.errno]}") from None
+
+
+def _make_checkpoint_folder(path: str) -> None:
+    """The checkpoint file's folder exists before the control plane starts:
+    made here when missing (said in the log), or a plain error saying why not."""
+    if not path:
+        return
+    folder = os.path.dirname(os.path.abspath(path))
+    if os.path.isdir(folder):
+        return
+    try:
+        os.makedirs(folder)
+    except OSError as exc:
+        raise ConfigError(f"the checkpoint folder {folder} does not exist and cannot be made "
+                          f"({exc.strerror}): create it, or give --checkpoint a path in a "
+                          "folder this user can write") from None
+    log.info("made the checkpoint folder %s", folder)
 
 
 def _doctor(args) -> int:
@@ -252,7 +297,7 @@ def _config(args) -> int:
         if not path:
             raise ConfigError("which file? distore config check FILE (or --config FILE, "
                               "or DISTORE_CONFIG)")
-        problems = check_file(path)
+        problems = check_file(path, os.environ)
         if problems:
             print(f"{path}: {len(problems)} problem(s)", file=sys.stderr)
             for p in problems:

@@ -9,6 +9,8 @@ every process.
 
 from __future__ import annotations
 
+import atexit
+import functools
 import logging
 import os
 import shutil
@@ -75,6 +77,11 @@ class LocalCluster:
         self._own_log_dir = log_dir is None
         self.log_dir = log_dir or tempfile.mkdtemp(prefix="distore-cluster-")
         os.makedirs(self.log_dir, exist_ok=True)
+        # A script that never stops its cluster (or ends on ^C) leaves no
+        # folder behind either: its processes die with it (PR_SET_PDEATHSIG).
+        self._at_exit = functools.partial(_remove_log_dir, self.log_dir)
+        if self._own_log_dir:
+            atexit.register(self._at_exit)
         self.startup_timeout = startup_timeout
         self.hugepages = hugepages
         self.heartbeat_timeout = heartbeat_timeout
@@ -187,8 +194,9 @@ class LocalCluster:
                 log.warning("%s (pid %d) ignored SIGTERM; killing it", p.role, p.pid)
                 p.popen.kill()
                 p.popen.wait()
-        if self._own_log_dir and os.environ.get("DISTORE_KEEP_LOGS") != "1":
-            shutil.rmtree(self.log_dir, ignore_errors=True)
+        if self._own_log_dir:
+            atexit.unregister(self._at_exit)
+            _remove_log_dir(self.log_dir)
 
     def __enter__(self) -> LocalCluster:
         return self.start()
@@ -217,3 +225,9 @@ class LocalCluster:
 
     def _wait_ready(self, proc: Process) -> dict:
         return wait_ready(proc, self.startup_timeout)
+
+
+def _remove_log_dir(path: str) -> None:
+    """Remove a cluster's own log folder, unless DISTORE_KEEP_LOGS=1."""
+    if os.environ.get("DISTORE_KEEP_LOGS") != "1":
+        shutil.rmtree(path, ignore_errors=True)

@@ -301,10 +301,20 @@ def auth_mac(token: bytes, nonce: bytes) -> bytes:
     return hmac.new(token, AUTH_CONTEXT + nonce, hashlib.sha256).digest()
 
 
-def hello(nonce: bytes | None) -> dict[str, Any]:
-    """The first frame a server sends: protocol version and, when it wants a
-    token, the challenge nonce."""
-    return {"id": 0, "hello": {"v": VERSION, "nonce": nonce}}
+def hello(nonce: bytes | None, role: str | None = None) -> dict[str, Any]:
+    """The first frame a server sends: protocol version, what it is ("control
+    plane", "storage node": a client at the wrong one says so) and, when it
+    wants a token, the challenge nonce."""
+    h: dict[str, Any] = {"v": VERSION, "nonce": nonce}
+    if role is not None:
+        h["role"] = role
+    return {"id": 0, "hello": h}
+
+
+def hello_role(msg: dict[str, Any]) -> str | None:
+    """What a valid hello says its server is (None: it does not say)."""
+    role = msg["hello"].get("role")
+    return role if isinstance(role, str) else None
 
 
 def check_hello(msg: dict[str, Any]) -> bytes | None:

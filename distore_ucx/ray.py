@@ -228,8 +228,8 @@ def deploy(
             "deploy: the control plane and storage nodes listen on their Ray nodes' "
             "addresses, reachable by anyone on that network: pass token_file= (a file "
             "holding the shared secret at that path on every Ray node; make one with "
-            "head -c 32 /dev/urandom | base64 > FILE), or insecure=True on a trusted, "
-            "isolated network"
+            "(umask 077; head -c 32 /dev/urandom | base64 > FILE)), or insecure=True on a "
+            "trusted, isolated network"
         )
     control_args = [*common, "--host", "0.0.0.0", "--port", str(port)]
     if heartbeat_timeout is not None:

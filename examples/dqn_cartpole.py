@@ -216,4 +216,8 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    except KeyboardInterrupt:  # ^C: the store's processes stopped with it
+        print("interrupted", file=sys.stderr)
+        sys.exit(130)

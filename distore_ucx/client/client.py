@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import threading
 import warnings
 import weakref
 from typing import Any
+
+import numpy as np
 
 from ..config import read_token
 from ..control import rate_limiters as _rate_limiters
@@ -15,6 +18,7 @@ from ..control import selectors as _selectors
 from ..control.rate_limiters import RateLimiter
 from ..control.selectors import Selector
 from ..errors import CapacityWarning, ConfigError
+from ..protocol import MAX_SAMPLE
 from ..spec import TableSpec
 from ..table_definition import TableDefinition
 from ..transport import rpc
@@ -48,7 +52,8 @@ class Client:
         self.timeout = timeout
         self.token = read_token(token_file)
         # Control-plane connections come back by themselves after a restart.
-        self._rpc = rpc.Client(address, timeout, token=self.token, reconnect=timeout)
+        self._rpc = rpc.Client(address, timeout, token=self.token, reconnect=timeout,
+                               expect="control plane")
         self._lock = threading.Lock()
         self._runtime = None
         self._children: list[Any] = []  # learners
@@ -139,9 +144,16 @@ class Client:
         return w
 
     def learner(self, table: str, batch_size: int, device: str = "cpu", **options: Any):
-        """A Learner sampling `batch_size` items of `table` into `device` memory."""
+        """A Learner sampling `batch_size` items of `table` into `device` memory.
+
+        `batch_size` is 1 to 65536 (what one sample request carries), and a
+        host ring of `prefetch + 1` such batches must fit in memory: both are
+        refused here with ConfigError, before anything is allocated.
+        """
         ensure_open(self, "client")
+        _refuse_batch_size(batch_size)
         _refuse_unadmittable(self.table_info(table), table, batch_size)
+        _refuse_unmappable_ring(self.spec(table), table, batch_size, device, options)
         learner = Learner(self, table, batch_size, device=device, **options)
         self._children.append(learner)
         return learner
@@ -168,7 +180,8 @@ class Client:
     def connection(self) -> rpc.Client:
         """A new, separate connection to the control plane (it reconnects by itself)."""
         ensure_open(self, "client")
-        conn = rpc.Client(self.address, self.timeout, token=self.token, reconnect=self.timeout)
+        conn = rpc.Client(self.address, self.timeout, token=self.token, reconnect=self.timeout,
+                          expect="control plane")
         self._connections.add(conn)
         return conn
 
@@ -246,6 +259,45 @@ def _refuse_uncalled(role: str, value: Any) -> None:
                           f"e.g. {role}=ds.{_FACTORIES.get(name, name + '(...)')}")
     raise ConfigError(f"{role} must be made by one of ds.{', ds.'.join(_FACTORIES)} "
                       f"(called), got {value!r}")
+
+
+def _refuse_batch_size(batch_size: Any) -> None:
+    """A batch one sample request cannot carry (protocol.MAX_SAMPLE items) is
+    refused before any memory is allocated for it."""
+    if isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)):
+        raise ConfigError(f"batch_size must be an integer, got {batch_size!r}")
+    if not 1 <= batch_size <= MAX_SAMPLE:
+        raise ConfigError(
+            f"batch_size={batch_size} is outside [1, {MAX_SAMPLE}]: one sample request "
+            f"carries at most {MAX_SAMPLE} items (the protocol's limit). Use a smaller "
+            "batch_size, and sample several batches for more"
+        )
+
+
+def _refuse_unmappable_ring(spec: TableSpec, table: str, batch_size: int, device: str,
+                            options: dict) -> None:
+    """A host ring (prefetch + 1 buffers of batch_size slots) larger than this
+    machine's memory cannot be mapped: say so with the sizes, instead of
+    failing inside UCX's mmap."""
+    if str(device) != "cpu":
+        return  # device memory: the GPU's allocator says what does not fit
+    ring = options.get("ring")
+    slots = ring if ring is not None else options.get("prefetch", 2) + 1
+    if not isinstance(slots, int) or slots < 1:
+        return  # the Learner names that mistake
+    need = batch_size * spec.slot_size * slots
+    try:
+        memory = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError):
+        return
+    if need > memory:
+        gib = 1 << 30
+        raise ConfigError(
+            f"learner of table {table!r}: its ring needs {need / gib:.1f} GiB "
+            f"({slots} buffers of batch_size={batch_size} x {spec.slot_size}-byte slots), more "
+            f"than this machine's {memory / gib:.1f} GiB of memory: use a smaller batch_size "
+            f"(at most {memory // (spec.slot_size * slots)}) or a smaller prefetch"
+        )
 
 
 def _refuse_unadmittable(info: dict, table: str, batch_size: int) -> None:

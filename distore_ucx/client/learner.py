@@ -699,6 +699,9 @@ class Learner:
         """Stop the prefetch thread; release the last lease, the learner's
         buffers and remote keys."""
         mark_closed(self)
+        # A prefetch thread reconnecting to a control plane that is gone (^C
+        # stopped a local cluster) gives up now rather than after `timeout` s.
+        self._rpc.stop_reconnecting()
         self._stop_prefetch()
         try:
             if not self._rpc.connected:

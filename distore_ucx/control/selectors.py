@@ -26,8 +26,11 @@ class Selector:
     alpha: float = 1.0
 
     def to_wire(self) -> dict:
-        """The form create_table sends."""
-        return {"kind": self.kind, "alpha": self.alpha}
+        """The form create_table sends (and table_info shows): alpha only
+        where it means something, for a prioritized selector."""
+        if self.kind == "prioritized":
+            return {"kind": self.kind, "alpha": self.alpha}
+        return {"kind": self.kind}
 
     @classmethod
     def from_wire(cls, value: Any, role: str) -> Selector:

@@ -167,6 +167,7 @@ class ControlPlane:
             ordered=frozenset({"sample"}),
             token=read_token(self.config.token_file),
             max_frame=self.config.max_frame, max_pending=self.config.max_pending,
+            role="control plane",
         )
         self.port = server.sockets[0].getsockname()[1]
         loop = asyncio.get_running_loop()

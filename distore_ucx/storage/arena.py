@@ -296,6 +296,13 @@ def page_advice(page_kind: str) -> str:
             + (f"; shmem_enabled is {shmem!r} now" if shmem else ""))
 
 
+def granted_page_kind(page_kind: str) -> str:
+    """'hugetlb', 'thp' or '4k' as the kernel grants them: transparent
+    hugepages asked for where shared-memory ones are off are 4 KiB pages (what
+    the node reports to the control plane, as its log says)."""
+    return "4k" if page_kind == "thp" and page_advice(page_kind) else page_kind
+
+
 def page_size_label(page_kind: str) -> str:
     """'2 MiB (reserved)', '2 MiB (transparent)' or '4 KiB', as the kernel grants."""
     if page_kind == "hugetlb":

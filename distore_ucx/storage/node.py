@@ -36,6 +36,7 @@ from .. import metrics
 from .._native_loader import _native
 from ..config import NodeConfig, read_token
 from ..errors import (
+    AuthenticationFailed,
     ConnectionFailed,
     InvalidRequest,
     SpecMismatch,
@@ -51,7 +52,7 @@ from ..transport.capabilities import query
 from ..transport.local_map import LocalMapServer
 from ..transport.rpc import AsyncClient, parse_address, serve
 from ..transport.runtime import host_id, rendezvous_config
-from .arena import Arena, page_advice, page_size_label
+from .arena import Arena, granted_page_kind, page_advice, page_size_label
 from .pulls import AM_INSERT_ID, am_inserts
 from .slots import ALLOCATED
 from .tier import COLD, DiskTier, StagingArea, bounce_reads, is_cold, stride_of
@@ -145,7 +146,8 @@ class StorageNode:
             steps.update(1, note="arena mapped")
             self._token = read_token(cfg.token_file)
             self._start_local_map()
-            server = await serve(host, cfg.port, self._handle, token=self._token)
+            server = await serve(host, cfg.port, self._handle, token=self._token,
+                                 role="storage node")
             port = server.sockets[0].getsockname()[1]
             self._where = (host, port)
             steps.update(1, note=f"listening on {host}:{port}")
@@ -153,7 +155,8 @@ class StorageNode:
                 cfg.metrics_port, host, loop, self, metrics.node_snapshot,
                 metrics.node_families, f"storage node {self.name}", cfg.metrics_optional)
             try:
-                await self._join()
+                if not await self._first_join():
+                    return 0 if self._stop.is_set() else 3
                 steps.update(1, note=f"joined as node {self.node_id}")
                 steps.close()
                 log.info(
@@ -217,6 +220,26 @@ class StorageNode:
                           self.config.control, self.config.reconnect_timeout, self.name)
                 return 3
 
+    async def _first_join(self) -> bool:
+        """Join at start; a control plane not up yet (started after its nodes,
+        or restarting) is waited for as after losing it, for
+        `reconnect_timeout` s. False: none came, or we were stopped."""
+        try:
+            await self._join()
+            return True
+        except AuthenticationFailed:
+            raise  # a control plane answered and refused us: waiting will not help
+        except (ConnectionFailed, Timeout) as exc:
+            log.warning("no control plane at %s yet (%s); node %s tries to join for %g s "
+                        "(--reconnect-timeout)", self.config.control, exc, self.name,
+                        self.config.reconnect_timeout)
+        if await self._rejoin():
+            return True
+        if not self._stop.is_set():
+            log.error("no control plane at %s within %g s; node %s exits",
+                      self.config.control, self.config.reconnect_timeout, self.name)
+        return False
+
     async def _rejoin(self) -> bool:
         """Try to re-join until `reconnect_timeout` passes or we are stopped."""
         deadline = time.monotonic() + self.config.reconnect_timeout
@@ -225,7 +248,8 @@ class StorageNode:
             old = self.control
             try:
                 await self._join()
-                await old.close()
+                if old is not None:  # None: joining for the first time
+                    await old.close()
                 return True
             except Exception as exc:  # whatever went wrong, try again until the deadline
                 if str(exc) != last_error:
@@ -264,7 +288,7 @@ class StorageNode:
                 pid=os.getpid(),
                 host_id=host_id(),
                 arena_id=self.arena.arena_id,
-                page_kind=self.arena.page_kind,
+                page_kind=granted_page_kind(self.arena.page_kind),
                 **({"local_socket": self.local_map.name} if self.local_map else {}),
                 **({"node_id": former} if former is not None else {}),
                 **({"disk_size": self.tier.size} if self.tier is not None else {}),

@@ -37,6 +37,7 @@ import asyncio
 import hmac
 import logging
 import secrets
+import select
 import socket
 
 from .. import errors, protocol
@@ -88,8 +89,9 @@ def _judge(msg, token: bytes, nonce: bytes) -> tuple[dict, str | None]:
 
 def _no_token(name: str) -> errors.AuthenticationFailed:
     return errors.AuthenticationFailed(
-        f"the {name} requires a token: pass token_file= (or set DISTORE_TOKEN_FILE, or "
-        "--token-file) to the file holding the store's shared secret"
+        f"the {name} requires a token: pass --token-file FILE (distore commands; or set "
+        "DISTORE_TOKEN_FILE), or token_file=FILE in Python, FILE holding the store's "
+        "shared secret"
     )
 
 
@@ -102,7 +104,8 @@ def _refused(name: str, msg) -> errors.AuthenticationFailed:
 
 # -- blocking sockets -------------------------------------------------------------
 
-def server_handshake(sock: socket.socket, token: bytes | None, peer: str = "peer") -> bool:
+def server_handshake(sock: socket.socket, token: bytes | None, peer: str = "peer",
+                     role: str | None = None) -> bool:
     """Greet a new connection and, with a token, check its answer.
 
     Returns True when the peer may go on (no token required, or it proved
@@ -111,7 +114,7 @@ def server_handshake(sock: socket.socket, token: bytes | None, peer: str = "peer
     """
     nonce = make_challenge() if token is not None else None
     try:
-        send_frame(sock, protocol.hello(nonce))
+        send_frame(sock, protocol.hello(nonce, role))
         if token is None:
             return True
         msg = recv_frame(sock, MAX_HANDSHAKE_FRAME, "handshake frame")
@@ -135,22 +138,74 @@ def server_handshake(sock: socket.socket, token: bytes | None, peer: str = "peer
     return reason is None
 
 
-def client_handshake(sock: socket.socket, token: bytes | None, name: str) -> None:
+class SlowGreeting(errors.ConnectionFailed):
+    """A distore server greeted only after `probe_after` s, so the probe went
+    out and spoilt the connection: connect again and wait without one."""
+
+
+# A request every HTTP server answers; sent only to a peer that stays silent.
+_HTTP_PROBE = b"HEAD / HTTP/1.0\r\n\r\n"
+
+
+def _probe_silent_peer(sock: socket.socket, name: str, expect: str | None) -> None:
+    """The peer sent no greeting within the probe time: distore servers greet
+    at once, HTTP servers (a metrics port) wait to be asked. Ask it as HTTP
+    and say what answered, within a second instead of the whole timeout."""
+    try:
+        sock.sendall(_HTTP_PROBE)
+        ready, _, _ = select.select([sock], [], [], sock.gettimeout())
+        first = sock.recv(5, socket.MSG_PEEK) if ready else b""
+    except OSError:
+        first = b""
+    if first.startswith(b"HTTP/"):
+        what = expect or "distore-ucx server"
+        raise errors.ConnectionFailed(
+            f"the {name} is an HTTP server (a /metrics port?), not a {what}: use the "
+            f"{what}'s own address" + (" (the one `distore control` logs as 'control "
+                                      "plane listening on')" if expect == "control plane"
+                                      else "")) from None
+    if first:  # greeted after all: our probe went to a distore server
+        raise SlowGreeting(f"the {name} greeted late")
+    raise errors.Timeout(f"the {name} sent no greeting within {sock.gettimeout()} s, and "
+                         "does not answer as an HTTP server either: is this the address of a "
+                         "distore-ucx process?")
+
+
+def client_handshake(sock: socket.socket, token: bytes | None, name: str,
+                     expect: str | None = None, probe_after: float | None = None) -> None:
     """Read a server's greeting and answer its challenge with `token`.
 
-    `name` says who the server is in errors ("control plane at H:P").
+    `name` says who the server is in errors ("control plane at H:P");
+    `expect` is the role it must have ("control plane"): a greeting from
+    another role (a storage node) is refused, saying what answered. With
+    `probe_after`, a peer silent that long is asked whether it is an HTTP
+    server (raises SlowGreeting when it greets after all: connect again
+    without a probe).
     Raises errors.Timeout (no greeting within the socket's timeout),
     errors.ConnectionFailed (not a distore-ucx server, or it went away) or
     errors.AuthenticationFailed (we have no token, or it refused ours).
     """
+    if probe_after is not None and probe_after < (sock.gettimeout() or float("inf")):
+        try:
+            ready, _, _ = select.select([sock], [], [], probe_after)
+        except (OSError, ValueError):
+            ready = [sock]  # the read below says what happened
+        if not ready:
+            _probe_silent_peer(sock, name, expect)
     try:
-        nonce = protocol.check_hello(recv_frame(sock, MAX_HANDSHAKE_FRAME, "greeting"))
+        greeting = recv_frame(sock, MAX_HANDSHAKE_FRAME, "greeting")
+        nonce = protocol.check_hello(greeting)
     except TimeoutError:
         raise errors.Timeout(
             f"the {name} sent no greeting within {sock.gettimeout()} s"
         ) from None
     except (OSError, protocol.ProtocolError) as exc:
         raise errors.ConnectionFailed(f"bad greeting from the {name}: {exc}") from None
+    role = protocol.hello_role(greeting)
+    if expect is not None and role is not None and role != expect:
+        hint = (": use the control plane's address (the one storage nodes are given as "
+                "--control)" if expect == "control plane" else "")
+        raise errors.ConnectionFailed(f"the {name} is a {role}, not a {expect}{hint}")
     if nonce is None:
         return
     if token is None:
@@ -170,11 +225,12 @@ def client_handshake(sock: socket.socket, token: bytes | None, name: str) -> Non
 # -- asyncio streams -----------------------------------------------------------------
 
 async def server_handshake_async(reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
-                                 token: bytes | None, peer: str = "peer") -> bool:
+                                 token: bytes | None, peer: str = "peer",
+                                 role: str | None = None) -> bool:
     """As server_handshake, over asyncio streams (the caller bounds the time
     with asyncio.wait_for and closes the writer when this returns False)."""
     nonce = make_challenge() if token is not None else None
-    writer.writelines(protocol.encode(protocol.hello(nonce)))
+    writer.writelines(protocol.encode(protocol.hello(nonce, role)))
     if token is None:
         return True
     try:

@@ -20,6 +20,7 @@ import itertools
 import logging
 import select
 import socket
+import sys
 import threading
 import time
 from collections.abc import Awaitable, Callable
@@ -43,6 +44,9 @@ __all__ = [
 # server (the control plane takes its own from ControlConfig).
 MAX_PENDING = 64  # requests read but not yet answered
 HANDSHAKE_TIMEOUT = 10.0  # seconds a new connection has to authenticate
+# Seconds a client waits for a greeting before asking the silent peer whether
+# it is an HTTP server (a metrics port given as the control plane's address).
+PROBE_AFTER = 1.0
 
 log = logging.getLogger(__name__)
 
@@ -55,6 +59,19 @@ def parse_address(address: str, default_host: str = "127.0.0.1") -> tuple[str, i
     if not sep or not port.isdigit() or not 0 < int(port) < 65536:
         raise errors.ConfigError(f"address {address!r} is not HOST:PORT (e.g. 127.0.0.1:7700)")
     return host.strip("[]") or default_host, int(port)
+
+
+def _interrupted() -> bool:
+    """Whether this thread is unwinding a KeyboardInterrupt (a ^C running
+    `with` exits and `finally` clauses). The store's processes of a local
+    cluster got the same ^C and are gone: waiting for the control plane to
+    come back would hold the exit up for the whole reconnect time."""
+    exc = sys.exc_info()[1]
+    while exc is not None:
+        if isinstance(exc, KeyboardInterrupt):
+            return True
+        exc = exc.__context__
+    return False
 
 
 class Client:
@@ -79,9 +96,13 @@ class Client:
         name: str = "control plane",
         token: bytes | None = None,
         reconnect: float = 0.0,
+        expect: str | None = None,
     ):
         """Connect, read the server's greeting and answer its challenge with
-        `token` when it asks for one."""
+        `token` when it asks for one. With `expect` (a role, "control
+        plane"), a server of another kind, or an HTTP server, is refused at
+        once, saying what answered."""
+        self.expect = expect
         self.address = address
         self.name = f"{name} at {address}"
         self.timeout = timeout
@@ -93,9 +114,10 @@ class Client:
         self._pending: list[int] = []
         self._sock: socket.socket | None = None
         self._closed = False
+        self._give_up = threading.Event()  # stop_reconnecting()
         self._connect()
 
-    def _connect(self) -> None:
+    def _connect(self, probe: bool = True) -> None:
         host, port = parse_address(self.address)
         try:
             sock = socket.create_connection((host, port), timeout=self.timeout)
@@ -108,7 +130,13 @@ class Client:
         self._sock = sock
         self._pending = []
         try:
-            self._authenticate(self._token)
+            self._authenticate(self._token, probe)
+        except auth.SlowGreeting:
+            self._drop()
+            if not probe:
+                raise
+            self._connect(probe=False)  # a busy server: wait for its greeting, no probe
+            return
         except BaseException:
             self._drop()
             raise
@@ -120,8 +148,12 @@ class Client:
             return
         if self._closed:
             raise errors.ConnectionFailed(f"the connection to the {self.name} was closed")
-        if self.reconnect <= 0:
+        if self.reconnect <= 0 or self._give_up.is_set():
             raise errors.ConnectionFailed(f"lost the connection to the {self.name}")
+        if _interrupted():
+            raise errors.ConnectionFailed(
+                f"lost the connection to the {self.name} while stopping on ^C; not waiting "
+                "for it to come back")
         deadline = time.monotonic() + self.reconnect
         delay = 0.05
         while True:
@@ -133,18 +165,23 @@ class Client:
                 raise
             except (errors.ConnectionFailed, errors.Timeout) as exc:
                 left = deadline - time.monotonic()
+                if self._give_up.is_set():
+                    raise errors.ConnectionFailed(
+                        f"lost the connection to the {self.name}; not connecting again: "
+                        "its owner is closing") from None
                 if left <= 0:
                     raise errors.ConnectionFailed(
                         f"lost the connection to the {self.name} and could not connect again "
                         f"within {self.reconnect:g} s ({exc}). If it was restarted, start it "
                         "with --restore to keep its tables"
                     ) from None
-                time.sleep(min(delay, left))  # a bounded back-off, not a spin
+                self._give_up.wait(min(delay, left))  # a bounded back-off, not a spin
                 delay = min(delay * 2, 1.0)
 
-    def _authenticate(self, token: bytes | None) -> None:
+    def _authenticate(self, token: bytes | None, probe: bool = False) -> None:
         with self._lock:
-            auth.client_handshake(self._sock, token, self.name)
+            auth.client_handshake(self._sock, token, self.name, self.expect,
+                                  PROBE_AFTER if probe and self.expect else None)
 
     def call(self, op: str, reply_timeout: float | None = None, **fields: Any) -> dict[str, Any]:
         """Send one request and wait for its reply; raises the peer's error.
@@ -160,8 +197,10 @@ class Client:
                     self._send(op, fields)
                     return self._receive(reply_timeout)
                 except errors.ConnectionFailed:
-                    if attempt or self.reconnect <= 0 or self._sock is not None:
-                        raise  # an error reply (the connection is fine), or a second loss
+                    if attempt or self.reconnect <= 0 or self._sock is not None \
+                            or self._give_up.is_set() or _interrupted():
+                        raise  # an error reply (the connection is fine), a second loss,
+                        # or a ^C unwinding: never resend then
                     log.warning("lost the connection to the %s during %s; sending it again",
                                 self.name, op)
             raise AssertionError("unreachable")
@@ -260,9 +299,16 @@ class Client:
             except OSError:
                 pass
 
+    def stop_reconnecting(self) -> None:
+        """Make a reconnect in progress on another thread (a learner's
+        prefetch thread) give up at once, and later ones fail: the owner is
+        closing and would otherwise wait up to `reconnect` s for it."""
+        self._give_up.set()
+
     def close(self) -> None:
         """Close the connection for good (idempotent)."""
         self._closed = True
+        self._give_up.set()
         self._drop()
 
     def __enter__(self) -> Client:
@@ -306,6 +352,7 @@ async def serve(
     max_frame: int = protocol.MAX_FRAME,
     max_pending: int = MAX_PENDING,
     handshake_timeout: float = HANDSHAKE_TIMEOUT,
+    role: str | None = None,
 ) -> asyncio.base_events.Server:
     """Start a server; `handler(peer, op, fields)` returns the reply fields.
 
@@ -319,7 +366,9 @@ async def serve(
     A malformed message gets an error reply and its connection is closed;
     other connections go on.
 
-    With a `token`, every connection must first answer the greeting's
+    `role` ("control plane", "storage node") goes in the greeting, so that a
+    client at the wrong kind of server says so. With a `token`, every
+    connection must first answer the greeting's
     challenge (transport/auth.py) within `handshake_timeout` seconds. Until
     it has, no frame longer than auth.MAX_HANDSHAKE_FRAME is read (a longer
     announced one closes the connection, its body unread), and any other
@@ -361,7 +410,7 @@ async def serve(
         try:
             try:
                 ok = await asyncio.wait_for(
-                    auth.server_handshake_async(reader, writer, token, peer.address),
+                    auth.server_handshake_async(reader, writer, token, peer.address, role),
                     handshake_timeout)
             except asyncio.TimeoutError:
                 log.warning("authentication failed for %s: no answer within %g s",

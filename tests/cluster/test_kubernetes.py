@@ -72,8 +72,14 @@ def test_the_configmaps_distore_toml_passes_config_check(tmp_path):
     config = by_kind(docs(NAMESPACE="rl"), "ConfigMap")
     path = tmp_path / "distore.toml"
     path.write_text(config["data"]["distore.toml"])
-    assert check_file(str(path)) == []
+    token = tmp_path / "token"  # the pods' DISTORE_TOKEN_FILE, from the Secret
+    token.write_text("t" * 32)
+    token.chmod(0o600)
+    assert check_file(str(path), {"DISTORE_TOKEN_FILE": str(token)}) == []
     assert 'address = "distore-control.rl.svc:7700"' in path.read_text()
+    # Without it, the check says what the control plane would refuse.
+    (problem,) = check_file(str(path))
+    assert "[control] host: the control plane would listen on 0.0.0.0" in str(problem)
 
 
 @pytest.mark.parametrize("breakage", [

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import shutil
+import tempfile
 import time
 import urllib.request
 
@@ -18,7 +20,9 @@ SPEC = {"obs": ((256,), "uint8"), "key": ((), "uint64")}
 
 @pytest.fixture
 def ray_cluster(monkeypatch, tmp_path):
-    """A head and one worker Ray node on this machine; always torn down."""
+    """A head and one worker Ray node on this machine; always torn down, and
+    their folders with them (Ray's session folders, the deployed processes'
+    distore-ray-* log folders)."""
     from ray.cluster_utils import Cluster
 
     # Ray puts the driver's working directory on its workers' sys.path: from
@@ -26,8 +30,17 @@ def ray_cluster(monkeypatch, tmp_path):
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("UCX_TLS", "tcp")
     monkeypatch.setenv("RAY_USAGE_STATS_ENABLED", "0")
-    cluster = Cluster(initialize_head=True, head_node_args={
-        "num_cpus": 1, "include_dashboard": False, "object_store_memory": 80 << 20})
+    # Every Ray process and actor makes its temporary folders here (a short
+    # path: Ray's Unix sockets live under it), removed after the test.
+    scratch = tempfile.mkdtemp(prefix="dray-")
+    monkeypatch.setenv("TMPDIR", scratch)
+    monkeypatch.setenv("RAY_TMPDIR", scratch)
+    try:
+        cluster = Cluster(initialize_head=True, head_node_args={
+            "num_cpus": 1, "include_dashboard": False, "object_store_memory": 80 << 20})
+    except BaseException:
+        shutil.rmtree(scratch, ignore_errors=True)
+        raise
     try:
         cluster.add_node(num_cpus=1, object_store_memory=80 << 20)
         cluster.wait_for_nodes()
@@ -40,6 +53,7 @@ def ray_cluster(monkeypatch, tmp_path):
         finally:
             ray.shutdown()
             cluster.shutdown()
+            shutil.rmtree(scratch, ignore_errors=True)
 
 
 @pytest.mark.slow

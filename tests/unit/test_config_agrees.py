@@ -103,3 +103,24 @@ def test_the_control_plane_listens_on_loopback_unless_told_otherwise():
     s = resolve({"control.host": "0.0.0.0", "auth.insecure": True}, {})
     assert s.control().host == "0.0.0.0" and s["auth.insecure"] is True
     assert resolve({}, {"DISTORE_AUTH_INSECURE": "true"})["auth.insecure"] is True
+
+
+def test_config_check_refuses_a_host_the_processes_refuse_without_a_token(tmp_path):
+    path = write(tmp_path, '[control]\nhost = "0.0.0.0"\n\n[node]\nhost = "10.1.2.3"\n')
+    problems = [str(p) for p in check_file(path)]
+    assert len(problems) == 2
+    assert problems[0].startswith(f"{path}:2 [control] host: the control plane would listen "
+                                  "on 0.0.0.0 and refuses to without a token")
+    assert problems[1].startswith(f"{path}:5 [node] host: the storage node would listen on "
+                                  "10.1.2.3")
+    token = tmp_path / "token"
+    token.write_text("t" * MIN_TOKEN_BYTES)
+    assert check_file(path, {"DISTORE_TOKEN_FILE": str(token)}) == []  # as start reads it
+    assert check_file(path, {"DISTORE_AUTH_INSECURE": "true"}) == []
+    insecure = write(tmp_path, '[control]\nhost = "0.0.0.0"\n[auth]\ninsecure = true\n', "b.toml")
+    assert check_file(insecure) == []
+
+
+def test_config_check_accepts_a_checkpoint_folder_start_will_make(tmp_path):
+    path = write(tmp_path, f'[control]\ncheckpoint = "{tmp_path}/new/dir/store.ckpt"\n')
+    assert check_file(path) == []
