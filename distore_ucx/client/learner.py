@@ -88,7 +88,11 @@ class Batch:
     into the learner's buffer; keys: uint64 [n]; probabilities: float64 [n],
     each item's probability when it was sampled; table_size: the table's
     size at sampling time; weights: importance weights
-    (N * P(i))^-beta / max_j w_j when the learner was given `beta`, else None.
+    (P(i) / P_min)^-beta when the learner was given `beta`, else None, where
+    P_min is the smallest probability of any item in the table when the
+    batch was drawn: the same as (N * P(i))^-beta / max_j (N * P(j))^-beta
+    over the whole table, TorchRL's and the PER paper's normalisation (the
+    table's least likely item weighs 1; weights never depend on the batch).
     """
 
     data: Any
@@ -137,6 +141,16 @@ def _sample_ahead(asked: int | None, batch_size: int, consuming: bool,
             f"sample_ahead={asked} with batch_size={batch_size}: it must be at least 1 and ask "
             f"for at most {MAX_SAMPLE_AHEAD_ITEMS} items per request (1 turns it off)")
     return asked
+
+
+def _importance_weights(probs: np.ndarray, min_probs: np.ndarray, beta: float) -> np.ndarray:
+    """(P(i) / P_min)^-beta, P_min the table's smallest probability when each
+    item was drawn (see Batch.weights). A reply without it (an older control
+    plane) falls back to the batch's own largest weight."""
+    if (min_probs > 0).all():
+        return (probs / min_probs) ** -beta
+    w = probs ** -beta
+    return w / w.max()
 
 
 def _copy(x):
@@ -382,6 +396,7 @@ class Learner:
         n = self.batch_size
         keys = np.empty(n, np.uint64)
         probs = np.empty(n, np.float64)
+        min_probs = np.empty(n, np.float64)  # each row's reply's smallest probability
         rows = np.arange(n)
         reply = self._next_reply(wait)
         if not self._consuming and not self._ahead:
@@ -396,6 +411,7 @@ class Learner:
             got = self._gather(reply, rows, dest, slot)
             keys[rows[got]] = np.frombuffer(reply["items"], ITEM_LOCATION)["key"][got]
             probs[rows[got]] = np.frombuffer(reply["probabilities"], np.float64)[got]
+            min_probs[rows[got]] = reply.get("min_probability", 0.0)
             rows = rows[~got]
             if len(rows) == 0:
                 break
@@ -414,8 +430,7 @@ class Learner:
         self._read_at = time.monotonic()
         weights = None
         if self.beta is not None:
-            w = (table_size * probs) ** -self.beta
-            weights = w / w.max()
+            weights = _importance_weights(probs, min_probs, self.beta)
         return slot, Batch(None, keys, probs, table_size, weights)
 
     def update_priorities(self, keys, priorities) -> dict:
