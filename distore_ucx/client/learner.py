@@ -188,7 +188,11 @@ class Learner:
     asks one batch. The price: batches sampled ahead were drawn before the
     priority updates of the batches before them (as with Reverb's in-flight
     samples); items evicted meanwhile are caught by the header check and
-    resampled.
+    resampled. `pipeline=False` asks for each batch only when `sample()` is
+    called (no request in flight in between, no sampling ahead): a batch
+    then reflects every insert, eviction and priority update acknowledged
+    before the call, at the price of a round trip `sample()` waits for
+    (distore_ucx.torchrl's buffers sample so, as TorchRL's own do).
     """
 
     def __init__(
@@ -207,6 +211,7 @@ class Learner:
         local_map: bool | None = None,
         copy_threads: int | None = None,
         sample_ahead: int | None = None,
+        pipeline: bool = True,
     ):
         """See the class docstring. `beta`: importance-sampling exponent for
         prioritized tables (batch.weights); None leaves weights out."""
@@ -234,8 +239,12 @@ class Learner:
         self._consuming = (
             info["max_times_sampled"] > 0 or info["rate_limiter"]["kind"] != "min_size"
         )
-        self.sample_ahead = _sample_ahead(sample_ahead, batch_size, self._consuming,
-                                          self.spec.slot_size)
+        if not pipeline and sample_ahead not in (None, 1):
+            raise ConfigError(f"sample_ahead={sample_ahead} samples ahead, which pipeline=False "
+                              "rules out: leave one of them out")
+        self.pipeline = pipeline
+        self.sample_ahead = _sample_ahead(sample_ahead, batch_size,
+                                          self._consuming or not pipeline, self.spec.slot_size)
         self.priority_updates_missing = 0
         self._slot = self.spec.slot_size
         self._read = SLOT_HEADER + self.spec.item_bytes
@@ -273,7 +282,7 @@ class Learner:
         # the mappings are made below, so the first sample() finds the reply
         # waiting. Not where sampling uses items up (see _consuming).
         self._early = False
-        if not self._consuming:
+        if pipeline and not self._consuming:
             self._prefetch(0.0)
             self._early = True
         self._next = 0
@@ -399,7 +408,7 @@ class Learner:
         min_probs = np.empty(n, np.float64)  # each row's reply's smallest probability
         rows = np.arange(n)
         reply = self._next_reply(wait)
-        if not self._consuming and not self._ahead:
+        if self.pipeline and not self._consuming and not self._ahead:
             self._top_up(wait)  # the last batch of a reply: ask for the next ones
         if self._rpc.session != self._session:
             self._new_session()
