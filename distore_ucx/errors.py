@@ -89,16 +89,6 @@ class NoData(RateLimiterTimeout):
     """The table had too few items to sample before the timeout."""
 
 
-class EmptyTable(NoData, RuntimeError):
-    """A sample found too few items and was not asked to wait (a TorchRL
-    buffer's sample(), with TorchRL's message and RuntimeError, so code written
-    for TorchRL's buffers catches it)."""
-
-
-class BatchSizeNotSet(ConfigError, RuntimeError):
-    """sample() or iteration without a batch size (a RuntimeError, as TorchRL raises)."""
-
-
 class CheckpointError(DistoreError):
     """A checkpoint could not be written, or a file to restore from is unreadable,
     corrupt or of another format version; the message names the file."""

@@ -55,9 +55,7 @@ from typing import Any
 import numpy as np
 
 from .errors import (
-    BatchSizeNotSet,
     ConfigError,
-    EmptyTable,
     NoData,
     SpecMismatch,
     TableExists,
@@ -83,6 +81,18 @@ __all__ = ["BatchSizeNotSet", "DistorePrioritizedReplayBuffer", "DistoreReplayBu
            "spec_of"]
 
 REDUCTIONS = ("max", "min", "mean", "median", "sum")  # TorchRL's, for priorities
+
+
+# Errors of these buffers that TorchRL code catches as RuntimeError (they never
+# cross the wire, so they live here rather than in errors.py's wire vocabulary).
+class EmptyTable(NoData, RuntimeError):
+    """sample() found too few items and was not asked to wait: TorchRL's
+    message and RuntimeError, and a ds.NoData."""
+
+
+class BatchSizeNotSet(ConfigError, RuntimeError):
+    """sample() or iteration without a batch size: a RuntimeError, as TorchRL
+    raises, and a ds.ConfigError."""
 
 
 def _key_tuple(key: Any) -> tuple[str, ...]:
