@@ -11,12 +11,12 @@ collectors (`Collector(env, policy, ..., replay_buffer=rb)`, also over a
 `ParallelEnv`) use them unchanged, while the items live in a distore store
 that many actor processes and hosts share. TorchRL's own replay-buffer tests,
 adapted to build these buffers, pass (tests/integration/test_torchrl_upstream.py
-lists the few left out and why):
+lists those left out and why):
 
 - `extend(td)` stores a TensorDict with one `writer.insert` (one copy per
   field into the writer's staging memory, never a Python loop over items)
   and waits until the items are stored, so that the next `sample()` sees the
-  buffer as `extend` left it (items it evicted included), as TorchRL's does.
+  buffer as `extend` left it (never an item it evicted), as TorchRL's does.
   As TorchRL's storages, the first `ndim` (1) batch dimensions index items:
   a collector's `[n_envs, T]` batch is n_envs items of T steps each with
   `ndim=1`, and n_envs * T transitions with `ndim=2`. Nested keys become

@@ -36,13 +36,18 @@ void SumTree::set(size_t index, double value) {
   if (index >= used_) used_ = index + 1;
   levels_[0][index] = value;
   size_t j = index;
+  bool min_settled = false;  // a node's minimum did not change: nor do its ancestors'
   for (size_t k = 1; k < levels_.size(); ++k) {
     j >>= 3;
     levels_[k][j] = sum8(levels_[k - 1].data() + 8 * j);
-    mins_[k][j] = min8((k > 1 ? mins_[k - 1].data() : levels_[0].data()) + 8 * j);
+    if (!min_settled) {
+      const double m = min8((k > 1 ? mins_[k - 1].data() : levels_[0].data()) + 8 * j);
+      min_settled = mins_[k][j] == m;
+      mins_[k][j] = m;
+    }
   }
   total_ = sum8(levels_.back().data());
-  min_ = min8(levels_.size() > 1 ? mins_.back().data() : levels_[0].data());
+  if (!min_settled) min_ = min8(levels_.size() > 1 ? mins_.back().data() : levels_[0].data());
 }
 
 size_t SumTree::pick(const double* c, double* prefix) {

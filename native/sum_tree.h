@@ -12,7 +12,8 @@
 //
 // Beside the sums, each internal node keeps the smallest positive weight
 // below it (0: none), so min_positive() is O(1) and an update costs one more
-// pass over the same cache lines: importance weights normalise by the
+// look at the first level above the leaf in most cases (the walk up stops
+// where a node's minimum does not change): importance weights normalise by the
 // smallest probability in the table, (p_i / p_min)^-beta, as TorchRL's and
 // the PER paper's implementations do. The leaves serve both trees.
 //
@@ -20,8 +21,10 @@
 // (the control plane uses one thread).
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <limits>
 #include <vector>
 
 #include "column.h"
@@ -67,11 +70,10 @@ class SumTree {
   // The smallest positive of 8 values (0: none is positive): both a leaf
   // group and a group of mins, where 0 means "nothing positive below".
   static double min8(const double* c) {
-    double m = 0.0;
-    for (size_t i = 0; i < 8; ++i) {
-      if (c[i] > 0.0 && (m == 0.0 || c[i] < m)) m = c[i];
-    }
-    return m;
+    constexpr double kNone = std::numeric_limits<double>::infinity();
+    double m = kNone;
+    for (size_t i = 0; i < 8; ++i) m = std::min(m, c[i] > 0.0 ? c[i] : kNone);
+    return m == kNone ? 0.0 : m;
   }
   static size_t pick(const double* c, double* prefix);
 
