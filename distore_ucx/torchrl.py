@@ -3,34 +3,47 @@
     pip install 'distore-ucx[torchrl]'
 
 `DistoreReplayBuffer` and `DistorePrioritizedReplayBuffer` speak TorchRL's
-replay-buffer language (`extend`, `add`, `sample`, `update_priority`,
-`update_tensordict_priority`, `__len__`, `write_count`, `batch_size`,
-`priority_key="td_error"`), so a TorchRL training loop, its losses (DQNLoss
-reads `priority_weight` and writes `td_error`) and its collectors
-(`SyncDataCollector(..., replay_buffer=rb)`) use them unchanged, while the
-items live in a distore store that many actor processes and hosts share:
+replay-buffer language (`extend`, `add`, `sample`, iteration,
+`update_priority`, `update_tensordict_priority`, `__len__`, `write_count`,
+`batch_size`, `priority_key="td_error"`), so a TorchRL training loop, its
+losses (DQNLoss reads `priority_weight` and writes `td_error`) and its
+collectors (`Collector(env, policy, ..., replay_buffer=rb)`, also over a
+`ParallelEnv`) use them unchanged, while the items live in a distore store
+that many actor processes and hosts share. TorchRL's own replay-buffer tests,
+adapted to build these buffers, pass (tests/integration/test_torchrl_upstream.py
+lists those left out and why):
 
-- `extend(td)` stores a TensorDict of n items (batch size [n]) with one
-  `writer.insert` (one copy per field into the writer's staging memory,
-  never a Python loop over items) and, by default, waits until they are
-  stored, so that they are sampleable as soon as it returns (as TorchRL's
-  extend). Nested keys become field names joined with "/"
-  (("next", "obs") is the field "next/obs").
-- `sample()` returns a TensorDict on the learner's device (batch size [n])
-  with `index` (the items' distore keys, int64) and, on a prioritized
-  buffer, `priority_weight` (and `_weight`, the older TorchRL name: the same
-  tensor): the learner's importance weights (N * P(i))^-beta / max_j w_j.
-  Its tensors are views into the learner's receive ring, like
-  `learner.sample()`'s: valid until `prefetch + 1` more samples
-  (`clone=True` copies them).
+- `extend(td)` stores a TensorDict with one `writer.insert` (one copy per
+  field into the writer's staging memory, never a Python loop over items)
+  and waits until the items are stored, so that the next `sample()` sees the
+  buffer as `extend` left it (never an item it evicted), as TorchRL's does.
+  As TorchRL's storages, the first `ndim` (1) batch dimensions index items:
+  a collector's `[n_envs, T]` batch is n_envs items of T steps each with
+  `ndim=1`, and n_envs * T transitions with `ndim=2`. Nested keys become
+  field names joined with "/" (("next", "obs") is the field "next/obs").
+  The priority key (`td_error`) is stored with the rest, as TorchRL does.
+- `sample()` asks the control plane when it is called (nothing is sampled
+  ahead, so a priority update shows in the very next sample) and returns a
+  TensorDict of tensors it owns, on the buffer's device, with `index` (the
+  items' distore keys, int64) and, on a prioritized buffer,
+  `priority_weight` (and `_weight`, TorchRL's older name): TorchRL's
+  importance weights (p_i / p_min)^-beta, p_min the smallest priority in the
+  whole table. `sample_ahead=True` and `clone=False` trade these for speed.
 - `update_priority(index, priority)` and `update_tensordict_priority(td)`
-  send new priorities in one batched request (`|priority| + eps`).
+  send new priorities in one batched request (`|priority| + eps`; a td
+  without the priority key gets the default priority, as TorchRL's).
+- Errors are distore's (`ds.DistoreError`) and also what TorchRL's code
+  catches: no batch size raises `BatchSizeNotSet` (a RuntimeError) from
+  `sample()` and iteration; sampling an empty buffer raises `EmptyTable` (a
+  RuntimeError and a `ds.NoData`) at once, unless `sample_timeout=` asks to
+  wait for actors.
 
 The table is created from the first TensorDict's keys, per-item shapes and
 dtypes when it does not exist (pass `capacity=`; or give `spec=`); an
 existing table is used as it is, and data that does not match it is refused
-with a SpecMismatch that names the key. Importing `distore_ucx` never
-imports torch; this module needs torch and tensordict.
+with a SpecMismatch that names the key, options that differ from it (capacity,
+sampler, alpha...) with a TableExists that names them. Importing `distore_ucx`
+never imports torch; this module needs torch and tensordict.
 """
 
 from __future__ import annotations
@@ -41,7 +54,13 @@ from typing import Any
 
 import numpy as np
 
-from .errors import ConfigError, SpecMismatch, TableNotFound
+from .errors import (
+    ConfigError,
+    NoData,
+    SpecMismatch,
+    TableExists,
+    TableNotFound,
+)
 
 try:
     import torch
@@ -58,7 +77,22 @@ SEP = "/"  # nested key ("next", "obs") <-> field name "next/obs"
 INDEX_KEY = "index"
 WEIGHT_KEYS = ("priority_weight", "_weight")  # TorchRL's name now, and its older one
 
-__all__ = ["DistorePrioritizedReplayBuffer", "DistoreReplayBuffer", "spec_of"]
+__all__ = ["BatchSizeNotSet", "DistorePrioritizedReplayBuffer", "DistoreReplayBuffer", "EmptyTable",
+           "spec_of"]
+
+REDUCTIONS = ("max", "min", "mean", "median", "sum")  # TorchRL's, for priorities
+
+
+# Errors of these buffers that TorchRL code catches as RuntimeError (they never
+# cross the wire, so they live here rather than in errors.py's wire vocabulary).
+class EmptyTable(NoData, RuntimeError):
+    """sample() found too few items and was not asked to wait: TorchRL's
+    message and RuntimeError, and a ds.NoData."""
+
+
+class BatchSizeNotSet(ConfigError, RuntimeError):
+    """sample() or iteration without a batch size: a RuntimeError, as TorchRL
+    raises, and a ds.ConfigError."""
 
 
 def _key_tuple(key: Any) -> tuple[str, ...]:
@@ -94,20 +128,22 @@ def _numpy_dtype(dtype: torch.dtype, key: Any) -> np.dtype:
         ) from None
 
 
-def spec_of(data: TensorDictBase, exclude: Sequence[Any] = ()) -> dict[str, tuple]:
+def spec_of(data: TensorDictBase, exclude: Sequence[Any] = (), ndim: int = 1) -> dict[str, tuple]:
     """The distore table spec ({field: (per-item shape, dtype)}) of a TensorDict
-    with batch size [n], leaving out the keys in `exclude`.
+    whose first `ndim` batch dimensions index its items, leaving out the keys
+    in `exclude`. An item's shape keeps the batch dimensions after those
+    (a [n_envs, T] batch with ndim=1: n_envs items of T steps).
 
     >>> spec_of(TensorDict({"obs": torch.zeros(8, 4), ("next", "obs"): torch.zeros(8, 4)}, [8]))
     {'obs': ((4,), dtype('float32')), 'next/obs': ((4,), dtype('float32'))}
     """
-    _check_batch(data)
+    _check_batch(data, ndim)
     skip = {_key_tuple(k) for k in exclude}
     spec = {}
     for key, value in _leaves(data):
         if _key_tuple(key) in skip:
             continue
-        spec[_field_name(key)] = (tuple(value.shape[1:]), _numpy_dtype(value.dtype, key))
+        spec[_field_name(key)] = (tuple(value.shape[ndim:]), _numpy_dtype(value.dtype, key))
     if not spec:
         raise ConfigError("the TensorDict has no tensors left to store (all were excluded)")
     return spec
@@ -126,17 +162,17 @@ def _leaves(data: TensorDictBase) -> list[tuple[Any, torch.Tensor]]:
     return out
 
 
-def _check_batch(data: Any) -> None:
+def _check_batch(data: Any, ndim: int = 1) -> None:
     if not isinstance(data, TensorDictBase):
         raise TypeError(
             f"a distore replay buffer stores TensorDicts, got {type(data).__name__}: wrap your "
             "tensors in tensordict.TensorDict({...}, batch_size=[n])"
         )
-    if data.batch_dims != 1:
+    if data.batch_dims < ndim:
         raise SpecMismatch(
-            f"extend() takes a TensorDict with one batch dimension (its items), got batch "
-            f"size {list(data.batch_size)}: flatten it first (data.reshape(-1)), or use add() "
-            "for a single item"
+            f"extend() takes a TensorDict whose first {ndim} batch dimension(s) index its items "
+            f"(the buffer's ndim={ndim}), got batch size {list(data.batch_size)}: use add() for "
+            "a single item"
         )
 
 
@@ -149,27 +185,44 @@ class DistoreReplayBuffer:
     When the table does not exist, it is created at the first `extend`
     (or here, when `spec` is given) with `capacity` items and the given
     `sampler`, `remover`, `rate_limiter` and `max_times_sampled` (as in
-    `client.create_table`); `spec` may be a TensorDict (one item or a batch:
-    only its keys, shapes and dtypes are used) or a distore spec dict.
+    `client.create_table`); `spec` may be a TensorDict shaped like the data
+    `extend` will get (only its keys, shapes and dtypes are used; one with
+    fewer than `ndim` batch dimensions is one item) or a distore spec dict.
+    When the table exists, those options (given ones only) must match it,
+    else TableExists names the fields that differ; leave them out to use the
+    table as it is.
 
-    Sampling: `batch_size` is the default of `sample()`; the learner samples
-    onto `device` ("cpu" or "cuda[:N]") with `prefetch` batches requested
-    ahead; `sample_timeout` s is how long a sample waits for data (then
-    `ds.NoData`). A sampled TensorDict's tensors are views into the
-    learner's ring, valid until `prefetch + 1` more samples; `clone=True`
-    hands out copies instead. The learner asks for the next batch while it
-    reads this one, so a priority update shows from the second sample after it
-    (one batch per request, `sample_ahead=1`; `learner_options={"sample_ahead":
-    k}` asks k at a time: fewer round trips, updates seen up to k batches later).
+    Items: the first `ndim` batch dimensions of extended data index items,
+    as in TorchRL's storages (`LazyTensorStorage(n, ndim=...)`): with the
+    default 1, a collector's [n_envs, T] batch is n_envs items of [T] steps
+    and samples have batch size [batch_size, T]; `ndim=2` stores its
+    n_envs * T transitions one by one. (A buffer that only opens a table
+    learns the items' own batch dimensions from `spec=` or its first
+    extend; before that, samples have batch size [batch_size].)
+
+    Sampling: `batch_size` is the default of `sample()` (None: pass it
+    there); samples land on `device` ("cpu" or "cuda[:N]"). By default a
+    sample is asked for when `sample()` is called and reflects every
+    `extend` and priority update before it, as TorchRL's: `sample_ahead=True`
+    asks for the next batch while this one is read (one round trip hidden
+    per sample, but updates and evictions then show one sample late). A
+    sample of an empty table raises `EmptyTable` (a RuntimeError, as
+    TorchRL's) at once; `sample_timeout` s > 0 waits that long for actors to
+    fill it first. Sampled tensors are the caller's (`clone=True`);
+    `clone=False` hands out views into the learner's receive ring instead
+    (no copy, valid until `prefetch + 1` more samples).
 
     Inserting: `extend` waits until its items are stored (`flush=True`);
     `flush=False` leaves batching to the writer (faster for actors that
     never sample; call `flush()`). Items get the data's `priority_key`
-    entry as priority when present, else `default_priority` (None: the
-    largest priority this buffer has set so far, 1.0 at first, as TorchRL
-    does). `exclude_keys` are never stored; neither are `index`, the weight
-    keys and `priority_key`. `writer_options` and `learner_options` go to
-    `client.writer()` and `client.learner()`.
+    entry as priority when present (reduced over an item's trailing
+    dimensions by `reduction`, TorchRL's "max", "min", "mean", "median" or
+    "sum"), else `default_priority` (None: the largest priority this buffer
+    has set so far, 1.0 at first, as TorchRL does). The priority key is
+    stored with the item when the table has that field (it is made from the
+    first data's keys). `exclude_keys` are never stored; neither are
+    `index` and the weight keys. `writer_options` and `learner_options` go
+    to `client.writer()` and `client.learner()`.
 
     >>> with DistoreReplayBuffer(cluster.address, "replay", capacity=10_000,
     ...                          batch_size=64) as rb:
@@ -188,31 +241,43 @@ class DistoreReplayBuffer:
         sampler: Any = None,
         remover: Any = None,
         rate_limiter: Any = None,
-        max_times_sampled: int = 0,
+        max_times_sampled: int | None = None,
+        ndim: int = 1,
         device: str = "cpu",
+        sample_timeout: float = 0.0,
+        sample_ahead: bool = False,
+        clone: bool = True,
         prefetch: int = 2,
-        sample_timeout: float = 30.0,
-        clone: bool = False,
         flush: bool = True,
         priority_key: str | tuple[str, ...] = "td_error",
         default_priority: float | None = None,
         eps: float = 1e-8,
         beta: float | None = None,
+        reduction: str = "max",
         exclude_keys: Sequence[Any] = (),
         writer_options: Mapping[str, Any] | None = None,
         learner_options: Mapping[str, Any] | None = None,
     ):
         """See the class docstring."""
+        if batch_size is not None and (not isinstance(batch_size, int) or batch_size < 1):
+            raise ConfigError(f"batch_size must be a positive integer or None, got {batch_size!r}")
+        if not (np.isfinite(eps) and eps >= 0):
+            raise ConfigError(f"eps must be a finite number >= 0, got {eps!r}")
+        if isinstance(ndim, bool) or not isinstance(ndim, int) or ndim < 1:
+            raise ConfigError(f"ndim (batch dimensions that index items) must be an integer "
+                              f">= 1, got {ndim!r}")
+        if reduction not in REDUCTIONS:
+            raise ConfigError(f"reduction must be one of {', '.join(REDUCTIONS)}, got "
+                              f"{reduction!r}")
+        if not (np.isfinite(sample_timeout) and sample_timeout >= 0):
+            raise ConfigError(f"sample_timeout must be a number of seconds >= 0, got "
+                              f"{sample_timeout!r}")
         if isinstance(client, str):
             import distore_ucx as ds
 
             client, self._owns_client = ds.connect(client), True
         else:
             self._owns_client = False
-        if batch_size is not None and (not isinstance(batch_size, int) or batch_size < 1):
-            raise ConfigError(f"batch_size must be a positive integer or None, got {batch_size!r}")
-        if not (np.isfinite(eps) and eps >= 0):
-            raise ConfigError(f"eps must be a finite number >= 0, got {eps!r}")
         self._client = client
         self.table = table
         self._batch_size = batch_size
@@ -220,26 +285,29 @@ class DistoreReplayBuffer:
         self._table_options = {"sampler": sampler, "remover": remover,
                                "rate_limiter": rate_limiter,
                                "max_times_sampled": max_times_sampled}
+        self.ndim = ndim
         self.device = torch.device(device)
-        self.prefetch = prefetch
-        self.sample_timeout = sample_timeout
+        self.sample_timeout = float(sample_timeout)
+        self.sample_ahead = bool(sample_ahead)
         self.clone = clone
+        self.prefetch = prefetch
         self.flush_each_extend = flush
         self.priority_key = priority_key
         self.default_priority = default_priority
         self.eps = float(eps)
         self._beta = beta
+        self.reduction = reduction
         self.exclude_keys = tuple(exclude_keys)
         self._writer_options = dict(writer_options or {})
         self._learner_options = dict(learner_options or {})
         self._writer = None
         self._learners: dict[int, Any] = {}  # one per batch size asked for
         self._fields: dict[str, tuple[tuple[str, ...], tuple[int, ...], np.dtype]] | None = None
+        self._item_batch: tuple[int, ...] | None = None  # an item's own batch dims, once known
         self._max_priority = 1.0
         self._write_count = 0
         self._closed = False
-        self._meta = {INDEX_KEY, *WEIGHT_KEYS, _key_tuple(priority_key)}
-        self._meta = {_key_tuple(k) for k in self._meta} | {_key_tuple(k) for k in exclude_keys}
+        self._meta = {_key_tuple(k) for k in (INDEX_KEY, *WEIGHT_KEYS, *exclude_keys)}
         try:
             if spec is not None:
                 self._create(spec)
@@ -288,51 +356,63 @@ class DistoreReplayBuffer:
 
     # -- inserting -----------------------------------------------------------
     def extend(self, data: TensorDictBase, *, update_priority: bool | None = None) -> torch.Tensor:
-        """Insert the n items of `data` (batch size [n]) with one batched
-        insert; returns their keys (int64, as TorchRL's indices) and sets
-        them as `data["index"]`, as TorchRL does. Priorities come from
-        `data[priority_key]` (max over trailing dimensions, + eps) unless
-        `update_priority=False` or it is absent (then the default priority).
+        """Insert the items of `data` (its first `ndim` batch dimensions index
+        them) with one batched insert; returns their keys (int64, shaped as
+        those dimensions, as TorchRL's indices) and sets them as
+        `data["index"]`, as TorchRL does. Priorities come from
+        `data[priority_key]` (reduced over an item's other dimensions, + eps)
+        unless `update_priority=False` or it is absent (then the default
+        priority). When it returns, the items are sampleable and the items
+        they evicted are gone from every later sample of this buffer.
         """
         self._ensure_open()
-        _check_batch(data)
-        n = data.batch_size[0]
+        _check_batch(data, self.ndim)
+        lead = tuple(data.batch_size[:self.ndim])
+        items = data.flatten(0, self.ndim - 1) if self.ndim > 1 else data
+        n = items.batch_size[0]
         if n == 0:
-            return torch.zeros(0, dtype=torch.long)
+            return torch.zeros(lead, dtype=torch.long)
         if self._fields is None:
-            self._create(data)
-        arrays = self._arrays(data)
+            self._create(items, items=True)
+        item_batch = tuple(items.batch_size[1:])
+        if self._item_batch is None:
+            self._item_batch = item_batch
+        elif item_batch != self._item_batch:
+            raise SpecMismatch(
+                f"table {self.table!r}: this buffer's items have batch size "
+                f"{list(self._item_batch)}, the data's {list(item_batch)} (batch size "
+                f"{list(data.batch_size)}, ndim={self.ndim}): reshape it like the first data"
+            )
+        arrays = self._arrays(items)
         prio = None
         if update_priority is not False:
-            p = data.get(self.priority_key, None)
+            p = items.get(self.priority_key, None)
             if p is not None:
                 prio = self._priorities(p, n)
         if prio is None:
-            fill = self._max_priority if self.default_priority is None else self.default_priority
-            prio = float(fill)
+            prio = float(self._fill_priority())
         if self._writer is None:
             self._writer = self._client.writer(**self._writer_options)
         keys = self._writer.insert(self.table, arrays, priority=prio)
         if self.flush_each_extend:
             self._writer.flush()
         self._write_count += n
-        index = torch.from_numpy(keys.view(np.int64))
+        index = torch.from_numpy(keys.view(np.int64)).reshape(lead)
         if not data.is_locked:
-            data.set(INDEX_KEY, index.to(data.device) if data.device is not None else index)
+            self._set_index(data, index)
         return index
 
     def add(self, data: TensorDictBase) -> torch.Tensor:
-        """Insert one item (a TensorDict with batch size []); returns its key."""
-        if isinstance(data, TensorDictBase) and data.batch_dims == 0:
-            index = self.extend(data.unsqueeze(0))
-            if not data.is_locked:
-                data.set(INDEX_KEY, index[0])
-            return index[0]
-        raise SpecMismatch(
-            "add() takes one item (a TensorDict with batch size []); "
-            f"got {type(data).__name__} with batch size "
-            f"{list(getattr(data, 'batch_size', []))}: use extend() for a batch"
-        )
+        """Insert one item (a TensorDict shaped as one item: batch size [] or
+        the items' own batch dimensions); returns its key."""
+        _check_batch(data, 0)
+        item = data
+        for _ in range(self.ndim):
+            item = item.unsqueeze(0)
+        index = self.extend(item).reshape(-1)[0]
+        if not data.is_locked:
+            self._set_index(data, index)
+        return index
 
     def flush(self) -> None:
         """Wait until every item this buffer inserted is stored (sampleable)."""
@@ -340,13 +420,25 @@ class DistoreReplayBuffer:
         if self._writer is not None:
             self._writer.flush()
 
+    def _set_index(self, data: TensorDictBase, index: torch.Tensor) -> None:
+        """`index` (one key an item) as data["index"], expanded over the items'
+        own batch dimensions, as TorchRL sets it."""
+        index = index.reshape(tuple(index.shape) + (1,) * (data.batch_dims - index.ndim))
+        if data.device is not None:
+            index = index.to(data.device)
+        data.set(INDEX_KEY, index.expand(data.batch_size))
+
     def _arrays(self, data: TensorDictBase) -> dict[str, np.ndarray]:
-        """{field: numpy array [n, ...]} of `data`, checked against the table."""
+        """{field: numpy array [n, ...]} of `data` (batch size [n, ...]), checked
+        against the table."""
         fields = self._fields
         given = {}
         for key, value in _leaves(data):
             if _key_tuple(key) not in self._meta:
                 given[_field_name(key)] = (key, value)
+        prio = _field_name(self.priority_key)
+        if prio in given and prio not in fields:
+            del given[prio]  # a priority the table has no field for: used, not stored
         missing = [fields[f][0] for f in fields if f not in given]
         extra = [given[f][0] for f in given if f not in fields]
         if missing or extra:
@@ -376,20 +468,36 @@ class DistoreReplayBuffer:
         return out
 
     # -- sampling --------------------------------------------------------------
-    def sample(self, batch_size: int | None = None, return_info: bool = False):
+    def sample(self, batch_size: int | None = None, return_info: bool = False,
+               include_info: bool | None = None):
         """A TensorDict of `batch_size` (default: the buffer's) sampled items on
-        the learner's device, with `index` and, when `beta` is set, the
-        importance weights; `(td, info)` with `return_info=True`."""
+        the buffer's device, with `index` and, when `beta` is set, the
+        importance weights; `(td, info)` with `return_info=True`.
+        (`include_info`, TorchRL's older flag, changes nothing: the info is
+        always in the TensorDict.)
+
+        Raises BatchSizeNotSet without a batch size and EmptyTable when the
+        table has too few items (both RuntimeErrors, as TorchRL raises)."""
         self._ensure_open()
         n = batch_size if batch_size is not None else self._batch_size
         if n is None:
-            raise ConfigError(
-                "batch_size not given: pass it to sample() or to the buffer's constructor"
+            raise BatchSizeNotSet(
+                "batch_size not specified: pass it to sample() or to the buffer's constructor "
+                "(batch_size=)"
             )
         learner = self._learner(n)
-        batch = learner.sample(timeout=self.sample_timeout)
+        try:
+            batch = learner.sample(timeout=self.sample_timeout)
+        except NoData as exc:
+            raise EmptyTable(
+                f"Cannot sample from an empty storage: table {self.table!r} had too few items "
+                f"for a sample of {n} within {self.sample_timeout:g} s ({exc}); extend() the "
+                "buffer first, or pass sample_timeout= (seconds) to wait for actors to fill it"
+            ) from None
         fields = self._fields
-        td = TensorDict(batch_size=[n], device=self.device)
+        item_batch = self._item_batch or ()
+        shape = [n, *item_batch]
+        td = TensorDict(batch_size=shape, device=self.device)
         for name, value in batch.data.items():  # once per field, never per item
             if isinstance(value, np.ndarray):
                 # from_numpy, not DLPack: the tensor keeps the view (and so the
@@ -398,26 +506,37 @@ class DistoreReplayBuffer:
             td.set(fields[name][0], value.clone() if self.clone else value)
         index = torch.from_numpy(batch.keys.view(np.int64)).to(self.device)
         info = {INDEX_KEY: index}
-        td.set(INDEX_KEY, index)
+        td.set(INDEX_KEY, _expand(index, shape))
         if batch.weights is not None:
             w = torch.from_numpy(batch.weights.astype(np.float32)).to(self.device)
+            expanded = _expand(w, shape)
             for key in WEIGHT_KEYS:
                 info[key] = w
-                td.set(key, w)
+                td.set(key, expanded)
         return (td, info) if return_info else td
 
     def __iter__(self) -> Iterator[TensorDictBase]:
-        """Samples of `batch_size` forever."""
+        """Samples of `batch_size`, forever (as TorchRL's sampling with
+        replacement). Raises BatchSizeNotSet at once without a batch size."""
+        if self._batch_size is None:
+            raise BatchSizeNotSet(
+                "Cannot iterate over the replay buffer. Batch_size was not specified during "
+                "construction of the replay buffer: pass batch_size= to it"
+            )
+        return self._batches()
+
+    def _batches(self) -> Iterator[TensorDictBase]:
         while True:
             yield self.sample()
 
     def update_priority(self, index: Any, priority: Any) -> dict:
-        """Set the priorities of the items with keys `index` (from `sample()`'s
-        "index"), in one batched request: |priority| + eps (a priority with
-        trailing dimensions is reduced by its max, as TorchRL does). Keys
-        evicted meanwhile are skipped and counted ({"updated", "missing"})."""
+        """Set the priorities of the items with keys `index` (from `sample()` or
+        `extend()`), in one batched request: |priority| + eps (a priority
+        with more dimensions than `index` is reduced over them by
+        `reduction`, as TorchRL does). Keys evicted meanwhile are skipped and
+        counted ({"updated", "missing"})."""
         self._ensure_open()
-        keys = _as_keys(index)
+        keys = self._index_keys(index)
         prios = self._priorities(priority, len(keys))
         learner = next(iter(self._learners.values()), None)
         if learner is not None:
@@ -432,32 +551,46 @@ class DistoreReplayBuffer:
 
     def update_tensordict_priority(self, data: TensorDictBase) -> dict:
         """`update_priority(data["index"], data[priority_key])`: what TorchRL
-        loops call after the loss wrote its `td_error` into the sample."""
+        loops call after the loss wrote its `td_error` into the sample. A
+        TensorDict without the priority key sets the default priority (the
+        largest so far), as TorchRL's buffers do."""
         self._ensure_open()
-        priority = data.get(self.priority_key, None)
-        if priority is None:
-            raise KeyError(
-                f"update_tensordict_priority: the TensorDict has no {self.priority_key!r} "
-                f"(the buffer's priority_key); its keys: {list(data.keys())}"
-            )
         index = data.get(INDEX_KEY, None)
         if index is None:
             raise KeyError("update_tensordict_priority: the TensorDict has no 'index': pass "
                            "one that sample() returned")
-        while index.ndim > 1:
-            index = index[..., 0]
+        priority = data.get(self.priority_key, None)
+        if priority is None:
+            priority = torch.tensor(float(self._fill_priority()))
         return self.update_priority(index, priority)
+
+    def _fill_priority(self) -> float:
+        return self._max_priority if self.default_priority is None else self.default_priority
+
+    def _index_keys(self, index: Any) -> np.ndarray:
+        """Item keys (uint64) from an "index" (a tensor, array or list):
+        expanded over the items' own batch dimensions (as sample() sets it),
+        one key an item is taken."""
+        if isinstance(index, torch.Tensor):
+            index = index.detach().to("cpu", torch.int64)
+            item_batch = self._item_batch or ()
+            k = len(item_batch)
+            if k and index.ndim > k and tuple(index.shape[-k:]) == item_batch:
+                index = index[(..., *(0,) * k)]
+        return _as_keys(index)
 
     def _priorities(self, priority: Any, n: int) -> np.ndarray:
         p = torch.as_tensor(priority).detach()
         if p.ndim == 0:
             p = p.expand(n)
-        if p.shape[0] != n:
-            raise ValueError(f"table {self.table!r}: {p.shape[0]} priorities (shape "
-                             f"{list(p.shape)}) for {n} items")
-        if p.ndim > 1:
-            p = p.reshape(n, -1).amax(1)
-        out = p.to("cpu", torch.float64).numpy().copy()
+        lead = [int(np.prod(p.shape[:j])) for j in range(1, p.ndim + 1)]
+        if n not in lead:
+            raise ValueError(f"table {self.table!r}: priorities of shape {list(p.shape)} for "
+                             f"{n} items (the first dimension(s) must count the items)")
+        p = p.reshape(n, -1)
+        if p.shape[1] != 1:
+            p = _reduce(p.to(torch.float64), self.reduction)
+        out = p.reshape(n).to("cpu", torch.float64).numpy().copy()
         np.abs(out, out=out)
         out += self.eps
         finite = out[np.isfinite(out)]
@@ -466,14 +599,21 @@ class DistoreReplayBuffer:
         return out
 
     # -- the table -------------------------------------------------------------
-    def _create(self, spec: Any) -> None:
-        """Create the table from `spec` (a TensorDict or a distore spec) unless it
-        exists; an existing table must have the same fields."""
+    def _create(self, spec: Any, items: bool = False) -> None:
+        """Create the table from `spec` (a TensorDict shaped like extend's data,
+        already [items, ...] when `items`, or a distore spec) unless it
+        exists; an existing table must have the same fields (and the options
+        given)."""
         from .spec import TableSpec
 
         if isinstance(spec, TensorDictBase):
-            spec = spec_of(spec.unsqueeze(0) if spec.batch_dims == 0 else spec,
-                           exclude=tuple(self._meta))
+            if not items and spec.batch_dims < self.ndim:  # one item
+                for _ in range(self.ndim):
+                    spec = spec.unsqueeze(0)
+            if not items and self.ndim > 1:
+                spec = spec.flatten(0, self.ndim - 1)
+            self._item_batch = tuple(spec.batch_size[1:])
+            spec = spec_of(spec, exclude=tuple(self._meta))
         want = TableSpec.parse(spec)
         opts = {k: v for k, v in self._table_options.items() if v is not None}
         try:
@@ -493,16 +633,13 @@ class DistoreReplayBuffer:
                     f"table {self.table!r} exists with fields {_describe(have)}, but the "
                     f"data has {_describe(want)}: use another table name, or convert the data"
                 )
-            if self.capacity is not None:
-                # The same definition is a no-op; another raises TableExists naming
-                # what differs (capacity, sampler, ...).
-                same = {f.name: (f.shape, f.dtype) for f in have.fields}  # its field order
-                self._client.create_table(self.table, capacity=self.capacity, spec=same, **opts)
         self._load()
 
     def _load(self) -> None:
-        """Read the table's spec, if the table exists."""
+        """Read the table's spec, if the table exists, and check that the
+        options this buffer was given match it."""
         try:
+            info = self._client.table_info(self.table)
             spec = self._client.spec(self.table)
         except TableNotFound:
             return
@@ -511,8 +648,30 @@ class DistoreReplayBuffer:
                 f"table {self.table!r} holds one unnamed array per item; a TorchRL buffer "
                 "needs named fields ({'obs': ..., ...}): use another table"
             )
+        if self._fields is None:
+            self._check_options(info)
         self._fields = {f.name: (tuple(f.name.split(SEP)) if SEP in f.name else f.name,
                                  f.shape, f.dtype) for f in spec.fields}
+
+    def _check_options(self, info: dict) -> None:
+        """Refuse a table whose definition differs from the options given here
+        (capacity, sampler and its alpha, ...), naming the fields: they
+        would otherwise be ignored without a word."""
+        from .table_definition import TableDefinition
+
+        asked = {"capacity": self.capacity, **self._table_options}
+        asked = {k: v for k, v in asked.items() if v is not None}
+        if not asked:
+            return
+        have = TableDefinition.from_wire(info)
+        want = TableDefinition.from_wire({**have.to_wire(), **asked})
+        differ = have.differences(want)
+        if differ:
+            raise TableExists(
+                f"table {self.table!r} exists with another definition ({'; '.join(differ)}): "
+                "give this buffer the table's options, or leave them out to use the table "
+                "as it is, or use another table name"
+            )
 
     def _learner(self, n: int):
         learner = self._learners.get(n)
@@ -520,14 +679,16 @@ class DistoreReplayBuffer:
             if self._fields is None:
                 self._load()
                 if self._fields is None:
-                    raise TableNotFound(
-                        f"table {self.table!r} does not exist yet: extend() the buffer (with "
-                        "capacity= given) before sampling, or create the table"
+                    raise EmptyTable(
+                        f"Cannot sample from an empty storage: table {self.table!r} does not "
+                        "exist yet: extend() the buffer (with capacity= given) before "
+                        "sampling, or create the table"
                     )
-            # One batch per control-plane request, as TorchRL's own buffers
-            # see a priority update at once (learner_options may say more).
+            # pipeline=False: a sample is asked for when sample() is called,
+            # so it sees every extend and priority update before it, as
+            # TorchRL's buffers do (sample_ahead=True: one batch ahead).
             opts = {"prefetch": self.prefetch, "beta": self._beta, "sample_ahead": 1,
-                    **self._learner_options}
+                    "pipeline": self.sample_ahead, **self._learner_options}
             if self.device.type == "cuda":
                 opts["framework"] = "torch"
                 device = f"cuda:{self.device.index or 0}"
@@ -537,6 +698,7 @@ class DistoreReplayBuffer:
             learner = self._client.learner(self.table, n, device=device, **opts)
             self._learners[n] = learner
         return learner
+
 
     # -- lifetime ------------------------------------------------------------
     def close(self) -> None:
@@ -575,9 +737,10 @@ class DistoreReplayBuffer:
 
 class DistorePrioritizedReplayBuffer(DistoreReplayBuffer):
     """A prioritized buffer, as TorchRL's `TensorDictPrioritizedReplayBuffer`:
-    the table samples with `ds.Prioritized(alpha)` (when this buffer creates
-    it) and samples carry importance weights with exponent `beta` under
-    `priority_weight` (what TorchRL's losses read) and `_weight`.
+    the table samples with `ds.Prioritized(alpha)` (an existing table must
+    have that alpha, else TableExists names it) and samples carry TorchRL's
+    importance weights (p_i / p_min)^-beta under `priority_weight` (what
+    TorchRL's losses read) and `_weight`.
 
     >>> rb = DistorePrioritizedReplayBuffer(client, "per", alpha=0.6, beta=0.4,
     ...                                     capacity=100_000, batch_size=64)
@@ -606,6 +769,24 @@ def _as_keys(index: Any) -> np.ndarray:
     if a.dtype.kind not in "iu":
         raise TypeError(f"index must hold integer keys (from sample()'s 'index'), got {a.dtype}")
     return np.ascontiguousarray(a.astype(np.int64, copy=False).reshape(-1)).view(np.uint64)
+
+
+def _expand(x: torch.Tensor, shape: list[int]) -> torch.Tensor:
+    """A per-item tensor [n] expanded over the items' own batch dimensions
+    (TorchRL sets index and weights so); `x` itself when there are none."""
+    if len(shape) == 1:
+        return x
+    return x.reshape(x.shape[0], *(1,) * (len(shape) - 1)).expand(shape)
+
+
+def _reduce(p: torch.Tensor, reduction: str) -> torch.Tensor:
+    """[n, k] -> [n] by one of REDUCTIONS (TorchRL's priority reductions)."""
+    if reduction == "mean":
+        return p.mean(1)
+    if reduction == "sum":
+        return p.sum(1)
+    out = {"max": p.max, "min": p.min, "median": p.median}[reduction](1)
+    return out.values
 
 
 def _fields_of(spec) -> dict:

@@ -1,11 +1,13 @@
 """DQN on CartPole-v1 with TorchRL's components and a distore replay buffer.
 
-TorchRL does the RL: a `Collector` (`SyncDataCollector` before TorchRL 0.14) plays CartPole with an
-epsilon-greedy `QValueActor`, `DQNLoss` (double DQN, smooth L1) trains it
+TorchRL does the RL: a `Collector` (`SyncDataCollector` before TorchRL 0.14)
+plays CartPole in 4 environments at once (a `ParallelEnv`, one process each)
+with an epsilon-greedy `QValueActor`, `DQNLoss` (double DQN, smooth L1) trains it
 and `HardUpdate` refreshes the target network. The replay buffer is
 `distore_ucx.torchrl.DistorePrioritizedReplayBuffer`: the collected
-TensorDicts go into a prioritized distore table on a LocalCluster (a
-control plane and a storage node, each its own process), samples come back
+[n_envs, T] TensorDicts go into a prioritized distore table, one item a
+transition (`ndim=2`, as with TorchRL's `LazyTensorStorage(..., ndim=2)`),
+on a LocalCluster (a control plane and a storage node, each its own process), samples come back
 as TensorDicts with `index` and `priority_weight`, which DQNLoss reads, and
 `update_tensordict_priority` sends the loss's `td_error` back. Nothing in
 the TorchRL loop knows that the buffer is remote.
@@ -21,6 +23,7 @@ It stops when the mean return of the last 100 episodes reaches --target
 from __future__ import annotations
 
 import argparse
+import functools
 import importlib.util
 import sys
 import time
@@ -47,7 +50,14 @@ def train(args) -> dict:
     import torch
     from tensordict.nn import TensorDictSequential
     from torchrl.collectors import Collector  # SyncDataCollector before 0.14
-    from torchrl.envs import Compose, GymEnv, RewardSum, StepCounter, TransformedEnv
+    from torchrl.envs import (
+        Compose,
+        GymEnv,
+        ParallelEnv,
+        RewardSum,
+        StepCounter,
+        TransformedEnv,
+    )
     from torchrl.modules import MLP, EGreedyModule, QValueActor
     from torchrl.objectives import DQNLoss, HardUpdate
 
@@ -56,17 +66,20 @@ def train(args) -> dict:
 
     torch.manual_seed(args.seed)
     torch.set_num_threads(1)
-    env = TransformedEnv(GymEnv("CartPole-v1"), Compose(StepCounter(), RewardSum()))
+    # One process an environment; functools.partial, not a lambda: it pickles.
+    env = TransformedEnv(ParallelEnv(args.envs, functools.partial(GymEnv, "CartPole-v1")),
+                         Compose(StepCounter(), RewardSum()))
     env.set_seed(args.seed)
+    action_spec = env.action_spec_unbatched  # one env's: what the actor and loss act in
     actor = QValueActor(MLP(in_features=4, out_features=2, num_cells=[128, 128]),
-                        in_keys=["observation"], spec=env.action_spec)
+                        in_keys=["observation"], spec=action_spec)
     explore = EGreedyModule(env.action_spec, eps_init=1.0, eps_end=0.02,
                             annealing_num_steps=args.explore_frames)
     policy = TensorDictSequential(actor, explore)
     collector = Collector(env, policy, frames_per_batch=args.frames_per_batch,
                                   total_frames=-1, init_random_frames=args.init_frames,
                                   auto_register_policy_transforms=False)  # it needs none
-    loss_module = DQNLoss(actor, action_space=env.action_spec, delay_value=True,
+    loss_module = DQNLoss(actor, action_space=action_spec, delay_value=True,
                           double_dqn=True, loss_function="smooth_l1")
     loss_module.make_value_estimator(gamma=0.99)
     target_updater = HardUpdate(loss_module, value_network_update_interval=args.target_every)
@@ -83,10 +96,11 @@ def train(args) -> dict:
                 # DQNLoss's td_error is the squared TD error: alpha 0.3 on it
                 # prioritizes as alpha 0.6 on |TD error| (dqn_cartpole.py).
                 cluster.address, TABLE, alpha=args.alpha, beta=0.4, capacity=50_000,
-                batch_size=args.batch, remover=ds.Fifo()) as rb:
+                batch_size=args.batch, remover=ds.Fifo(),
+                ndim=2) as rb:  # [n_envs, T] batches: n_envs * T transitions
         try:
             for data in collector:
-                rb.extend(data)  # one batched insert of frames_per_batch transitions
+                rb.extend(data)  # one batched insert of the [n_envs, T] transitions
                 frames += data.numel()
                 done = data["next", "done"].squeeze(-1)
                 returns += data["next", "episode_reward"][done].squeeze(-1).tolist()
@@ -117,6 +131,8 @@ def train(args) -> dict:
             table = rb._client.table_info(TABLE)
         finally:
             collector.shutdown()
+            if not env.is_closed:
+                env.close()
     return {
         "episodes": len(returns),
         "frames": frames,
@@ -142,7 +158,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--target", type=float, default=195.0,
                    help="stop when the mean return of 100 episodes reaches it (0: never)")
     p.add_argument("--batch", type=int, default=64, help="sample size")
-    p.add_argument("--frames-per-batch", type=int, default=16, help="collector batch")
+    p.add_argument("--envs", type=int, default=4,
+                   help="environments the collector steps at once (a ParallelEnv)")
+    p.add_argument("--frames-per-batch", type=int, default=16,
+                   help="collector batch, over all environments (a multiple of --envs)")
     p.add_argument("--updates-per-batch", type=int, default=8,
                    help="gradient steps per collected batch")
     p.add_argument("--init-frames", type=int, default=1024,

@@ -105,6 +105,8 @@ void bind_tables(nb::module_& m) {
       .def(nb::init<size_t>(), "capacity"_a)
       .def_prop_ro("capacity", &SumTree::capacity)
       .def_prop_ro("total", &SumTree::total)
+      .def_prop_ro("min_positive", &SumTree::min_positive,
+                   "The smallest positive weight (0 when none is positive).")
       .def(
           "set",
           [](SumTree& t, Vec<int64_t> idx, Vec<double> values) {
@@ -160,6 +162,9 @@ void bind_tables(nb::module_& m) {
       .def_prop_ro("capacity", &TableCore::capacity)
       .def_prop_ro("max_times_sampled", &TableCore::max_times_sampled)
       .def_prop_ro("remaining_uses", &TableCore::remaining_uses)
+      .def_prop_ro("min_probability", &TableCore::min_probability,
+                   "The smallest probability a draw can have now (0 when empty): "
+                   "importance weights (P(i) / min)^-beta normalise by it.")
       .def(
           "insert",
           [](TableCore& t, Vec<int64_t> ids, Vec<uint64_t> keys, Vec<double> prios) {

@@ -180,6 +180,21 @@ double Selector::probability(int64_t id) const {
   }
 }
 
+double Selector::min_probability() const {
+  if (size_ == 0) return 0.0;
+  switch (kind_) {
+    case SelectorKind::kPrioritized: {
+      const double total = tree_.total();
+      if (total > 0.0) return tree_.min_positive() / total;
+      return 1.0 / static_cast<double>(size_);  // all weights 0: uniform
+    }
+    case SelectorKind::kUniform:
+      return 1.0 / static_cast<double>(size_);
+    default:
+      return 1.0;
+  }
+}
+
 void Selector::resident_bytes(const char* prefix,
                               std::vector<std::pair<std::string, size_t>>* out) const {
   const std::string p(prefix);

@@ -47,6 +47,9 @@ class Selector {
   size_t size() const { return size_; }
   // Probability that select() returns `id` now (for tests and reporting).
   double probability(int64_t id) const;
+  // The smallest probability select() can return now among items it can
+  // return at all (importance weights normalise by it); 0 when empty.
+  double min_probability() const;
   // n independent draws at once (no removal between them).
   void select_many(std::mt19937_64& rng, size_t n, int64_t* ids, double* probabilities);
   // Bytes in memory now, by structure.

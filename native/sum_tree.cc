@@ -18,9 +18,14 @@ void SumTree::resize(size_t capacity) {
   for (size_t k = 0;; ++k) {
     if (k == levels_.size()) {
       levels_.emplace_back(n);
-      if (k > 0) levels_[k][0] = sum8(levels_[k - 1].data());
+      mins_.emplace_back(k > 0 ? n : 0);
+      if (k > 0) {
+        levels_[k][0] = sum8(levels_[k - 1].data());
+        mins_[k][0] = min8(k > 1 ? mins_[k - 1].data() : levels_[0].data());
+      }
     } else {
       levels_[k].grow_to(n);
+      if (k > 0) mins_[k].grow_to(n);
     }
     if (n <= 8) break;
     n = round8((n + 7) / 8);
@@ -31,11 +36,18 @@ void SumTree::set(size_t index, double value) {
   if (index >= used_) used_ = index + 1;
   levels_[0][index] = value;
   size_t j = index;
+  bool min_settled = false;  // a node's minimum did not change: nor do its ancestors'
   for (size_t k = 1; k < levels_.size(); ++k) {
     j >>= 3;
     levels_[k][j] = sum8(levels_[k - 1].data() + 8 * j);
+    if (!min_settled) {
+      const double m = min8((k > 1 ? mins_[k - 1].data() : levels_[0].data()) + 8 * j);
+      min_settled = mins_[k][j] == m;
+      mins_[k][j] = m;
+    }
   }
   total_ = sum8(levels_.back().data());
+  if (!min_settled) min_ = min8(levels_.size() > 1 ? mins_.back().data() : levels_[0].data());
 }
 
 size_t SumTree::pick(const double* c, double* prefix) {
@@ -85,6 +97,7 @@ void SumTree::find_many(const double* prefixes, size_t n, int64_t* out) const {
 size_t SumTree::resident_bytes() const {
   size_t bytes = 0;
   for (const auto& level : levels_) bytes += level.resident_bytes();
+  for (const auto& level : mins_) bytes += level.resident_bytes();
   return bytes;
 }
 

@@ -68,6 +68,8 @@ class TableCore {
   double priority(int64_t id) const { return priority_[id]; }
   uint32_t times_sampled(int64_t id) const { return times_[id]; }
   double probability(int64_t id) const { return sampler_.probability(id); }
+  // The smallest probability a draw can have now (see Selector).
+  double min_probability() const { return sampler_.min_probability(); }
   uint64_t sequence(int64_t id) const { return seq1_[id] - 1; }
   uint64_t key(int64_t id) const { return key_[id]; }
   // The key last inserted under `id` (kept after the item leaves, until the

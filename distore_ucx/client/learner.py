@@ -91,7 +91,11 @@ class Batch:
     into the learner's buffer; keys: uint64 [n]; probabilities: float64 [n],
     each item's probability when it was sampled; table_size: the table's
     size at sampling time; weights: importance weights
-    (N * P(i))^-beta / max_j w_j when the learner was given `beta`, else None.
+    (P(i) / P_min)^-beta when the learner was given `beta`, else None, where
+    P_min is the smallest probability of any item in the table when the
+    batch was drawn: the same as (N * P(i))^-beta / max_j (N * P(j))^-beta
+    over the whole table, TorchRL's and the PER paper's normalisation (the
+    table's least likely item weighs 1; weights never depend on the batch).
     """
 
     data: Any
@@ -142,6 +146,16 @@ def _sample_ahead(asked: int | None, batch_size: int, consuming: bool,
     return asked
 
 
+def _importance_weights(probs: np.ndarray, min_probs: np.ndarray, beta: float) -> np.ndarray:
+    """(P(i) / P_min)^-beta, P_min the table's smallest probability when each
+    item was drawn (see Batch.weights). A reply without it (an older control
+    plane) falls back to the batch's own largest weight."""
+    if (min_probs > 0).all():
+        return (probs / min_probs) ** -beta
+    w = probs ** -beta
+    return w / w.max()
+
+
 def _copy(x):
     # numpy and CuPy arrays copy(); torch tensors clone().
     return x.clone() if hasattr(x, "clone") else x.copy()
@@ -177,7 +191,11 @@ class Learner:
     asks one batch. The price: batches sampled ahead were drawn before the
     priority updates of the batches before them (as with Reverb's in-flight
     samples); items evicted meanwhile are caught by the header check and
-    resampled.
+    resampled. `pipeline=False` asks for each batch only when `sample()` is
+    called (no request in flight in between, no sampling ahead): a batch
+    then reflects every insert, eviction and priority update acknowledged
+    before the call, at the price of a round trip `sample()` waits for
+    (distore_ucx.torchrl's buffers sample so, as TorchRL's own do).
     """
 
     def __init__(
@@ -196,6 +214,7 @@ class Learner:
         local_map: bool | None = None,
         copy_threads: int | None = None,
         sample_ahead: int | None = None,
+        pipeline: bool = True,
     ):
         """See the class docstring. `beta`: importance-sampling exponent for
         prioritized tables (batch.weights); None leaves weights out."""
@@ -223,8 +242,12 @@ class Learner:
         self._consuming = (
             info["max_times_sampled"] > 0 or info["rate_limiter"]["kind"] != "min_size"
         )
-        self.sample_ahead = _sample_ahead(sample_ahead, batch_size, self._consuming,
-                                          self.spec.slot_size)
+        if not pipeline and sample_ahead not in (None, 1):
+            raise ConfigError(f"sample_ahead={sample_ahead} samples ahead, which pipeline=False "
+                              "rules out: leave one of them out")
+        self.pipeline = pipeline
+        self.sample_ahead = _sample_ahead(sample_ahead, batch_size,
+                                          self._consuming or not pipeline, self.spec.slot_size)
         self.priority_updates_missing = 0
         self._slot = self.spec.slot_size
         self._read = SLOT_HEADER + self.spec.item_bytes
@@ -262,13 +285,14 @@ class Learner:
         # the mappings are made below, so the first sample() finds the reply
         # waiting. Not where sampling uses items up (see _consuming).
         self._early = False
-        if not self._consuming:
+        if pipeline and not self._consuming:
             self._prefetch(0.0)
             self._early = True
         self._next = 0
         self._prefetcher: Prefetcher | None = None
         self._held: int | None = None  # ring slot of the batch the caller holds (GPU fences)
         self._locs: list = [None] * (prefetch + 1)  # per ring slot: its items' locations
+        self._min_probs: list = [None] * (prefetch + 1)  # per ring slot: each row's P_min
         self._headers = None  # where batches fetched ahead have their headers re-read
         self._check_keys: dict = {}  # node id -> (address, remote key) for those re-reads
         self._lengths = np.full(batch_size, self._read, np.uint64)
@@ -395,22 +419,25 @@ class Learner:
         keys = np.empty(n, np.uint64)
         probs = np.empty(n, np.float64)
         locs = self._locs[slot] = np.empty(n, ITEM_LOCATION)  # re-checked at hand-out
+        # each row's reply's smallest probability (the weights' P_min)
+        min_probs = self._min_probs[slot] = np.empty(n, np.float64)
         reply = self._next_reply(wait)
-        if not self._consuming and not self._ahead:
+        if self.pipeline and not self._consuming and not self._ahead:
             self._top_up(wait)  # the last batch of a reply: ask for the next ones
         if self._rpc.session != self._session:
             self._new_session()
-        table_size = self._read_rows(reply, np.arange(n), dest, slot, keys, probs, locs, wait)
+        table_size = self._read_rows(reply, np.arange(n), dest, slot, keys, probs, min_probs,
+                                     locs, wait)
         self._ring.fill(slot, n)
         self._read_at = time.monotonic()
         weights = None
         if self.beta is not None:
-            w = (table_size * probs) ** -self.beta
-            weights = w / w.max()
+            weights = _importance_weights(probs, min_probs, self.beta)
         return slot, Batch(None, keys, probs, table_size, weights)
 
     def _read_rows(self, reply: dict, rows: np.ndarray, dest, slot: int, keys: np.ndarray,
-                   probs: np.ndarray, locs: np.ndarray, wait: float) -> int:
+                   probs: np.ndarray, min_probs: np.ndarray, locs: np.ndarray,
+                   wait: float) -> int:
         """Read `reply`'s items into `rows` of ring slot `slot`, resampling
         those that fail their header check; fills keys, probabilities and
         locations of those rows. Returns the table size of the last reply."""
@@ -425,6 +452,7 @@ class Learner:
             keys[rows[got]] = items["key"][got]
             locs[rows[got]] = items[got]
             probs[rows[got]] = np.frombuffer(reply["probabilities"], np.float64)[got]
+            min_probs[rows[got]] = reply.get("min_probability", 0.0)
             rows = rows[~got]
             if len(rows) == 0:
                 break
@@ -508,12 +536,13 @@ class Learner:
         (their items were evicted since) into the same ring slot."""
         dest = self._ring.acquire(slot)
         self.resampled += len(rows)
-        table_size = self._read_rows(self._resample(len(rows), wait), rows, dest, slot,
-                                     batch.keys, batch.probabilities, self._locs[slot], wait)
+        min_probs = self._min_probs[slot]
+        batch.table_size = self._read_rows(self._resample(len(rows), wait), rows, dest, slot,
+                                           batch.keys, batch.probabilities, min_probs,
+                                           self._locs[slot], wait)
         self._ring.fill(slot, self.batch_size)
         if batch.weights is not None:
-            w = (table_size * batch.probabilities) ** -self.beta
-            batch.weights = w / w.max()
+            batch.weights = _importance_weights(batch.probabilities, min_probs, self.beta)
         return batch
 
     def update_priorities(self, keys, priorities) -> dict:

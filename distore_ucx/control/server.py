@@ -582,6 +582,7 @@ class ControlPlane:
             )
         t0 = time.perf_counter()  # metrics: the decision, without the wait
         size = table.size  # the size the probabilities refer to
+        min_probability = table.min_probability  # ... and the smallest of them (weights)
         recs, probs, freed = table.sample(n)
         self._free(table.name, freed)
         self._touch(table)
@@ -597,6 +598,7 @@ class ControlPlane:
             "table_size": size,
             "items": items,
             "probabilities": probs,
+            "min_probability": min_probability,
             "staged": staged,  # cold items read from disk for it (learners ask further ahead)
         }
 

@@ -156,6 +156,13 @@ class Table:
         """Items in the table (sampleable)."""
         return self.core.size
 
+    @property
+    def min_probability(self) -> float:
+        """The smallest probability the sampler can draw an item with now
+        (0 when empty): importance weights are (P(i) / this)^-beta, so the
+        least likely item in the table weighs 1, as in TorchRL's buffers."""
+        return self.core.min_probability
+
     # -- inserts and evictions -------------------------------------------
     def add(self, node: int, keys, offsets, generations, priorities) -> Freed:
         """Make a batch of stored items sampleable; evicts by the remover at capacity."""

@@ -43,8 +43,9 @@ def test_prioritized_probabilities_weights_and_updates(client):
         idx = b.data["i"]
         assert np.array_equal(b.data["x"][:, 0], idx.astype(np.float32))  # right bytes
         assert np.allclose(b.probabilities, prios[idx] / prios.sum())
-        w = (20 * b.probabilities) ** -0.5
-        assert np.allclose(b.weights, w / w.max())
+        # TorchRL's formula: normalised by the least likely item of the whole
+        # table (priority 1), whether or not this batch drew it.
+        assert np.allclose(b.weights, (b.probabilities / (prios.min() / prios.sum())) ** -0.5)
         counts += np.bincount(idx, minlength=20)
     exact = prios / prios.sum()
     chi2 = ((counts - exact * counts.sum()) ** 2 / (exact * counts.sum())).sum()

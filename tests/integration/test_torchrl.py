@@ -5,6 +5,7 @@ and TorchRL's DQNLoss, collectors and the example work unchanged."""
 
 from __future__ import annotations
 
+import functools
 import importlib
 import math
 import os
@@ -96,11 +97,13 @@ def test_weights_are_the_learners_and_priorities_come_from_td_error(cluster):
         keys = rb.extend(data)
         p = dict(zip(keys.tolist(), prio.tolist()))
         total = sum(v**alpha for v in p.values())
+        p_min = min(p.values()) ** alpha / total  # the least likely item of the table
         for _ in range(3):
             td, info = rb.sample(return_info=True)
             probs = np.array([p[k] ** alpha / total for k in td["index"].tolist()])
-            w = (n * probs) ** -beta
-            expected = w / w.max()  # what learner.sample() gives as batch.weights
+            # TorchRL's formula (PrioritizedSampler.sample): (p_i / p_min)^-beta,
+            # i.e. (N * P(i))^-beta normalised by the largest weight of the whole table.
+            expected = (probs / p_min) ** -beta
             assert torch.allclose(td["priority_weight"], torch.from_numpy(expected).float())
             assert td["_weight"] is td["priority_weight"]
             assert info["priority_weight"] is td["priority_weight"]
@@ -110,8 +113,7 @@ def test_weights_are_the_learners_and_priorities_come_from_td_error(cluster):
             batch = client.learner("per", batch_size=64, beta=beta).sample()
             probs = np.array([p[k] ** alpha / total for k in batch.keys.tolist()])
             np.testing.assert_allclose(batch.probabilities, probs, rtol=1e-9)
-            w = (n * probs) ** -beta
-            np.testing.assert_allclose(batch.weights, w / w.max(), rtol=1e-9)
+            np.testing.assert_allclose(batch.weights, (probs / p_min) ** -beta, rtol=1e-9)
 
 
 def test_update_priority_reaches_the_table(cluster):
@@ -128,7 +130,6 @@ def test_update_priority_reaches_the_table(cluster):
         td["td_error"] = torch.where(td["index"] == hot, 5.0, 0.0)[:, None]
         out = rb.update_tensordict_priority(td)
         assert out["missing"] == 0 and out["updated"] >= 1
-        rb.sample()  # asked for before the update: the learner requests one batch ahead
         # Items sampled above now have priority 0 (never drawn) except `hot`.
         zero = set(td["index"].tolist()) - {int(hot)}
         seen = torch.cat([rb.sample()["index"] for _ in range(20)]).tolist()
@@ -136,12 +137,10 @@ def test_update_priority_reaches_the_table(cluster):
         # update_priority with keys and a plain tensor: everything at 0 but one item.
         rb.update_priority(keys, torch.zeros(100))
         rb.update_priority(keys[7:8], torch.tensor([3.0]))
-        rb.sample()
         assert set(rb.sample()["index"].tolist()) == {int(keys[7])}
         # The largest priority so far is what new items get (TorchRL's default).
         rb.update_priority(keys[7:8], torch.tensor([0.0]))
         new = rb.extend(transitions(1, start=100))
-        rb.sample()
         assert set(rb.sample()["index"].tolist()) == {int(new[0])}
         with pytest.raises(ValueError, match="finite"):
             rb.update_priority(keys[:1], torch.tensor([float("nan")]))
@@ -168,10 +167,12 @@ def test_mismatched_data_is_refused_naming_the_key(cluster):
         bad["next", "reward"] = torch.zeros(4, 1, dtype=torch.float64)
         with pytest.raises(ds.SpecMismatch, match=r"\('next', 'reward'\).*float64.*float32"):
             rb.extend(bad)
-        with pytest.raises(ds.SpecMismatch, match="one batch dimension"):
-            rb.extend(transitions(4).reshape(2, 2))
-        with pytest.raises(ds.SpecMismatch, match="extend"):
+        with pytest.raises(ds.SpecMismatch, match=r"items have batch size \[\], the data's \[2\]"):
+            rb.extend(transitions(4).reshape(2, 2))  # 2 items of 2 steps, as TorchRL reads it
+        with pytest.raises(ds.SpecMismatch, match="batch size"):
             rb.add(transitions(2))
+        with pytest.raises(ds.SpecMismatch, match="first 1 batch dimension"):
+            rb.extend(transitions(1)[0])  # one item: add() it
         with pytest.raises(TypeError, match="TensorDict"):
             rb.extend({"observation": torch.zeros(4, 4)})
         assert len(rb) == 8  # nothing of the refused data went in
@@ -183,7 +184,7 @@ def test_mismatched_data_is_refused_naming_the_key(cluster):
     with DistoreReplayBuffer(cluster.address, "none", batch_size=4) as rb:
         with pytest.raises(ds.ConfigError, match="capacity="):
             rb.extend(transitions(4))
-        with pytest.raises(ds.TableNotFound, match="does not exist yet"):
+        with pytest.raises(RuntimeError, match="empty storage.*does not exist yet"):
             rb.sample()
         assert len(rb) == 0
 
@@ -209,6 +210,173 @@ def test_an_existing_table_is_used_as_it_is(cluster):
         for _ in range(6):  # enough to refill every slot of the learner's ring
             rb.sample()
         assert torch.equal(keep, want)  # clone=True: a copy, not a view of the ring
+
+
+def test_a_sample_after_extend_never_holds_the_items_it_evicted(cluster):
+    # TorchRL's test_prb at capacity 5: extend 3, sample, extend 5, sample.
+    from distore_ucx.torchrl import DistorePrioritizedReplayBuffer, DistoreReplayBuffer
+
+    for i, cls in enumerate((DistoreReplayBuffer, DistorePrioritizedReplayBuffer)):
+        opts = {"alpha": 0.7, "beta": 0.9} if i else {}
+        with cls(cluster.address, f"evict{i}", capacity=5, batch_size=5, **opts) as rb:
+            for round_ in range(3):
+                rb.extend(transitions(3, start=100 * round_))
+                rb.sample()
+                second = rb.extend(transitions(5, start=100 * round_ + 10))
+                got = set(rb.sample()["index"].tolist())
+                assert got <= set(second.tolist()), (round_, got, second)
+
+
+def test_a_priority_update_shows_in_the_very_next_sample(cluster):
+    from distore_ucx.torchrl import DistorePrioritizedReplayBuffer
+
+    with DistorePrioritizedReplayBuffer(cluster.address, "next", alpha=1.0, beta=0.5,
+                                        capacity=100, batch_size=8) as rb:
+        keys = rb.extend(transitions(50))
+        for k in keys[:10].tolist():  # extend, sample, loss, update, sample: as TorchRL
+            td = rb.sample()
+            td["index"][0] = k  # the hot item is in the update whether drawn or not
+            td["td_error"] = torch.where(td["index"] == k, 1e9, 0.0)[:, None]
+            rb.update_tensordict_priority(td)
+            assert set(rb.sample()["index"].tolist()) == {k}
+            rb.update_priority(keys, torch.ones(50))
+
+
+def test_the_priority_key_is_stored_and_a_missing_one_means_the_default(cluster):
+    from distore_ucx.torchrl import DistorePrioritizedReplayBuffer
+
+    with DistorePrioritizedReplayBuffer(cluster.address, "pk", alpha=1.0, beta=0.5, eps=0.0,
+                                        capacity=100, batch_size=16) as rb:
+        data = transitions(20)
+        data["td_error"] = torch.arange(1, 21).float()[:, None]
+        keys = rb.extend(data)
+        td = rb.sample()
+        want = rows_for(td["index"], keys, data)
+        assert torch.equal(td["td_error"], want["td_error"])  # kept, as TorchRL keeps it
+        # Without td_error: the default priority, the largest so far (20), as TorchRL.
+        rb.update_priority(keys, torch.full((20,), 1e-6))
+        rb.update_tensordict_priority(td.exclude("td_error")[:1])
+        assert set(rb.sample()["index"].tolist()) == {int(td["index"][0])}
+
+
+def test_errors_are_what_torchrl_code_catches(cluster):
+    import time
+
+    import distore_ucx as ds
+    from distore_ucx.torchrl import DistoreReplayBuffer
+
+    with DistoreReplayBuffer(cluster.address, "errs", capacity=10) as rb:
+        rb.extend(transitions(4))
+        assert rb.sample(3).batch_size == torch.Size([3])
+        with pytest.raises(RuntimeError, match="batch_size not specified"):
+            rb.sample()
+        with pytest.raises(RuntimeError, match="Batch_size was not specified"):
+            iter(rb)
+        with pytest.raises(ds.ConfigError):  # still a distore error
+            rb.sample()
+    # An empty table: at once, a RuntimeError (TorchRL's message) and ds.NoData.
+    with ds.connect(cluster.address) as client:
+        client.create_table("void", capacity=10, spec={"obs": ((4,), "float32")})
+    with DistoreReplayBuffer(cluster.address, "void", batch_size=2) as rb:
+        t0 = time.monotonic()
+        with pytest.raises(RuntimeError, match="Cannot sample from an empty storage") as err:
+            rb.sample()
+        assert time.monotonic() - t0 < 5.0 and isinstance(err.value, ds.NoData)
+    with DistoreReplayBuffer(cluster.address, "void", batch_size=2, sample_timeout=0.5) as rb:
+        t0 = time.monotonic()
+        with pytest.raises(ds.NoData):
+            rb.sample()  # waited for actors, as asked
+        assert time.monotonic() - t0 >= 0.5
+
+
+def test_options_that_differ_from_the_table_are_refused_by_name(cluster):
+    import distore_ucx as ds
+    from distore_ucx.torchrl import DistorePrioritizedReplayBuffer, DistoreReplayBuffer
+
+    with DistorePrioritizedReplayBuffer(cluster.address, "opts", alpha=0.6, beta=0.4,
+                                        capacity=100) as rb:
+        rb.extend(transitions(4))
+    with pytest.raises(ds.TableExists, match=r"sampler.*'alpha': 0\.6.*'alpha': 0\.8"):
+        DistorePrioritizedReplayBuffer(cluster.address, "opts", alpha=0.8, beta=0.4)
+    with pytest.raises(ds.TableExists, match=r"capacity: 100 there, 50 asked"):
+        DistorePrioritizedReplayBuffer(cluster.address, "opts", alpha=0.6, beta=0.4, capacity=50)
+    with pytest.raises(ds.TableExists, match="sampler"):
+        DistoreReplayBuffer(cluster.address, "opts", sampler=ds.Uniform())
+    # The same options, or none, use the table as it is.
+    with DistorePrioritizedReplayBuffer(cluster.address, "opts", alpha=0.6, beta=0.4,
+                                        capacity=100, batch_size=2) as rb:
+        assert rb.sample().batch_size == torch.Size([2])
+    with DistoreReplayBuffer(cluster.address, "opts", batch_size=2) as rb:
+        assert len(rb) == 4
+
+
+def test_sampled_tensors_are_the_callers_unless_views_are_asked_for(cluster):
+    from distore_ucx.torchrl import DistoreReplayBuffer
+
+    with DistoreReplayBuffer(cluster.address, "own", capacity=100, batch_size=4) as rb:
+        rb.extend(transitions(50))
+        first = rb.sample()
+        keep = first["observation"].clone()
+        for _ in range(8):  # more than the learner's ring holds
+            rb.sample()
+        assert torch.equal(first["observation"], keep)
+    with DistoreReplayBuffer(cluster.address, "own", batch_size=4, clone=False,
+                             prefetch=0) as rb:
+        first = rb.sample()
+        keep = first["observation"].clone()
+        changed = False
+        for _ in range(20):  # a ring of one batch: the next sample reuses it
+            rb.sample()
+            changed |= not torch.equal(first["observation"], keep)
+        assert changed
+
+
+@pytest.mark.slow
+def test_batches_of_a_collector_over_parallel_envs_are_stored_as_torchrl_stores_them(cluster):
+    pytest.importorskip("torchrl", reason="needs torchrl (pip install '.[examples]')")
+    pytest.importorskip("gymnasium", reason="needs gymnasium (pip install '.[examples]')")
+    from torchrl.collectors import Collector
+    from torchrl.envs import GymEnv, ParallelEnv, SerialEnv
+
+    from distore_ucx.torchrl import DistoreReplayBuffer
+
+    def policy(td):  # random actions; CartPole's action spec is one-hot
+        return td.set("action", torch.nn.functional.one_hot(
+            torch.randint(2, td.batch_size), 2))
+
+    # ndim=2: every step of every env one item (LazyTensorStorage(..., ndim=2)).
+    env = ParallelEnv(4, functools.partial(GymEnv, "CartPole-v1"))
+    try:
+        with DistoreReplayBuffer(cluster.address, "par", capacity=1000, ndim=2,
+                                 batch_size=16) as rb:
+            collector = Collector(env, policy, frames_per_batch=40, total_frames=120,
+                                  replay_buffer=rb, auto_register_policy_transforms=False)
+            for _ in collector:
+                pass
+            collector.shutdown()
+            assert rb.write_count == 120 and len(rb) == 120
+            td = rb.sample()
+            assert td.batch_size == torch.Size([16]) and td["observation"].shape == (16, 4)
+            assert td["next", "observation"].shape == (16, 4)
+    finally:
+        if not env.is_closed:
+            env.close()
+    # ndim=1 (TorchRL's default): each env's [T] steps are one item.
+    env = SerialEnv(2, functools.partial(GymEnv, "CartPole-v1"))
+    with DistoreReplayBuffer(cluster.address, "ser", capacity=100, batch_size=3) as rb:
+        collector = Collector(env, policy, frames_per_batch=20, total_frames=40,
+                              replay_buffer=rb, auto_register_policy_transforms=False)
+        for _ in collector:
+            pass
+        collector.shutdown()
+        assert rb.write_count == 4 and len(rb) == 4  # 2 batches x 2 envs
+        td = rb.sample()
+        assert td.batch_size == torch.Size([3, 10]) and td["observation"].shape == (3, 10, 4)
+        assert td["index"].shape == (3, 10) and (td["index"] == td["index"][:, :1]).all()
+        # A trajectory's steps are in order: each next observation is the following one.
+        same = td["next", "observation"][:, :-1] == td["observation"][:, 1:]
+        done = td["next", "done"][:, :-1].squeeze(-1)
+        assert same.all(-1)[~done].all()
 
 
 def test_dqn_loss_and_a_collector_use_the_buffer_unchanged(cluster):

@@ -168,6 +168,8 @@ def test_sum_tree_matches_a_float64_reference(size, updates):
         tree.set(idx[chunk], vals[chunk])
         ref[idx[chunk]] = vals[chunk]  # last write wins, as in the tree
     assert math.isclose(tree.total, ref.sum(), rel_tol=1e-9, abs_tol=1e-9)
+    positive = ref[ref > 0]
+    assert tree.min_positive == (positive.min() if positive.size else 0.0)  # the min tree
     assert np.array_equal(tree.get(np.arange(size, dtype=np.int64)), ref[:size])
     if ref.sum() > 0:
         prefixes = np.random.default_rng(size).uniform(0, ref.sum(), 64)
@@ -177,6 +179,43 @@ def test_sum_tree_matches_a_float64_reference(size, updates):
         # neighbour in neither; the leaf found must hold weight.
         assert np.all(ref[got] > 0)
         assert np.mean(got == expect) > 0.95
+
+
+def test_min_tree_follows_updates_removals_and_growth():
+    tree = _tables.SumTree(8)
+    assert tree.min_positive == 0.0  # nothing positive yet
+    tree.set(np.array([3, 5], np.int64), np.array([2.0, 0.5]))
+    assert tree.min_positive == 0.5
+    tree.set(np.array([5], np.int64), np.array([0.0]))  # a removed item is no minimum
+    assert tree.min_positive == 2.0
+    t = core("prioritized", capacity=1000)
+    total = 0.0
+    for i in range(600):  # the tree grows from one level to four, keeping the minimum
+        t.insert(np.array([i], np.int64), np.array([100 + i], np.uint64),
+                 np.array([1000.0 - i]))
+        total += 1000.0 - i
+        assert math.isclose(t.min_probability, (1000.0 - i) / total, rel_tol=1e-12)
+
+
+@pytest.mark.parametrize("sampler,alpha", [("prioritized", 0.6), ("prioritized", 1.0),
+                                           ("uniform", 1.0), ("fifo", 1.0)])
+def test_min_probability_is_the_least_likely_items(sampler, alpha):
+    # Importance weights (P(i) / P_min)^-beta normalise by it (TorchRL's formula).
+    t = core(sampler, alpha, capacity=30)
+    assert t.min_probability == 0.0  # empty
+    prios = np.random.default_rng(3).uniform(0.1, 5.0, 40)
+    ids = fill(t, prios)  # the first 10 are evicted at capacity 30
+    live = ids[10:]
+    expect = t.probabilities(live).min() if sampler != "fifo" else 1.0
+    assert math.isclose(t.min_probability, expect, rel_tol=1e-12)
+    if sampler == "prioritized":
+        assert math.isclose(t.min_probability, prios[10:].min() ** alpha
+                            / (prios[10:] ** alpha).sum(), rel_tol=1e-12)
+        t.update_priorities(np.array([100 + 20], np.uint64), np.array([1e-3]))
+        assert math.isclose(t.min_probability, t.probabilities(np.array([20]))[0],
+                            rel_tol=1e-12)
+        t.update_priorities(np.arange(110, 140, dtype=np.uint64), np.zeros(30))
+        assert math.isclose(t.min_probability, 1 / 30)  # all 0: uniform, as sampled
 
 
 def test_sum_tree_rejects_bad_weights():

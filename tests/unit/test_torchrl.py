@@ -78,12 +78,17 @@ def test_keys_and_dtypes_a_table_cannot_hold_are_refused_with_what_to_do(td, wor
         assert word in str(err.value)
 
 
-def test_only_one_batch_dimension_is_taken():
+def test_the_first_ndim_batch_dimensions_index_items():
+    # As TorchRL's storages: [n_envs, T] is n_envs items of [T] steps with
+    # ndim=1 (the default), n_envs * T items with ndim=2.
     import distore_ucx as ds
     from distore_ucx.torchrl import spec_of
 
-    with pytest.raises(ds.SpecMismatch, match=r"reshape\(-1\)"):
-        spec_of(TensorDict({"obs": torch.zeros(2, 3, 4)}, [2, 3]))
+    td = TensorDict({"obs": torch.zeros(2, 3, 4)}, [2, 3])
+    assert spec_of(td) == {"obs": ((3, 4), np.dtype("float32"))}
+    assert spec_of(td, ndim=2) == {"obs": ((4,), np.dtype("float32"))}
+    with pytest.raises(ds.SpecMismatch, match="first 3 batch dimension"):
+        spec_of(td, ndim=3)
     with pytest.raises(TypeError, match="TensorDict"):
         spec_of({"obs": torch.zeros(2, 4)})
 
