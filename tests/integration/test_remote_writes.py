@@ -15,6 +15,8 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import socket
+import struct
 import subprocess
 import sys
 
@@ -22,6 +24,7 @@ import numpy as np
 import pytest
 
 import distore_ucx as ds
+from helpers import wait_for
 
 HOSTILE = os.path.join(os.path.dirname(__file__), "hostile_peer.py")
 SPEC = {"payload": ((240,), "uint8"), "key": ((), "uint64")}
@@ -76,6 +79,12 @@ def _target(pid: int, node: dict, target: str) -> int:
     assert heap, "the node has no [heap] mapping"
     start, end = heap[0][0], heap[0][1]
     return (start + (end - start) // 2) & ~0xFFF
+
+
+def _wait_log(process, text: str, timeout: float = 10.0) -> str:
+    """The process's log once it contains `text` (polled)."""
+    return wait_for(lambda: text in (log := process.log_tail(200)) and log, timeout,
+                    f"{text!r} in the node's log", state=lambda: process.log_tail(5))
 
 
 def _hostile(address: str, node_id: int, *args: str, timeout: float = 30.0) -> list[dict]:
@@ -145,3 +154,61 @@ def test_readers_of_either_endpoint_kind_are_served(make_cluster, tls):
         learner = client.learner("t", batch_size=64)
         assert sum(_bad(learner.sample(timeout=10)) for _ in range(20)) == 0
         assert victim.alive()
+
+
+def _listening_ports(pid: int) -> set[int]:
+    """TCP ports process `pid` listens on (its sockets' inodes in /proc/net/tcp)."""
+    inodes = set()
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            link = os.readlink(f"/proc/{pid}/fd/{fd}")
+        except OSError:
+            continue
+        if link.startswith("socket:["):
+            inodes.add(int(link[8:-1]))
+    ports = set()
+    for table in ("tcp", "tcp6"):
+        with open(f"/proc/{pid}/net/{table}") as fh:
+            for line in list(fh)[1:]:
+                f = line.split()
+                if f[3] == "0A" and int(f[9]) in inodes:  # LISTEN
+                    ports.add(int(f[1].rsplit(":", 1)[1], 16))
+    return ports
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("tls", ["tcp"], indirect=True)
+def test_a_raw_tcp_put_without_ucx_or_token_is_refused(make_cluster, tls):
+    # UCX's TCP transport takes a put frame even from a connection that never
+    # completed its handshake: 8 bytes of magic number, then a PUT_REQ frame
+    # (id 33, 20 bytes: address, length, sequence number) and the bytes. No
+    # token, no UCX, no worker address: reaching the port is enough.
+    cluster = make_cluster(nodes=1, arena_bytes=ARENA)
+    victim = cluster.nodes[0]
+    with ds.connect(cluster.address) as client:
+        client.create_table("t", capacity=1000, spec=SPEC)
+        with client.writer(max_items=50) as w:
+            w.insert("t", _items(w.next_keys(200)))
+        node = client.nodes()[0]
+        pid = node["pid"]
+        target = _target(pid, node, "alias")  # the arena's first slot, writable here
+        arena = _read(pid, node["arena_base"], ARENA)
+        rpc_port = int(victim.info["address"].rsplit(":", 1)[1])
+        ports = _listening_ports(pid) - {rpc_port}
+        assert ports, "the node listens on no UCX TCP port"
+        frame = (struct.pack("<Q", 0xCAFEBABE12345678) + struct.pack("<BI", 33, 20)
+                 + struct.pack("<QQI", target, 256, 1) + b"\xee" * 256)
+        for port in sorted(ports):
+            with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
+                sock.sendall(frame)
+                sock.settimeout(5)
+                try:  # the node closes the connection (b"" or a reset)
+                    while sock.recv(4096):
+                        pass
+                except OSError:
+                    pass
+            assert victim.alive(), victim.log_tail()
+            assert _read(pid, node["arena_base"], ARENA) == arena, f"port {port}: bytes changed"
+        learner = client.learner("t", batch_size=64)
+        assert sum(_bad(learner.sample(timeout=10)) for _ in range(10)) == 0
+        assert "TCP connection(s) ended for a put" in _wait_log(victim, "ended for a put")
