@@ -22,9 +22,9 @@ import sys
 
 import numpy as np
 import pytest
+from helpers import wait_for
 
 import distore_ucx as ds
-from helpers import wait_for
 
 HOSTILE = os.path.join(os.path.dirname(__file__), "hostile_peer.py")
 SPEC = {"payload": ((240,), "uint8"), "key": ((), "uint64")}
