@@ -849,11 +849,13 @@ def _guard_remote_access() -> dict[str, str]:
     TCP puts (UCX_TCP_PUT_ENABLE=n: stock UCX peers then use the software
     put) and says so. Same-host transports that write memory directly
     (cma: process_vm_writev) are left out of the node's UCX_TLS, so that a
-    peer's UCX never puts through them. UCX_ADAPTIVE_PROGRESS=n: with adaptive progress UCX
-    deactivates a transport when its last endpoint goes, and over TCP the
-    node then never woke for a new reader again once a reader without
-    peer-failure handling had been its only one and left (tested in
-    tests/integration/test_remote_writes.py)."""
+    peer's UCX never puts through them.
+
+    UCX_ADAPTIVE_PROGRESS=n: with adaptive progress UCX deactivates a
+    transport when its last endpoint goes, and over TCP the node then never
+    woke for a new reader again once a reader without peer-failure handling
+    had been its only one and left. Both are tested in
+    tests/integration/test_remote_writes.py."""
     options = {"ADAPTIVE_PROGRESS": "n", "TLS": without_direct_writes()}
     why = _native.refuse_remote_writes()
     if why:
