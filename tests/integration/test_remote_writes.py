@@ -15,6 +15,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import select
 import socket
 import struct
 import subprocess
@@ -198,9 +199,18 @@ def test_a_raw_tcp_put_without_ucx_or_token_is_refused(make_cluster, tls):
         assert ports, "the node listens on no UCX TCP port"
         frame = (struct.pack("<Q", 0xCAFEBABE12345678) + struct.pack("<BI", 33, 20)
                  + struct.pack("<QQI", target, 256, 1) + b"\xee" * 256)
-        for port in sorted(ports):
+        # Whole, and a byte at a time (the node sees the headers in pieces).
+        for port, pieces in [(p, n) for p in sorted(ports) for n in (1, len(frame))]:
             with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
-                sock.sendall(frame)
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                step = len(frame) // pieces
+                try:
+                    for i in range(0, len(frame), step):
+                        sock.sendall(frame[i:i + step])
+                        if pieces > 1:
+                            select.select([], [], [], 0.001)  # let each byte go alone
+                except OSError:  # refused before the last byte: the node closed it
+                    pass
                 sock.settimeout(5)
                 try:  # the node closes the connection (b"" or a reset)
                     while sock.recv(4096):
