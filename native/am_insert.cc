@@ -4,6 +4,7 @@
 #include <cstring>
 #include <string>
 
+#include "guard.h"
 #include "idle_wait.h"
 #include "status.h"
 
@@ -228,10 +229,18 @@ void pull_am(const MemoryRegion& arena, const MemoryRegion& dest, AmInbox& inbox
   IdleWait wait;
   unsigned idle = 0, checks = 0;
   bool late = false;
+  // A rendezvous receive is the one place a peer's TCP put may land in this
+  // process (guard.h): its slot is open to puts until the receive ends.
+  std::vector<uint8_t> window(n, 0);
+  auto slot_of = [&](size_t i) { return base + items[i].slot_offset + kHeader; };
   auto finish = [&](size_t i, int32_t s) {
     statuses[i] = s;
     state[i] = kDone;
     --left;
+    if (window[i]) {
+      close_put_window(reinterpret_cast<uint64_t>(slot_of(i)), items[i].length);
+      window[i] = 0;
+    }
   };
   while (left > 0) {
     unsigned events = ucp_worker_progress(worker);
@@ -249,11 +258,13 @@ void pull_am(const MemoryRegion& arena, const MemoryRegion& dest, AmInbox& inbox
       AmInbox::Message m;
       if (!inbox.take(token, static_cast<uint32_t>(i), &m)) continue;
       events = 1;
-      uint8_t* slot = base + items[i].slot_offset + kHeader;
+      uint8_t* slot = slot_of(i);
       if (m.length != items[i].length) {
         inbox.release(m);
         finish(i, UCS_ERR_MESSAGE_TRUNCATED);
       } else if (m.rndv) {
+        open_put_window(reinterpret_cast<uint64_t>(slot), m.length);
+        window[i] = 1;
         ucs_status_ptr_t r = ucp_am_recv_data_nbx(worker, m.desc, slot, m.length, &param);
         if (r == nullptr) {
           finish(i, UCS_OK);

@@ -37,8 +37,22 @@ void bind_endpoint(nb::module_& m) {
         "the message, and guard GETs; call before the worker exists. '' or why not.");
   m.def("allow_remote_reads", &allow_remote_reads, "base"_a, "size"_a,
         "Software GETs may read [base, base + size); others are dropped.");
-  m.def("refused_remote_access", []() { return nb::make_tuple(refused_writes(), refused_reads()); },
-        "(writes dropped, reads dropped) by the guard so far.");
+  m.def("refused_remote_access",
+        []() {
+          nb::dict d;
+          d["software_writes"] = refused_writes();
+          d["reads"] = refused_reads();
+          d["tcp_puts"] = refused_tcp_puts();
+          d["tcp_puts_accepted"] = accepted_tcp_puts();
+          d["last_tcp_put"] = last_refused_tcp_put();
+          return d;
+        },
+        "What the guard refused so far: software puts and atomics dropped, reads outside\n"
+        "the arena dropped, TCP connections ended for a put outside the insert windows\n"
+        "(the last in words), and TCP puts accepted into those windows.");
+  m.def("refuse_tcp_puts", &refuse_tcp_puts,
+        "End this process's UCX TCP connections that carry a put outside the windows\n"
+        "opened for receives; call before the worker exists. '' or why not.");
 }
 
 }  // namespace distore

@@ -228,6 +228,11 @@ int32_t put(ucp_worker_h worker, const RemoteKey& key, uint64_t remote_address,
       ucp_request_cancel(worker, r);
       if (key.owner() != nullptr && key.owner()->error_handling()) key.owner()->close(true, 0.0);
       ended = true;
+    } else if (ended && clock::now() > deadline + std::chrono::duration<double>(timeout_s)) {
+      // Not even cancelled (an endpoint without error handling cannot be
+      // forced): UCX frees the request if it ever ends.
+      s = UCS_ERR_TIMED_OUT;
+      break;
     }
   }
   ucp_request_free(r);

@@ -1,5 +1,12 @@
 // Refusing remote writes on a storage node.
 //
+// Two paths carry a UCX put into a process over TCP, and both are guarded:
+// UCP's software put (an active message; endpoints with peer-failure
+// handling use it), refused here by replacing its handler, and the TCP
+// transport's own zero-copy put (endpoints without it), refused by
+// tcp_guard.cc unless it lands inside a window the node opened for a
+// receive it posted (a rendezvous insert).
+//
 // Over TCP (and any transport without hardware RMA) UCX emulates RMA with
 // active messages, and the target's handlers trust the initiator: a PUT
 // (or atomic) message is a memcpy to whatever address it names, without
@@ -32,5 +39,23 @@ void allow_remote_reads(uint64_t base, uint64_t size);
 // Messages dropped so far: (puts and atomics, gets outside the allowed ranges).
 uint64_t refused_writes();
 uint64_t refused_reads();
+
+// Makes this process's UCX TCP transport end any connection that carries a
+// put outside the open windows, or a frame UCX would misread (tcp_guard.cc).
+// Must run before the process creates its UCX worker. "" on success, else
+// why not (another UCX version, symbols missing): the caller then keeps
+// stock UCX peers from choosing TCP puts (UCX_TCP_PUT_ENABLE=n) and warns.
+std::string refuse_tcp_puts();
+
+// Opens [address, address + size) to TCP puts (a rendezvous receive the
+// node posted into a slot), until the matching close. Thread safe.
+void open_put_window(uint64_t address, uint64_t size);
+void close_put_window(uint64_t address, uint64_t size);
+
+// Connections ended for a put outside the windows (or a malformed frame),
+// and the last one in words ("a put of 256 bytes at 0x... from IP:PORT").
+uint64_t refused_tcp_puts();
+uint64_t accepted_tcp_puts();  // puts that landed in a window (inserts)
+std::string last_refused_tcp_put();
 
 }  // namespace distore

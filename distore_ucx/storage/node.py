@@ -51,7 +51,7 @@ from ..transport import UcxRuntime
 from ..transport.capabilities import query
 from ..transport.local_map import LocalMapServer
 from ..transport.rpc import AsyncClient, parse_address, serve
-from ..transport.runtime import host_id, rendezvous_config
+from ..transport.runtime import host_id, rendezvous_config, without_direct_writes
 from .arena import Arena, granted_page_kind, page_advice, page_size_label
 from .pulls import AM_INSERT_ID, am_inserts
 from .slots import ALLOCATED
@@ -116,11 +116,11 @@ class StorageNode:
             loop.add_signal_handler(sig, self._on_signal)
         control_host, _ = parse_address(cfg.control)
         host = cfg.host or route_address(control_host)
-        _guard_remote_access()  # before the worker exists
+        guarded = _guard_remote_access()  # before the worker exists
         # Start-up steps: a bar when run on a terminal, log lines otherwise.
         steps = Progress(f"node {self.name} starting", total=3, unit="steps", logger=log,
                          every=0)
-        with UcxRuntime(config=rendezvous_config()) as runtime:
+        with UcxRuntime(config={**rendezvous_config(), **guarded}) as runtime:
             self.runtime = runtime
             steps.write(f"mapping and registering a {cfg.arena_bytes / 2**30:.1f} GiB arena")
             self.arena = Arena(runtime, cfg.arena_bytes, cfg.hugepages, self.name,
@@ -142,6 +142,7 @@ class StorageNode:
                          self.staging.size, f", read through hugepage buffers (arena pages: "
                          f"{self.arena.page_kind})" if self.tier.bounce else "")
             _native.allow_remote_reads(self.arena.base, self.arena.size)
+            guard_watch = loop.create_task(self._watch_guard())
             self._start_am_inbox()
             steps.update(1, note="arena mapped")
             self._token = read_token(cfg.token_file)
@@ -176,6 +177,7 @@ class StorageNode:
                                               metrics_server.port})
                 code = await self._serve()
             finally:
+                guard_watch.cancel()
                 server.close()
                 if metrics_server is not None:
                     metrics_server.close()
@@ -448,6 +450,27 @@ class StorageNode:
                                 "claimed within %g s", self.name, expired, AM_MESSAGE_TTL)
         except Exception as exc:  # the next pull reports a broken endpoint itself
             log.debug("node %s: progressing the reader worker: %s", self.name, exc)
+
+    async def _watch_guard(self) -> None:
+        """Log each burst of remote accesses the guard refused (native/guard.h):
+        one line per check that saw new ones, with the last in words."""
+        seen, accepted = (0, 0, 0), 0
+        while True:
+            await asyncio.sleep(GUARD_CHECK)
+            g = _native.refused_remote_access()
+            if g["tcp_puts_accepted"] != accepted:
+                accepted = g["tcp_puts_accepted"]
+                log.debug("node %s: %d TCP puts landed in slots receiving inserts so far",
+                          self.name, accepted)
+            now = (g["software_writes"], g["reads"], g["tcp_puts"])
+            if now == seen:
+                continue
+            new = [a - b for a, b in zip(now, seen)]
+            seen = now
+            log.warning("node %s refused remote access: %d software put(s) or atomic(s), %d "
+                        "read(s) outside the arena, %d TCP connection(s) ended for a put "
+                        "outside an insert%s; the node serves on", self.name, *new,
+                        f" (last: {g['last_tcp_put']})" if new[2] else "")
 
     def _start_am_inbox(self) -> None:
         """Take writers' inserts as UCX active messages on the reader worker,
@@ -878,14 +901,40 @@ class StorageNode:
             ) from None
 
 
-def _guard_remote_access() -> None:
-    """Make UCX's software RMA refuse writes into this process (see
-    native/guard.h): over TCP a put from any peer would otherwise be a
-    memcpy to the address it names."""
+def _guard_remote_access() -> dict[str, str]:
+    """Make this process refuse UCX puts from peers (native/guard.h); returns
+    the UCX options the node's runtime needs for it.
+
+    Over TCP a put is a write to whatever address the peer names: UCP's
+    software put (endpoints with peer-failure handling) is dropped by its
+    handler; the TCP transport's own put (endpoints without) ends the
+    peer's connection unless it lands in a slot the node is receiving an
+    insert into. Where that cannot be installed, the node stops advertising
+    TCP puts (UCX_TCP_PUT_ENABLE=n: stock UCX peers then use the software
+    put) and says so. Same-host transports that write memory directly
+    (cma: process_vm_writev) are left out of the node's UCX_TLS, so that a
+    peer's UCX never puts through them.
+
+    UCX_ADAPTIVE_PROGRESS=n: with adaptive progress UCX deactivates a
+    transport when its last endpoint goes, and over TCP the node then never
+    woke for a new reader again once a reader without peer-failure handling
+    had been its only one and left. Both are tested in
+    tests/integration/test_remote_writes.py."""
+    options = {"ADAPTIVE_PROGRESS": "n", "TLS": without_direct_writes()}
     why = _native.refuse_remote_writes()
     if why:
-        log.warning("cannot refuse remote writes (%s): a peer's UCX put over TCP could fault "
+        log.warning("cannot refuse UCX software puts (%s): a peer's put over TCP could fault "
                     "or corrupt this node", why)
+    why = _native.refuse_tcp_puts()
+    if why:
+        options["TCP_PUT_ENABLE"] = "n"
+        log.warning("cannot guard UCX's TCP transport against puts (%s): this node does not "
+                    "advertise TCP puts, so stock UCX peers do not use them, but a modified "
+                    "peer could still write into it; run UCX 1.19-1.22 for the guard", why)
+    return options
+
+
+GUARD_CHECK = 1.0  # s between looks at the remote-access guard's counters
 
 
 def _lengths(lengths: np.ndarray) -> str:

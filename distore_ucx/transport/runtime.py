@@ -258,6 +258,33 @@ def _shared_memory_only(tls: str) -> bool:
     return bool(names) and names <= _NO_PEER_FAILURE
 
 
+# Transports through which a same-host peer writes straight into this
+# process's memory, past any UCX handler: cma (process_vm_writev, as the
+# kernel lets any process that may ptrace this one), knem, xpmem. A storage
+# node leaves them out: its arena reaches same-host learners through the
+# sealed read-only mapping (transport/local_map.py) or their own
+# process_vm_readv, not through them.
+_DIRECT_WRITE = ("cma", "knem", "xpmem")
+_SHARED_MEMORY_ALIASES = {"sm", "shm"}
+
+
+def without_direct_writes() -> str:
+    """UCX_TLS (as set, or "all") without the transports that let a
+    same-host peer write this process's memory directly (see _DIRECT_WRITE):
+    "^cma,knem,xpmem" for all, "tcp,posix,sysv" for "tcp,sm"."""
+    tls = os.environ.get("UCX_TLS", "").strip() or "all"
+    names = [t.strip() for t in tls.lstrip("^").split(",") if t.strip()]
+    if tls.startswith("^"):
+        return "^" + ",".join(names + [t for t in _DIRECT_WRITE if t not in names])
+    if "all" in names:
+        return "^" + ",".join(_DIRECT_WRITE)
+    out = []
+    for name in names:
+        expanded = ["posix", "sysv"] if name in _SHARED_MEMORY_ALIASES else [name]
+        out += [t for t in expanded if t not in _DIRECT_WRITE and t not in out]
+    return ",".join(out) or tls
+
+
 def rendezvous_config() -> dict[str, str]:
     """UCX options of clients' and storage nodes' runtimes: the `put_zcopy`
     rendezvous scheme, unless UCX_RNDV_SCHEME is set. Writers send their
