@@ -195,6 +195,37 @@ void gather(ucp_worker_h worker, const std::vector<const RemoteKey*>& rkeys,
   }
 }
 
+void gather_dense(ucp_worker_h worker, const std::vector<const RemoteKey*>& rkeys,
+                  const uint32_t* key_index, const uint64_t* remote_address,
+                  const uint64_t* rows, size_t n, const BatchLayout& layout,
+                  const MemoryRegion& dest, double timeout_s, int32_t* statuses,
+                  double stall_s) {
+  layout.check(rows, n, dest.size());
+  const auto& fields = layout.fields();
+  const size_t per = 1 + fields.size();
+  std::vector<GatherItem> parts;
+  parts.reserve(n * per);
+  for (size_t i = 0; i < n; ++i) {
+    parts.push_back(GatherItem{key_index[i], remote_address[i], BatchLayout::kHeader,
+                               layout.header_at(rows[i])});
+    for (size_t k = 0; k < fields.size(); ++k) {
+      parts.push_back(GatherItem{key_index[i], remote_address[i] + fields[k].src,
+                                 fields[k].length, layout.field_at(k, rows[i])});
+    }
+  }
+  std::vector<int32_t> got(parts.size());
+  gather(worker, rkeys, parts.data(), parts.size(), dest, timeout_s, got.data(), stall_s);
+  for (size_t i = 0; i < n; ++i) {
+    statuses[i] = UCS_OK;
+    for (size_t j = i * per; j < (i + 1) * per; ++j) {
+      if (got[j] != UCS_OK) {
+        statuses[i] = got[j];
+        break;
+      }
+    }
+  }
+}
+
 int32_t put(ucp_worker_h worker, const RemoteKey& key, uint64_t remote_address,
             const MemoryRegion& src, uint64_t length, double timeout_s) {
   if (key.endpoint() == nullptr) {
