@@ -37,7 +37,7 @@ nb::ndarray<nb::numpy, int32_t, nb::ndim<1>> gather_py(
 nb::ndarray<nb::numpy, int32_t, nb::ndim<1>> gather_dense_py(
     nb::object worker, std::vector<const RemoteKey*> rkeys, Vec<uint32_t> key_index,
     Vec<uint64_t> remote_address, Vec<uint64_t> rows, const BatchLayout& layout,
-    const MemoryRegion& dest, double timeout_s, double stall_s) {
+    const MemoryRegion& dest, const MemoryRegion* staging, double timeout_s, double stall_s) {
   const size_t n = key_index.shape(0);
   if (remote_address.shape(0) != n || rows.shape(0) != n) {
     throw UcxError(kStatusBadArgument, "gather_dense: key_index, remote_address and rows "
@@ -48,7 +48,7 @@ nb::ndarray<nb::numpy, int32_t, nb::ndim<1>> gather_dense_py(
   {
     nb::gil_scoped_release release;
     gather_dense(worker_h, rkeys, key_index.data(), remote_address.data(), rows.data(), n,
-                 layout, dest, timeout_s, statuses, stall_s);
+                 layout, dest, staging, timeout_s, statuses, stall_s);
   }
   return array;
 }
@@ -88,12 +88,16 @@ void bind_gather(nb::module_& m) {
       .def_prop_ro("read_length", &BatchLayout::read_length);
 
   m.def("gather_dense", &gather_dense_py, "worker"_a, "rkeys"_a, "key_index"_a,
-        "remote_address"_a, "rows"_a, "layout"_a, "dest"_a, "timeout"_a = 30.0, "stall"_a = 2.0,
+        "remote_address"_a, "rows"_a, "layout"_a, "dest"_a, "staging"_a.none() = nb::none(),
+        "timeout"_a = 30.0, "stall"_a = 2.0,
         "Read a sampled batch over UCX into `layout` (a BatchLayout) in `dest`, in one\n"
         "call: item i's slot at remote_address[i] goes to row rows[i], its header into\n"
-        "the header array, each field into its own dense array. Per-item\n"
-        "ucs_status_t (0 = UCS_OK); the caller checks the headers. Stalls and bad\n"
-        "items as in gather().");
+        "the header array, each field into its own dense array. With a host `staging`\n"
+        "region (n x layout.read_length bytes) each slot is read whole with one get\n"
+        "and copied into place; without, one get per part (header, each field).\n"
+        "Same-host (CMA) keys always scatter directly. Per-item ucs_status_t\n"
+        "(0 = UCS_OK); the caller checks the headers. Stalls and bad items as in\n"
+        "gather().");
 
   m.def(
       "put",

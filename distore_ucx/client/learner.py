@@ -585,7 +585,7 @@ class Learner:
             got = _native.gather_dense(
                 self._runtime.reader_worker, peers.rkeys, index[u].astype(np.uint32),
                 peers.base_lut[nodes[u]] + items["offset"][u], dest_rows[u], self._ring.reads,
-                dest, self.transfer_timeout,
+                dest, self._ring.staging(), self.transfer_timeout,
             )
             self.stats.fetched("ucx", k, k * self._read)
             header = self._ring.headers(slot)[rows[u]]  # (k, 2): key, generation

@@ -76,6 +76,8 @@ class Ring:
             np.array(self.layout.offsets, np.uint64))
         nbytes = self.layout.nbytes
         self.nbytes = nbytes
+        self._runtime = runtime
+        self._staging = None  # see staging()
         self._pinned: list[int] = []
         self._pin_ok = True
         self._slots: list[_Slot] = []
@@ -137,6 +139,20 @@ class Ring:
             s.released = None
         return s.dest
 
+    def staging(self):
+        """Host memory where UCX reads whole slots, one get each, before they
+        are copied into a ring slot's arrays (_native.gather_dense): where RMA
+        is emulated (TCP) a get per header and per field costs a round trip
+        each. Made on first use (learners reading only mapped nodes never
+        need it); None for a device ring (gpu-direct: one get per part)."""
+        if self.path == "gpu-direct":
+            return None
+        if self._staging is None:
+            region = self._runtime.map_region(self.batch_size * self.reads.read_length)
+            region.view().fill(0)  # fault its pages in now, not during a read
+            self._staging = region
+        return self._staging
+
     def headers(self, i: int) -> np.ndarray:
         """(n, 2) uint64 [key, generation] of every row of slot i, on the host."""
         s = self._slots[i]
@@ -193,3 +209,4 @@ class Ring:
                     log.debug("cudaHostUnregister: %s", exc)
         self._pinned.clear()
         self._slots.clear()
+        self._staging = None
