@@ -10,8 +10,8 @@ A slot holds its batch as a structure of arrays (spec.BatchLayout): the
 items' slot headers in one (n, 2) array the learner checks, and each field
 in its own C-contiguous [n, *shape] array, so `batch.data[f]` is dense on
 every path. The per-field views of every slot are made once, too: handing
-out a batch costs no allocation. A batch's views stay valid until its slot comes round
-again (`len(ring)` batches later).
+out a batch costs no allocation. A batch's views stay valid until its slot
+comes round again (`len(ring)` batches later).
 
 Ordering with the GPU (both GPU paths): before a slot is written again, the
 work the consumer enqueued on its current stream while it held that slot's
@@ -65,7 +65,6 @@ class Ring:
         self.path = path
         self.framework = framework
         self.batch_size = batch_size
-        self.spec = spec
         self.layout = spec.layout(batch_size)
         # The same layout for the native readers: where each field's bytes
         # lie in a node's slot, and where its array lies in a ring slot.
