@@ -2,8 +2,10 @@
 
 A slot is a 16-byte header (key, generation; both uint64) followed by the
 item's fields packed in spec order, each aligned to 8 bytes; slots are
-padded to 64 bytes. Learners gather whole slots into one buffer and expose
-each field as a strided view of it, never a copy.
+padded to 64 bytes. Learners read a batch into a structure of arrays (a
+BatchLayout): the headers into an (n, 2) array checked on the side, each
+field into its own C-contiguous [n, *shape] array, so a field of a batch is
+one dense array, never a strided view.
 """
 
 from __future__ import annotations
@@ -38,6 +40,24 @@ class Field:
     @property
     def nbytes(self) -> int:
         return int(np.prod(self.shape, dtype=np.int64)) * self.dtype.itemsize
+
+
+@dataclass(frozen=True)
+class BatchLayout:
+    """Where a batch of `rows` items lands in a learner's buffer: the slot
+    headers as one (rows, 2) uint64 array at `header`, and field k as one
+    C-contiguous [rows, *shape] array at `offsets[k]` (item r of field k at
+    offsets[k] + r * nbytes). Every array starts on a 64-byte boundary;
+    `nbytes` is the buffer size the layout needs.
+
+    >>> TableSpec.parse(((4,), "uint8")).layout(2)
+    BatchLayout(rows=2, header=0, offsets=(64,), nbytes=128)
+    """
+
+    rows: int
+    header: int
+    offsets: tuple[int, ...]
+    nbytes: int
 
 
 @dataclass(frozen=True)
@@ -188,27 +208,31 @@ class TableSpec:
         shape = np.shape(value)
         return 1 if shape == f.shape or len(shape) != len(f.shape) + 1 else shape[0]
 
-    def views(self, buffer: np.ndarray, n: int, stride: int, base: int = SLOT_HEADER):
-        """Per-field views of n items laid out every `stride` bytes in `buffer`.
+    def layout(self, rows: int) -> BatchLayout:
+        """The structure-of-arrays layout of a batch of `rows` items (see BatchLayout)."""
+        at = _align(rows * SLOT_HEADER, SLOT_ALIGN)
+        offsets = []
+        for f in self.fields:
+            offsets.append(at)
+            at += _align(rows * f.nbytes, SLOT_ALIGN)
+        return BatchLayout(rows, 0, tuple(offsets), at)
+
+    def views(self, buffer: np.ndarray, layout: BatchLayout):
+        """Per-field C-contiguous [rows, *shape] views of a batch laid out by
+        `layout` in `buffer` (a uint8 array of at least layout.nbytes).
 
         Returns a dict (or the array itself for an unnamed spec). The views
         share `buffer`'s memory.
         """
         out = {}
-        for f in self.fields:
-            inner = []
-            step = f.dtype.itemsize
-            for d in reversed(f.shape):
-                inner.append(step)
-                step *= d
-            out[f.name] = np.ndarray(
-                shape=(n,) + f.shape,
-                dtype=f.dtype,
-                buffer=buffer,
-                offset=base + f.offset,
-                strides=(stride,) + tuple(reversed(inner)),
-            )
+        for f, offset in zip(self.fields, layout.offsets):
+            out[f.name] = np.ndarray(shape=(layout.rows,) + f.shape, dtype=f.dtype,
+                                     buffer=buffer, offset=offset)
         return out[UNNAMED] if self.unnamed else out
+
+    def header_view(self, buffer: np.ndarray, layout: BatchLayout) -> np.ndarray:
+        """The (rows, 2) uint64 [key, generation] headers of a batch laid out by `layout`."""
+        return np.ndarray((layout.rows, 2), np.uint64, buffer=buffer, offset=layout.header)
 
 
 def _cast(f: Field, a: np.ndarray, from_python: bool) -> np.ndarray:

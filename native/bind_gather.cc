@@ -4,6 +4,7 @@
 #include <ucp/api/ucp.h>
 
 #include "gather.h"
+#include "layout.h"
 #include "memory.h"
 #include "remote_key.h"
 
@@ -33,6 +34,37 @@ nb::ndarray<nb::numpy, int32_t, nb::ndim<1>> gather_py(
   return array;
 }
 
+nb::ndarray<nb::numpy, int32_t, nb::ndim<1>> gather_dense_py(
+    nb::object worker, std::vector<const RemoteKey*> rkeys, Vec<uint32_t> key_index,
+    Vec<uint64_t> remote_address, Vec<uint64_t> rows, const BatchLayout& layout,
+    const MemoryRegion& dest, const MemoryRegion* staging, double timeout_s, double stall_s) {
+  const size_t n = key_index.shape(0);
+  if (remote_address.shape(0) != n || rows.shape(0) != n) {
+    throw UcxError(kStatusBadArgument, "gather_dense: key_index, remote_address and rows "
+                                       "must have the same length");
+  }
+  auto worker_h = reinterpret_cast<ucp_worker_h>(handle_of(worker, "worker"));
+  auto [array, statuses] = new_statuses(n);
+  {
+    nb::gil_scoped_release release;
+    gather_dense(worker_h, rkeys, key_index.data(), remote_address.data(), rows.data(), n,
+                 layout, dest, staging, timeout_s, statuses, stall_s);
+  }
+  return array;
+}
+
+BatchLayout make_layout(uint64_t rows, uint64_t header, Vec<uint64_t> src,
+                        Vec<uint64_t> length, Vec<uint64_t> dest) {
+  const size_t k = src.shape(0);
+  if (length.shape(0) != k || dest.shape(0) != k) {
+    throw UcxError(kStatusBadArgument, "BatchLayout: src, length and dest need one entry "
+                                       "per field");
+  }
+  std::vector<BatchLayout::Field> fields(k);
+  for (size_t i = 0; i < k; ++i) fields[i] = {src(i), length(i), dest(i)};
+  return BatchLayout(rows, header, std::move(fields));
+}
+
 }  // namespace
 
 void bind_gather(nb::module_& m) {
@@ -43,6 +75,29 @@ void bind_gather(nb::module_& m) {
         "still pending are force-closed and those items fail (a hung peer).\n"
         "Returns the per-item ucs_status_t (0 = UCS_OK). Raises OutOfBoundsError or\n"
         "InvalidArgument before posting anything if an item is malformed.");
+
+  nb::class_<BatchLayout>(m, "BatchLayout",
+                          "Where a batch lands: a (rows, 2) header array and one dense\n"
+                          "array per field (spec.TableSpec.layout).")
+      .def(nb::new_(&make_layout), "rows"_a, "header"_a, "src"_a, "length"_a, "dest"_a,
+           "`rows` items; the header array at offset `header`; field k read from\n"
+           "src[k] bytes into a slot (header included), length[k] bytes an item, into\n"
+           "the array at offset dest[k]. Raises InvalidArgument if arrays overlap.")
+      .def_prop_ro("rows", &BatchLayout::rows)
+      .def_prop_ro("nbytes", &BatchLayout::end)
+      .def_prop_ro("read_length", &BatchLayout::read_length);
+
+  m.def("gather_dense", &gather_dense_py, "worker"_a, "rkeys"_a, "key_index"_a,
+        "remote_address"_a, "rows"_a, "layout"_a, "dest"_a, "staging"_a.none() = nb::none(),
+        "timeout"_a = 30.0, "stall"_a = 2.0,
+        "Read a sampled batch over UCX into `layout` (a BatchLayout) in `dest`, in one\n"
+        "call: item i's slot at remote_address[i] goes to row rows[i], its header into\n"
+        "the header array, each field into its own dense array. With a host `staging`\n"
+        "region (n x layout.read_length bytes) each slot is read whole with one get\n"
+        "and copied into place; without, one get per part (header, each field).\n"
+        "Same-host (CMA) keys always scatter directly. Per-item ucs_status_t\n"
+        "(0 = UCS_OK); the caller checks the headers. Stalls and bad items as in\n"
+        "gather().");
 
   m.def(
       "put",

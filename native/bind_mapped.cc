@@ -3,6 +3,7 @@
 
 #include <cstring>
 
+#include "layout.h"
 #include "mapped.h"
 #include "memory.h"
 
@@ -34,19 +35,19 @@ nb::ndarray<nb::numpy, int32_t, nb::ndim<1>> mapped_gather_py(
 }
 
 // A whole sampled batch from mapped arenas: the control plane's item
-// records as they came (bytes of protocol.ITEM_LOCATION), one call.
+// records as they came (bytes of protocol.ITEM_LOCATION), one call, each
+// item scattered into row rows[i] of `layout`.
 nb::ndarray<nb::numpy, int32_t, nb::ndim<1>> mapped_gather_located_py(
     std::vector<const MappedArena*> arenas, Vec<int64_t> map_lut, nb::bytes items,
-    Vec<uint64_t> dest_offset, size_t length, MemoryRegion& dest, CopyPool* pool,
+    Vec<uint64_t> rows, const BatchLayout& layout, MemoryRegion& dest, CopyPool* pool,
     size_t parallel_bytes) {
   if (items.size() % sizeof(ItemLocation) != 0) {
     throw UcxError(kStatusBadArgument, "mapped_gather_located: item records are " +
                                            std::to_string(sizeof(ItemLocation)) + " bytes each");
   }
   const size_t n = items.size() / sizeof(ItemLocation);
-  if (dest_offset.shape(0) != n) {
-    throw UcxError(kStatusBadArgument,
-                   "mapped_gather_located: one dest_offset per item record is needed");
+  if (rows.shape(0) != n) {
+    throw UcxError(kStatusBadArgument, "mapped_gather_located: one row per item record is needed");
   }
   // The records are copied out of the bytes object: it need not be aligned.
   std::vector<ItemLocation> located(n);
@@ -55,9 +56,8 @@ nb::ndarray<nb::numpy, int32_t, nb::ndim<1>> mapped_gather_located_py(
   {
     nb::gil_scoped_release release;
     mapped_gather_located(arenas, map_lut.data(), map_lut.shape(0), located.data(), n,
-                          dest_offset.data(), length,
-                          reinterpret_cast<uint8_t*>(dest.local_address()), dest.size(), pool,
-                          parallel_bytes, statuses);
+                          rows.data(), layout, reinterpret_cast<uint8_t*>(dest.local_address()),
+                          dest.size(), pool, parallel_bytes, statuses);
   }
   return array;
 }
@@ -89,13 +89,14 @@ void bind_mapped(nb::module_& m) {
         "`parallel_bytes` or more). Returns per-item statuses: 0, or STATUS_TORN when\n"
         "the slot's header changed during the copy (the slot was rewritten).");
   m.def("mapped_gather_located", &mapped_gather_located_py, "arenas"_a, "map_lut"_a, "items"_a,
-        "dest_offset"_a, "length"_a, "dest"_a, "pool"_a.none(), "parallel_bytes"_a = 1 << 20,
+        "rows"_a, "layout"_a, "dest"_a, "pool"_a.none(), "parallel_bytes"_a = 1 << 20,
         "A sampled batch in one call: `items` are the control plane's records\n"
         "(protocol.ITEM_LOCATION bytes); items of nodes with map_lut[node] >= 0 (an\n"
-        "index into `arenas`) are copied (`length` bytes each, header included) to\n"
-        "dest at dest_offset and their headers checked. Per-item statuses: 0,\n"
-        "STATUS_TORN, STATUS_STALE (the slot holds another item), or\n"
-        "STATUS_NOT_MAPPED (nothing copied: read it over UCX).");
+        "index into `arenas`) are read into row rows[i] of `layout` (a BatchLayout) in\n"
+        "dest: the slot header into the header array, each field into its own dense\n"
+        "array; headers are read before and after the payloads and checked.\n"
+        "Per-item statuses: 0, STATUS_TORN, STATUS_STALE (the slot holds another\n"
+        "item), or STATUS_NOT_MAPPED (nothing copied: read it over UCX).");
 }
 
 }  // namespace distore

@@ -195,6 +195,85 @@ void gather(ucp_worker_h worker, const std::vector<const RemoteKey*>& rkeys,
   }
 }
 
+void gather_dense(ucp_worker_h worker, const std::vector<const RemoteKey*>& rkeys,
+                  const uint32_t* key_index, const uint64_t* remote_address,
+                  const uint64_t* rows, size_t n, const BatchLayout& layout,
+                  const MemoryRegion& dest, const MemoryRegion* staging, double timeout_s,
+                  int32_t* statuses, double stall_s) {
+  layout.check(rows, n, dest.size());
+  const auto& fields = layout.fields();
+  const uint64_t read = layout.read_length();
+  // Same-host (CMA) keys scatter with one iovec per part; UCX keys read
+  // whole slots into `staging` (one get each) when there is one.
+  std::vector<size_t> whole, parted;
+  for (size_t i = 0; i < n; ++i) {
+    if (key_index[i] >= rkeys.size() || rkeys[key_index[i]] == nullptr) {
+      throw UcxError(kStatusBadArgument, "item " + std::to_string(i) + ": remote key index " +
+                                             std::to_string(key_index[i]) + " out of range");
+    }
+    const bool cma = rkeys[key_index[i]]->pid() > 0;
+    (staging != nullptr && !cma ? whole : parted).push_back(i);
+  }
+  if (!whole.empty() && staging->size() < whole.size() * read) {
+    throw UcxError(kStatusOutOfBounds, "gather_dense: the staging buffer holds " +
+                                           std::to_string(staging->size()) + " bytes, " +
+                                           std::to_string(whole.size() * read) + " needed");
+  }
+
+  std::vector<GatherItem> parts;
+  const size_t per = 1 + fields.size();
+  parts.reserve(parted.size() * per);
+  for (size_t i : parted) {
+    parts.push_back(GatherItem{key_index[i], remote_address[i], BatchLayout::kHeader,
+                               layout.header_at(rows[i])});
+    for (size_t k = 0; k < fields.size(); ++k) {
+      parts.push_back(GatherItem{key_index[i], remote_address[i] + fields[k].src,
+                                 fields[k].length, layout.field_at(k, rows[i])});
+    }
+  }
+  std::vector<GatherItem> slots;
+  slots.reserve(whole.size());
+  for (size_t j = 0; j < whole.size(); ++j) {
+    const size_t i = whole[j];
+    slots.push_back(GatherItem{key_index[i], remote_address[i], read, j * read});
+  }
+  // Validate everything before posting anything.
+  if (!slots.empty()) validate(rkeys, slots.data(), slots.size(), *staging);
+  validate(rkeys, parts.data(), parts.size(), dest);
+
+  std::vector<int32_t> got(slots.size());
+  if (!slots.empty()) {
+    gather(worker, rkeys, slots.data(), slots.size(), *staging, timeout_s, got.data(), stall_s);
+    // Each slot was read whole, header with payload, as a host ring slot
+    // used to hold it; now scatter it into the layout.
+    auto* to = reinterpret_cast<uint8_t*>(dest.local_address());
+    const auto* from = reinterpret_cast<const uint8_t*>(staging->local_address());
+    for (size_t j = 0; j < whole.size(); ++j) {
+      const size_t i = whole[j];
+      statuses[i] = got[j];
+      if (got[j] != UCS_OK) continue;
+      const uint8_t* slot = from + j * read;
+      std::memcpy(to + layout.header_at(rows[i]), slot, BatchLayout::kHeader);
+      for (size_t k = 0; k < fields.size(); ++k) {
+        std::memcpy(to + layout.field_at(k, rows[i]), slot + fields[k].src, fields[k].length);
+      }
+    }
+  }
+  if (parts.empty()) return;
+  got.assign(parts.size(), 0);
+  gather(worker, rkeys, parts.data(), parts.size(), dest, timeout_s, got.data(), stall_s);
+  for (size_t j = 0; j < parted.size(); ++j) {
+    const size_t i = parted[j];
+    statuses[i] = UCS_OK;
+    for (size_t p = j * per; p < (j + 1) * per; ++p) {
+      if (got[p] != UCS_OK) {
+        statuses[i] = got[p];
+        break;
+      }
+    }
+  }
+}
+
 int32_t put(ucp_worker_h worker, const RemoteKey& key, uint64_t remote_address,
             const MemoryRegion& src, uint64_t length, double timeout_s) {
   if (key.endpoint() == nullptr) {

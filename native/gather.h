@@ -6,6 +6,7 @@
 
 #include <ucp/api/ucp.h>
 
+#include "layout.h"
 #include "memory.h"
 #include "remote_key.h"
 
@@ -37,6 +38,26 @@ struct GatherItem {
 void gather(ucp_worker_h worker, const std::vector<const RemoteKey*>& rkeys,
             const GatherItem* items, size_t n, const MemoryRegion& dest, double timeout_s,
             int32_t* statuses, double stall_s = 0.0);
+
+// A sampled batch read into a structure of arrays: item i (slot at
+// remote_address[i] under rkeys[key_index[i]]) lands in row rows[i] of
+// `layout` in `dest`, its 16-byte header in the header array and each field
+// in that field's dense array. Over UCX, with a host `staging` region (at
+// least n x layout.read_length() bytes), each slot is read whole with one
+// get, header with payload, and then copied into place (a get per part
+// costs a round trip each where RMA is emulated: twice the time of the
+// batch over TCP); without one (a device ring), one get per part. Items of
+// same-host (CMA) keys are scattered by process_vm_readv, one iovec per
+// part, in the same order (header first). statuses[i]: the first failed
+// read's ucs_status_t, else UCS_OK. The caller checks the headers against
+// the items it asked for (they may be in device memory). Throws like
+// gather(), and if a row is outside the layout, the layout does not fit
+// `dest` or staging is too small. Must be called without the GIL.
+void gather_dense(ucp_worker_h worker, const std::vector<const RemoteKey*>& rkeys,
+                  const uint32_t* key_index, const uint64_t* remote_address,
+                  const uint64_t* rows, size_t n, const BatchLayout& layout,
+                  const MemoryRegion& dest, const MemoryRegion* staging, double timeout_s,
+                  int32_t* statuses, double stall_s = 0.0);
 
 // One-sided write of `length` bytes from `src` to `remote_address` under
 // `key`; returns the final ucs_status_t. It exists to verify that storage

@@ -193,36 +193,77 @@ void mapped_gather(const std::vector<const MappedArena*>& arenas, const MappedIt
 
 void mapped_gather_located(const std::vector<const MappedArena*>& arenas,
                            const int64_t* map_lut, size_t lut_size, const ItemLocation* items,
-                           size_t n, const uint64_t* dest_offset, size_t length, uint8_t* dest,
-                           size_t dest_size, CopyPool* pool, size_t parallel_bytes,
-                           int32_t* statuses) {
-  std::vector<MappedItem> mapped;
-  std::vector<size_t> row;  // mapped[k] is the batch's item row[k]
+                           size_t n, const uint64_t* rows, const BatchLayout& layout,
+                           uint8_t* dest, size_t dest_size, CopyPool* pool,
+                           size_t parallel_bytes, int32_t* statuses) {
+  layout.check(rows, n, dest_size);
+  struct Mapped {
+    const uint8_t* src;  // the slot in its arena
+    size_t item;         // index into items / rows / statuses
+  };
+  std::vector<Mapped> mapped;
   mapped.reserve(n);
-  row.reserve(n);
+  std::vector<size_t> reach(arenas.size(), 0);
+  const uint64_t read = layout.read_length();
   for (size_t i = 0; i < n; ++i) {
     const uint32_t node = items[i].node;
     const int64_t index = node < lut_size ? map_lut[node] : -1;
-    if (index < 0 || static_cast<size_t>(index) >= arenas.size()) {
+    if (index < 0 || static_cast<size_t>(index) >= arenas.size() || arenas[index] == nullptr) {
       statuses[i] = kStatusNotMapped;
       continue;
     }
-    mapped.push_back(MappedItem{static_cast<uint32_t>(index), items[i].offset, length,
-                                dest_offset[i]});
-    row.push_back(i);
-  }
-  std::vector<int32_t> copied(mapped.size());
-  mapped_gather(arenas, mapped.data(), mapped.size(), dest, dest_size, pool, parallel_bytes,
-                copied.data());
-  for (size_t k = 0; k < mapped.size(); ++k) {
-    const size_t i = row[k];
-    if (copied[k] != 0) {
-      statuses[i] = copied[k];
-      continue;
+    const MappedArena& a = *arenas[index];
+    if (read > a.size() || items[i].offset > a.size() - read) {
+      throw UcxError(kStatusOutOfBounds,
+                     "item " + std::to_string(i) + ": slot range [" +
+                         std::to_string(items[i].offset) + ", +" + std::to_string(read) +
+                         ") lies outside the mapped arena",
+                     a.peer());
     }
-    uint64_t header[2];
-    std::memcpy(header, dest + dest_offset[i], kHeader);
-    statuses[i] = header[0] == items[i].key && header[1] == items[i].generation ? 0 : kStatusStale;
+    mapped.push_back(Mapped{a.base() + items[i].offset, i});
+    reach[index] = std::max<size_t>(reach[index], items[i].offset + read);
+  }
+  // Map the pages this batch touches that are not mapped yet (arenas grow
+  // from offset 0 up, so a high-water mark per arena is enough).
+  for (size_t a = 0; a < arenas.size(); ++a) {
+    if (reach[a] != 0) arenas[a]->populate_to(reach[a]);
+  }
+
+  // Seqlock, first read: every header, before any payload byte.
+  for (const Mapped& m : mapped) {
+    uint64_t* to = reinterpret_cast<uint64_t*>(dest + layout.header_at(rows[m.item]));
+    to[0] = __atomic_load_n(reinterpret_cast<const uint64_t*>(m.src), __ATOMIC_RELAXED);
+    to[1] = __atomic_load_n(reinterpret_cast<const uint64_t*>(m.src + 8), __ATOMIC_RELAXED);
+  }
+  std::atomic_thread_fence(std::memory_order_acquire);
+
+  // Payloads: item by item, each field to its row of that field's array.
+  const auto& fields = layout.fields();
+  const size_t per = fields.size();
+  size_t total = 0;
+  for (const auto& f : fields) total += f.length;
+  total *= mapped.size();
+  copy_ranges(
+      pool, mapped.size() * per, total, parallel_bytes,
+      [&](size_t j) { return mapped[j / per].src + fields[j % per].src; },
+      [&](size_t j) { return dest + layout.field_at(j % per, rows[mapped[j / per].item]); },
+      [&](size_t j) { return fields[j % per].length; }, copy);
+
+  // Seqlock, second read: every payload byte was loaded before the header is
+  // read again; a header that changed means the slot was rewritten meanwhile.
+  std::atomic_thread_fence(std::memory_order_acquire);
+  for (const Mapped& m : mapped) {
+    const size_t i = m.item;
+    uint64_t now[2], copied[2];
+    now[0] = __atomic_load_n(reinterpret_cast<const uint64_t*>(m.src), __ATOMIC_RELAXED);
+    now[1] = __atomic_load_n(reinterpret_cast<const uint64_t*>(m.src + 8), __ATOMIC_RELAXED);
+    std::memcpy(copied, dest + layout.header_at(rows[i]), kHeader);
+    if (now[0] != copied[0] || now[1] != copied[1]) {
+      statuses[i] = kStatusTorn;
+    } else {
+      statuses[i] = copied[0] == items[i].key && copied[1] == items[i].generation ? 0
+                                                                                  : kStatusStale;
+    }
   }
 }
 

@@ -30,6 +30,8 @@
 #include <thread>
 #include <vector>
 
+#include "layout.h"
+
 namespace distore {
 
 class MappedArena {
@@ -151,17 +153,21 @@ struct ItemLocation {
 static_assert(sizeof(ItemLocation) == 32, "ItemLocation must match protocol.ITEM_LOCATION");
 
 // A whole sampled batch, as the learner gets it: every item whose node has a
-// mapping (map_lut[node] >= 0, an index into `arenas`) is copied to
-// dest + dest_offset[i] (length bytes: header + payload) by mapped_gather,
-// then its copied header is checked against the item's (key, generation).
-// statuses[i]: 0 (good), kStatusTorn (rewritten during the copy),
-// kStatusStale (the slot holds another item now), or kStatusNotMapped (the
-// item's node is not mapped here: nothing was copied; the caller reads it
-// another way). Throws like mapped_gather. Call without the GIL.
+// mapping (map_lut[node] >= 0, an index into `arenas`) is read into row
+// rows[i] of `layout` in dest: its slot header into the header array, each
+// field into that field's dense array. Seqlock order per batch: every
+// header is copied first, then (after an acquire fence) every payload, then
+// (after another) every header is read again. statuses[i]: 0 (good),
+// kStatusTorn (the header changed during the copy: the slot was
+// rewritten), kStatusStale (the slot holds another item than the
+// (key, generation) asked for), or kStatusNotMapped (the item's node is not
+// mapped here: nothing was copied; the caller reads it another way).
+// Validates every item first and throws UcxError if one is out of bounds.
+// Call without the GIL.
 void mapped_gather_located(const std::vector<const MappedArena*>& arenas,
                            const int64_t* map_lut, size_t lut_size, const ItemLocation* items,
-                           size_t n, const uint64_t* dest_offset, size_t length, uint8_t* dest,
-                           size_t dest_size, CopyPool* pool, size_t parallel_bytes,
-                           int32_t* statuses);
+                           size_t n, const uint64_t* rows, const BatchLayout& layout,
+                           uint8_t* dest, size_t dest_size, CopyPool* pool,
+                           size_t parallel_bytes, int32_t* statuses);
 
 }  // namespace distore

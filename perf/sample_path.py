@@ -13,9 +13,18 @@ ucx
 
 Baseline, same run: a numpy gather of the same number of rows of the same size from an
 in-process array of the same total size (``np.take(..., mode="clip")``, random rows):
-the single-core memory-copy ceiling. Sampled bytes per second are item bytes x items
-over wall time (GB/s = 10^9 B/s); p50/p99 are per ``sample()`` call. The first and the
-last batch of each run are checked byte for byte (exit status 1 on a mismatch).
+the single-core memory-copy ceiling. With ``--cpprb``, a second baseline: cpprb's
+shared-memory ring (``MPReplayBuffer``) of the same rows, filled by another process,
+sampled here (``rb.sample``, one contiguous array per field, as a user gets it).
+
+``--contiguous`` samples as a learner that needs one contiguous array per field (a torch
+model input, most host-to-device copies): after each ``sample()`` it calls
+``np.ascontiguousarray`` on every field and counts that time in the figure, and reports
+its share (``contig_ms``: mean per batch) and how many batches it had to copy.
+
+Sampled bytes per second are item bytes x items over wall time (GB/s = 10^9 B/s);
+p50/p99 are per ``sample()`` call (with ``--contiguous``, the copy included). The first
+and the last batch of each run are checked byte for byte (exit status 1 on a mismatch).
 
 Output: one JSON line per (workload, path) on stdout, then a table; progress on stderr.
 
@@ -25,6 +34,7 @@ Output: one JSON line per (workload, path) on stdout, then a table; progress on 
 from __future__ import annotations
 
 import argparse
+import multiprocessing as mp
 import sys
 import time
 
@@ -80,6 +90,51 @@ def numpy_baseline(size: int, batch: int, n_rows: int, seconds: float) -> dict:
             "p99_ms": float(np.percentile(lat, 99)) * 1e3}
 
 
+def _cpprb_fill(rb, size: int, n_rows: int) -> None:
+    """The cpprb baseline's writer process: n_rows items, 8 at a time."""
+    data = np.ones((8, size), np.uint8)
+    for i in range(0, n_rows, 8):
+        rb.add(obs=data[: min(8, n_rows - i)])
+
+
+def cpprb_baseline(size: int, batch: int, n_rows: int, seconds: float) -> dict:
+    """cpprb's shared-memory ring: filled by another process, sampled here."""
+    from cpprb import MPReplayBuffer
+
+    ctx = mp.get_context("fork")  # the ring's shared memory goes with the child
+    rb = MPReplayBuffer(n_rows, {"obs": {"shape": (size,), "dtype": np.uint8}}, ctx=ctx)
+    filler = ctx.Process(target=_cpprb_fill, args=(rb, size, n_rows))
+    filler.start()
+    filler.join()
+    if filler.exitcode != 0:
+        raise RuntimeError(f"the cpprb writer process failed (exit code {filler.exitcode})")
+    for _ in range(5):
+        rb.sample(batch)
+    lat = []
+    t0 = time.perf_counter()
+    while time.perf_counter() - t0 < seconds:
+        t = time.perf_counter()
+        out = rb.sample(batch)["obs"]
+        lat.append(time.perf_counter() - t)
+    wall = time.perf_counter() - t0
+    assert out.flags.c_contiguous and out.shape == (batch, size)
+    lat = np.array(lat)
+    del rb
+    return {"gbps": len(lat) * batch * size / wall / 1e9,
+            "p50_ms": float(np.percentile(lat, 50)) * 1e3,
+            "p99_ms": float(np.percentile(lat, 99)) * 1e3}
+
+
+def contiguous(batch) -> tuple[float, int]:
+    """np.ascontiguousarray of every field, as a user needing dense arrays does:
+    (seconds it took, fields it had to copy)."""
+    fields = batch.data.values() if isinstance(batch.data, dict) else [batch.data]
+    t = time.perf_counter()
+    dense = [np.ascontiguousarray(a) for a in fields]
+    took = time.perf_counter() - t
+    return took, sum(not np.shares_memory(d, a) for d, a in zip(dense, fields))
+
+
 def run_workload(args, name: str) -> list[dict]:
     import distore_ucx as ds
     from distore_ucx.storage.arena import page_size_label
@@ -104,6 +159,9 @@ def run_workload(args, name: str) -> list[dict]:
                 data[:, :8] = keys[:, None].view(np.uint8)
                 writer.insert("t", data, priority=np.random.default_rng(i).random(len(keys)) + 0.1)
         base = numpy_baseline(size, batch, n, args.seconds)
+        ring = cpprb_baseline(size, batch, n, args.seconds) if args.cpprb else None
+        if ring is not None:
+            log(f"[{name}] cpprb shared-memory ring: {ring['gbps']:.2f} GB/s")
         for path in args.paths:
             with client.learner("t", batch_size=batch, local_map=path == "mapped",
                                 copy_threads=args.copy_threads) as learner:
@@ -111,10 +169,15 @@ def run_workload(args, name: str) -> list[dict]:
                 for _ in range(10):
                     learner.sample()
                 lat = []
+                contig_s, copied = 0.0, 0
                 t0 = time.perf_counter()
                 while time.perf_counter() - t0 < args.seconds:
                     t = time.perf_counter()
-                    learner.sample()
+                    b = learner.sample()
+                    if args.contiguous:
+                        took, k = contiguous(b)
+                        contig_s += took
+                        copied += k > 0
                     lat.append(time.perf_counter() - t)
                 wall = time.perf_counter() - t0
                 ok &= check(learner.sample(), size)
@@ -127,9 +190,16 @@ def run_workload(args, name: str) -> list[dict]:
                     "p50_ms": float(np.percentile(lat, 50)) * 1e3,
                     "p99_ms": float(np.percentile(lat, 99)) * 1e3,
                     "numpy_gbps": base["gbps"], "vs_numpy": gbps / base["gbps"],
+                    "contiguous": args.contiguous,
+                    "contig_ms": contig_s / len(lat) * 1e3, "contig_copied_batches": copied,
+                    "cpprb_gbps": ring and ring["gbps"],
+                    "vs_cpprb": ring and gbps / ring["gbps"],
                     "resampled": learner.resampled, "verified": ok, "arena_pages": pages,
                 })
-                log(f"[{name}] {path}: {gbps:.2f} GB/s (numpy {base['gbps']:.2f})")
+                log(f"[{name}] {path}: {gbps:.2f} GB/s (numpy {base['gbps']:.2f}"
+                    + (f", contiguity {1e3 * contig_s / len(lat):.3f} ms/batch, "
+                       f"{copied} of {len(lat)} batches copied" if args.contiguous else "")
+                    + ")")
     return rows
 
 
@@ -146,6 +216,12 @@ def main(argv=None) -> int:
     p.add_argument("--hugepages", action=argparse.BooleanOptionalAction, default=True,
                    help="ask for 2 MiB arena pages, as `distore node` does (default); "
                         "granted only where the admin allows (see `distore doctor`)")
+    p.add_argument("--contiguous", action="store_true",
+                   help="sample as a learner needing dense arrays: np.ascontiguousarray of "
+                        "every field after each sample(), its time counted")
+    p.add_argument("--cpprb", action="store_true",
+                   help="also measure cpprb's shared-memory ring (MPReplayBuffer) filled by "
+                        "another process (pip install cpprb)")
     p.add_argument("--json-out")
     args = p.parse_args(argv)
     args.paths = [x.strip() for x in args.paths.split(",") if x.strip()]
@@ -156,13 +232,15 @@ def main(argv=None) -> int:
             for row in run_workload(args, name):
                 out.write(row)
                 rows.append(row)
-    head = ["work", "item_B", "batch", "path", "GB/s", "p50_ms", "p99_ms", "numpy_GB/s",
-            "vs_np", "ok", "arena_pages"]
+    head = ["work", "item_B", "batch", "path", "GB/s", "p50_ms", "p99_ms", "contig_ms",
+            "numpy_GB/s", "vs_np", "cpprb_GB/s", "vs_cpprb", "ok", "arena_pages"]
     common.print_table(head, [[r["workload"], str(r["item_bytes"]), str(r["batch"]),
                                r["path"], fmt(r["gbps"], ".3g"), fmt(r["p50_ms"], ".3f"),
-                               fmt(r["p99_ms"], ".3f"), fmt(r["numpy_gbps"], ".3g"),
-                               fmt(r["vs_numpy"], ".2f"), "yes" if r["verified"] else "NO",
-                               "/".join(r["arena_pages"])]
+                               fmt(r["p99_ms"], ".3f"),
+                               fmt(r["contig_ms"], ".3f") if r["contiguous"] else "-",
+                               fmt(r["numpy_gbps"], ".3g"), fmt(r["vs_numpy"], ".2f"),
+                               fmt(r["cpprb_gbps"], ".3g"), fmt(r["vs_cpprb"], ".2f"),
+                               "yes" if r["verified"] else "NO", "/".join(r["arena_pages"])]
                               for r in rows])
     return 0 if all(r["verified"] for r in rows) else 1
 

@@ -121,17 +121,12 @@ def _importable(name: str) -> bool:
 
 
 # -- typed views of one gathered buffer -------------------------------------
-def _strides(shape: tuple[int, ...], itemsize: int) -> tuple[int, ...]:
-    out, step = [], itemsize
-    for d in reversed(shape):
-        out.append(step)
-        step *= d
-    return tuple(reversed(out))
-
-
-def host_views(spec, buffer: np.ndarray, n: int, slot: int, framework: str):
-    """Per-field views (numpy, or torch CPU tensors through DLPack: no copy)."""
-    views = spec.views(buffer, n, slot)
+# A ring slot holds a batch as a structure of arrays (spec.BatchLayout): an
+# (n, 2) header array and one C-contiguous [n, *shape] array per field, on
+# the host and on a GPU alike.
+def host_views(spec, buffer: np.ndarray, layout, framework: str):
+    """Per-field dense views (numpy, or torch CPU tensors through DLPack: no copy)."""
+    views = spec.views(buffer, layout)
     if framework == "numpy":
         return views
     import torch
@@ -141,9 +136,9 @@ def host_views(spec, buffer: np.ndarray, n: int, slot: int, framework: str):
     return torch.from_dlpack(views)
 
 
-def host_header_view(buffer: np.ndarray, n: int, slot: int) -> np.ndarray:
-    """(n, 2) uint64 view of every slot's header (key, generation)."""
-    return np.ndarray((n, 2), np.uint64, buffer=buffer, strides=(slot, 8))
+def host_header_view(spec, buffer: np.ndarray, layout) -> np.ndarray:
+    """(n, 2) uint64 view of every item's slot header (key, generation)."""
+    return spec.header_view(buffer, layout)
 
 
 class CudaOps:
@@ -188,32 +183,27 @@ class CudaOps:
             a = self._cupy.empty(nbytes, self._cupy.uint8)
         return a, a.data.ptr
 
-    def views(self, spec, buffer, n: int, slot: int, base: int):
-        """Per-field strided views of a device buffer laid out like host_views."""
+    def views(self, spec, buffer, layout):
+        """Per-field dense views of a device buffer laid out like host_views
+        (`layout` aligns every array to 64 bytes, so any dtype can be viewed)."""
         out = {}
-        for f in spec.fields:
-            offset = base + f.offset
-            if offset % f.dtype.itemsize or slot % f.dtype.itemsize:
-                raise ConfigError(f"field {f.name!r}: dtype {f.dtype} is not aligned in the "
-                                  "slot layout; it cannot be viewed on a GPU")
-            out[f.name] = self._view(buffer, f.dtype, (n,) + f.shape,
-                                     (slot,) + _strides(f.shape, f.dtype.itemsize), offset)
+        for f, offset in zip(spec.fields, layout.offsets):
+            out[f.name] = self._view(buffer, f.dtype, (layout.rows,) + f.shape, offset)
         return out[""] if spec.unnamed else out
 
-    def header_view(self, buffer, n: int, slot: int):
+    def header_view(self, buffer, layout):
         """(n, 2) int64 device view of the slot headers (read back with to_host)."""
-        return self._view(buffer, np.dtype(np.int64), (n, 2), (slot, 8), 0)
+        return self._view(buffer, np.dtype(np.int64), (layout.rows, 2), layout.header)
 
-    def _view(self, buffer, dtype: np.dtype, shape, byte_strides, byte_offset: int):
-        size = dtype.itemsize
+    def _view(self, buffer, dtype: np.dtype, shape, byte_offset: int):
+        """A C-contiguous typed view of `buffer` (uint8) from byte_offset."""
+        count = int(np.prod(shape, dtype=np.int64))
         if self.framework == "torch":
             torch = self._torch
             tdtype = torch.from_numpy(np.empty(0, dtype)).dtype
-            typed = buffer.view(tdtype)
-            return torch.as_strided(typed, shape, tuple(s // size for s in byte_strides),
-                                    byte_offset // size)
-        return self._cupy.ndarray(shape, dtype, memptr=buffer.data + byte_offset,
-                                  strides=byte_strides)
+            raw = buffer[byte_offset:byte_offset + count * dtype.itemsize]
+            return raw.view(tdtype).view(shape)
+        return self._cupy.ndarray(shape, dtype, memptr=buffer.data + byte_offset)
 
     def to_host(self, x) -> np.ndarray:
         """A small device array copied to a numpy array (synchronous)."""

@@ -249,7 +249,6 @@ class Learner:
         self.sample_ahead = _sample_ahead(sample_ahead, batch_size,
                                           self._consuming or not pipeline, self.spec.slot_size)
         self.priority_updates_missing = 0
-        self._slot = self.spec.slot_size
         self._read = SLOT_HEADER + self.spec.item_bytes
         runtime = client.runtime
         self._runtime = runtime
@@ -294,9 +293,9 @@ class Learner:
         self._locs: list = [None] * (prefetch + 1)  # per ring slot: its items' locations
         self._min_probs: list = [None] * (prefetch + 1)  # per ring slot: each row's P_min
         self._headers = None  # where batches fetched ahead have their headers re-read
+        self._header_layout = None  # their layout: headers only (made with _headers)
         self._check_keys: dict = {}  # node id -> (address, remote key) for those re-reads
-        self._lengths = np.full(batch_size, self._read, np.uint64)
-        self._rows = np.arange(batch_size, dtype=np.uint64) * np.uint64(self._slot)
+        self._rows = np.arange(batch_size, dtype=np.uint64)  # rows of a ring slot's arrays
         self.resampled = 0
         self.torn = 0  # items whose slot was rewritten while copied (resampled)
         self.stats = metrics.LearnerStats()  # ds.metrics.registry() reads it
@@ -482,11 +481,16 @@ class Learner:
         n = len(locs)
         if self._headers is None:
             self._headers = self._runtime.map_region(n * 16)
+            # headers only: row r's [key, generation] at r * 16, no fields
+            self._header_layout = _native.BatchLayout(n, 0, np.zeros(0, np.uint64),
+                                                      np.zeros(0, np.uint64),
+                                                      np.zeros(0, np.uint64))
         peers = self._peers
         mappings, map_lut = peers.mappings, peers.map_lut
         rkeys, key_lut, base_lut = peers.rkeys, peers.key_lut, peers.base_lut
         rows16 = np.arange(n, dtype=np.uint64) * np.uint64(16)
-        statuses = _native.mapped_gather_located(mappings, map_lut, locs.tobytes(), rows16, 16,
+        statuses = _native.mapped_gather_located(mappings, map_lut, locs.tobytes(),
+                                                 self._rows[:n], self._header_layout,
                                                  self._headers, None)
         rest = np.flatnonzero(statuses == _native.STATUS_NOT_MAPPED)
         if len(rest):
@@ -663,15 +667,18 @@ class Learner:
 
         Items of mapped (same-host) nodes are copied and checked in one native
         call that takes the control plane's records as they came; the rest
-        are read with UCX in another; both check every slot's header against
-        the (key, generation) the control plane gave."""
+        are read with UCX in another; both land each item's header in the
+        ring slot's header array and each field in that field's dense array,
+        and check every slot's header against the (key, generation) the
+        control plane gave."""
         t0 = time.perf_counter()  # metrics: one gather
         peers = self._peers
         peers.sweep()  # a same-host node that died: unmap it now
         raw = reply["items"]
         dest_rows = self._rows[rows]
         statuses = _native.mapped_gather_located(
-            peers.mappings, peers.map_lut, raw, dest_rows, self._read, dest, self._copy_pool)
+            peers.mappings, peers.map_lut, raw, dest_rows, self._ring.reads, dest,
+            self._copy_pool)
         rest = statuses == _native.STATUS_NOT_MAPPED
         unmapped = int(np.count_nonzero(rest))
         if unmapped < len(rows):
@@ -701,17 +708,17 @@ class Learner:
         for node_id in np.flatnonzero(np.bincount(nodes)):  # once per node, not per item
             peers.check(int(node_id))  # known ones cost a dict look-up
         statuses = _native.mapped_gather_located(  # a node just met may be mapped now
-            peers.mappings, peers.map_lut, items.tobytes(), dest_rows, self._read, dest,
+            peers.mappings, peers.map_lut, items.tobytes(), dest_rows, self._ring.reads, dest,
             self._copy_pool)
         index = peers.key_lut[nodes]
         u = (statuses == _native.STATUS_NOT_MAPPED) & (index >= 0)
         statuses[statuses == _native.STATUS_NOT_MAPPED] = _native.STATUS_UNREACHABLE  # gone
         if u.any():
             k = int(u.sum())
-            got = _native.gather(
+            got = _native.gather_dense(
                 self._runtime.reader_worker, peers.rkeys, index[u].astype(np.uint32),
-                peers.base_lut[nodes[u]] + items["offset"][u], self._lengths[:k], dest,
-                dest_rows[u], self.transfer_timeout,
+                peers.base_lut[nodes[u]] + items["offset"][u], dest_rows[u], self._ring.reads,
+                dest, self._ring.staging(), self.transfer_timeout,
             )
             self.stats.fetched("ucx", k, k * self._read)
             header = self._ring.headers(slot)[rows[u]]  # (k, 2): key, generation

@@ -6,9 +6,12 @@ present); on "gpu-direct" a device buffer registered as CUDA memory; on
 "host-staged" both, a pinned host region the gather writes and a device
 buffer one asynchronous copy per batch fills.
 
-The per-field views of every slot are made once, too: handing out a batch
-costs no allocation. A batch's views stay valid until its slot comes round
-again (`len(ring)` batches later).
+A slot holds its batch as a structure of arrays (spec.BatchLayout): the
+items' slot headers in one (n, 2) array the learner checks, and each field
+in its own C-contiguous [n, *shape] array, so `batch.data[f]` is dense on
+every path. The per-field views of every slot are made once, too: handing
+out a batch costs no allocation. A batch's views stay valid until its slot
+comes round again (`len(ring)` batches later).
 
 Ordering with the GPU (both GPU paths): before a slot is written again, the
 work the consumer enqueued on its current stream while it held that slot's
@@ -26,6 +29,7 @@ import logging
 
 import numpy as np
 
+from .._native_loader import _native
 from ..spec import SLOT_HEADER
 from .device import CudaOps, Device, host_cuda_ops, host_header_view, host_views
 
@@ -61,9 +65,18 @@ class Ring:
         self.path = path
         self.framework = framework
         self.batch_size = batch_size
-        self.slot_size = spec.slot_size
-        nbytes = batch_size * spec.slot_size
+        self.layout = spec.layout(batch_size)
+        # The same layout for the native readers: where each field's bytes
+        # lie in a node's slot, and where its array lies in a ring slot.
+        self.reads = _native.BatchLayout(
+            batch_size, self.layout.header,
+            np.array([SLOT_HEADER + f.offset for f in spec.fields], np.uint64),
+            np.array([f.nbytes for f in spec.fields], np.uint64),
+            np.array(self.layout.offsets, np.uint64))
+        nbytes = self.layout.nbytes
         self.nbytes = nbytes
+        self._runtime = runtime
+        self._staging = None  # see staging()
         self._pinned: list[int] = []
         self._pin_ok = True
         self._slots: list[_Slot] = []
@@ -82,14 +95,14 @@ class Ring:
 
     def _make_slot(self, runtime, spec, nbytes: int) -> _Slot:
         s = _Slot()
-        n, slot = self.batch_size, self.slot_size
+        layout = self.layout
         if self.path in ("host", "host-staged"):
             region = runtime.map_region(nbytes)
             s.dest, s.host = region, region.view()
             # Touch every page now: the first batches would otherwise pay a
             # page fault per 4 KiB of destination (~1 ms for a 3.6 MB batch).
             s.host.fill(0)
-            s.header = host_header_view(s.host, n, slot)
+            s.header = host_header_view(spec, s.host, layout)
             if self._ops is not None and self._pin_ok:
                 try:
                     self._ops.pin(region.address, region.size)
@@ -99,17 +112,15 @@ class Ring:
                     log.warning("cannot pin the learner's host ring (%s): host-to-device "
                                 "copies will not be asynchronous", exc)
         if self.path == "host":
-            s.data = host_views(spec, s.host, n, slot, self.framework)
+            s.data = host_views(spec, s.host, layout, self.framework)
             return s
         s.device, address = self._ops.allocate(nbytes)
         s.device_address = address
-        s.data = self._ops.views(spec, s.device, n, slot, SLOT_HEADER)
+        s.data = self._ops.views(spec, s.device, layout)
         if self.path == "gpu-direct":
-            from .._native_loader import _native
-
             s.dest = _native.MemoryRegion.register(runtime.context, address, nbytes,
                                                    s.device, CUDA_MEMORY)
-            s.header = self._ops.header_view(s.device, n, slot)
+            s.header = self._ops.header_view(s.device, layout)
         return s
 
     def __len__(self) -> int:
@@ -127,6 +138,20 @@ class Ring:
             s.released = None
         return s.dest
 
+    def staging(self):
+        """Host memory where UCX reads whole slots, one get each, before they
+        are copied into a ring slot's arrays (_native.gather_dense): where RMA
+        is emulated (TCP) a get per header and per field costs a round trip
+        each. Made on first use (learners reading only mapped nodes never
+        need it); None for a device ring (gpu-direct: one get per part)."""
+        if self.path == "gpu-direct":
+            return None
+        if self._staging is None:
+            region = self._runtime.map_region(self.batch_size * self.reads.read_length)
+            region.view().fill(0)  # fault its pages in now, not during a read
+            self._staging = region
+        return self._staging
+
     def headers(self, i: int) -> np.ndarray:
         """(n, 2) uint64 [key, generation] of every row of slot i, on the host."""
         s = self._slots[i]
@@ -135,11 +160,13 @@ class Ring:
         return s.header
 
     def fill(self, i: int, n: int) -> None:
-        """The gather into slot i is complete: stage it to the device if needed."""
+        """The gather of n items into slot i is complete: stage it to the
+        device if needed. The whole slot goes in one copy (headers and every
+        field's array: the layout is fixed, n is always the batch size)."""
         if self.path != "host-staged":
             return
         s = self._slots[i]
-        nbytes = n * self.slot_size
+        nbytes = self.nbytes
         s.copied = self._ops.copy_to_device(s.device, s.device_address, s.dest.address, s.host,
                                             nbytes, wait_for=s.released)
         s.released = None
@@ -181,3 +208,4 @@ class Ring:
                     log.debug("cudaHostUnregister: %s", exc)
         self._pinned.clear()
         self._slots.clear()
+        self._staging = None

@@ -34,7 +34,10 @@ def items(start: int, n: int) -> dict:
 
 
 def check(batch, key_to_idx: dict) -> np.ndarray:
-    """Every item of the batch is the one its key names, byte for byte; their indexes."""
+    """Every item of the batch is the one its key names, byte for byte, and
+    every field one dense array (cold items included); their indexes."""
+    for a in batch.data.values():
+        assert a.flags.c_contiguous and np.ascontiguousarray(a).ctypes.data == a.ctypes.data
     idx = batch.data["idx"]
     assert [key_to_idx[int(k)] for k in batch.keys] == idx.tolist(), "an item under another key"
     want = ((idx[:, None] * np.uint64(7) + np.arange(WIDTH, dtype=np.uint64)) % 251)

@@ -83,7 +83,9 @@ def test_torch_cpu_tensors_through_dlpack(filled, tls):
     batch = learner.sample()
     assert learner.path == "host" and learner.framework == "torch"
     assert isinstance(batch.data["obs"], torch.Tensor)
-    assert batch.data["obs"].data_ptr() == learner._ring.acquire(0).address + 16  # no copy
+    obs_at = learner._ring.layout.offsets[0]  # the obs array of ring slot 0
+    assert batch.data["obs"].data_ptr() == learner._ring.acquire(0).address + obs_at  # no copy
+    assert batch.data["obs"].is_contiguous()
     check(batch, items, keys)
     kept = batch.clone()
     assert isinstance(kept.data["obs"], torch.Tensor)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 
@@ -60,6 +62,60 @@ def test_single_items_and_unnamed_spec(client, tls):
     assert batch.data.shape == (16, 3, 5)
     for key, row in zip(batch.keys, batch.data):
         assert np.all(row == (1.5 if key == k1[0] else 2.5))
+
+
+def assert_dense(array):
+    """A C-contiguous array that np.ascontiguousarray hands back without a copy."""
+    assert array.flags.c_contiguous, array.strides
+    same = np.ascontiguousarray(array)
+    assert same.ctypes.data == array.ctypes.data and np.shares_memory(same, array)
+
+
+def test_every_field_is_a_dense_array_on_every_read_path(client, tls):
+    # Fields of awkward sizes (1764, 8, 4, 6 bytes): each its own
+    # [batch, *shape] array, content checked; one unnamed spec too; clones
+    # and torch views (DLPack) of dense batches.
+    spec = dict(SPEC, pair=((3,), "int16"))
+    client.create_table("dense", capacity=1000, spec=spec)
+    client.create_table("plain", capacity=100, spec=((7, 3), "float64"))
+    items = dict(make_items(300, seed=5), pair=np.arange(900, dtype=np.int16).reshape(300, 3))
+    plain = np.random.default_rng(6).standard_normal((50, 7, 3))
+    with client.writer(max_items=64) as writer:
+        keys = writer.insert("dense", items)
+        plain_keys = writer.insert("plain", plain)
+    order = np.argsort(keys)
+    learner = client.learner("dense", batch_size=32)
+    mapped = os.environ.get("DISTORE_LOCAL_MAP") == "1"  # the "mapped" read path
+    for _ in range(5):
+        batch = learner.sample()
+        idx = order[np.searchsorted(keys, batch.keys, sorter=order)]
+        for name in spec:
+            assert_dense(batch.data[name])
+            assert batch.data[name].shape == (32,) + items[name].shape[1:]
+            assert np.array_equal(batch.data[name], items[name][idx]), name
+    if mapped:
+        assert set(learner.paths.values()) == {"mapped"}
+    else:
+        assert all(p.startswith("ucx:") or p == "cma" for p in learner.paths.values())
+    copy = batch.clone()
+    learner.sample()
+    for name in spec:
+        assert_dense(copy.data[name])
+        assert np.array_equal(copy.data[name], items[name][idx]), name  # kept past a refill
+    batch = client.learner("plain", batch_size=8).sample()
+    assert_dense(batch.data)
+    plain_order = np.argsort(plain_keys)
+    rows = plain_order[np.searchsorted(plain_keys, batch.keys, sorter=plain_order)]
+    assert np.array_equal(batch.data, plain[rows])
+    torch = pytest.importorskip("torch", reason="torch not installed (pip install '.[torch]')")
+    tensors = client.learner("dense", batch_size=16, framework="torch").sample()
+    idx = order[np.searchsorted(keys, tensors.keys, sorter=order)]
+    for name in spec:
+        t = tensors.data[name]
+        assert t.is_contiguous() and tuple(t.shape) == (16,) + items[name].shape[1:]
+        back = torch.from_dlpack(torch.utils.dlpack.to_dlpack(t))  # still DLPack-able
+        assert back.data_ptr() == t.data_ptr()
+        assert np.array_equal(t.numpy(), items[name][idx]), name
 
 
 def test_fifo_eviction_at_capacity(client, tls):

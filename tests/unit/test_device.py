@@ -98,27 +98,53 @@ def test_loaded_ucx_is_queried():
     assert capabilities.library_origin(path) in ("wheel", "system")
 
 
-def test_host_views_share_the_buffer():
-    n, slot = 4, SPEC.slot_size
-    buf = np.zeros(n * slot, np.uint8)
-    views = host_views(SPEC, buf, n, slot, "numpy")
+def test_host_views_are_dense_and_share_the_buffer():
+    layout = SPEC.layout(4)
+    buf = np.zeros(layout.nbytes, np.uint8)
+    views = host_views(SPEC, buf, layout, "numpy")
     views["obs"][2] = 7
-    assert np.shares_memory(views["obs"], buf) and buf[2 * slot + 16] == 7
-    header = host_header_view(buf, n, slot)
+    obs_at = layout.offsets[0]
+    assert np.shares_memory(views["obs"], buf) and buf[obs_at + 2 * 15] == 7
+    for v in views.values():
+        assert v.flags.c_contiguous
+    header = host_header_view(SPEC, buf, layout)
     header[1] = (11, 12)
-    assert buf[slot : slot + 16].view(np.uint64).tolist() == [11, 12]
+    assert buf[16:32].view(np.uint64).tolist() == [11, 12]
 
 
 def test_dlpack_round_trip_without_copies():
     torch = pytest.importorskip("torch", reason="torch not installed (pip install '.[torch]')")
-    n, slot = 4, SPEC.slot_size
-    buf = np.zeros(n * slot, np.uint8)
-    tensors = host_views(SPEC, buf, n, slot, "torch")
+    layout = SPEC.layout(4)
+    buf = np.zeros(layout.nbytes, np.uint8)
+    tensors = host_views(SPEC, buf, layout, "torch")
     assert isinstance(tensors["obs"], torch.Tensor) and tensors["obs"].shape == (4, 3, 5)
     assert tensors["reward"].dtype == torch.float32
-    numpy_views = host_views(SPEC, buf, n, slot, "numpy")
+    assert all(t.is_contiguous() for t in tensors.values())
+    numpy_views = host_views(SPEC, buf, layout, "numpy")
     numpy_views["reward"][:] = [1, 2, 3, 4]
     assert tensors["reward"].tolist() == [1, 2, 3, 4]  # same memory, no copy
     back = np.from_dlpack(tensors["obs"])
     assert np.shares_memory(back, buf) and back.strides == numpy_views["obs"].strides
-    assert tensors["obs"].data_ptr() == buf.ctypes.data + 16
+    assert tensors["obs"].data_ptr() == buf.ctypes.data + layout.offsets[0]
+    assert torch.utils.dlpack.to_dlpack(tensors["reward"]) is not None  # still DLPack-able
+
+
+def test_gpu_ring_views_follow_the_host_layout():
+    # The GPU ring's views (CudaOps.views / header_view) over a torch buffer,
+    # here a CPU tensor: the same arrays at the same offsets as host_views.
+    torch = pytest.importorskip("torch", reason="torch not installed (pip install '.[torch]')")
+    from distore_ucx.client.device import CudaOps
+
+    spec = TableSpec.parse({"obs": ((3, 5), "uint8"), "action": ((), "int64"),
+                            "reward": ((2,), "float32")})
+    layout = spec.layout(4)
+    buf = np.random.default_rng(0).integers(0, 256, layout.nbytes, dtype=np.uint8)
+    ops = CudaOps.__new__(CudaOps)  # no GPU here: only the view arithmetic
+    ops.framework, ops._torch = "torch", torch
+    device = ops.views(spec, torch.from_numpy(buf), layout)
+    host = host_views(spec, buf, layout, "numpy")
+    for name, v in host.items():
+        assert device[name].is_contiguous() and tuple(device[name].shape) == v.shape
+        assert np.array_equal(device[name].numpy(), v)
+    header = ops.header_view(torch.from_numpy(buf), layout)
+    assert np.array_equal(header.numpy().view(np.uint64), host_header_view(spec, buf, layout))

@@ -140,15 +140,32 @@ def test_mapped_gather_copies_every_item(runtime, region, helpers, item):
         assert np.array_equal(got[i], src[int(s) * item:(int(s) + 1) * item])
 
 
+def dense_layout(rows, fields):
+    """A BatchLayout of `rows` items whose fields are (src, length) spans of a
+    slot: header array first, then each field's array, 64-byte aligned."""
+    at, dest = -(-rows * 16 // 64) * 64, []
+    for _, length in fields:
+        dest.append(at)
+        at += -(-rows * length // 64) * 64
+    layout = _native.BatchLayout(rows, 0, np.array([f[0] for f in fields], np.uint64),
+                                 np.array([f[1] for f in fields], np.uint64),
+                                 np.array(dest, np.uint64))
+    assert layout.nbytes <= at
+    return layout, dest
+
+
 def test_mapped_gather_located_takes_the_control_planes_records(runtime, region):
     # Records as protocol.ITEM_LOCATION: node 3 is mapped (lut -> arena 0),
     # node 5 is not. Slot headers here are the arena's own bytes, so an item
     # asks for its slot's real (key, generation) to be good, anything else
     # to be stale; items of node 5 are left untouched for the UCX path.
+    # Each item is scattered: header to its row of the header array, its two
+    # fields (with a gap between them in the slot) to their own dense arrays.
     from distore_ucx.protocol import ITEM_LOCATION
 
     arena = mapped(region)
     item = 4096
+    fields = [(16, 1000), (1024, 3072)]
     src = region.view()
     offsets = np.array([0, 3, 7, 11, 2], np.uint64) * np.uint64(item)
     recs = np.zeros(5, ITEM_LOCATION)
@@ -160,21 +177,48 @@ def test_mapped_gather_located_takes_the_control_planes_records(runtime, region)
     recs["generation"][3] += np.uint64(1)  # the slot was reused since
     lut = np.full(10, -1, np.int64)
     lut[3] = 0
-    dest = runtime.map_region(5 * item)
-    dest.view()[:] = 0xEE
-    rows = np.arange(5, dtype=np.uint64) * np.uint64(item)
-    st = _native.mapped_gather_located([arena], lut, recs.tobytes(), rows, item, dest,
+    rows = np.array([4, 0, 1, 2, 3], np.uint64)  # row of the batch each item lands in
+    layout, dest_at = dense_layout(5, fields)
+    dest = runtime.map_region(layout.nbytes)
+    out = dest.view()
+    out[:] = 0xEE
+    st = _native.mapped_gather_located([arena], lut, recs.tobytes(), rows, layout, dest,
                                        _native.CopyPool(1), 1)
     assert st.tolist() == [0, 0, _native.STATUS_NOT_MAPPED, _native.STATUS_STALE,
                            _native.STATUS_NOT_MAPPED]
-    got = dest.view()[: 5 * item].reshape(5, item)
+    header = out[:5 * 16].reshape(5, 16)
+    arrays = [out[at:at + 5 * n].reshape(5, n) for at, (_, n) in zip(dest_at, fields)]
     for i in (0, 1, 3):
-        assert np.array_equal(got[i], src[int(offsets[i]):int(offsets[i]) + item])
-    assert (got[2] == 0xEE).all() and (got[4] == 0xEE).all()  # nodes 5 and 9: not copied
+        r, off = int(rows[i]), int(offsets[i])
+        assert np.array_equal(header[r], src[off:off + 16])
+        for (s, n), a in zip(fields, arrays):
+            assert np.array_equal(a[r], src[off + s:off + s + n])
+    for i in (2, 4):  # nodes 5 and 9: not copied
+        r = int(rows[i])
+        assert (header[r] == 0xEE).all() and all((a[r] == 0xEE).all() for a in arrays)
     with pytest.raises(errors.InvalidArgument, match="32 bytes each"):
-        _native.mapped_gather_located([arena], lut, recs.tobytes()[:-1], rows, item, dest, None)
-    with pytest.raises(errors.InvalidArgument, match="one dest_offset"):
-        _native.mapped_gather_located([arena], lut, recs.tobytes(), rows[:4], item, dest, None)
+        _native.mapped_gather_located([arena], lut, recs.tobytes()[:-1], rows, layout, dest,
+                                       None)
+    with pytest.raises(errors.InvalidArgument, match="one row per item"):
+        _native.mapped_gather_located([arena], lut, recs.tobytes(), rows[:4], layout, dest, None)
+    with pytest.raises(errors.OutOfBoundsError, match="row 5 of a batch of 5"):
+        _native.mapped_gather_located([arena], lut, recs.tobytes(), rows + np.uint64(1),
+                                      layout, dest, None)
+    recs["offset"][0] = SIZE - item // 2
+    with pytest.raises(errors.OutOfBoundsError, match="outside the mapped arena"):
+        _native.mapped_gather_located([arena], lut, recs.tobytes(), rows, layout, dest, None)
+    small = runtime.map_region(4096)
+    with pytest.raises(errors.OutOfBoundsError, match="the local buffer has"):
+        _native.mapped_gather_located([arena], lut, recs.tobytes(), rows, layout, small, None)
+
+
+def test_batch_layout_refuses_overlapping_arrays():
+    with pytest.raises(errors.InvalidArgument, match="overlap"):
+        _native.BatchLayout(4, 0, np.array([16], np.uint64), np.array([8], np.uint64),
+                            np.array([32], np.uint64))  # the header array ends at 64
+    with pytest.raises(errors.InvalidArgument, match="slot header"):
+        _native.BatchLayout(4, 0, np.array([8], np.uint64), np.array([8], np.uint64),
+                            np.array([64], np.uint64))
 
 
 def test_mapped_gather_refuses_out_of_bounds_items(runtime, region):
@@ -236,6 +280,60 @@ def test_seqlock_rewrites_during_copies_are_never_accepted(runtime, region):
         writer.join()
     assert accepted > 0
     assert bad == 0, f"{bad} torn copies accepted ({accepted} accepted, {torn} refused)"
+
+
+def test_seqlock_rewrites_during_dense_copies_are_never_accepted(runtime, region):
+    # As above, through the learner's call: the slot is scattered into a
+    # header array and two field arrays. A copy accepted (status 0: header
+    # unchanged and the generation asked for) must be whole: both fields all
+    # equal to the low byte of that generation.
+    from distore_ucx.protocol import ITEM_LOCATION
+
+    slot, item = 0, 256 << 10
+    fields = [(16, 100 << 10), ((100 << 10) + 64, item - (100 << 10) - 64)]
+    arena = mapped(region)
+    view = region.view()
+    stop = threading.Event()
+
+    def write():
+        gen = 1
+        while not stop.is_set():
+            view[slot:slot + 16] = 0
+            view[slot + 16:slot + item] = gen & 0xFF
+            view[slot:slot + 16] = np.array([7, gen], np.uint64).view(np.uint8)
+            gen += 1
+            if gen % 4 == 0:
+                stop.wait(0.0003)  # leave windows where the slot is whole
+
+    view[slot:slot + 16] = np.array([7, 0], np.uint64).view(np.uint8)
+    view[slot + 16:slot + item] = 0
+    layout, dest_at = dense_layout(1, fields)
+    dest = runtime.map_region(layout.nbytes)
+    out = dest.view()
+    lut = np.zeros(1, np.int64)
+    rec = np.zeros(1, ITEM_LOCATION)
+    rec["key"] = 7
+    writer = threading.Thread(target=write)
+    writer.start()
+    accepted = refused = bad = 0
+    try:
+        for _ in range(6000):
+            gen = int(view[slot + 8:slot + 16].view(np.uint64)[0])  # the one to ask for
+            rec["generation"] = gen
+            st = _native.mapped_gather_located([arena], lut, rec.tobytes(),
+                                               np.zeros(1, np.uint64), layout, dest, None)
+            if st[0] != 0:
+                refused += 1
+                continue
+            accepted += 1
+            assert out[:16].view(np.uint64).tolist() == [7, gen]
+            for at, (_, n) in zip(dest_at, fields):
+                bad += int((out[at:at + n] != (gen & 0xFF)).any())
+    finally:
+        stop.set()
+        writer.join()
+    assert accepted > 0
+    assert bad == 0, f"{bad} torn copies accepted ({accepted} accepted, {refused} refused)"
 
 
 def test_copy_pool_threads_sleep_when_idle():

@@ -87,6 +87,51 @@ def test_gather_random_offsets_and_sizes(runtime, remote):
             assert np.array_equal(got[d : d + s], src[o : o + s])
 
 
+@pytest.mark.parametrize("staged", [False, True], ids=["get-per-part", "staged"])
+def test_gather_dense_scatters_each_item_into_a_structure_of_arrays(runtime, remote, staged):
+    # Slots of 4096 bytes: a 16-byte header, a 1000-byte field, a gap, a
+    # 3072-byte field. Each item lands in its row of the header array and of
+    # each field's own dense array, read a part per get or whole into a
+    # staging region first.
+    region, key = remote
+    src = region.view()
+    n, item = 6, 4096
+    fields = [(16, 1000), (1024, 3072)]
+    dest_at = [128, 128 + 6016]  # each array 64-byte aligned after the (6, 16) headers
+    layout = _native.BatchLayout(n, 0, np.array([16, 1024], np.uint64),
+                                 np.array([1000, 3072], np.uint64), np.array(dest_at, np.uint64))
+    assert layout.read_length == item
+    dest = runtime.map_region(layout.nbytes)
+    staging = runtime.map_region(n * item) if staged else None
+    slots = np.array([9, 2, 700, 5, 1000, 3], np.uint64) * np.uint64(item)
+    rows = np.array([5, 4, 3, 2, 1, 0], np.uint64)
+    st = _native.gather_dense(runtime.worker, [key], np.zeros(n, np.uint32),
+                              region.address + slots, rows, layout, dest, staging)
+    assert st.tolist() == [0] * n
+    out = dest.view()
+    header = out[:n * 16].reshape(n, 16)
+    arrays = [out[at:at + n * length].reshape(n, length)
+              for at, (_, length) in zip(dest_at, fields)]
+    for slot, r in zip(slots, rows):
+        o, r = int(slot), int(r)
+        assert np.array_equal(header[r], src[o:o + 16])
+        for (s, length), a in zip(fields, arrays):
+            assert np.array_equal(a[r], src[o + s:o + s + length])
+    with pytest.raises(errors.OutOfBoundsError, match="row 6 of a batch of 6"):
+        _native.gather_dense(runtime.worker, [key], np.zeros(1, np.uint32),
+                             np.array([region.address], np.uint64), np.array([6], np.uint64),
+                             layout, dest)
+    with pytest.raises(errors.OutOfBoundsError, match="outside the peer's registered region"):
+        _native.gather_dense(runtime.worker, [key], np.zeros(1, np.uint32),
+                             np.array([region.address + region.size - 2048], np.uint64),
+                             np.zeros(1, np.uint64), layout, dest, staging)
+    if staged:
+        with pytest.raises(errors.OutOfBoundsError, match="staging buffer holds 4096 bytes"):
+            _native.gather_dense(runtime.worker, [key], np.zeros(2, np.uint32),
+                                 region.address + slots[:2], rows[:2], layout, dest,
+                                 runtime.map_region(item))
+
+
 def test_out_of_range_address_raises_and_names_the_peer(runtime, remote):
     region, key = remote
     dest = runtime.map_region(4096)

@@ -33,13 +33,14 @@ def write(ring, slot, value):
 def test_slots_are_reused_and_views_live_until_the_slot_comes_round(runtime):
     ring = Ring(runtime, SPEC, batch_size=4, slots=3, device=Device("cpu"),
                 framework="numpy", path="host")
-    assert len(ring) == 3 and ring.nbytes == 4 * SPEC.slot_size
+    assert len(ring) == 3 and ring.nbytes == SPEC.layout(4).nbytes
     batches = []
     for i in range(3):
         write(ring, i, i + 1)
         batches.append(ring.hand_out(i))
     for i, data in enumerate(batches):  # each slot still holds its own batch
         assert np.all(data["obs"] == i + 1)
+        assert all(v.flags.c_contiguous for v in data.values())
     write(ring, 0, 9)  # slot 0 comes round again: its old views show the new batch
     assert np.all(batches[0]["obs"] == 9) and np.all(batches[1]["obs"] == 2)
     again = ring.hand_out(0)
@@ -69,5 +70,6 @@ def test_torch_cpu_ring_hands_out_tensors_over_the_same_memory(runtime):
     write(ring, 0, 3)
     data = ring.hand_out(0)
     assert isinstance(data["obs"], torch.Tensor) and data["obs"].shape == (4, 3, 5)
-    assert data["obs"].data_ptr() == ring.acquire(0).address + 16
+    assert data["obs"].data_ptr() == ring.acquire(0).address + ring.layout.offsets[0]
+    assert data["obs"].is_contiguous() and data["action"].is_contiguous()
     assert bool((data["obs"] == 3).all())

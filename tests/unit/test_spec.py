@@ -37,22 +37,44 @@ def test_pack_one_item_and_a_batch_then_view_them_back():
     assert rows.shape == (5, s.item_bytes)
     one = s.pack({k: v[2] for k, v in batch.items()})
     assert np.array_equal(one[0], rows[2])
-    buf = np.zeros(5 * s.slot_size, np.uint8)
-    for i in range(5):
-        buf[i * s.slot_size + SLOT_HEADER : i * s.slot_size + SLOT_HEADER + s.item_bytes] = rows[i]
-    views = s.views(buf, 5, s.slot_size)
+    layout = s.layout(5)
+    buf = np.zeros(layout.nbytes, np.uint8)
+    for f, at in zip(s.fields, layout.offsets):  # what a reader scatters
+        buf[at : at + 5 * f.nbytes] = rows[:, f.offset : f.offset + f.nbytes].reshape(-1)
+    views = s.views(buf, layout)
     for k, v in batch.items():
         assert np.array_equal(views[k], v)
         assert np.shares_memory(views[k], buf)  # views, not copies
+        assert views[k].flags.c_contiguous and views[k].shape == (5,) + v.shape[1:]
+        assert np.shares_memory(np.ascontiguousarray(views[k]), buf)  # dense: free
+
+
+def test_batch_layout_gives_each_array_its_own_aligned_region():
+    s = TableSpec.parse({"obs": ((4, 84, 84), "uint8"), "action": ((), "int32"),
+                         "reward": ((), "float64")})
+    layout = s.layout(3)
+    assert layout.rows == 3 and layout.header == 0
+    spans = [(layout.header, 3 * SLOT_HEADER)] + [
+        (at, at + 3 * f.nbytes) for f, at in zip(s.fields, layout.offsets)]
+    assert all(a % 64 == 0 for a, _ in spans)
+    for (_, a1), (b0, _) in zip(spans, spans[1:]):
+        assert a1 <= b0  # in order, never overlapping
+    assert spans[-1][1] <= layout.nbytes and layout.nbytes % 64 == 0
+    buf = np.zeros(layout.nbytes, np.uint8)
+    header = s.header_view(buf, layout)
+    header[2] = (7, 9)
+    assert header.shape == (3, 2) and buf[32:48].view(np.uint64).tolist() == [7, 9]
 
 
 def test_unnamed_spec_packs_plain_arrays():
     s = TableSpec.parse(((2, 3), "float32"))
     rows = s.pack(np.ones((4, 2, 3), np.float32))
     assert rows.shape == (4, 24)
-    buf = np.zeros(4 * s.slot_size, np.uint8)
-    buf.reshape(4, s.slot_size)[:, SLOT_HEADER : SLOT_HEADER + 24] = rows
-    assert np.array_equal(s.views(buf, 4, s.slot_size), np.ones((4, 2, 3), np.float32))
+    layout = s.layout(4)
+    buf = np.zeros(layout.nbytes, np.uint8)
+    buf[layout.offsets[0] : layout.offsets[0] + 4 * 24] = rows.reshape(-1)
+    view = s.views(buf, layout)
+    assert np.array_equal(view, np.ones((4, 2, 3), np.float32)) and view.flags.c_contiguous
 
 
 @pytest.mark.parametrize(

@@ -15,10 +15,11 @@ def test_nested_python_lists_are_stored_when_their_values_fit():
     s = TableSpec.parse(SPEC)
     rows = s.pack({"obs": [[[1, 2, 3], [4, 5, 255]], [[0, 0, 0], [9, 9, 9]]],
                    "reward": [1, 2]})  # ints for a float32 field too
-    buf = np.zeros(2 * s.slot_size, np.uint8)
-    for i in range(2):
-        buf[i * s.slot_size + 16: i * s.slot_size + 16 + s.item_bytes] = rows[i]
-    views = s.views(buf, 2, s.slot_size)
+    layout = s.layout(2)
+    buf = np.zeros(layout.nbytes, np.uint8)
+    for f, at in zip(s.fields, layout.offsets):
+        buf[at: at + 2 * f.nbytes] = rows[:, f.offset: f.offset + f.nbytes].reshape(-1)
+    views = s.views(buf, layout)
     assert views["obs"].tolist() == [[[1, 2, 3], [4, 5, 255]], [[0, 0, 0], [9, 9, 9]]]
     assert views["reward"].tolist() == [1.0, 2.0]
 
