@@ -56,7 +56,7 @@ void same_length(const A& a, const B& b, const char* what) {
 }
 
 // Lease counting for the control plane's item records, batch-shaped:
-// np.add.at / np.subtract.at cost ~8 us a call at batch sizes of 32.
+// np.add.at / np.subtract.at are slow at small batch sizes.
 void lease_add(nb::ndarray<uint32_t, nb::ndim<1>, nb::c_contig, nb::device::cpu> counts,
                Vec<int64_t> ids) {
   const size_t n = counts.shape(0);

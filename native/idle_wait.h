@@ -1,12 +1,10 @@
 // Pacing for a thread that progresses a UCX worker while it waits for its
 // own requests (the gather, the node's pulls): spin while things move,
 // yield the core after 10 us of fruitless progress, sleep 20 us after
-// 100 us. By time, not by count: a TCP progress call is a system call
-// (1-2 us), an RDMA one 0.1 us. Counted polls (yield after 64, sleep after
-// 1024: 1-2 ms of spinning over TCP) left the peer's progress thread without
-// a core on 2 cores: TCP inserts 0.67 -> 0.76 GB/s (mean of alternated
-// rounds), the node's CPU per GB 1.59 -> 1.35 s, single-item latency
-// unchanged (docs/performance.md).
+// 100 us. By time, not by count: a TCP progress call is a system call, an
+// RDMA one far cheaper, so counted polls spun for milliseconds over TCP and
+// left the peer's progress thread without a core on 2 cores (slower TCP
+// inserts, more node CPU per GB; docs/performance.md).
 //
 // Thread safety: one per waiting call, on its stack.
 #pragma once

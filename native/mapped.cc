@@ -45,8 +45,8 @@ void MappedArena::populate_to(size_t end) const {
   if (to <= from) return;
   // One system call maps every page of the range (pages the node wrote
   // exist; the few past its high-water mark get allocated, as the node would
-  // on its next insert). Without it each first touch is a page fault: ~1 us
-  // per 4 KiB page, which halves the copy rate of a fresh learner.
+  // on its next insert). Without it each first touch is a page fault per
+  // 4 KiB page, which slows a fresh learner's copies.
   if (madvise(base_ + from, to - from, kMadvPopulateRead) != 0) {
     const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
     volatile uint8_t sink = 0;

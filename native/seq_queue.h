@@ -83,7 +83,7 @@ class SequenceQueue {
   // each squeeze then moves at most 4 ids per free entry it makes, so pushes
   // stay O(1) amortized. Else grow by half the live ids. In a full FIFO table
   // (one removal at the head per push) the queue so stays under 1.75x the
-  // live ids; growing by doubling once let it reach 2.5x (14 B an item).
+  // live ids (growing by doubling let it reach 2.5x).
   void make_room() {
     const size_t free_entries = tail_ - size_;  // head_ plus the holes
     if (free_entries != 0 && free_entries >= size_ / 4) {

@@ -2,7 +2,7 @@
 
 Throughput A/B runs (replay_bench with and without --metrics) could not
 settle a 3% question on this shared 2-core host: runs without metrics alone
-varied 3.5x. CPU time is far steadier than wall-clock rates, so this script
+varied several-fold. CPU time is far steadier than wall-clock rates, so this script
 measures the two parts of the cost as CPU and sets them against the CPU the
 same paths spend per batch, all in one run:
 

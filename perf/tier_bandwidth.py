@@ -17,8 +17,8 @@ with one read in flight (``qd1``); and the same reads alternating between
 two such buffers (``qd8_2buf``), as any reader that hands one batch out
 while it fills the next must. Each row also gives the disk's read requests
 per item (from /sys/dev/block/.../stat): a read into scattered 4 KiB pages
-is split at the disk's segment limit into several requests, and on the VM
-these figures come from that halves the bandwidth (docs/performance.md).
+is split at the disk's segment limit into several requests, which costs
+bandwidth (docs/performance.md).
 
 ``--hot``: also sample a table that fits the arena (32 x 110 KB items) from a
 node with a disk tier and from one without, alternated, to show that hot

@@ -103,8 +103,8 @@ class Peer:
             # peer-failure handling: keep it (a dead peer then fails reads).
             shm = same_host and runtime.shared_memory
             # On the reader worker: learners' gathers progress it themselves
-            # (over TCP, 30% more W1 bandwidth than sharing the worker whose
-            # progress thread wakes on the same sockets; docs/performance.md).
+            # (over TCP, sharing the worker whose progress thread wakes on the
+            # same sockets costs bandwidth; docs/performance.md).
             ep = runtime.endpoint(self.worker_address, self.name, detect_failures=not shm,
                                   reader=True)
             self.rkey = _native.RemoteKey(

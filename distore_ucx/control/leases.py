@@ -36,7 +36,7 @@ class LeaseIds:
     ids tells nothing about the others without the key; a new instance (a
     restarted control plane) draws a new key, so an old id names a new lease
     only by a 2**-62 chance, and even then the new lease's owner is another
-    connection. About 6 us an id.
+    connection.
     """
 
     def __init__(self, key: bytes | None = None):

@@ -550,7 +550,7 @@ class ControlPlane:
             # nodes' staging areas, sized for a learner holding three
             # batches, so one batch for a table that may hold cold items. A
             # table that never left DRAM samples ahead, disk tiers or not
-            # (it ran at 0.69x without: perf/tier_bandwidth.py --hot).
+            # (perf/tier_bandwidth.py --hot measures what that is worth).
             if table.may_hold_cold:
                 n = batch
             fit = min(self.config.max_sample, limit - held) // batch * batch

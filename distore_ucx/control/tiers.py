@@ -61,9 +61,9 @@ def pick_demotions(table, node_id: int, n: int) -> tuple[np.ndarray, np.ndarray,
 class Demotions:
     """Demotion candidates found by one scan, handed out over many requests.
 
-    `pick_demotions` scans every record of the table: 15 ms at 10^6 items,
-    60 ms at 4 x 10^6 on the 2-core VM, for the 64 items a full node asks
-    for at a time. Here one scan per (table, node) keeps the
+    `pick_demotions` scans every record of the table (tens of ms at millions
+    of items), for the 64 items a full node asks for at a time. Here one
+    scan per (table, node) keeps the
     max(16 n, 4096, 1/64 of the node's hot items) best candidates in order;
     each request takes the next ones that still qualify (LIVE, hot, on that
     node, unleased, and the same item: its sequence unchanged, so a record

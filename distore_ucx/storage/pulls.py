@@ -30,9 +30,8 @@ A `Source` is one staging buffer as the node reads it:
   software (TCP), a get is a request message answered with the bytes
   copied into bounce buffers on both sides; a rendezvous with the
   `put_zcopy` scheme sends them from the staging buffer and receives them
-  into the slot with no copy of UCX's own. Measured on TCP loopback
-  (docs/performance.md): ucx_perftest's active messages 4.9-7.5 GB/s
-  against its gets' 1.2-1.6. Where UCX has RDMA, the node keeps reading
+  into the slot with no copy of UCX's own (docs/performance.md has
+  ucx_perftest's figures for both on TCP loopback). Where UCX has RDMA, the node keeps reading
   with one-sided gets (nothing is copied there either, and the writer's
   buffer stays remote-READ only, the node's slots unexposed).
 
@@ -62,9 +61,7 @@ MAX_SOURCES = 64  # cached staging buffers per writer connection
 AM_INSERT_ID = 0x4453  # the UCX active message id of insert messages ("DS")
 # A rendezvous message costs three control messages besides the bytes, a
 # get one: below this size per-item overhead wins over the copies saved.
-# Measured over TCP loopback, one item per insert(): 3 KB 163k items/s by
-# gets vs 61k by messages, 29 KB 1.22 vs 0.99 GB/s, 64 KB 1.10 vs 1.24
-# (docs/performance.md).
+# perf/insert_bandwidth.py measures the crossover (docs/performance.md).
 AM_MIN_ITEM_BYTES = 64 << 10
 MAX_MAPPED = 4  # of which mapped (a writer uses one buffer per connection)
 MAX_OFFERED = 256  # handed-over buffers not yet claimed by a connection
@@ -224,9 +221,9 @@ def am_inserts_enabled() -> bool:
     endpoints without peer-failure handling, and UCX 1.21 then crashes the
     receiving node (a segfault in ucp_do_am_single or
     ucp_proto_rndv_send_reply) when it answers a rendezvous of a writer that
-    was killed mid-batch: seen in 1 of about 8 runs of the kill-writer test.
-    A node crash loses everything the node holds; TCP inserts by gets are
-    1.3-1.5 GB/s instead of 1.9-2.9, but a dying writer costs nothing."""
+    was killed mid-batch (in some runs of the kill-writer test). A node
+    crash loses everything the node holds; TCP inserts by gets are slower
+    (docs/performance.md), but a dying writer costs nothing."""
     return switch_from_env("DISTORE_AM_INSERTS", default=False)
 
 

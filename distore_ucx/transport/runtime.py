@@ -13,10 +13,8 @@ progress thread: only the threads that read progress it (a storage node's
 pull thread, reading writers' staged batches; a learner's gathers from
 nodes it does not map). Over TCP, where every get is emulated with
 messages, sharing the first worker meant two threads taking its lock and
-waking on its sockets for each batch. Measured (docs/performance.md): a
-node pulling 110 KB-10 MB items spent 0.7-1.2 CPU s/GB, 0.44-0.53 with the
-reader worker, and inserted 20-60% faster; a learner's W1 sample path rose
-from 1.3-1.4 to 1.8 GB/s, its p99 from 6.8 to 2.6 ms. `progress_reader()`
+waking on its sockets for each batch, which cost both CPU per GB and
+bandwidth (docs/performance.md has the current figures). `progress_reader()`
 handles whatever peers sent while nobody read (a node calls it from its
 pull thread between batches).
 
