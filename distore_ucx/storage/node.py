@@ -52,6 +52,7 @@ from ..transport.local_map import LocalMapServer
 from ..transport.rpc import AsyncClient, parse_address, serve
 from ..transport.runtime import host_id, rendezvous_config
 from .arena import Arena, page_advice, page_size_label
+from .heartbeat import Heartbeat
 from .pulls import AM_INSERT_ID, am_inserts
 from .tier import COLD, DiskTier, StagingArea, bounce_reads, is_cold, stride_of
 
@@ -151,8 +152,11 @@ class StorageNode:
             metrics_server = metrics.serve_process(
                 cfg.metrics_port, host, loop, self, metrics.node_snapshot,
                 metrics.node_families, f"storage node {self.name}", cfg.metrics_optional)
+            beat = None
             try:
                 await self._join()
+                beat = Heartbeat(cfg.control, self._token, lambda: self._interval,
+                                 self._beat, f"node {self.name}").start()
                 steps.update(1, note=f"joined as node {self.node_id}")
                 steps.close()
                 log.info(
@@ -172,6 +176,8 @@ class StorageNode:
                                               metrics_server.port})
                 code = await self._serve()
             finally:
+                if beat is not None:
+                    beat.close()
                 server.close()
                 if metrics_server is not None:
                     metrics_server.close()
@@ -194,7 +200,7 @@ class StorageNode:
         """Heartbeat the control plane until told to stop; re-join it whenever
         it is lost. Returns the exit code."""
         while True:
-            beat = asyncio.create_task(self._heartbeat(self._interval))
+            beat = asyncio.create_task(self._reader_ticks(self._interval))
             lost = asyncio.create_task(self.control.closed.wait())
             stop = asyncio.create_task(self._stop.wait())
             await asyncio.wait({lost, stop}, return_when=asyncio.FIRST_COMPLETED)
@@ -400,9 +406,9 @@ class StorageNode:
             log.warning("node %s exits with %d slots still leased; those reads fail and "
                         "learners resample", self.name, leased)
 
-    async def _heartbeat(self, interval: float) -> None:
+    async def _reader_ticks(self, interval: float) -> None:
+        # Heartbeats are not sent from here (storage/heartbeat.py says why).
         while True:
-            self.control.push("heartbeat", node_id=self.node_id, used_bytes=self.arena.used_bytes)
             tick = getattr(self, "_reader_tick", None)
             if getattr(self, "_pull_thread", None) is not None and (tick is None or tick.done()):
                 # Writers' connection set-ups and closes that arrived between
@@ -410,6 +416,14 @@ class StorageNode:
                 # (one at a time: none piles up behind a pull that waits).
                 self._reader_tick = self._pull_thread.submit(self._progress_reader)
             await asyncio.sleep(interval)
+
+    def _beat(self) -> dict | None:
+        """The heartbeat's fields (read on the heartbeat thread); None while
+        not registered with a control plane."""
+        arena, node_id = self.arena, self.node_id
+        if arena is None or node_id is None or not self._joined.is_set():
+            return None
+        return {"node_id": node_id, "used_bytes": arena.used_bytes}
 
     def _progress_reader(self) -> None:
         try:
@@ -578,6 +592,7 @@ class StorageNode:
                         generations=gens,
                         priorities=f["priorities"],
                         used_bytes=self.arena.used_bytes,
+                        **({"epoch": f["epoch"]} if "epoch" in f else {}),
                     )
                     break
                 except ConnectionFailed:
@@ -594,7 +609,17 @@ class StorageNode:
             if self._leaving:
                 raise ConnectionFailed(f"storage node {self.name} is shutting down") from None
             raise
-        self.arena.commit(table, offsets, keys, gens, f["priorities"])
+        twice = np.frombuffer(reply.get("duplicate_offsets", b""), np.uint64)
+        if len(twice):
+            # Keys the table holds already (this batch was resent here after
+            # its first node went unresponsive, and both copies arrived).
+            keep = ~np.isin(offsets, twice)
+            self.arena.free(table, offsets[~keep])
+            offsets, keys, gens = offsets[keep], keys[keep], gens[keep]
+            prios = f["priorities"][keep]
+        else:
+            prios = f["priorities"]
+        self.arena.commit(table, offsets, keys, gens, prios)
         self.inserted += k
         self.stats.inserted(k, k * item_bytes, time.perf_counter() - t0)
         return {"n": k, "evicted": reply.get("evicted", 0), "via": source.via}
