@@ -625,7 +625,9 @@ class ControlPlane:
         size = table.size  # the size the probabilities refer to
         recs, probs, freed = table.sample(n)
         away = self.members.away()
-        if away:
+        # Not for tables with max_times_sampled: a draw is a use there, and
+        # drawing again would use up items nobody receives.
+        if away and not table.max_times_sampled:
             recs, probs, freed = self._route_around(table, recs, probs, freed, away)
         self._free(table.name, freed)
         self._touch(table)

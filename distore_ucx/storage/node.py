@@ -69,6 +69,8 @@ COPY_HELPERS = 1  # threads besides the copying one for same-host batch copies
 INLINE_COPY_BYTES = 16 << 20
 DEMOTE_BATCH = 64  # items demoted at least at once when the arena is full
 STAGE_WAIT = 5.0  # s a sample's cold items may wait for room in the staging area
+# s without an event-loop tick after which the heartbeat thread stops beating
+LOOP_WEDGED = 10.0
 
 
 def route_address(control_host: str) -> str:
@@ -105,6 +107,8 @@ class StorageNode:
         self._token: bytes | None = None
         self._where: tuple[str, int] = ("", 0)  # host, port writers reach us at
         self._interval = 0.5  # heartbeat interval the control plane asked for
+        self._loop_seen = time.monotonic()  # the event loop's last tick (heartbeat thread reads)
+        self._loop_wedged = False
 
     async def run(self, ready_file: str | None = None) -> int:
         """Serve until SIGTERM/SIGINT, or until no control plane can be re-joined
@@ -407,8 +411,10 @@ class StorageNode:
                         "learners resample", self.name, leased)
 
     async def _reader_ticks(self, interval: float) -> None:
-        # Heartbeats are not sent from here (storage/heartbeat.py says why).
+        # Heartbeats are not sent from here (storage/heartbeat.py says why),
+        # but the heartbeat thread stops when these ticks stop (_beat).
         while True:
+            self._loop_seen = time.monotonic()
             tick = getattr(self, "_reader_tick", None)
             if getattr(self, "_pull_thread", None) is not None and (tick is None or tick.done()):
                 # Writers' connection set-ups and closes that arrived between
@@ -423,6 +429,18 @@ class StorageNode:
         arena, node_id = self.arena, self.node_id
         if arena is None or node_id is None or not self._joined.is_set():
             return None
+        # A busy loop is late by seconds (measured up to 5 s beside 128
+        # actors); one that has not run for LOOP_WEDGED s serves nothing:
+        # the node must not look live then.
+        late = time.monotonic() - self._loop_seen
+        if late > LOOP_WEDGED:
+            if not self._loop_wedged:
+                self._loop_wedged = True
+                log.error("node %s: its event loop has not run for %.0f s; heartbeats stop "
+                          "until it does (the control plane routes around this node)",
+                          self.name, late)
+            return None
+        self._loop_wedged = False
         return {"node_id": node_id, "used_bytes": arena.used_bytes}
 
     def _progress_reader(self) -> None:

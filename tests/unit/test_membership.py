@@ -5,6 +5,7 @@ directly (no processes)."""
 from __future__ import annotations
 
 import asyncio
+import time
 
 import numpy as np
 import pytest
@@ -112,3 +113,41 @@ def test_samples_leave_out_items_of_unresponsive_nodes_and_they_stay():
     cp.op_heartbeat(None, {"node_id": a.node_id, "used_bytes": 0})
     reply = asyncio.run(cp.op_sample(pb, {"table": "t", "n": 256}))
     assert set(reply["items"]["node"].tolist()) == {a.node_id, b.node_id}
+
+
+def test_a_node_whose_event_loop_stopped_running_stops_heartbeating():
+    # The heartbeat thread beats while the node's loop merely lags (a busy
+    # host); a loop that has not run for LOOP_WEDGED s serves nothing, and
+    # the node must then look unresponsive.
+    from distore_ucx.config import NodeConfig
+    from distore_ucx.storage import node as node_module
+
+    node = node_module.StorageNode(NodeConfig(control="127.0.0.1:1", arena_bytes=1 << 20))
+    node.arena = type("A", (), {"used_bytes": 4096})()
+    node.node_id = 7
+    assert node._beat() is None  # not registered yet
+    node._joined.set()
+    node._loop_seen -= node_module.LOOP_WEDGED / 2  # late, not wedged
+    assert node._beat() == {"node_id": 7, "used_bytes": 4096}
+    node._loop_seen -= node_module.LOOP_WEDGED
+    assert node._beat() is None
+    node._loop_seen = time.monotonic()
+    assert node._beat() is not None
+    node.arena = None
+
+
+def test_items_with_a_use_limit_are_not_used_up_by_routing_around():
+    # With max_times_sampled a draw is a use: drawing again around an
+    # unresponsive node would use up items that nobody receives.
+    cp, (pa, pb), (a, b) = plane(2)
+    cp.tables["t"] = Table.make("t", 1000, TableSpec.parse(((8,), "uint8")),
+                                max_times_sampled=1, seed=1)
+    added(cp, pa, a, range(100), np.arange(100) * 64)
+    added(cp, pb, b, range(100, 200), np.arange(100) * 64)
+    cp.members.unresponsive(a)
+    got = 0
+    for _ in range(2):
+        reply = asyncio.run(cp.op_sample(pb, {"table": "t", "n": 64}))
+        got += len(reply["items"])
+        cp.op_release(pb, {"leases": [reply["lease"]]})
+    assert cp.tables["t"].size == 200 - got
