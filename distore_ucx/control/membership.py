@@ -59,6 +59,7 @@ class Node:
     epoch: int = 0  # grows each time the node becomes unresponsive
     since: float = 0.0  # when it became unresponsive (monotonic)
     gap_max: float = 0.0  # longest time between two heartbeats (s; control-plane stalls excluded)
+    beat: float = 0.0  # when its last heartbeat came (monotonic; for gap_max)
 
     @property
     def alive(self) -> bool:
@@ -126,13 +127,21 @@ class Membership:
         if node is None or not node.alive:
             return None
         now = time.monotonic()
-        node.gap_max = max(node.gap_max, now - node.last_seen)
-        node.last_seen = now
+        node.gap_max = max(node.gap_max, now - (node.beat or node.last_seen))
+        node.last_seen = node.beat = now
         node.used_bytes = used_bytes
         if node.state == UNRESPONSIVE:
             node.state = LIVE
             return node
         return None
+
+    def heard(self, node_id: int) -> None:
+        """A LIVE node's request other than a heartbeat (items_added): it is
+        working, so it is not silent even if its heartbeat is late (a busy
+        host). An UNRESPONSIVE node becomes live again by heartbeat only."""
+        node = self.nodes.get(node_id)
+        if node is not None and node.live:
+            node.last_seen = max(node.last_seen, time.monotonic())
 
     def credit(self, seconds: float) -> None:
         """Add `seconds` to every member's last heartbeat (and to the start of
@@ -143,6 +152,8 @@ class Membership:
             if node.alive:
                 node.last_seen += seconds
                 node.since += seconds
+                if node.beat:
+                    node.beat += seconds
 
     def silent(self, now: float | None = None) -> list[Node]:
         """LIVE nodes that missed heartbeats for longer than the timeout."""

@@ -521,6 +521,7 @@ class ControlPlane:
         node_id = f["node_id"]
         if peer.state.get("node_id") != node_id:
             raise InvalidRequest(f"items_added for node {node_id} from a connection that is not it")
+        self.members.heard(node_id)
         self._check_placed(node_id, f)
         table = self._table(f["table"])
         n = len(f["keys"])

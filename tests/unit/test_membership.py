@@ -151,3 +151,15 @@ def test_items_with_a_use_limit_are_not_used_up_by_routing_around():
         got += len(reply["items"])
         cp.op_release(pb, {"leases": [reply["lease"]]})
     assert cp.tables["t"].size == 200 - got
+
+
+def test_a_node_that_registers_inserts_is_not_silent_while_its_heartbeat_is_late():
+    members = Membership(heartbeat_timeout=2.0, ids=IdState(None), grace=10.0)
+    node = members.register(FakePeer(), node_fields(1))
+    node.last_seen -= 1.9
+    members.heard(node.node_id)  # an items_added from it
+    assert members.silent(time.monotonic() + 1.0) == []
+    assert node.gap_max == 0.0  # a gap of heartbeats is still measured as such
+    members.unresponsive(node)
+    members.heard(node.node_id)  # does not make it live: only a heartbeat does
+    assert node.state == UNRESPONSIVE
