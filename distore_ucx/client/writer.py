@@ -52,6 +52,7 @@ import numpy as np
 from .. import metrics
 from .._native_loader import _native
 from ..errors import (
+    AuthenticationFailed,
     ConfigError,
     ConnectionFailed,
     RateLimiterTimeout,
@@ -379,14 +380,7 @@ class Writer:
             except StorageFull as exc:
                 raise self._settle(exc, batch) from None
             node_id = node["node_id"]
-            try:
-                staging = self._staging(node, batch.buffer)
-            except ConnectionFailed:
-                if any(n["node_id"] not in exclude and n["node_id"] != node_id
-                       for n in self._nodes):
-                    exclude.add(node_id)
-                    continue
-                staging = None  # the only node left reads this batch another way
+            staging = self._staging(node, batch.buffer)
             offsets = np.arange(batch.n, dtype=np.uint64) * np.uint64(ib)
             lengths = np.full(batch.n, ib, np.uint64)
             extra = {"staging": staging} if staging else {}
@@ -451,17 +445,11 @@ class Writer:
     def _wait_for_node(self, conn: rpc.Client, node_id: int) -> None:
         """Wait for a node's reply; while it takes more than HUNG_CHECK s, ask
         the control plane every HUNG_CHECK s whether the node is still live.
-        A node it dropped (stopped, hung, cut off) fails like a lost one (the
-        batch goes to another node) instead of holding the writer for the
-        whole timeout. A dropped node that wakes up cannot register the
-        batch: the control plane refuses items from a node it dropped."""
+        A node it marked unresponsive or gone (stopped, hung, cut off) fails
+        like a lost one (the batch goes to another node) instead of holding
+        the writer for the whole timeout."""
         deadline = time.monotonic() + self.timeout + 15.0
         while not conn.wait_readable(HUNG_CHECK) and time.monotonic() < deadline:
-            try:
-                known = {n["node_id"]: n.get("state", "live" if n["alive"] else "gone")
-                         for n in self._client.status()["nodes"]}
-            except ConnectionFailed:
-                continue  # the control plane is away; the node may still answer
             # Only a node this control plane knows as unresponsive or gone is
             # given up on: it can no longer register the batch (the control
             # plane refuses inserts placed before a node's latest unresponsive
@@ -469,7 +457,7 @@ class Writer:
             # it does not know yet is a node that has not re-joined a
             # restarted control plane: it will, under the same id, and
             # register the batch; resending it would store it twice.
-            state = known.get(node_id, "live")
+            state = self._node_state(node_id)  # "live" while the control plane is away
             if state != "live":
                 raise ConnectionFailed(
                     f"storage node {node_id} is {state} (no heartbeat: stopped, hung or cut "
@@ -552,13 +540,14 @@ class Writer:
                          self._client.token, node.get("pid", 0),
                          f"storage node {node['node_id']} ({node['name']})", CONNECT_TIMEOUT)
         except ConnectionFailed as exc:
-            # This batch goes to another node at once (the node may be stopped:
-            # its unresponsive state is not known yet); later ones to this
-            # node are read another way for a while, then mapping is tried again.
+            # Refused, or no answer within CONNECT_TIMEOUT (a node too busy to
+            # accept, or stopped): it reads this writer's batches another way
+            # for a while (a stopped one is then given up on as any hung
+            # node is), and mapping is tried again after that.
             self._no_map[node_id] = time.monotonic() + NO_MAP_RETRY
             log.warning("writer %d: %s; that node reads this writer's batches another way "
                         "for %g s", self.writer_id, exc, NO_MAP_RETRY)
-            raise
+            return None
         self._handed[key] = buf.ticket
         return buf.ticket
 
@@ -618,23 +607,60 @@ class Writer:
         key = (node["node_id"], node["address"], buffer)
         conn = self._conns.get(key)
         if conn is None:
-            try:
-                # A short wait for its greeting: a stopped node accepts the
-                # connection (the kernel does) but never greets.
-                conn = rpc.Client(node["address"], CONNECT_TIMEOUT,
-                                  name=f"storage node {node['name']}", token=self._client.token)
-                conn.timeout = self.timeout
-            except (ConnectionFailed, Timeout) as exc:
+            conn = self._connect(node)
+            if conn is None:
                 # A node that died or stopped since we listed the nodes: try
                 # another (the batch keeps its buffer; it is never lost here).
-                log.warning("storage node %d unreachable (%s); trying another", node["node_id"],
-                            exc)
-                if isinstance(exc, ConnectionFailed):
-                    self._drop(node["node_id"])
                 exclude.add(node["node_id"])
                 return self._next_node(exclude, buffer, nbytes)
             self._conns[key] = conn
         return node, conn
+
+    def _connect(self, node: dict) -> rpc.Client | None:
+        """A connection to `node`, or None (logged) once the control plane no
+        longer lists it as live, or after `timeout`. A busy node accepts or
+        greets late (its listen queue full: the connect itself times out),
+        and is waited for; a stopped one accepts (the kernel does) but never
+        greets, and a dead one refuses: both are given up on as soon as the
+        control plane says so."""
+        node_id = node["node_id"]
+        deadline = time.monotonic() + self.timeout
+        delay = 0.05
+        while True:
+            try:
+                conn = rpc.Client(node["address"], CONNECT_TIMEOUT,
+                                  name=f"storage node {node['name']}", token=self._client.token)
+                conn.timeout = self.timeout
+                return conn
+            except AuthenticationFailed as exc:
+                log.warning("storage node %d refused this writer (%s); trying another",
+                            node_id, exc)
+                return None
+            except (ConnectionFailed, Timeout) as exc:
+                failure = exc
+            state = self._node_state(node_id)
+            if state != "live" or time.monotonic() >= deadline:
+                log.warning("storage node %d unreachable (%s; it is %s); trying another",
+                            node_id, failure, state)
+                if state == "gone":
+                    self._drop(node_id)
+                return None
+            if isinstance(failure, ConnectionFailed):  # refused or reset: not a spin
+                time.sleep(delay)
+                delay = min(2 * delay, 0.5)
+
+    def _node_state(self, node_id: int) -> str:
+        """The control plane's word on a node: live, unresponsive or gone
+        ("live" when it is away, or does not know the id yet: a restarted
+        control plane the node has not re-joined)."""
+        try:
+            nodes = self._client.status()["nodes"]
+        except ConnectionFailed:
+            return "live"
+        for n in nodes:
+            if n["node_id"] == node_id:
+                return n.get("state", "live" if n["alive"] else "gone")
+        return "live"
 
     def _room(self, node: dict) -> int:
         """Bytes `node` may still take: its arena and disk tier less what its
@@ -657,8 +683,9 @@ HUNG_CHECK = 0.5
 LIST_EVERY = 1.0
 # A node that answered StorageFull is passed over this long while others have room.
 FULL_PASS_OVER = 1.0
-# Seconds a node has to greet a new connection (or take a staging buffer);
-# a stopped one never does, and the batch goes elsewhere.
+# Seconds a node has to greet a new connection before the writer asks the
+# control plane whether it is still live (a stopped one never greets), and
+# to take a staging buffer before it reads batches another way.
 CONNECT_TIMEOUT = 2.0
 # Seconds before handing a node that failed to take a staging buffer another one.
 NO_MAP_RETRY = 30.0

@@ -97,7 +97,10 @@ def test_a_stopped_node_keeps_its_items_and_clients_route_around_it(cluster, cli
     # for more than the heartbeat timeout and a margin.
     assert "unresponsive" in states, states
     assert max(sample_s) < PAUSE, max(sample_s)
-    assert max(flush_s) < PAUSE + 1.0, max(flush_s)
+    # A writer may first wait for a new connection's greeting (2 s), then
+    # for the control plane to mark the node unresponsive: as in
+    # test_failures.py, the heartbeat timeout plus 3 s.
+    assert max(flush_s) < 2.0 + 3.0, max(flush_s)
     # It answers again under its id, with every item it had.
     wait_for(lambda: nodes_by_id(client)[vid]["state"] == "live", 15, "the node to be live",
              lambda: nodes_by_id(client))
