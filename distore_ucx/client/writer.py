@@ -370,7 +370,10 @@ class Writer:
                 self._send(self._open.pop(next(iter(self._open))), set())
         return self._free.pop()
 
-    def _send(self, batch: _Batch, exclude: set[int]) -> None:
+    def _send(self, batch: _Batch, exclude: set[int], full: StorageFull | None = None) -> None:
+        """Send `batch` to a node not in `exclude`. `full`: a node's StorageFull
+        that made us try another; raised (it says what holds the space) when
+        no other node is left."""
         keys = batch.keys[: batch.n]
         prios = batch.priorities[: batch.n]
         ib = batch.spec.item_bytes
@@ -378,7 +381,7 @@ class Writer:
             try:
                 node, conn = self._next_node(exclude, batch.buffer.index, batch.n * ib)
             except StorageFull as exc:
-                raise self._settle(exc, batch) from None
+                raise self._settle(full or exc, batch) from None
             node_id = node["node_id"]
             staging = self._staging(node, batch.buffer)
             offsets = np.arange(batch.n, dtype=np.uint64) * np.uint64(ib)
@@ -436,7 +439,7 @@ class Writer:
             # This node has no room (for this table's slots): another may.
             log.info("storage node %d is full (%s); trying another", node_id, exc)
             self._full[node_id] = time.monotonic() + FULL_PASS_OVER
-            self._send(batch, exclude | {node_id})
+            self._send(batch, exclude | {node_id}, exc)
             return
         except Exception as exc:
             raise self._settle(exc, batch) from None
