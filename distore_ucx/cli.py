@@ -359,9 +359,14 @@ def _format_status(address: str, st: dict) -> str:
     def rate(v):
         return "-" if v is None else f"{v:.1f}"
 
+    def state(n):  # "live", "unresponsive" (routed around, items kept) or "gone"
+        return n.get("state") or ("live" if n["alive"] else "gone")
+
     alive = sum(n["alive"] for n in st["nodes"])
-    out = [f"control plane {address}: {alive} of {len(st['nodes'])} nodes alive, "
-           f"{len(st['tables'])} tables, {st['leases']} leases"]
+    away = sum(state(n) == "unresponsive" for n in st["nodes"])
+    out = [f"control plane {address}: {alive} of {len(st['nodes'])} nodes alive"
+           + (f" ({away} unresponsive: routed around, items kept)" if away else "")
+           + f", {len(st['tables'])} tables, {st['leases']} leases"]
     ck = st.get("checkpoint")
     if ck:
         out.append(f"last checkpoint: {ck['items']} items, {_size(ck['bytes'])} to {ck['path']} "
@@ -370,12 +375,12 @@ def _format_status(address: str, st: dict) -> str:
         waiting = sum(t.get("awaiting_restore", 0) for t in st["tables"])
         out.append(f"restoring: {waiting} checkpointed items not yet re-sent by nodes; "
                    f"{st['restoring_s']:.0f} s left")
-    out.append(f"{'node':>5} {'name':<28} {'address':<22} {'alive':<6} {'used':>11} "
+    out.append(f"{'node':>5} {'name':<28} {'address':<22} {'state':<12} {'used':>11} "
                f"{'arena':>11} {'used%':>6}")
     for n in st["nodes"]:
         pct = 100.0 * n["used_bytes"] / n["arena_size"] if n["arena_size"] else 0.0
         out.append(f"{n['node_id']:>5} {n['name'][:28]:<28} {n['address']:<22} "
-                   f"{str(n['alive']):<6} {_size(n['used_bytes']):>11} "
+                   f"{state(n):<12} {_size(n['used_bytes']):>11} "
                    f"{_size(n['arena_size']):>11} {pct:>5.1f}%")
     out.append(f"{'table':<20} {'size':>10} {'capacity':>10} {'inserts/s':>10} "
                f"{'samples/s':>10} {'inserts':>10} {'samples':>10} {'deletes':>10}")

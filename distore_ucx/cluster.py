@@ -52,10 +52,11 @@ class LocalCluster:
         disk_bytes: int | str = 0,
         disk_dir: str | None = None,
         disk_staging: int | str = 0,
+        unresponsive_grace: float | None = None,
     ):
         """`checkpoint`: the control plane's checkpoint file (then
         `restart_control(restore=True)` brings the store back);
-        `checkpoint_interval`, `restore_grace` and the nodes'
+        `checkpoint_interval`, `restore_grace`, `unresponsive_grace` and the nodes'
         `reconnect_timeout` as the flags of the same names (None: defaults);
         `metrics`: every process serves Prometheus /metrics on a free port
         (`cluster.metrics_urls()`); off by default. `disk_bytes`: give every
@@ -90,6 +91,7 @@ class LocalCluster:
         self.checkpoint = checkpoint
         self.checkpoint_interval = checkpoint_interval
         self.restore_grace = restore_grace
+        self.unresponsive_grace = unresponsive_grace
         self.reconnect_timeout = reconnect_timeout
         self.metrics = metrics
         self.port = 0  # the control plane's, fixed after its first start
@@ -121,7 +123,8 @@ class LocalCluster:
         if self.checkpoint:
             args += ["--checkpoint", os.path.abspath(self.checkpoint)]
         for flag, value in (("--checkpoint-interval", self.checkpoint_interval),
-                            ("--restore-grace", self.restore_grace)):
+                            ("--restore-grace", self.restore_grace),
+                            ("--unresponsive-grace", self.unresponsive_grace)):
             if value is not None:
                 args += [flag, str(value)]
         if restore:

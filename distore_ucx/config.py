@@ -91,7 +91,8 @@ class ControlConfig:
     host: str = "127.0.0.1"  # loopback unless asked: see check_exposure
     port: int = 7700
     heartbeat_interval: float = 0.5  # seconds between a node's heartbeats
-    heartbeat_timeout: float = 2.0  # a node silent this long is dropped
+    heartbeat_timeout: float = 2.0  # a node silent this long is unresponsive (routed around)
+    unresponsive_grace: float = 60.0  # an unresponsive node keeps its items this long
     lease_timeout: float = 30.0  # a sampled item's slot is kept this long at most
     seed: int | None = None
     tables: tuple[TableDefinition, ...] = ()  # created when the control plane starts
@@ -115,6 +116,8 @@ class ControlConfig:
         if self.restore and not self.checkpoint:
             raise ConfigError("--restore needs --checkpoint PATH: the checkpoint file to "
                               "restore from")
+        if self.unresponsive_grace <= 0:
+            raise ConfigError("unresponsive_grace must be > 0 (seconds)")
         if self.checkpoint_interval < 0 or self.restore_grace <= 0:
             raise ConfigError("checkpoint_interval must be >= 0 and restore_grace > 0 (seconds)")
         if not 1 <= self.max_sample <= MAX_SAMPLE:
@@ -426,7 +429,12 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("control.port", _to_port, 7700, "--port", _CTRL,
             "control plane port (0 = any free port)", env="DISTORE_PORT"),
     Setting("control.heartbeat_timeout", _at_least(0, _to_float, True, "a time"), 2.0, "--heartbeat-timeout", _CTRL,
-            "drop a storage node silent this long (s)"),
+            "a storage node silent this long is unresponsive: clients route around it, "
+            "its items stay (s)"),
+    Setting("control.unresponsive_grace", _at_least(0, _to_float, True, "a time"), 60.0,
+            "--unresponsive-grace", _CTRL,
+            "an unresponsive storage node keeps its items this long; silent longer, it is "
+            "gone and its items leave the tables (s)"),
     Setting("control.lease_timeout", _at_least(0, _to_float, True, "a time"), 30.0, "--lease-timeout", _CTRL,
             "a sampled slot is protected this long at most (s)"),
     Setting("control.seed", _to_int, None, "--seed", _CTRL, "seed the samplers (tests)"),
@@ -680,6 +688,7 @@ class Settings:
         return ControlConfig(
             host=self["control.host"], port=self["control.port"],
             heartbeat_timeout=timeout, heartbeat_interval=min(0.5, timeout / 4),
+            unresponsive_grace=self["control.unresponsive_grace"],
             lease_timeout=self["control.lease_timeout"], seed=self["control.seed"],
             tables=tuple(self["tables"]), token_file=self["auth.token_file"],
             checkpoint=self["control.checkpoint"],

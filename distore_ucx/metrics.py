@@ -249,6 +249,8 @@ def control_families(snap: dict) -> list:
     nodes = G("distore_nodes", "Storage nodes known to the control plane", labels=["state"])
     nodes.add_metric(["alive"], snap["nodes_alive"])
     nodes.add_metric(["dead"], snap["nodes_dead"])
+    # Of the alive: missed heartbeats, routed around, items kept (membership.py).
+    nodes.add_metric(["unresponsive"], snap.get("nodes_unresponsive", 0))
     arena = G("distore_nodes_arena_bytes", "Arena bytes of the live storage nodes")
     arena.add_metric([], snap["arena_bytes"])
     used = G("distore_nodes_used_bytes", "Arena bytes in use on the live storage nodes "
@@ -301,6 +303,7 @@ def control_snapshot(plane) -> dict:
     return {
         "tables": tables, "leases": len(plane.leases),
         "nodes_alive": len(alive), "nodes_dead": len(nodes) - len(alive),
+        "nodes_unresponsive": sum(not n.live for n in alive),
         "arena_bytes": sum(n.arena_size for n in alive),
         "used_bytes": sum(n.used_bytes for n in alive),
         "membership": dict(stats.membership), "checkpoints": stats.checkpoints,

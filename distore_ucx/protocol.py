@@ -107,6 +107,7 @@ MESSAGES: dict[str, tuple[F, ...]] = {
         F("priorities", "f64[]"),
         F("used_bytes", "int", required=False, lo=0),
         F("timeout", "float", required=False, lo=0, hi=86400),
+        F("epoch", "int", required=False, lo=0, hi=2**63 - 1),  # as the insert's
     ),
     # A re-joined node's items, when register_node's reply asked for them
     # (the control plane is restoring from a checkpoint).
@@ -209,6 +210,10 @@ MESSAGES: dict[str, tuple[F, ...]] = {
         # a node the control plane dropped (the writer then resends elsewhere
         # and reuses the buffer) can never register it after re-joining.
         F("node_id", "int", required=False, lo=0, hi=2**63 - 1),
+        # The node's epoch when the writer placed the batch (its `epoch` in
+        # the node list): registered only if the node has not been
+        # unresponsive since (the writer may have resent the batch elsewhere).
+        F("epoch", "int", required=False, lo=0, hi=2**63 - 1),
         # same host: the ticket under which the writer handed the node the
         # buffer's sealed memfd (transport/local_map.py); the node copies from it
         F("staging", "bytes", required=False, max_len=16),

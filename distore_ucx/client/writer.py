@@ -59,7 +59,15 @@ import numpy as np
 
 from .. import metrics
 from .._native_loader import _native
-from ..errors import ConfigError, ConnectionFailed, RateLimiterTimeout, StorageFull, UcxError
+from ..errors import (
+    AuthenticationFailed,
+    ConfigError,
+    ConnectionFailed,
+    RateLimiterTimeout,
+    StorageFull,
+    Timeout,
+    UcxError,
+)
 from ..storage.pulls import AM_INSERT_ID, am_inserts_enabled, am_min_item_bytes
 from ..transport import rpc
 from ..transport.local_map import TICKET_BYTES, send_staging
@@ -194,15 +202,19 @@ class Writer:
         # afresh may give a known address another id, or a known id another node.
         self._conns: dict[tuple[int, str, int], rpc.Client] = {}
         self._nodes: list[dict] = []
+        self._listed = -math.inf  # when _nodes was read (monotonic)
         self._rr = itertools.count()
         self._sent: dict[int, int] = {}  # bytes sent to each node (placement)
+        self._since_listed: dict[int, int] = {}  # bytes sent to each node since _listed
+        self._full: dict[int, float] = {}  # node id -> until when it is passed over (full)
         self._paths: dict[int, str] = {}  # how each node reads our buffers (logged once)
         self.local_map = local_map_default() if local_map is None else bool(local_map)
         # Nodes that offer it get items of at least this many bytes as UCX
         # active messages (storage/pulls.py); None: never.
         self._am_min_item = am_min_item_bytes() if am_inserts_enabled() else None
         self._handed: dict[tuple[int, str, int], bytes] = {}  # connection -> ticket handed
-        self._no_map: dict[int, str] = {}  # nodes that cannot map our buffers, and why
+        # Nodes that could not map our buffers: until when they read them otherwise.
+        self._no_map: dict[int, float] = {}
         self.inserted = 0
         self.stats = metrics.WriterStats()  # ds.metrics.registry() reads it
         metrics.track("writer", self)
@@ -391,20 +403,25 @@ class Writer:
                 self._send(self._open.pop(next(iter(self._open))), set())
         return self._free.pop()
 
-    def _send(self, batch: _Batch, exclude: set[int]) -> None:
+    def _send(self, batch: _Batch, exclude: set[int], full: StorageFull | None = None) -> None:
+        """Send `batch` to a node not in `exclude`. `full`: a node's StorageFull
+        that made us try another; raised (it says what holds the space) when
+        no other node is left."""
         keys = batch.keys[: batch.n]
         prios = batch.priorities[: batch.n]
         ib = batch.spec.item_bytes
         while True:
             try:
-                node, conn = self._next_node(exclude, batch.buffer.index)
+                node, conn = self._next_node(exclude, batch.buffer.index, batch.n * ib)
             except StorageFull as exc:
-                raise self._settle(exc, batch) from None
+                raise self._settle(full or exc, batch) from None
             node_id = node["node_id"]
             staging = self._staging(node, batch.buffer)
             offsets = np.arange(batch.n, dtype=np.uint64) * np.uint64(ib)
             lengths = np.full(batch.n, ib, np.uint64)
             extra = {"staging": staging} if staging else {}
+            if "epoch" in node:  # registered only if the node stays live meanwhile
+                extra["epoch"] = node["epoch"]
             try:
                 # Items as UCX active messages first, the descriptor naming
                 # them second: a message the node never claims goes back to us.
@@ -436,6 +453,7 @@ class Writer:
             batch.sent = time.perf_counter()
             self._in_flight.append((conn, batch, node_id, exclude))
             self._sent[node_id] = self._sent.get(node_id, 0) + batch.n * ib
+            self._since_listed[node_id] = self._since_listed.get(node_id, 0) + batch.n * ib
             return
 
     def _complete_oldest(self) -> None:
@@ -450,6 +468,12 @@ class Writer:
             self._drop(node_id)
             self._send(batch, exclude | {node_id})  # acknowledged later, like the rest
             return
+        except StorageFull as exc:
+            # This node has no room (for this table's slots): another may.
+            log.info("storage node %d is full (%s); trying another", node_id, exc)
+            self._full[node_id] = time.monotonic() + FULL_PASS_OVER
+            self._send(batch, exclude | {node_id}, exc)
+            return
         except Exception as exc:
             raise self._settle(exc, batch) from None
         self._stored(batch, node_id, reply)
@@ -457,25 +481,23 @@ class Writer:
     def _wait_for_node(self, conn: rpc.Client, node_id: int) -> None:
         """Wait for a node's reply; while it takes more than HUNG_CHECK s, ask
         the control plane every HUNG_CHECK s whether the node is still live.
-        A node it dropped (stopped, hung, cut off) fails like a lost one (the
-        batch goes to another node) instead of holding the writer for the
-        whole timeout. A dropped node that wakes up cannot register the
-        batch: the control plane refuses items from a node it dropped."""
+        A node it marked unresponsive or gone (stopped, hung, cut off) fails
+        like a lost one (the batch goes to another node) instead of holding
+        the writer for the whole timeout."""
         deadline = time.monotonic() + self.timeout + 15.0
         while not conn.wait_readable(HUNG_CHECK) and time.monotonic() < deadline:
-            try:
-                known = {n["node_id"]: n["alive"] for n in self._client.status()["nodes"]}
-            except ConnectionFailed:
-                continue  # the control plane is away; the node may still answer
-            # Only a node this control plane knows and dropped is given up on
-            # (a dropped node re-joins under a new id, so it can never register
-            # the batch). An id it does not know yet is a node that has not
-            # re-joined a restarted control plane: it will, under the same id,
-            # and register the batch; resending it would store it twice.
-            if known.get(node_id) is False:
+            # Only a node this control plane knows as unresponsive or gone is
+            # given up on: it can no longer register the batch (the control
+            # plane refuses inserts placed before a node's latest unresponsive
+            # spell, and a key it holds already is not stored twice). An id
+            # it does not know yet is a node that has not re-joined a
+            # restarted control plane: it will, under the same id, and
+            # register the batch; resending it would store it twice.
+            state = self._node_state(node_id)  # "live" while the control plane is away
+            if state != "live":
                 raise ConnectionFailed(
-                    f"the control plane dropped storage node {node_id} while it held an "
-                    "insert (no heartbeat: stopped or cut off)"
+                    f"storage node {node_id} is {state} (no heartbeat: stopped, hung or cut "
+                    "off) while it held an insert"
                 )
 
     def _stored(self, batch: _Batch, node_id: int, reply: dict) -> None:
@@ -543,7 +565,8 @@ class Writer:
         host, mapping off or refused: it then uses process_vm_readv or UCX)."""
         node_id = node["node_id"]
         if (not self.local_map or buf.fd < 0 or not node.get("local_socket")
-                or node_id in self._no_map or node.get("host_id") != self._me["host_id"]):
+                or self._no_map.get(node_id, 0.0) > time.monotonic()
+                or node.get("host_id") != self._me["host_id"]):
             return None
         key = (node_id, node["address"], buf.index)
         if self._handed.get(key) == buf.ticket:
@@ -551,11 +574,15 @@ class Writer:
         try:
             send_staging(node["local_socket"], buf.fd, buf.size, buf.ticket,
                          self._client.token, node.get("pid", 0),
-                         f"storage node {node['node_id']} ({node['name']})")
+                         f"storage node {node['node_id']} ({node['name']})", CONNECT_TIMEOUT)
         except ConnectionFailed as exc:
-            self._no_map[node_id] = str(exc)
-            log.warning("writer %d: %s; that node reads this writer's batches another way",
-                        self.writer_id, exc)
+            # Refused, or no answer within CONNECT_TIMEOUT (a node too busy to
+            # accept, or stopped): it reads this writer's batches another way
+            # for a while (a stopped one is then given up on as any hung
+            # node is), and mapping is tried again after that.
+            self._no_map[node_id] = time.monotonic() + NO_MAP_RETRY
+            log.warning("writer %d: %s; that node reads this writer's batches another way "
+                        "for %g s", self.writer_id, exc, NO_MAP_RETRY)
             return None
         self._handed[key] = buf.ticket
         return buf.ticket
@@ -582,36 +609,101 @@ class Writer:
             raise ConnectionFailed(f"{name}: sending an insert batch failed: {exc}") from exc
         return token
 
-    def _next_node(self, exclude: set[int], buffer: int) -> tuple[dict, rpc.Client]:
+    def _next_node(self, exclude: set[int], buffer: int, nbytes: int = 0
+                   ) -> tuple[dict, rpc.Client]:
+        """Where the next batch (of `nbytes`) goes, and the connection to it.
+
+        The node list is read again every LIST_EVERY s (new nodes join,
+        unresponsive ones are not listed, free space changes) and whenever
+        every listed node is excluded. Nodes with room for the batch (their
+        free bytes as their heartbeats last said, less what this writer sent
+        them since) and not full lately come first; among them, the one this
+        writer has sent the fewest bytes to (round robin by batch would send
+        every first chunk of a split insert to one node). With no such node,
+        the one with the most room."""
+        now = time.monotonic()
+        if now - self._listed >= LIST_EVERY or all(n["node_id"] in exclude for n in self._nodes):
+            self._nodes = self._client.nodes()
+            self._listed, self._since_listed = now, {}
         nodes = [n for n in self._nodes if n["node_id"] not in exclude]
         if not nodes:
-            self._nodes = self._client.nodes()
-            nodes = [n for n in self._nodes if n["node_id"] not in exclude]
-        if not nodes:
             raise StorageFull(
-                "no live storage node to insert into"
-                + (f" (tried nodes {sorted(exclude)})" if exclude else "")
-                + ": start storage nodes (distore node --control ...)"
+                "no live storage node with room to insert into"
+                + (f" (tried nodes {sorted(exclude)}: full, unreachable or unresponsive)"
+                   if exclude else "")
+                + ": start storage nodes (distore node --control ...), give them larger "
+                "arenas or disk tiers, or lower the tables' capacities"
             )
-        # The node this writer has sent the fewest bytes to: round robin by
-        # batch would send every first chunk of a split insert to one node.
-        node = min(nodes, key=lambda n: (self._sent.get(n["node_id"], 0), next(self._rr)))
+        roomy = [n for n in nodes if self._room(n) >= nbytes
+                 and self._full.get(n["node_id"], 0.0) <= now]
+        if roomy:
+            node = min(roomy, key=lambda n: (self._sent.get(n["node_id"], 0), next(self._rr)))
+        else:
+            node = max(nodes, key=self._room)
         key = (node["node_id"], node["address"], buffer)
         conn = self._conns.get(key)
         if conn is None:
-            try:
-                conn = rpc.Client(node["address"], self.timeout,
-                                  name=f"storage node {node['name']}", token=self._client.token)
-            except ConnectionFailed as exc:
-                # A node that died since we listed the nodes: try another
-                # (the batch keeps its buffer; it is never lost here).
-                log.warning("storage node %d unreachable (%s); trying another", node["node_id"],
-                            exc)
-                self._drop(node["node_id"])
+            conn = self._connect(node)
+            if conn is None:
+                # A node that died or stopped since we listed the nodes: try
+                # another (the batch keeps its buffer; it is never lost here).
                 exclude.add(node["node_id"])
-                return self._next_node(exclude, buffer)
+                return self._next_node(exclude, buffer, nbytes)
             self._conns[key] = conn
         return node, conn
+
+    def _connect(self, node: dict) -> rpc.Client | None:
+        """A connection to `node`, or None (logged) once the control plane no
+        longer lists it as live, or after `timeout`. A busy node accepts or
+        greets late (its listen queue full: the connect itself times out),
+        and is waited for; a stopped one accepts (the kernel does) but never
+        greets, and a dead one refuses: both are given up on as soon as the
+        control plane says so."""
+        node_id = node["node_id"]
+        deadline = time.monotonic() + self.timeout
+        delay = 0.05
+        while True:
+            try:
+                conn = rpc.Client(node["address"], CONNECT_TIMEOUT,
+                                  name=f"storage node {node['name']}", token=self._client.token)
+                conn.timeout = self.timeout
+                return conn
+            except AuthenticationFailed as exc:
+                log.warning("storage node %d refused this writer (%s); trying another",
+                            node_id, exc)
+                return None
+            except (ConnectionFailed, Timeout) as exc:
+                failure = exc
+            state = self._node_state(node_id)
+            if state != "live" or time.monotonic() >= deadline:
+                log.warning("storage node %d unreachable (%s; it is %s); trying another",
+                            node_id, failure, state)
+                if state == "gone":
+                    self._drop(node_id)
+                return None
+            if isinstance(failure, ConnectionFailed):  # refused or reset: not a spin
+                time.sleep(delay)
+                delay = min(2 * delay, 0.5)
+
+    def _node_state(self, node_id: int) -> str:
+        """The control plane's word on a node: live, unresponsive or gone
+        ("live" when it is away, or does not know the id yet: a restarted
+        control plane the node has not re-joined)."""
+        try:
+            nodes = self._client.status()["nodes"]
+        except ConnectionFailed:
+            return "live"
+        for n in nodes:
+            if n["node_id"] == node_id:
+                return n.get("state", "live" if n["alive"] else "gone")
+        return "live"
+
+    def _room(self, node: dict) -> int:
+        """Bytes `node` may still take: its arena and disk tier less what its
+        heartbeats said it used, less what this writer sent it since."""
+        total = node.get("arena_size", 0) + node.get("disk_size", 0)
+        return (total - node.get("used_bytes", 0)
+                - self._since_listed.get(node["node_id"], 0))
 
     def _drop(self, node_id: int) -> None:
         for key in [k for k in self._conns if k[0] == node_id]:
@@ -650,6 +742,16 @@ def _close_writers_at_exit() -> None:
 # While a node's reply takes longer than this, the writer checks every this
 # often that the control plane still lists the node.
 HUNG_CHECK = 0.5
+# Seconds between readings of the node list (placement by free space).
+LIST_EVERY = 1.0
+# A node that answered StorageFull is passed over this long while others have room.
+FULL_PASS_OVER = 1.0
+# Seconds a node has to greet a new connection before the writer asks the
+# control plane whether it is still live (a stopped one never greets), and
+# to take a staging buffer before it reads batches another way.
+CONNECT_TIMEOUT = 2.0
+# Seconds before handing a node that failed to take a staging buffer another one.
+NO_MAP_RETRY = 30.0
 
 
 class _Failed(Exception):

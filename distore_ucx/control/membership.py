@@ -1,8 +1,20 @@
 """Storage-node membership: registration, heartbeats, and declaring death.
 
-A node is dead when its control connection closes (a killed process's
-socket is reset at once) or when it misses heartbeats for
-`heartbeat_timeout` seconds (a hung node or a cut link). Node ids are never
+A node is in one of three states:
+
+- LIVE: it heartbeats; writers place inserts there, its items are sampled.
+- UNRESPONSIVE: no heartbeat for `heartbeat_timeout` seconds (a stopped or
+  hung process, a cut link, or a host too busy to run it). Clients route
+  around it at once (it is not listed for placement, its items are left
+  out of sample replies), but its items stay in the tables: a heartbeat
+  within `unresponsive_grace` seconds makes it LIVE again, items and id
+  unchanged. Each time it becomes unresponsive its `epoch` grows, so that
+  inserts placed before then (which writers resent elsewhere) are refused.
+- GONE: its control connection closed (a killed process's socket is reset
+  at once), it left, or it stayed unresponsive past the grace. Only then
+  do its items leave the tables.
+
+Node ids are never
 reused, not even by a restarted control plane (they come from IdState): a
 node that lost the control plane re-registers with its former id when that
 id is free, so learners' handles on it stay valid; a restarted node
@@ -17,6 +29,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 log = logging.getLogger(__name__)
+
+LIVE, UNRESPONSIVE, GONE = "live", "unresponsive", "gone"
 
 
 @dataclass
@@ -41,7 +55,21 @@ class Node:
     peer: Any = field(repr=False, default=None)
     last_seen: float = 0.0
     used_bytes: int = 0
-    alive: bool = True
+    state: str = LIVE
+    epoch: int = 0  # grows each time the node becomes unresponsive
+    since: float = 0.0  # when it became unresponsive (monotonic)
+    gap_max: float = 0.0  # longest time between two heartbeats (s; control-plane stalls excluded)
+    beat: float = 0.0  # when its last heartbeat came (monotonic; for gap_max)
+
+    @property
+    def alive(self) -> bool:
+        """Still a member: its items are in the tables (LIVE or UNRESPONSIVE)."""
+        return self.state != GONE
+
+    @property
+    def live(self) -> bool:
+        """Heartbeating: inserts may be placed there, its items are sampled."""
+        return self.state == LIVE
 
     def describe(self, with_keys: bool = True) -> dict:
         """The node as clients see it (with UCX address and remote key)."""
@@ -53,6 +81,9 @@ class Node:
             "arena_size": self.arena_size,
             "used_bytes": self.used_bytes,
             "alive": self.alive,
+            "state": self.state,
+            "epoch": self.epoch,
+            "heartbeat_gap_max": round(self.gap_max, 3),
             "pid": self.pid,
             "host_id": self.host_id,
             "arena_id": self.arena_id,
@@ -69,10 +100,11 @@ class Node:
 
 
 class Membership:
-    """Live and dead storage nodes."""
+    """Live, unresponsive and gone storage nodes."""
 
-    def __init__(self, heartbeat_timeout: float, ids):
+    def __init__(self, heartbeat_timeout: float, ids, grace: float = 60.0):
         self.heartbeat_timeout = heartbeat_timeout
+        self.grace = grace  # s an unresponsive node keeps its items
         self.nodes: dict[int, Node] = {}
         self._ids = ids  # checkpoint.IdState
 
@@ -88,31 +120,71 @@ class Membership:
                  node.port)
         return node
 
-    def heartbeat(self, node_id: int, used_bytes: int) -> None:
-        """Record a heartbeat (ignored for unknown or dead nodes)."""
+    def heartbeat(self, node_id: int, used_bytes: int) -> Node | None:
+        """Record a heartbeat (ignored for unknown or gone nodes); returns the
+        node when it was unresponsive and is LIVE again."""
         node = self.nodes.get(node_id)
-        if node is not None and node.alive:
-            node.last_seen = time.monotonic()
-            node.used_bytes = used_bytes
+        if node is None or not node.alive:
+            return None
+        now = time.monotonic()
+        node.gap_max = max(node.gap_max, now - (node.beat or node.last_seen))
+        node.last_seen = node.beat = now
+        node.used_bytes = used_bytes
+        if node.state == UNRESPONSIVE:
+            node.state = LIVE
+            return node
+        return None
+
+    def heard(self, node_id: int) -> None:
+        """A LIVE node's request other than a heartbeat (items_added): it is
+        working, so it is not silent even if its heartbeat is late (a busy
+        host). An UNRESPONSIVE node becomes live again by heartbeat only."""
+        node = self.nodes.get(node_id)
+        if node is not None and node.live:
+            node.last_seen = max(node.last_seen, time.monotonic())
 
     def credit(self, seconds: float) -> None:
-        """Add `seconds` to every live node's last heartbeat: time during which
-        the control plane itself did not run (its heartbeats sat unread in
-        the sockets) is not silence of the nodes."""
+        """Add `seconds` to every member's last heartbeat (and to the start of
+        an unresponsive one's grace): time during which the control plane
+        itself did not run (its heartbeats sat unread in the sockets) is not
+        silence of the nodes."""
         for node in self.nodes.values():
             if node.alive:
                 node.last_seen += seconds
+                node.since += seconds
+                if node.beat:
+                    node.beat += seconds
 
     def silent(self, now: float | None = None) -> list[Node]:
-        """Live nodes that missed heartbeats for longer than the timeout."""
+        """LIVE nodes that missed heartbeats for longer than the timeout."""
         now = now or time.monotonic()
         return [
-            n for n in self.nodes.values() if n.alive and now - n.last_seen > self.heartbeat_timeout
+            n for n in self.nodes.values() if n.live and now - n.last_seen > self.heartbeat_timeout
         ]
 
+    def unresponsive(self, node: Node, now: float | None = None) -> None:
+        """Mark a LIVE node UNRESPONSIVE (a new epoch)."""
+        node.state = UNRESPONSIVE
+        node.epoch += 1
+        node.since = now or time.monotonic()
+
+    def expired(self, now: float | None = None) -> list[Node]:
+        """UNRESPONSIVE nodes whose grace is over (to be declared GONE)."""
+        now = now or time.monotonic()
+        return [n for n in self.nodes.values()
+                if n.state == UNRESPONSIVE and now - n.since > self.grace]
+
+    def away(self) -> list[int]:
+        """Ids of UNRESPONSIVE nodes (their items are not handed out)."""
+        return [n.node_id for n in self.nodes.values() if n.state == UNRESPONSIVE]
+
     def alive(self) -> list[Node]:
-        """Nodes currently alive."""
+        """Members (LIVE or UNRESPONSIVE): nodes whose items are in the tables."""
         return [n for n in self.nodes.values() if n.alive]
+
+    def live(self) -> list[Node]:
+        """LIVE nodes: where inserts may go and whose items are read."""
+        return [n for n in self.nodes.values() if n.live]
 
     def is_alive(self, node_id: int) -> bool:
         node = self.nodes.get(node_id)

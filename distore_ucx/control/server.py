@@ -36,7 +36,7 @@ from ..transport.rpc import Peer, serve
 from . import checkpoint
 from .checkpoint import IdState, Image
 from .leases import Leases
-from .membership import Membership
+from .membership import GONE, Membership
 from .restore import Restore
 from .retirements import Retirements
 from .room import Room, fits
@@ -47,6 +47,9 @@ log = logging.getLogger(__name__)
 
 MAX_WRITERS = 1 << 24
 KEY_BITS = 40  # a key is writer_id << 40 | the writer's sequence number
+# Rounds of drawing again the items of a sample that lie on unresponsive
+# nodes; what is left after them is resampled by the learner.
+ROUTE_AROUND_ROUNDS = 32
 
 
 class ControlPlane:
@@ -58,7 +61,7 @@ class ControlPlane:
         # Writer, node and lease ids never repeat across restarts (keys are
         # built from writer ids); with a checkpoint file they are persisted.
         self.ids = IdState(config.checkpoint + ".ids" if config.checkpoint else None)
-        self.members = Membership(config.heartbeat_timeout, self.ids)
+        self.members = Membership(config.heartbeat_timeout, self.ids, config.unresponsive_grace)
         # Lease ids are unguessable and owned by the connection that took
         # them (control/leases.py); a new run draws a new id key.
         self.leases = Leases(config.lease_timeout)
@@ -181,7 +184,8 @@ class ControlPlane:
         return server
 
     async def _housekeeping(self) -> None:
-        """Drop silent nodes and expire leases, a few times a second."""
+        """Mark silent nodes unresponsive, drop those silent past the grace,
+        and expire leases, a few times a second."""
         period = min(self.config.heartbeat_interval, self.config.heartbeat_timeout / 4)
         last = time.monotonic()
         while True:
@@ -197,7 +201,11 @@ class ControlPlane:
                     "counted against the nodes' heartbeats (a busy host, or a long "
                     "operation such as a checkpoint of a large table)", stalled)
             for node in self.members.silent(now):
-                self._node_died(node.node_id, f"no heartbeat for {now - node.last_seen:.1f} s")
+                self._node_unresponsive(node, now)
+            for node in self.members.expired(now):
+                self._node_died(node.node_id, f"no heartbeat for {now - node.last_seen:.1f} s, "
+                                f"longer than the grace (control.unresponsive_grace = "
+                                f"{self.members.grace:g} s)")
             if self._restoring is not None:
                 self._restoring.report(self.tables)
                 if self._restoring.over(now):
@@ -215,13 +223,23 @@ class ControlPlane:
         if node_id is not None and self.members.is_alive(node_id):
             self._node_died(node_id, "its control connection closed")
 
+    def _node_unresponsive(self, node, now: float) -> None:
+        """A node missed its heartbeats: route around it (no inserts placed
+        there, its items left out of sample replies) but keep its items for
+        the grace; a heartbeat makes it live again (op_heartbeat)."""
+        self.members.unresponsive(node, now)
+        self.stats.membership["unresponsive"] += 1
+        log.warning("node %d (%s) unresponsive: no heartbeat for %.1f s; clients route around "
+                    "it, its items stay for %g s (control.unresponsive_grace)", node.node_id,
+                    node.name, now - node.last_seen, self.members.grace)
+
     def _node_died(self, node_id: int, why: str, left: bool = False) -> int:
-        """Take a node out of the store, however it went (silent, connection
-        closed, or `left`: deregistered on shutdown): its items leave
-        sampling at once (not counted as deletes), and a dead node's
-        connection is closed. Returns how many items left."""
+        """Take a node out of the store, however it went (silent past the
+        grace, connection closed, or `left`: deregistered on shutdown): its
+        items leave sampling at once (not counted as deletes), and a gone
+        node's connection is closed. Returns how many items left."""
         node = self.members.nodes[node_id]
-        node.alive = False
+        node.state = GONE
         self.stats.membership["left" if left else "dropped"] += 1
         dropped = sum(t.drop_node(node_id) for t in self.tables.values())
         self.demotions.forget(node_id=node_id)
@@ -370,8 +388,16 @@ class ControlPlane:
         """Write a checkpoint now (`distore checkpoint`)."""
         return await self.checkpoint("on demand")
 
-    def op_heartbeat(self, peer: Peer, f: dict) -> None:
-        self.members.heartbeat(f["node_id"], f["used_bytes"])
+    def op_heartbeat(self, peer: Peer, f: dict) -> dict:
+        """A node's heartbeat (on a connection of its own: storage/heartbeat.py);
+        an unresponsive node that beats again is live again, with its items."""
+        node = self.members.heartbeat(f["node_id"], f["used_bytes"])
+        if node is not None:
+            self.stats.membership["resumed"] += 1
+            log.warning("node %d (%s) answers again after %.1f s unresponsive; it resumes with "
+                        "its items", node.node_id, node.name, time.monotonic() - node.since)
+        node = self.members.nodes.get(f["node_id"])
+        return {"state": node.state if node is not None else GONE}
 
     def op_deregister_node(self, peer: Peer, f: dict) -> dict:
         """A node shutting down: drop its items from sampling now, not at its timeout."""
@@ -482,7 +508,9 @@ class ControlPlane:
         return {"tables": [t.info() for t in self.tables.values()]}
 
     def op_nodes(self, peer: Peer, f: dict) -> dict:
-        return {"nodes": [n.describe() for n in self.members.alive()]}
+        """LIVE nodes: where writers place inserts and learners read from
+        (unresponsive ones are routed around)."""
+        return {"nodes": [n.describe() for n in self.members.live()]}
 
     def op_status(self, peer: Peer, f: dict) -> dict:
         restoring = None if self._restoring is None else self._restoring.until
@@ -500,10 +528,8 @@ class ControlPlane:
         node_id = f["node_id"]
         if peer.state.get("node_id") != node_id:
             raise InvalidRequest(f"items_added for node {node_id} from a connection that is not it")
-        if not self.members.is_alive(node_id):
-            # NodeGone is a ConnectionFailed: the writer resends the batch.
-            raise NodeGone(f"storage node {node_id} was dropped (no heartbeat) before its "
-                           "insert was registered; the writer resends the batch")
+        self.members.heard(node_id)
+        self._check_placed(node_id, f)
         table = self._table(f["table"])
         n = len(f["keys"])
         if (f["priorities"] < 0).any():
@@ -515,19 +541,46 @@ class ControlPlane:
                 "(client.writer(max_items=...))"
             )
         await self._wait(table, lambda: table.can_insert(n), "insert", n, f.get("timeout", 60.0))
-        if not self.members.is_alive(node_id):
-            raise NodeGone(f"storage node {node_id} was dropped while its insert waited for the "
-                           f"rate limiter of table {table.name!r}; the writer resends the batch")
+        self._check_placed(node_id, f)
         if "used_bytes" in f:
             self.members.nodes[node_id].used_bytes = f["used_bytes"]
-        freed = table.add(node_id, f["keys"], f["offsets"], f["generations"], f["priorities"])
+        keys, offsets = f["keys"], f["offsets"]
+        gens, prios = f["generations"], f["priorities"]
+        # A writer resends a batch whose node became unresponsive: if both
+        # copies reach the table, the second is refused here (its slots are
+        # freed by its node), so a key is never stored twice.
+        twice = table.core.lookup(np.ascontiguousarray(keys, np.uint64)) >= 0
+        if twice.any():
+            log.info("table %r: %d keys of a batch from node %d are in the table already (a "
+                     "batch resent after its node became unresponsive); not stored twice",
+                     table.name, int(twice.sum()), node_id)
+            new = ~twice
+            keys, offsets, gens, prios = keys[new], offsets[new], gens[new], prios[new]
+        freed = table.add(node_id, keys, offsets, gens, prios)
         retired = table.retired_leased
         self._free(table.name, freed)
         self._touch(table)
         # Evicted items a learner sampled ahead: their nodes mark the slots
         # retired before the insert is acknowledged (control/retirements.py).
         await self.retirements.mark(table.name, retired)
-        return {"evicted": int(len(freed.nodes) + len(retired))}
+        reply = {"evicted": int(len(freed.nodes) + len(retired))}
+        if twice.any():
+            reply["duplicate_offsets"] = f["offsets"][twice]
+        return reply
+
+    def _check_placed(self, node_id: int, f: dict) -> None:
+        """Refuse an insert from a node that is not LIVE, or one placed there
+        before it was last unresponsive (`epoch`: the writer resent it
+        elsewhere). NodeGone is a ConnectionFailed: the writer resends."""
+        node = self.members.nodes.get(node_id)
+        if node is None or not node.live:
+            state = "gone" if node is None else node.state
+            raise NodeGone(f"storage node {node_id} is {state} (no heartbeat); its insert "
+                           "was not registered and the writer resends the batch")
+        if "epoch" in f and f["epoch"] != node.epoch:
+            raise NodeGone(f"storage node {node_id} was unresponsive after this insert was "
+                           "placed there (the writer may have resent it elsewhere); not "
+                           "registered, the writer resends the batch")
 
     async def op_sample(self, peer: Peer, f: dict) -> dict:
         """Sample n items under a lease owned by this connection.
@@ -584,6 +637,11 @@ class ControlPlane:
         size = table.size  # the size the probabilities refer to
         min_probability = table.min_probability  # ... and the smallest of them (weights)
         recs, probs, freed = table.sample(n)
+        away = self.members.away()
+        # Not for tables with max_times_sampled: a draw is a use there, and
+        # drawing again would use up items nobody receives.
+        if away and not table.max_times_sampled:
+            recs, probs, freed = self._route_around(table, recs, probs, freed, away)
         self._free(table.name, freed)
         self._touch(table)
         lease = self.leases.grant(table.name, recs, peer)
@@ -601,6 +659,21 @@ class ControlPlane:
             "min_probability": min_probability,
             "staged": staged,  # cold items read from disk for it (learners ask further ahead)
         }
+
+    def _route_around(self, table: Table, recs, probs, freed: Freed, away: list[int]):
+        """Draw again the items of a sample that lie on unresponsive nodes (as
+        a learner resamples items it cannot read), a few rounds at most:
+        their reads would wait for a node that does not answer."""
+        nodes = np.asarray(away, np.uint32)
+        for _ in range(ROUTE_AROUND_ROUNDS):
+            bad = np.flatnonzero(np.isin(table.store.node[recs], nodes))
+            if len(bad) == 0:
+                break
+            freed = freed + table.unlease(recs[bad])
+            again, p, more = table.sample(len(bad))
+            recs[bad], probs[bad] = again, p
+            freed = freed + more
+        return recs, probs, freed
 
     async def _stage_cold(self, table: Table, recs, items, lid: int):
         """Locations of a sample whose cold items their nodes staged

@@ -53,6 +53,7 @@ from ..transport.local_map import LocalMapServer
 from ..transport.rpc import AsyncClient, parse_address, serve
 from ..transport.runtime import host_id, rendezvous_config, without_direct_writes
 from .arena import Arena, granted_page_kind, page_advice, page_size_label
+from .heartbeat import Heartbeat
 from .pulls import AM_INSERT_ID, am_inserts
 from .slots import ALLOCATED
 from .tier import COLD, DiskTier, StagingArea, bounce_reads, is_cold, stride_of
@@ -70,6 +71,8 @@ COPY_HELPERS = 1  # threads besides the copying one for same-host batch copies
 INLINE_COPY_BYTES = 16 << 20
 DEMOTE_BATCH = 64  # items demoted at least at once when the arena is full
 STAGE_WAIT = 5.0  # s a sample's cold items may wait for room in the staging area
+# s without an event-loop tick after which the heartbeat thread stops beating
+LOOP_WEDGED = 10.0
 
 
 def route_address(control_host: str) -> str:
@@ -106,6 +109,8 @@ class StorageNode:
         self._token: bytes | None = None
         self._where: tuple[str, int] = ("", 0)  # host, port writers reach us at
         self._interval = 0.5  # heartbeat interval the control plane asked for
+        self._loop_seen = time.monotonic()  # the event loop's last tick (heartbeat thread reads)
+        self._loop_wedged = False
 
     async def run(self, ready_file: str | None = None) -> int:
         """Serve until SIGTERM/SIGINT, or until no control plane can be re-joined
@@ -155,9 +160,12 @@ class StorageNode:
             metrics_server = metrics.serve_process(
                 cfg.metrics_port, host, loop, self, metrics.node_snapshot,
                 metrics.node_families, f"storage node {self.name}", cfg.metrics_optional)
+            beat = None
             try:
                 if not await self._first_join():
                     return 0 if self._stop.is_set() else 3
+                beat = Heartbeat(cfg.control, self._token, lambda: self._interval,
+                                 self._beat, f"node {self.name}").start()
                 steps.update(1, note=f"joined as node {self.node_id}")
                 steps.close()
                 log.info(
@@ -178,6 +186,8 @@ class StorageNode:
                 code = await self._serve()
             finally:
                 guard_watch.cancel()
+                if beat is not None:
+                    beat.close()
                 server.close()
                 if metrics_server is not None:
                     metrics_server.close()
@@ -200,7 +210,7 @@ class StorageNode:
         """Heartbeat the control plane until told to stop; re-join it whenever
         it is lost. Returns the exit code."""
         while True:
-            beat = asyncio.create_task(self._heartbeat(self._interval))
+            beat = asyncio.create_task(self._reader_ticks(self._interval))
             lost = asyncio.create_task(self.control.closed.wait())
             stop = asyncio.create_task(self._stop.wait())
             await asyncio.wait({lost, stop}, return_when=asyncio.FIRST_COMPLETED)
@@ -427,9 +437,11 @@ class StorageNode:
             log.warning("node %s exits with %d slots still leased; those reads fail and "
                         "learners resample", self.name, leased)
 
-    async def _heartbeat(self, interval: float) -> None:
+    async def _reader_ticks(self, interval: float) -> None:
+        # Heartbeats are not sent from here (storage/heartbeat.py says why),
+        # but the heartbeat thread stops when these ticks stop (_beat).
         while True:
-            self.control.push("heartbeat", node_id=self.node_id, used_bytes=self.arena.used_bytes)
+            self._loop_seen = time.monotonic()
             tick = getattr(self, "_reader_tick", None)
             if getattr(self, "_pull_thread", None) is not None and (tick is None or tick.done()):
                 # Writers' connection set-ups and closes that arrived between
@@ -437,6 +449,26 @@ class StorageNode:
                 # (one at a time: none piles up behind a pull that waits).
                 self._reader_tick = self._pull_thread.submit(self._progress_reader)
             await asyncio.sleep(interval)
+
+    def _beat(self) -> dict | None:
+        """The heartbeat's fields (read on the heartbeat thread); None while
+        not registered with a control plane."""
+        arena, node_id = self.arena, self.node_id
+        if arena is None or node_id is None or not self._joined.is_set():
+            return None
+        # A busy loop is late by seconds (measured up to 5 s beside 128
+        # actors); one that has not run for LOOP_WEDGED s serves nothing:
+        # the node must not look live then.
+        late = time.monotonic() - self._loop_seen
+        if late > LOOP_WEDGED:
+            if not self._loop_wedged:
+                self._loop_wedged = True
+                log.error("node %s: its event loop has not run for %.0f s; heartbeats stop "
+                          "until it does (the control plane routes around this node)",
+                          self.name, late)
+            return None
+        self._loop_wedged = False
+        return {"node_id": node_id, "used_bytes": arena.used_bytes}
 
     def _progress_reader(self) -> None:
         try:
@@ -631,6 +663,7 @@ class StorageNode:
                         generations=gens,
                         priorities=f["priorities"],
                         used_bytes=self.arena.used_bytes,
+                        **({"epoch": f["epoch"]} if "epoch" in f else {}),
                     )
                     break
                 except ConnectionFailed:
@@ -647,7 +680,17 @@ class StorageNode:
             if self._leaving:
                 raise ConnectionFailed(f"storage node {self.name} is shutting down") from None
             raise
-        self.arena.commit(table, offsets, keys, gens, f["priorities"])
+        twice = np.frombuffer(reply.get("duplicate_offsets", b""), np.uint64)
+        if len(twice):
+            # Keys the table holds already (this batch was resent here after
+            # its first node went unresponsive, and both copies arrived).
+            keep = ~np.isin(offsets, twice)
+            self.arena.free(table, offsets[~keep])
+            offsets, keys, gens = offsets[keep], keys[keep], gens[keep]
+            prios = f["priorities"][keep]
+        else:
+            prios = f["priorities"]
+        self.arena.commit(table, offsets, keys, gens, prios)
         self.inserted += k
         self.stats.inserted(k, k * item_bytes, time.perf_counter() - t0)
         return {"n": k, "evicted": reply.get("evicted", 0), "via": source.via}

@@ -22,6 +22,12 @@ ITEM = 4096
 SPEC = {"obs": ((ITEM,), "uint8"), "key": ((), "uint64")}
 
 
+def live(node: dict) -> bool:
+    """Listed as live: a cut-off node is unresponsive (routed around, its
+    items kept until the grace), not live."""
+    return node.get("state", "live" if node["alive"] else "gone") == "live"
+
+
 def items(first: int, n: int) -> dict:
     """Items whose bytes follow from their key, so any wrong byte is seen."""
     k = np.arange(first, first + n, dtype=np.uint64)
@@ -53,7 +59,7 @@ def main() -> int:
         learner = client.learner("t", batch_size=32, transfer_timeout=1.0, timeout=5.0)
         for _ in range(20):
             out["bad"] += bad_rows(learner.sample())
-        out["nodes_before"] = [n["node_id"] for n in client.status()["nodes"] if n["alive"]]
+        out["nodes_before"] = [n["node_id"] for n in client.status()["nodes"] if live(n)]
         with open(args.ready_file + ".tmp", "w") as fh:
             json.dump({"time": time.time()}, fh)
         os.replace(args.ready_file + ".tmp", args.ready_file)
@@ -66,7 +72,7 @@ def main() -> int:
             out["batches"] += 1
             out["bad"] += bad_rows(batch)
             out["ok_times"].append(time.time())
-        out["nodes_after"] = [n["node_id"] for n in client.status()["nodes"] if n["alive"]]
+        out["nodes_after"] = [n["node_id"] for n in client.status()["nodes"] if live(n)]
         out["resampled"] = learner.resampled
         learner.close()
     print(json.dumps(out))

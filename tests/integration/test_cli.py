@@ -44,7 +44,7 @@ def test_status_shows_nodes_and_tables(cluster, client, tls):
         w.insert("replay", np.zeros((5, 16), np.uint8))
     out = run_cli("status", "--control", cluster.address)
     assert out.returncode == 0, out.stderr
-    assert "replay" in out.stdout and out.stdout.count("True") == 2
+    assert "replay" in out.stdout and out.stdout.count(" live ") == 2  # both nodes
     js = json.loads(run_cli("status", "--control", cluster.address, "--json").stdout)
     assert js["tables"][0]["size"] == 5
 

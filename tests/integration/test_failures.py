@@ -164,7 +164,8 @@ def test_stopped_node_holds_neither_learner_nor_writer(cluster, client, tls):
     # answers. Over tcp a read from it (an RMA read UCX emulates with messages)
     # cannot be cancelled: the learner force-closes the endpoint. A writer
     # waiting for its acknowledgement asks the control plane whether the node
-    # is still live. Both must carry on within the drop time plus a margin.
+    # is still live. Both must carry on within the time the control plane
+    # takes to mark it unresponsive (its items are kept) plus a margin.
     fill(client, 20, 100)
     learner = client.learner("t", batch_size=128)
     stop = threading.Event()
@@ -198,11 +199,11 @@ def test_stopped_node_holds_neither_learner_nor_writer(cluster, client, tls):
                 os.kill(victim.pid, signal.SIGSTOP)
                 stopped_at = now
             if (stopped_at is not None and dropped_at is None
-                    and len([n for n in client.status()["nodes"] if n["alive"]]) == 1):
+                    and len([n for n in client.status()["nodes"] if n["state"] == "live"]) == 1):
                 dropped_at = time.monotonic()
             if dropped_at is not None and now - dropped_at > 3.0:
                 break
-            assert now - t0 < 30, "the control plane never dropped the stopped node"
+            assert now - t0 < 30, "the control plane never marked the stopped node unresponsive"
             batch = learner.sample(timeout=10)
             check(batch)  # every byte of every item
             sampled += len(batch)
@@ -222,7 +223,7 @@ def test_stopped_node_holds_neither_learner_nor_writer(cluster, client, tls):
     assert after and max(after) < drop + 3.0, (drop, max(after))
     assert w_after and max(w_after) < drop + 3.0, (drop, max(w_after))
     assert written[0] > 0 and sampled > 1000
-    # Woken up, the dropped node discards its items and serves again; all stop cleanly.
+    # Woken up, the node serves its items again; all stop cleanly.
     for _ in range(20):
         check(learner.sample(timeout=10))
     learner.close()
@@ -245,8 +246,8 @@ def test_stalled_control_plane_does_not_drop_live_nodes(cluster, client, tls):
         os.kill(control, signal.SIGCONT)
     time.sleep(1.0)  # several housekeeping ticks after waking
     nodes = client.status()["nodes"]
-    assert [n["alive"] for n in nodes] == [True, True], nodes
+    assert [n["state"] for n in nodes] == ["live", "live"], nodes
     assert client.table_info("t")["size"] == 200
     with open(os.path.join(cluster.log_dir, "control.log")) as fh:
         log = fh.read()
-    assert "dropped" not in log, log[-2000:]
+    assert "dropped" not in log and "unresponsive" not in log, log[-2000:]

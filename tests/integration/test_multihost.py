@@ -199,7 +199,7 @@ def test_learner_survives_a_storage_host_losing_its_link(hosts):
 
     assert result["bad"] == 0, "the learner received wrong bytes"
     assert sorted(result["nodes_before"]) == sorted([n1["node_id"], n2["node_id"]])
-    assert result["nodes_after"] == [n2["node_id"]], "the cut-off node is still listed"
+    assert result["nodes_after"] == [n2["node_id"]], "the cut-off node is still listed as live"
     after = [t for t in result["ok_times"] if t > down_at]
     assert after, f"no batch after the link went down; errors: {result['errors'][-3:]}"
     gaps = [b - a for a, b in zip([down_at] + after, after)]

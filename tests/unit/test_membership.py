@@ -1,0 +1,165 @@
+"""Node states (live, unresponsive, gone) and what the control plane does
+with inserts and samples of an unresponsive node, on a ControlPlane driven
+directly (no processes)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import numpy as np
+import pytest
+
+from distore_ucx.config import ControlConfig
+from distore_ucx.control.checkpoint import IdState
+from distore_ucx.control.membership import GONE, LIVE, UNRESPONSIVE, Membership
+from distore_ucx.control.server import ControlPlane
+from distore_ucx.control.tables import Table
+from distore_ucx.errors import NodeGone
+from distore_ucx.spec import TableSpec
+
+
+class FakePeer:
+    """A connection as the control plane sees it: state, pushes recorded."""
+
+    def __init__(self):
+        self.state: dict = {}
+        self.pushes: list = []
+
+    def push(self, op, **fields):
+        self.pushes.append((op, fields))
+
+    def close(self):
+        pass
+
+
+def node_fields(i: int) -> dict:
+    return dict(name=f"n{i}", host="127.0.0.1", port=1000 + i, worker_address=b"w",
+                rkey=b"k", arena_base=0, arena_size=1 << 20, pid=100 + i)
+
+
+def test_a_silent_node_is_unresponsive_then_live_again_or_gone_after_the_grace():
+    members = Membership(heartbeat_timeout=2.0, ids=IdState(None), grace=10.0)
+    node = members.register(FakePeer(), node_fields(1))
+    t0 = node.last_seen
+    assert members.silent(t0 + 1.9) == []
+    assert members.silent(t0 + 2.1) == [node]
+    members.unresponsive(node, t0 + 2.1)
+    assert node.state == UNRESPONSIVE and node.alive and not node.live and node.epoch == 1
+    assert members.away() == [node.node_id] and members.live() == [] and members.alive() == [node]
+    assert members.expired(t0 + 12.0) == []
+    # The control plane's own stall is not silence: it moves the grace too.
+    members.credit(5.0)
+    assert members.expired(t0 + 16.0) == []
+    assert members.expired(t0 + 17.2) == [node]
+    # A heartbeat within the grace: live again, same id, a new epoch kept.
+    assert members.heartbeat(node.node_id, 123) is node
+    assert node.state == LIVE and node.used_bytes == 123 and node.epoch == 1
+    assert members.heartbeat(node.node_id, 124) is None  # already live
+    node.state = GONE
+    assert members.heartbeat(node.node_id, 1) is None and node.state == GONE
+    assert node.describe(with_keys=False)["state"] == GONE
+
+
+def plane(nodes: int = 1):
+    cp = ControlPlane(ControlConfig(heartbeat_timeout=2.0, unresponsive_grace=60.0, seed=1))
+    peers = [FakePeer() for _ in range(nodes)]
+    found = [cp.members.register(p, node_fields(i)) for i, p in enumerate(peers)]
+    cp.tables["t"] = Table.make("t", 1000, TableSpec.parse(((8,), "uint8")), seed=1)
+    return cp, peers, found
+
+
+def added(cp, peer, node, keys, offsets, **extra) -> dict:
+    n = len(keys)
+    return asyncio.run(cp.op_items_added(peer, dict(
+        node_id=node.node_id, table="t", keys=np.array(keys, np.uint64),
+        offsets=np.array(offsets, np.uint64), generations=np.ones(n, np.uint64),
+        priorities=np.ones(n, np.float64), **extra)))
+
+
+def test_a_key_the_table_holds_is_not_stored_twice():
+    # A batch resent after its node went unresponsive, both copies arriving.
+    cp, (pa, pb), (a, b) = plane(2)
+    assert "duplicate_offsets" not in added(cp, pa, a, [1, 2, 3], [0, 64, 128])
+    reply = added(cp, pb, b, [3, 4], [192, 256])
+    assert reply["duplicate_offsets"].tolist() == [192]  # the node frees that slot
+    assert cp.tables["t"].size == 4
+
+
+def test_inserts_placed_before_a_node_was_unresponsive_are_refused():
+    cp, (peer,), (node,) = plane()
+    assert added(cp, peer, node, [1], [0], epoch=0)["evicted"] == 0
+    cp.members.unresponsive(node)
+    with pytest.raises(NodeGone):  # while unresponsive: the writer resends
+        added(cp, peer, node, [2], [64])
+    cp.op_heartbeat(None, {"node_id": node.node_id, "used_bytes": 64})
+    assert node.state == LIVE
+    with pytest.raises(NodeGone):  # placed in epoch 0: maybe resent elsewhere
+        added(cp, peer, node, [3], [128], epoch=0)
+    added(cp, peer, node, [4], [192], epoch=1)
+    assert cp.tables["t"].size == 2
+
+
+def test_samples_leave_out_items_of_unresponsive_nodes_and_they_stay():
+    cp, (pa, pb), (a, b) = plane(2)
+    added(cp, pa, a, range(100), np.arange(100) * 64)
+    added(cp, pb, b, range(100, 200), np.arange(100) * 64)
+    cp.members.unresponsive(a)
+    for _ in range(20):
+        reply = asyncio.run(cp.op_sample(pb, {"table": "t", "n": 64}))
+        assert set(reply["items"]["node"].tolist()) == {b.node_id}
+        cp.op_release(pb, {"leases": [reply["lease"]]})
+    assert cp.tables["t"].size == 200 and cp.tables["t"].leased() == 0
+    cp.op_heartbeat(None, {"node_id": a.node_id, "used_bytes": 0})
+    reply = asyncio.run(cp.op_sample(pb, {"table": "t", "n": 256}))
+    assert set(reply["items"]["node"].tolist()) == {a.node_id, b.node_id}
+
+
+def test_a_node_whose_event_loop_stopped_running_stops_heartbeating():
+    # The heartbeat thread beats while the node's loop merely lags (a busy
+    # host); a loop that has not run for LOOP_WEDGED s serves nothing, and
+    # the node must then look unresponsive.
+    from distore_ucx.config import NodeConfig
+    from distore_ucx.storage import node as node_module
+
+    node = node_module.StorageNode(NodeConfig(control="127.0.0.1:1", arena_bytes=1 << 20))
+    node.arena = type("A", (), {"used_bytes": 4096})()
+    node.node_id = 7
+    assert node._beat() is None  # not registered yet
+    node._joined.set()
+    node._loop_seen -= node_module.LOOP_WEDGED / 2  # late, not wedged
+    assert node._beat() == {"node_id": 7, "used_bytes": 4096}
+    node._loop_seen -= node_module.LOOP_WEDGED
+    assert node._beat() is None
+    node._loop_seen = time.monotonic()
+    assert node._beat() is not None
+    node.arena = None
+
+
+def test_items_with_a_use_limit_are_not_used_up_by_routing_around():
+    # With max_times_sampled a draw is a use: drawing again around an
+    # unresponsive node would use up items that nobody receives.
+    cp, (pa, pb), (a, b) = plane(2)
+    cp.tables["t"] = Table.make("t", 1000, TableSpec.parse(((8,), "uint8")),
+                                max_times_sampled=1, seed=1)
+    added(cp, pa, a, range(100), np.arange(100) * 64)
+    added(cp, pb, b, range(100, 200), np.arange(100) * 64)
+    cp.members.unresponsive(a)
+    got = 0
+    for _ in range(2):
+        reply = asyncio.run(cp.op_sample(pb, {"table": "t", "n": 64}))
+        got += len(reply["items"])
+        cp.op_release(pb, {"leases": [reply["lease"]]})
+    assert cp.tables["t"].size == 200 - got
+
+
+def test_a_node_that_registers_inserts_is_not_silent_while_its_heartbeat_is_late():
+    members = Membership(heartbeat_timeout=2.0, ids=IdState(None), grace=10.0)
+    node = members.register(FakePeer(), node_fields(1))
+    node.last_seen -= 1.9
+    members.heard(node.node_id)  # an items_added from it
+    assert members.silent(time.monotonic() + 1.0) == []
+    assert node.gap_max == 0.0  # a gap of heartbeats is still measured as such
+    members.unresponsive(node)
+    members.heard(node.node_id)  # does not make it live: only a heartbeat does
+    assert node.state == UNRESPONSIVE
