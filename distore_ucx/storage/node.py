@@ -185,6 +185,7 @@ class StorageNode:
                                               metrics_server.port})
                 code = await self._serve()
             finally:
+                self._leaving = True  # inserts still in flight fail as "shutting down"
                 guard_watch.cancel()
                 if beat is not None:
                     beat.close()
@@ -675,7 +676,8 @@ class StorageNode:
                     # batch goes to the one we re-join (a restored control
                     # plane counts it as inserted after its checkpoint).
         except BaseException:
-            self.arena.free(table, offsets)
+            if self.arena is not None:  # None: the node stopped while this insert waited
+                self.arena.free(table, offsets)
             self.stats.failed_batches += 1
             if self._leaving:
                 raise ConnectionFailed(f"storage node {self.name} is shutting down") from None
