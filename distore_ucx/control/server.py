@@ -171,7 +171,8 @@ class ControlPlane:
             self._tasks.append(loop.create_task(self._checkpoints()))
         log.info("control plane listening on %s:%d", self.config.host, self.port)
         self.metrics_server = metrics.serve_process(
-            self.config.metrics_port, self.config.host, loop, self, metrics.control_snapshot,
+            self.config.metrics_port, self.config.metrics_host, loop, self,
+            metrics.control_snapshot,
             metrics.control_families, "control plane", self.config.metrics_optional)
         return server
 

@@ -149,7 +149,7 @@ class StorageNode:
             self._where = (host, port)
             steps.update(1, note=f"listening on {host}:{port}")
             metrics_server = metrics.serve_process(
-                cfg.metrics_port, host, loop, self, metrics.node_snapshot,
+                cfg.metrics_port, cfg.metrics_host, loop, self, metrics.node_snapshot,
                 metrics.node_families, f"storage node {self.name}", cfg.metrics_optional)
             try:
                 await self._join()

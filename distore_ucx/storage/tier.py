@@ -101,11 +101,17 @@ class DiskTier:
         self.node_name = node_name
         self.sync = sync
         self.direct = True
+        self._created = False  # made by this open: removed again if it cannot be used
         self.fd = self._open(path)
         try:
             self._check_or_create(arena_id)
         except BaseException:
             os.close(self.fd)
+            if self._created:  # e.g. a --disk-size the disk cannot hold: leave nothing behind
+                try:
+                    os.unlink(path)
+                except OSError:
+                    pass
             raise
         self._tables: dict[str, SlotTable] = {}
         self._bump = 0
@@ -119,15 +125,23 @@ class DiskTier:
 
     # -- the file ----------------------------------------------------------
     def _open(self, path: str) -> int:
-        flags = os.O_RDWR | os.O_CREAT | os.O_CLOEXEC
+        flags = os.O_RDWR | os.O_CLOEXEC
         try:
-            fd = os.open(path, flags | os.O_DIRECT, 0o600)
+            try:  # a new file is ours to remove if it cannot be used
+                fd = os.open(path, flags | os.O_CREAT | os.O_EXCL | os.O_DIRECT, 0o600)
+                self._created = True
+            except FileExistsError:
+                fd = os.open(path, flags | os.O_DIRECT, 0o600)
         except OSError as exc:
             if exc.errno != 22:  # EINVAL: the file system has no O_DIRECT (tmpfs)
                 raise TierFileError(f"node {self.node_name}: cannot open the tier file {path!r}: "
                                     f"{exc.strerror}; pass a --disk path on a local disk "
                                     "this user can write") from None
-            fd = os.open(path, flags, 0o600)
+            try:
+                fd = os.open(path, flags | os.O_CREAT | os.O_EXCL, 0o600)
+                self._created = True
+            except FileExistsError:
+                fd = os.open(path, flags, 0o600)
             self.direct = False
             log.warning("node %s: the file system of %s has no O_DIRECT; the disk tier goes "
                         "through the page cache (use a path on a real disk)", self.node_name,

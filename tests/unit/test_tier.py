@@ -345,3 +345,15 @@ def test_demotions_of_prioritized_tables_go_lowest_priority_first():
     d = Demotions()
     got = np.concatenate([d.pick(t, 1, 100)[0] for _ in range(5)])
     assert got.tolist() == keys[np.argsort(prios, kind="stable")[:500]].tolist()
+
+
+def test_a_disk_size_the_disk_cannot_hold_leaves_no_file_behind(tmp_path):
+    path = tmp_path / "t.tier"
+    with pytest.raises(TierFileError, match="cannot preallocate.*smaller --disk-size"):
+        DiskTier(str(path), 1 << 60, "n0", arena_id=1)  # an exabyte: refused
+    assert not path.exists()
+    # A tier file that was there before is the operator's: refused, not removed.
+    DiskTier(str(path), 4 * MiB, "n0", arena_id=1).close()
+    with pytest.raises(TierFileError, match="cannot preallocate"):
+        DiskTier(str(path), 1 << 60, "n0", arena_id=1)
+    assert path.exists()
