@@ -148,7 +148,9 @@ MESSAGES: dict[str, tuple[F, ...]] = {
     ),
     # write a checkpoint now (distore checkpoint)
     "checkpoint": (),
-    "register_writer": (),
+    # `previous`: this connection's writer whose keys ran out (its id is
+    # replaced, not counted again against control.max_writer_ids)
+    "register_writer": (F("previous", "int", required=False, lo=1, hi=2**64 - 1),),
     "create_table": (
         F("name", "str", **_NAME),
         F("capacity", "int", lo=1, hi=2**40),

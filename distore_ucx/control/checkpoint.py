@@ -49,6 +49,7 @@ MAGIC = b"DISTORE-CHECKPOINT\n"
 FORMAT_VERSION = 1
 _HEADER = struct.Struct("<IQQI")  # format version, metadata bytes, array bytes, crc32
 WRITER_ID_BLOCK = 256  # writer ids reserved (and persisted) at a time
+KEY_BITS = 24  # a key is writer_id << KEY_BITS | the writer's sequence number
 
 _ARRAYS = {"keys": np.uint64, "priorities": np.float64, "times_sampled": np.uint32,
            "sequences": np.uint64, "retired": np.uint64}
@@ -246,7 +247,11 @@ class IdState:
             self.incarnation = int(doc["incarnation"]) + 1
             self.next_node_id = int(doc["next_node_id"])
             # Everything reserved by the previous run may be in use.
-            self.next_writer_id = self.writer_ids_reserved = int(doc["writer_ids_reserved"])
+            reserved = int(doc["writer_ids_reserved"])
+            # Files of releases whose keys were `writer_id << 40 | seq`: writer w's
+            # keys are those of the ids [w << 16, (w + 1) << 16) now.
+            reserved <<= max(0, int(doc.get("key_bits", 40)) - KEY_BITS)
+            self.next_writer_id = self.writer_ids_reserved = reserved
         except (KeyError, TypeError, ValueError) as exc:
             raise CheckpointError(f"the id file {self.path} is malformed ({exc!r})") from None
 
@@ -255,7 +260,7 @@ class IdState:
         if self.path is None:
             return
         doc = {"incarnation": self.incarnation, "next_node_id": self.next_node_id,
-               "writer_ids_reserved": self.writer_ids_reserved}
+               "writer_ids_reserved": self.writer_ids_reserved, "key_bits": KEY_BITS}
         _atomic_write(self.path, [json.dumps(doc).encode()])
 
     def writer_id(self) -> int:

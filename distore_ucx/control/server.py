@@ -34,7 +34,7 @@ from ..storage.tier import stride_of
 from ..table_definition import TableDefinition
 from ..transport.rpc import Peer, serve
 from . import checkpoint
-from .checkpoint import IdState, Image
+from .checkpoint import KEY_BITS, IdState, Image
 from .leases import Leases
 from .membership import Membership
 from .restore import Restore
@@ -43,8 +43,10 @@ from .tiers import COLD, Demotions, Tiers, apply_moves, cold_items
 
 log = logging.getLogger(__name__)
 
-MAX_WRITERS = 1 << 24
-KEY_BITS = 40  # a key is writer_id << 40 | the writer's sequence number
+# A key is writer_id << KEY_BITS | the writer's sequence number. A writer
+# whose 2**24 keys are used takes another id (register_writer `previous`),
+# so the 2**40 ids last centuries even at 26k registrations a second.
+MAX_WRITERS = 1 << (64 - KEY_BITS)
 
 
 class ControlPlane:
@@ -385,22 +387,28 @@ class ControlPlane:
 
     def op_register_writer(self, peer: Peer, f: dict) -> dict:
         """A writer id never handed out before; at most control.max_writer_ids
-        per connection, so one client cannot use up the 2**24 of a store (ids
-        are not reused: keys `writer_id << 40 | seq` of a closed writer may
-        still be in tables, in nodes' slots and in checkpoints)."""
+        writers per connection. Ids are not reused (keys `writer_id << 24 |
+        seq` of a closed writer may still be in tables, in nodes' slots and in
+        checkpoints) but cannot run out: there are 2**40, and a writer whose
+        2**24 keys are used asks for the next with `previous`, which this
+        connection's count does not see again."""
         limit = self.config.max_writer_ids
-        taken = peer.state.get("writer_ids", 0) if peer is not None else 0
-        if taken >= limit:
+        mine = peer.state.setdefault("writer_ids", set()) if peer is not None else set()
+        previous = f.get("previous")
+        if previous not in mine:  # a new writer (or one whose connection was made again)
+            previous = None
+        if previous is None and len(mine) >= limit:
             raise LimitExceeded(
-                f"this connection registered {taken} writers, the most one connection may "
+                f"this connection registered {len(mine)} writers, the most one connection may "
                 f"(control.max_writer_ids = {limit}): reuse a writer instead of making one per "
                 "batch, connect again (ds.connect) for more, or raise --max-writer-ids"
             )
         wid = self.ids.writer_id()
-        if peer is not None:
-            peer.state["writer_ids"] = taken + 1
-        if wid >= MAX_WRITERS:
-            raise ConfigError("this control plane ran out of writer ids; restart it")
+        if wid >= MAX_WRITERS:  # 2**40 ids: not in this universe's lifetime
+            raise ConfigError(f"this control plane handed out all {MAX_WRITERS} writer ids; "
+                              "start a new store (a new --checkpoint path)")
+        mine.discard(previous)
+        mine.add(wid)
         return {"writer_id": wid, "key_bits": KEY_BITS}
 
     def op_create_table(self, peer: Peer, f: dict) -> dict:

@@ -214,3 +214,15 @@ def test_definitions_round_trip_for_every_kind_of_table():
     for t in (make(), make(sampler=Uniform(), remover=MaxHeap(), rate_limiter=limiter),
               make(max_times_sampled=2)):
         assert Table(TableDefinition.from_wire(t.definition.to_wire())).definition == t.definition
+
+
+def test_an_id_file_of_40_bit_keys_moves_writer_ids_past_their_keys(tmp_path):
+    # Keys were writer_id << 40 | seq; they are writer_id << 24 | seq now:
+    # old writer w's keys are those of the new ids [w << 16, (w + 1) << 16).
+    path = tmp_path / "ck.ids"
+    path.write_text(json.dumps({"incarnation": 1, "next_node_id": 1,
+                                "writer_ids_reserved": 300}))
+    ids = IdState(str(path))
+    assert ids.writer_id() == 300 << 16
+    assert json.loads(path.read_text())["key_bits"] == checkpoint.KEY_BITS == 24
+    assert IdState(str(path)).writer_id() > 300 << 16  # converted once, not again
