@@ -28,6 +28,7 @@ void bind_status_constants(nb::module_& m) {
   m.attr("STATUS_TORN") = kStatusTorn;
   m.attr("STATUS_STALE") = kStatusStale;
   m.attr("STATUS_NOT_MAPPED") = kStatusNotMapped;
+  m.attr("STATUS_CORRUPT") = kStatusCorrupt;
   m.attr("STATUS_UNREACHABLE") = static_cast<int>(UCS_ERR_UNREACHABLE);
 }
 

@@ -400,6 +400,11 @@ class Learner:
             if len(rows) == 0:
                 break
             self.resampled += len(rows)
+            # The rows read so far are in dest: their leases, and the staged
+            # copies of cold items under them, go back with the resample, so
+            # a run of unreadable items never fills a node's staging area.
+            self._done_leases.extend(leases)
+            leases = []
             if attempt:
                 time.sleep(min(0.05 * attempt, 0.5))  # let the control plane drop a dead node
             reply = self._resample(len(rows), wait)
