@@ -145,6 +145,7 @@ MESSAGES: dict[str, tuple[F, ...]] = {
         F("offsets", "u64[]", required=False),
         F("statuses", "u32[]", required=False),
         F("error", "str", required=False, max_len=4096),
+        F("code", "str", required=False, max_len=64),  # the error's code (ERRORS)
     ),
     # write a checkpoint now (distore checkpoint)
     "checkpoint": (),
@@ -330,6 +331,7 @@ ERRORS: dict[str, type[Exception]] = {
     "table_exists": errors.TableExists,
     "spec_mismatch": errors.SpecMismatch,
     "storage_full": errors.StorageFull,
+    "staging_full": errors.StagingFull,
     "limit_exceeded": errors.LimitExceeded,
     "timeout": errors.Timeout,
     "rate_limiter_timeout": errors.RateLimiterTimeout,

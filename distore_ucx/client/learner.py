@@ -483,14 +483,16 @@ class Learner:
     def _new_reply(self, wait: float) -> dict:
         if self._received:
             return self._received.pop(0)
-        if self._rpc.in_flight:
+        while self._rpc.in_flight:
             early, self._early = self._early, False
             try:
                 return self._rpc.receive(wait + 10.0)
             except ConnectionFailed as exc:
                 # The control plane went away with our requests (in_flight is
-                # now 0): ask again (the call waits for it to come back, up
-                # to the timeout).
+                # now 0), or answered this one with a failure (a node left
+                # while it staged cold items) and the next is on its way:
+                # take the next, or ask again (the call waits for it to come
+                # back, up to the timeout).
                 log.warning("table %r: %s; asking again", self.table, exc)
             except (NoData, RateLimiterTimeout):
                 if not early:

@@ -32,13 +32,14 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-from .. import metrics
+from .. import metrics, protocol
 from .._native_loader import _native
 from ..config import NodeConfig, read_token
 from ..errors import (
     ConnectionFailed,
     InvalidRequest,
     SpecMismatch,
+    StagingFull,
     StorageFull,
     Timeout,
     from_native,
@@ -679,7 +680,7 @@ class StorageNode:
         need = len(keys) * stride
         try:
             if need > self.staging.size:
-                raise StorageFull(
+                raise StagingFull(
                     f"node {self.name}: a sample needs {len(keys)} cold items of table "
                     f"{f['table']!r} staged ({need} bytes) but the staging area holds "
                     f"{self.staging.size}: raise --disk-staging or sample smaller batches")
@@ -689,7 +690,7 @@ class StorageNode:
                 self._staged.clear()
                 left = deadline - time.monotonic()
                 if left <= 0:
-                    raise Timeout(
+                    raise StagingFull(
                         f"node {self.name}: staging area full ({self.staging.used_bytes} of "
                         f"{self.staging.size} bytes leased) for {STAGE_WAIT:g} s, {need} bytes "
                         f"of cold items of table {f['table']!r} wanted. Each learner holds "
@@ -727,7 +728,7 @@ class StorageNode:
             log.error("%s", exc)
             if self.control is not None:
                 self.control.push("staged", node_id=self.node_id, request=req,
-                                  error=str(exc)[:4000])
+                                  error=str(exc)[:4000], code=protocol.error_code(exc))
 
     def _disk(self) -> ThreadPoolExecutor:
         # Disk batches, off the loop; the native call fans each out to its own threads.

@@ -366,3 +366,23 @@ def test_a_truncated_tier_file_loses_its_items_but_sampling_goes_on(make_cluster
     assert client.table_info("t")["size"] < 400 - cold // 4  # the cut ones left the table
     learner.close()
     client.close()
+
+
+@pytest.mark.parametrize("tls", ["tcp"], indirect=True)
+def test_a_staging_area_too_small_for_a_sample_is_a_typed_error_saying_what_to_do(
+        make_cluster, tmp_path, tls):
+    # Issue 33: a full staging area surfaced as a bare RuntimeError.
+    cluster = tier_cluster(make_cluster, tmp_path, nodes=1, staging="128KiB")
+    client = ds.connect(cluster.address)
+    client.create_table("t", capacity=300, spec=SPEC)
+    key_to_idx: dict = {}
+    insert(client, "t", 0, 300, key_to_idx, max_in_flight=1)
+    learner = client.learner("t", batch_size=32)
+    with pytest.raises(ds.StagingFull, match="raise --disk-staging"):
+        for _ in range(5):
+            learner.sample(timeout=5.0)
+    learner.close()
+    with client.learner("t", batch_size=1) as small:  # one cold item fits: served
+        for _ in range(5):
+            assert wrong_items(small.sample(timeout=5.0), key_to_idx) == 0
+    client.close()
