@@ -87,8 +87,11 @@ MESSAGES: dict[str, tuple[F, ...]] = {
         F("arena_id", "int", required=False, lo=0, hi=2**63 - 1),
         F("page_kind", "str", required=False, max_len=16),
         F("local_socket", "str", required=False, max_len=100),
-        # the id a node had before it lost the control plane (it re-joins)
+        # the id a node had before it lost the control plane (it re-joins),
+        # and the store it joined then (a restoring control plane of another
+        # store refuses it rather than mix their items)
         F("node_id", "int", required=False, lo=1, hi=2**32 - 1),
+        F("store_id", "str", required=False, max_len=64),
         # bytes of the node's disk tier (storage/tier.py; absent: none)
         F("disk_size", "int", required=False, lo=0, hi=2**62),
         # the UCX worker that takes inserts as active messages (absent: the

@@ -68,6 +68,7 @@ class ControlPlane:
         self._seed = itertools.count(config.seed) if config.seed is not None else None
         self._stop = asyncio.Event()
         self._restoring: Restore | None = None  # nodes may re-send their items meanwhile
+        self._refused_stores: set[str] = set()  # nodes of another store, refused (logged once)
         self._checkpointing: asyncio.Lock | None = None
         self.last_checkpoint: dict | None = None
         self.stats = metrics.ControlStats()  # read at scrape time (metrics.py)
@@ -122,7 +123,7 @@ class ControlPlane:
         async with self._checkpointing:
             t0 = time.monotonic()
             image = Image([t.image() for t in self.tables.values()],
-                          incarnation=self.ids.incarnation)
+                          incarnation=self.ids.incarnation, store_id=self.ids.store_id)
             snapshot = time.monotonic() - t0
             try:
                 nbytes = await asyncio.to_thread(checkpoint.write, path, image)
@@ -344,10 +345,20 @@ class ControlPlane:
         afresh, or dropped the node and forgot them)."""
         fields = dict(f)
         wanted = fields.pop("node_id", None)
+        store = fields.pop("store_id", None)
+        if store is not None and store != self.ids.store_id and self._restoring is not None:
+            why = (f"storage node {f['name']!r} holds items of store {store}, but this control "
+                   f"plane restores store {self.ids.store_id} ({self.config.checkpoint}): "
+                   "refused, its items kept. Restart the node's own control plane (its "
+                   "--checkpoint), or restart the node empty to join this store")
+            if why not in self._refused_stores:  # one line per node and store, not per retry
+                self._refused_stores.add(why)
+                log.error("%s", why)
+            raise CheckpointError(why)
         node = self.members.register(peer, fields, wanted)
         self.stats.membership["rejoined" if wanted == node.node_id else "joined"] += 1
         return {"node_id": node.node_id, "heartbeat_interval": self.config.heartbeat_interval,
-                "restore": self._restoring is not None}
+                "restore": self._restoring is not None, "store_id": self.ids.store_id}
 
     def op_items_restored(self, peer: Peer, f: dict) -> dict:
         """Items a re-registered node still holds (sent only while restoring)."""

@@ -36,6 +36,7 @@ from .. import metrics, protocol
 from .._native_loader import _native
 from ..config import NodeConfig, read_token
 from ..errors import (
+    CheckpointError,
     ConnectionFailed,
     InvalidRequest,
     SpecMismatch,
@@ -88,6 +89,7 @@ class StorageNode:
         self.config = config
         self.name = config.name or f"{socket.gethostname()}:{os.getpid()}"
         self.node_id: int | None = None
+        self.store_id: str | None = None  # the store this node's items belong to
         self.runtime: UcxRuntime | None = None
         self.arena: Arena | None = None
         self.control: AsyncClient | None = None
@@ -230,7 +232,8 @@ class StorageNode:
             except Exception as exc:  # whatever went wrong, try again until the deadline
                 if str(exc) != last_error:
                     log.info("re-joining the control plane: %s", exc,
-                             exc_info=not isinstance(exc, (ConnectionFailed, Timeout)))
+                             exc_info=not isinstance(exc, (ConnectionFailed, Timeout,
+                                                           CheckpointError)))
                     last_error = str(exc)
             left = deadline - time.monotonic()
             if left <= 0:
@@ -267,11 +270,14 @@ class StorageNode:
                 page_kind=self.arena.page_kind,
                 **({"local_socket": self.local_map.name} if self.local_map else {}),
                 **({"node_id": former} if former is not None else {}),
+                **({"store_id": self.store_id} if former is not None and self.store_id
+                   else {}),
                 **({"disk_size": self.tier.size} if self.tier is not None else {}),
                 **({"insert_address": bytes(self.runtime.reader_worker.address)}
                    if self.am_inbox is not None else {}),
             )
             self.node_id = reply["node_id"]
+            self.store_id = reply.get("store_id")
             self._interval = reply["heartbeat_interval"]
             self.control = control
             if former is not None:
