@@ -723,9 +723,12 @@ class StorageNode:
             bad = statuses != 0
             if bad.any():
                 self.tier.read_errors += int(bad.sum())
+                first = int(statuses[bad][0])
+                why = os.strerror(first) if first > 0 else _native.status_name(first)
                 log.error("node %s: %d of %d cold items of table %r could not be read back from "
-                          "%s (status %d); reported lost", self.name, int(bad.sum()), len(keys),
-                          f["table"], self.config.disk, int(statuses[bad][0]))
+                          "%s (%s: an I/O error, a slot failing its checksum, or another "
+                          "item's); reported lost", self.name, int(bad.sum()), len(keys),
+                          f["table"], self.config.disk, why)
             self.control.push("staged", node_id=self.node_id, request=req, extents=extents,
                               offsets=dest, statuses=statuses.view(np.uint32))
             log.debug("staged %d cold items of table %r (%d bytes) in %.1f ms", len(keys),
