@@ -336,7 +336,11 @@ class Client:
         if sock is None:
             return True
         try:
-            ready, _, _ = select.select([sock], [], [], timeout)
+            # poll, not select: servers raise their open-file limit, and
+            # select() cannot take a descriptor numbered 1,024 or more.
+            poller = select.poll()
+            poller.register(sock, select.POLLIN)
+            ready = poller.poll(max(0, int(timeout * 1000)))
         except (OSError, ValueError):  # closed meanwhile: receive will say so
             return True
         return bool(ready)
