@@ -370,3 +370,26 @@ def test_a_disk_size_the_disk_cannot_hold_leaves_no_file_behind(tmp_path):
     with pytest.raises(TierFileError, match="cannot preallocate"):
         DiskTier(str(path), 1 << 60, "n0", arena_id=1)
     assert path.exists()
+
+
+def crc32c_reference(data: bytes, crc: int = 0) -> int:
+    """CRC-32C bit by bit, as the standard defines it."""
+    crc ^= 0xFFFFFFFF
+    for byte in data:
+        crc ^= byte
+        for _ in range(8):
+            crc = (crc >> 1) ^ (0x82F63B78 if crc & 1 else 0)
+    return crc ^ 0xFFFFFFFF
+
+
+def test_the_slot_checksum_is_crc32c_at_every_length_and_split():
+    assert _native.crc32c(b"123456789") == 0xE3069283  # the standard check value
+    rng = np.random.default_rng(9)
+    data = rng.integers(0, 256, 40_000, dtype=np.uint8).tobytes()
+    # Short lengths take one stream, long ones three combined (12 KiB and up).
+    for n in (0, 1, 7, 8, 9, 63, 4095, 12_287, 12_288, 12_289, 12_295, 40_000):
+        assert _native.crc32c(data[:n]) == crc32c_reference(data[:n]), n
+    # Continued from an earlier CRC: the same as one pass over both.
+    whole = _native.crc32c(data)
+    for cut in (1, 5000, 20_000, 39_999):
+        assert _native.crc32c(data[cut:], _native.crc32c(data[:cut])) == whole, cut
