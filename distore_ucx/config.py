@@ -111,6 +111,8 @@ class ControlConfig:
     # The port is nobody's choice (the default): when it is taken, warn and go on
     # without metrics rather than refuse to start.
     metrics_optional: bool = False
+    # /metrics names tables and nodes: served on loopback unless asked (--metrics-host).
+    metrics_host: str = "127.0.0.1"
 
     def __post_init__(self):
         if self.restore and not self.checkpoint:
@@ -152,6 +154,8 @@ class NodeConfig:
     # The port is nobody's choice (the default): when it is taken, warn and go on
     # without metrics rather than refuse to start.
     metrics_optional: bool = False
+    # /metrics names tables and nodes: served on loopback unless asked (--metrics-host).
+    metrics_host: str = "127.0.0.1"
     disk: str = ""  # the disk tier's file ("" = no disk tier; storage/tier.py)
     disk_bytes: int = 0  # its size
     disk_staging: int = 0  # arena bytes for staged cold items (0 = a quarter of the arena)
@@ -462,8 +466,11 @@ SETTINGS: tuple[Setting, ...] = (
             "requests of one connection waiting for answers before the control plane "
             "stops reading it"),
     Setting("control.metrics_port", _to_metrics_port, METRICS_PORT_CONTROL, "--metrics-port",
-            _CTRL, "port of the control plane's Prometheus /metrics, on its --host (0 = none, "
+            _CTRL, "port of the control plane's Prometheus /metrics, on --metrics-host (0 = none, "
             "auto = any free port)"),
+    Setting("control.metrics_host", _to_str, "127.0.0.1", "--metrics-host", _CTRL,
+            "address of the control plane's /metrics (default loopback only: it names "
+            "tables, nodes and hosts to anyone who can reach it; 0.0.0.0 = every interface)"),
     Setting("auth.token_file", _to_token_file, "", "--token-file", ("control",) + _CLIENTS,
             "file holding the shared secret every connection must prove (HMAC challenge)",
             env="DISTORE_TOKEN_FILE"),
@@ -496,8 +503,11 @@ SETTINGS: tuple[Setting, ...] = (
             "after losing the control plane, keep the arena and try to re-join this long "
             "before exiting (s)"),
     Setting("node.metrics_port", _to_metrics_port, METRICS_PORT_NODE, "--metrics-port", _NODE,
-            "port of the node's Prometheus /metrics, on its --host (0 = none, auto = any free "
+            "port of the node's Prometheus /metrics, on --metrics-host (0 = none, auto = any free "
             "port)"),
+    Setting("node.metrics_host", _to_str, "127.0.0.1", "--metrics-host", _NODE,
+            "address of the node's /metrics (default loopback only: it names tables and "
+            "hosts to anyone who can reach it; 0.0.0.0 = every interface)"),
     Setting("ucx.tls", _to_str, None, "--ucx-tls", ("control", "node", "status"),
             "UCX_TLS for this process, e.g. rc,sm,self (InfiniBand) or tcp"),
     Setting("ucx.net_devices", _to_str, None, "--ucx-net-devices", ("control", "node", "status"),
@@ -700,6 +710,7 @@ class Settings:
             max_pending=self["control.max_pending"],
             metrics_port=self["control.metrics_port"],
             metrics_optional=self.source("control.metrics_port") == "default",
+            metrics_host=self["control.metrics_host"],
         )
 
     def control_address(self) -> str:
@@ -722,6 +733,7 @@ class Settings:
             reconnect_timeout=self["node.reconnect_timeout"],
             metrics_port=self["node.metrics_port"],
             metrics_optional=self.source("node.metrics_port") == "default",
+            metrics_host=self["node.metrics_host"],
             disk=self["node.disk"], disk_bytes=self["node.disk_size"],
             disk_staging=self["node.disk_staging"],
         )

@@ -68,6 +68,13 @@ class StorageFull(DistoreError):
     hold the space: add nodes, give them larger arenas, or shrink those tables."""
 
 
+class StagingFull(DistoreError):
+    """A storage node's staging area (where sampled cold items of its disk
+    tier are read to) had no room for a sample's cold items: the message says
+    how full it is and what to do (raise the node's --disk-staging, sample
+    smaller batches, or keep fewer batches of cold items unreleased)."""
+
+
 class Closed(DistoreError):
     """A client, writer or learner was used after close(): make a new one."""
 

@@ -42,6 +42,12 @@ LATENCY_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0
                    0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 SNAPSHOT_TIMEOUT = 5.0  # s a scrape waits for a busy event loop
 AUTO_PORT = -1  # --metrics-port auto: any free port (reported in the log and ready file)
+# What scrapers may cost a process: this many served at once (a thread each),
+# each with this long to send its request and read the answer; a scraper
+# beyond them is hung up on at once (Prometheus scrapes once per interval).
+MAX_SCRAPERS = 8
+SCRAPE_IO_TIMEOUT = 5.0
+LOOPBACK = "127.0.0.1"  # where /metrics listens unless asked (it names tables and hosts)
 
 
 class Histogram:
@@ -524,30 +530,83 @@ class MetricsServer:
         self.close()
 
 
-def start_server(port: int, host: str = "", registry_=None, role: str = "process") -> MetricsServer:
+def _bounded_http_server(host: str, port: int, app):
+    """A WSGI server for /metrics that serves at most MAX_SCRAPERS clients
+    at once, each for at most SCRAPE_IO_TIMEOUT s of silence (prometheus_client's
+    own server takes a thread per connection, so slow clients pile up threads)."""
+    import socket
+    from socketserver import ThreadingMixIn
+    from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
+
+    class Handler(WSGIRequestHandler):
+        timeout = SCRAPE_IO_TIMEOUT  # a socket timeout on every read and write
+
+        def log_message(self, format, *args):  # noqa: A002 - the base class's name
+            """Log no request."""
+
+    class Server(ThreadingMixIn, WSGIServer):
+        daemon_threads = True
+        address_family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM,
+                                            flags=socket.AI_PASSIVE)[0][0]
+        slots = threading.BoundedSemaphore(MAX_SCRAPERS)
+        refused = 0
+
+        def process_request(self, request, client_address):
+            if not self.slots.acquire(blocking=False):
+                Server.refused += 1
+                if Server.refused == 1 or Server.refused % 1000 == 0:
+                    log.warning("metrics: %d scrapers refused so far (at most %d served at "
+                                "once); is something polling /metrics in a loop?",
+                                Server.refused, MAX_SCRAPERS)
+                self.shutdown_request(request)
+                return
+            try:
+                super().process_request(request, client_address)
+            except BaseException:
+                self.slots.release()
+                raise
+
+        def process_request_thread(self, request, client_address):
+            try:
+                super().process_request_thread(request, client_address)
+            finally:
+                self.slots.release()
+
+        def handle_error(self, request, client_address):
+            log.debug("metrics: a scrape from %s failed", client_address, exc_info=True)
+
+    return make_server(host, port, app, Server, handler_class=Handler)
+
+
+def start_server(port: int, host: str = LOOPBACK, registry_=None,
+                 role: str = "process") -> MetricsServer:
     """Serve `registry_` on http://host:port/metrics (port AUTO_PORT or 0
-    from the library: any free port). Raises ConfigError naming the port
-    when it cannot listen."""
-    from prometheus_client import start_http_server
+    from the library: any free port; host "" means every interface). At most
+    MAX_SCRAPERS clients are served at once. Raises ConfigError naming the
+    port when it cannot listen."""
+    from prometheus_client import make_wsgi_app
 
     from .errors import ConfigError
 
+    addr = host or "0.0.0.0"
     try:
-        httpd, thread = start_http_server(max(port, 0), addr=host or "0.0.0.0",
-                                          registry=registry_ if registry_ is not None
-                                          else registry())
+        httpd = _bounded_http_server(addr, max(port, 0), make_wsgi_app(
+            registry_ if registry_ is not None else registry()))
     except OSError as exc:
         raise ConfigError(
-            f"the {role} cannot serve metrics on {host or '0.0.0.0'}:{port}: {exc.strerror}. "
+            f"the {role} cannot serve metrics on {addr}:{port}: {exc.strerror}. "
             "Pass another --metrics-port (auto: any free port), or 0 to serve none"
         ) from None
+    thread = threading.Thread(target=httpd.serve_forever, name="metrics", daemon=True)
+    thread.start()
     return MetricsServer(httpd, thread)
 
 
-def serve(port: int = 0, host: str = "") -> MetricsServer:
+def serve(port: int = 0, host: str = LOOPBACK) -> MetricsServer:
     """Serve this process's learner and writer metrics on http://host:port/metrics
-    (port 0: any free one; host "": every interface). Returns the server
-    (`.port`, `.url`, `.close()`).
+    (port 0: any free one). Served on loopback unless `host` says otherwise
+    ("0.0.0.0" or "": every interface), since the metrics name tables and
+    hosts. Returns the server (`.port`, `.url`, `.close()`).
 
     >>> server = ds.metrics.serve(9800)
     """

@@ -87,8 +87,11 @@ MESSAGES: dict[str, tuple[F, ...]] = {
         F("arena_id", "int", required=False, lo=0, hi=2**63 - 1),
         F("page_kind", "str", required=False, max_len=16),
         F("local_socket", "str", required=False, max_len=100),
-        # the id a node had before it lost the control plane (it re-joins)
+        # the id a node had before it lost the control plane (it re-joins),
+        # and the store it joined then (a restoring control plane of another
+        # store refuses it rather than mix their items)
         F("node_id", "int", required=False, lo=1, hi=2**32 - 1),
+        F("store_id", "str", required=False, max_len=64),
         # bytes of the node's disk tier (storage/tier.py; absent: none)
         F("disk_size", "int", required=False, lo=0, hi=2**62),
         # the UCX worker that takes inserts as active messages (absent: the
@@ -146,6 +149,7 @@ MESSAGES: dict[str, tuple[F, ...]] = {
         F("offsets", "u64[]", required=False),
         F("statuses", "u32[]", required=False),
         F("error", "str", required=False, max_len=4096),
+        F("code", "str", required=False, max_len=64),  # the error's code (ERRORS)
     ),
     # A node whose arena has no room for an insert into a table: evict up
     # to n of that table's items stored on it, by the table's remover.
@@ -161,7 +165,9 @@ MESSAGES: dict[str, tuple[F, ...]] = {
     ),
     # write a checkpoint now (distore checkpoint)
     "checkpoint": (),
-    "register_writer": (),
+    # `previous`: this connection's writer whose keys ran out (its id is
+    # replaced, not counted again against control.max_writer_ids)
+    "register_writer": (F("previous", "int", required=False, lo=1, hi=2**64 - 1),),
     "create_table": (
         F("name", "str", **_NAME),
         F("capacity", "int", lo=1, hi=2**40),
@@ -363,6 +369,7 @@ ERRORS: dict[str, type[Exception]] = {
     "table_exists": errors.TableExists,
     "spec_mismatch": errors.SpecMismatch,
     "storage_full": errors.StorageFull,
+    "staging_full": errors.StagingFull,
     "limit_exceeded": errors.LimitExceeded,
     "timeout": errors.Timeout,
     "rate_limiter_timeout": errors.RateLimiterTimeout,

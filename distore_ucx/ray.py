@@ -170,6 +170,7 @@ def deploy(
     node_metrics_port: int | str | None = None,
     disk: str | None = None,
     disk_size: int | str | None = None,
+    metrics_host: str = "0.0.0.0",
 ) -> str:
     """Start a store on the connected Ray cluster; returns the control plane address.
 
@@ -188,7 +189,10 @@ def deploy(
     metrics_port / node_metrics_port: the control plane's and each storage
     node's Prometheus /metrics port (None: config_file's or distore's
     default, 9770 and 9771; 0: none; "auto": any free port);
-    `metrics_targets(name)` lists what to scrape.
+    `metrics_targets(name)` lists what to scrape. metrics_host: where they
+    listen; every interface by default, so that those targets can be scraped
+    from another Ray node ("127.0.0.1": this host only). /metrics has no
+    token and names tables and hosts: keep its ports inside the cluster.
     disk / disk_size: a disk tier for every storage node, a file at that
     path on its Ray node's local NVMe (--disk, --disk-size).
 
@@ -243,6 +247,8 @@ def deploy(
         control_args += ["--metrics-port", str(metrics_port)]
     if node_metrics_port is not None:
         node_args += ["--metrics-port", str(node_metrics_port)]
+    control_args += ["--metrics-host", metrics_host]
+    node_args += ["--metrics-host", metrics_host]
 
     def pinned(ray_node: str | None) -> dict:
         opts = {"lifetime": "detached", "num_cpus": 0, "max_restarts": 0,

@@ -24,9 +24,9 @@ StatusArray disk_write_py(int fd, const MemoryRegion& region, Vec<uint64_t> src_
                           bool sync) {
   const size_t n = src_offsets.shape(0);
   check_batch(n, {disk_offsets.shape(0), keys.shape(0), generations.shape(0)}, "disk_write");
-  if (stride < slot_size || stride % kDiskAlign != 0) {
-    throw UcxError(kStatusBadArgument, "disk_write: the stride must be the slot size rounded "
-                                       "up to 4096 bytes");
+  if (stride < slot_size + kDiskTrailer || stride % kDiskAlign != 0) {
+    throw UcxError(kStatusBadArgument, "disk_write: the stride must be the slot size plus "
+                                       "its 8-byte trailer, rounded up to 4096 bytes");
   }
   for (size_t i = 0; i < n; ++i) {
     if (src_offsets(i) > region.size() || region.size() - src_offsets(i) < slot_size ||
@@ -52,7 +52,7 @@ StatusArray disk_reader_read(DiskReader& reader, int fd, Vec<uint64_t> disk_offs
                              Vec<uint64_t> keys, Vec<uint64_t> generations) {
   const size_t n = disk_offsets.shape(0);
   check_batch(n, {dest_offsets.shape(0), keys.shape(0), generations.shape(0)}, "disk read");
-  if (stride % kDiskAlign != 0 || region.local_address() % kDiskAlign != 0) {
+  if (stride == 0 || stride % kDiskAlign != 0 || region.local_address() % kDiskAlign != 0) {
     throw UcxError(kStatusBadArgument, "disk read: stride and arena must be 4096-aligned");
   }
   for (size_t i = 0; i < n; ++i) {
@@ -92,7 +92,7 @@ StatusArray disk_read_raw_py(int fd, Vec<uint64_t> disk_offsets, size_t stride, 
     nb::gil_scoped_release release;
     // keys/generations of 0: the header check fails by design; only I/O errors count.
     disk_read_slots(fd, disk_offsets.data(), stride, base, dest.data(), none.data(),
-                    none.data(), n, threads, statuses);
+                    none.data(), n, threads, false, statuses);
   }
   for (size_t i = 0; i < n; ++i) {
     if (statuses[i] == kStatusStale) statuses[i] = 0;
@@ -105,8 +105,8 @@ StatusArray disk_read_raw_py(int fd, Vec<uint64_t> disk_offsets, size_t stride, 
 void bind_disk(nb::module_& m) {
   m.def("disk_write", &disk_write_py, "fd"_a, "region"_a, "src_offsets"_a, "slot_size"_a,
         "disk_offsets"_a, "stride"_a, "keys"_a, "generations"_a, "threads"_a, "sync"_a,
-        "Write arena slots to the tier file with new headers (GIL released); per-slot "
-        "statuses (0 or an errno).");
+        "Write arena slots to the tier file with new headers and a checksum trailer (GIL "
+        "released); per-slot statuses (0 or an errno).");
   nb::class_<DiskReader>(m, "DiskReader",
                          "A node's cold-read queue: threads kept for its life, batches of "
                          "all callers served first in, first out (disk_io.h).")
@@ -118,7 +118,8 @@ void bind_disk(nb::module_& m) {
       .def("read", &disk_reader_read, "fd"_a, "disk_offsets"_a, "stride"_a, "region"_a,
            "dest_offsets"_a, "keys"_a, "generations"_a,
            "Read tier-file slots into the arena behind earlier calls' batches and check "
-           "their headers (GIL released); per-slot statuses (0, an errno, or STATUS_STALE).");
+           "their headers and checksums (GIL released); per-slot statuses (0, an errno, "
+           "STATUS_STALE or STATUS_CORRUPT).");
   m.def("disk_read_raw", &disk_read_raw_py, "fd"_a, "disk_offsets"_a, "stride"_a, "threads"_a,
         "scratch"_a,
         "O_DIRECT reads of the same shape into scratch memory (the disk's own bandwidth).");

@@ -3,6 +3,8 @@
 
 #include <ucp/api/ucp.h>
 
+#include "checksum.h"
+
 namespace distore {
 
 void bind_status(nb::module_& m) {
@@ -20,6 +22,12 @@ void bind_status(nb::module_& m) {
   m.def("ucx_version", [] { return std::string(ucp_get_version_string()); },
         "Version of the UCX library actually loaded, e.g. '1.21.0'.");
   m.def("status_name", &status_name, "status"_a, "Name of a ucs_status_t value.");
+  m.def(
+      "crc32c",
+      [](nb::bytes data, uint32_t crc) { return crc32c_update(crc, data.c_str(), data.size()); },
+      "data"_a, "crc"_a = 0,
+      "CRC-32C of `data`, continuing from `crc` (the one disk-tier slots and remote keys "
+      "are sealed with).");
 }
 
 void bind_status_constants(nb::module_& m) {
@@ -28,6 +36,7 @@ void bind_status_constants(nb::module_& m) {
   m.attr("STATUS_TORN") = kStatusTorn;
   m.attr("STATUS_STALE") = kStatusStale;
   m.attr("STATUS_NOT_MAPPED") = kStatusNotMapped;
+  m.attr("STATUS_CORRUPT") = kStatusCorrupt;
   m.attr("STATUS_UNREACHABLE") = static_cast<int>(UCS_ERR_UNREACHABLE);
 }
 

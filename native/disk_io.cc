@@ -15,6 +15,7 @@
 #include <thread>
 #include <vector>
 
+#include "checksum.h"
 #include "status.h"
 #include "stream_copy.h"
 
@@ -58,7 +59,21 @@ int transfer_all(Op op, size_t length, uint64_t offset) {
   return 0;
 }
 
+// Writes the trailer of the stride bytes at `slot`.
+void seal(uint8_t* slot, size_t stride) {
+  const uint32_t crc = crc32c_update(0, slot, stride - kDiskTrailer);
+  const uint32_t trailer[2] = {crc, ~crc};
+  std::memcpy(slot + stride - kDiskTrailer, trailer, kDiskTrailer);
+}
+
 }  // namespace
+
+bool disk_slot_sealed(const uint8_t* slot, size_t stride) {
+  uint32_t trailer[2];
+  std::memcpy(trailer, slot + stride - kDiskTrailer, kDiskTrailer);
+  return trailer[1] == ~trailer[0] &&
+         trailer[0] == crc32c_update(0, slot, stride - kDiskTrailer);
+}
 
 void disk_write_slots(int fd, const uint8_t* src, const uint64_t* src_offsets, size_t slot_size,
                       const uint64_t* disk_offsets, size_t stride, const uint64_t* keys,
@@ -75,6 +90,7 @@ void disk_write_slots(int fd, const uint8_t* src, const uint64_t* src_offsets, s
     std::memset(buf + slot_size, 0, stride - slot_size);
     const uint64_t header[2] = {keys[i], generations[i]};
     std::memcpy(buf, header, kHeader);
+    seal(buf, stride);
     statuses[i] = transfer_all(
         [&](size_t at, size_t len, off_t off) { return ::pwrite(fd, buf + at, len, off); },
         stride, disk_offsets[i]);
@@ -137,17 +153,27 @@ void fail(std::atomic<int>& error, int status) {
   error.compare_exchange_strong(none, status);
 }
 
+// A slot whose reads all succeeded: its trailer checked (kStatusCorrupt if
+// it does not match, the slot's error unless it has one already).
+void verify_slot(const uint8_t* slot, size_t stride, std::atomic<int>& error) {
+  if (error.load(std::memory_order_relaxed) == 0 && !disk_slot_sealed(slot, stride)) {
+    fail(error, kStatusCorrupt);
+  }
+}
+
 }  // namespace
 
 void disk_read_slots(int fd, const uint64_t* disk_offsets, size_t stride, uint8_t* dest,
                      const uint64_t* dest_offsets, const uint64_t* keys,
-                     const uint64_t* generations, size_t n, size_t threads, int32_t* statuses) {
+                     const uint64_t* generations, size_t n, size_t threads, bool verify,
+                     int32_t* statuses) {
   std::vector<std::atomic<int>> errors(n);
   for (auto& e : errors) e.store(0, std::memory_order_relaxed);
   fan_out(n, threads, [&](size_t i) {
     const int status =
         read_unit(fd, disk_offsets[i], stride, dest + dest_offsets[i], 0, nullptr, 0);
     if (status != 0) fail(errors[i], status);
+    if (verify) verify_slot(dest + dest_offsets[i], stride, errors[i]);
   });
   check_slots(dest, dest_offsets, keys, generations, n, errors.data(), statuses);
 }
@@ -163,6 +189,7 @@ struct DiskReader::Batch {
   size_t next = 0;  // the next unit to hand out (under mu_)
   size_t done = 0;  // units ended (under mu_)
   std::vector<std::atomic<int>> errors;
+  std::vector<std::atomic<size_t>> left;  // units of each slot not yet ended
 };
 
 DiskReader::DiskReader(size_t threads, size_t chunk) : chunk_(chunk) {
@@ -216,6 +243,11 @@ void DiskReader::work(size_t worker) {
                                    b->dest + b->dest_offsets[i], u % b->pieces, via, chunk_);
       if (status != 0) fail(b->errors[i], status);
     }
+    // The slot's last unit: every part of it is in dest (each unit's copy
+    // ends with a store fence; acq_rel orders the other threads' parts).
+    if (b->left[i].fetch_sub(1, std::memory_order_acq_rel) == 1) {
+      verify_slot(b->dest + b->dest_offsets[i], b->stride, b->errors[i]);
+    }
     lock.lock();
     if (++b->done == b->units) finished_.notify_all();
   }
@@ -235,6 +267,8 @@ void DiskReader::read(int fd, const uint64_t* disk_offsets, size_t stride, uint8
   b.units = n * b.pieces;
   b.errors = std::vector<std::atomic<int>>(n);
   for (auto& e : b.errors) e.store(0, std::memory_order_relaxed);
+  b.left = std::vector<std::atomic<size_t>>(n);
+  for (auto& l : b.left) l.store(b.pieces, std::memory_order_relaxed);
   {
     std::unique_lock<std::mutex> lock(mu_);
     queue_.push_back(&b);

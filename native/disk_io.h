@@ -4,8 +4,14 @@
 // only move whole slots. Each call issues its n transfers from a small
 // pool of threads (positional reads/writes, several in flight at once, so
 // the device sees a queue, never one blocking read per item) and returns
-// per-item statuses: 0, an errno value, or kStatusStale when a slot read
-// back does not hold the (key, generation) asked for.
+// per-item statuses: 0, an errno value, kStatusStale when a slot read back
+// does not hold the (key, generation) asked for, or kStatusCorrupt when its
+// bytes fail their checksum.
+//
+// A slot on disk is `stride` bytes (the slot size plus kDiskTrailer, rounded
+// up to kDiskAlign): the slot, zeros, and a trailer of CRC-32C of every byte
+// before it and that CRC inverted, written with the slot and checked on
+// every read, so a flipped bit anywhere in a slot is never handed out.
 //
 // Ownership: the functions keep nothing between calls (threads are joined
 // before return); DiskReader keeps its threads. Thread safety: calls may run
@@ -25,11 +31,17 @@ namespace distore {
 // Alignment of every O_DIRECT buffer, offset and length: 4 KiB covers the
 // logical block size of every disk we expect (512 B or 4 KiB).
 constexpr size_t kDiskAlign = 4096;
+// The last bytes of a disk slot: CRC-32C of the rest, then its complement (an
+// all-zero trailer, never written, never verifies).
+constexpr size_t kDiskTrailer = 8;
+
+// Whether the `stride` bytes at `slot` carry a trailer that matches them.
+bool disk_slot_sealed(const uint8_t* slot, size_t stride);
 
 // Copies slot i (slot_size bytes at src + src_offsets[i]) into an aligned
-// buffer, sets its header to (keys[i], generations[i]), and writes `stride`
-// bytes (slot_size rounded up to kDiskAlign) at disk_offsets[i]. Then
-// fdatasync when `sync`.
+// buffer, sets its header to (keys[i], generations[i]), seals it with its
+// trailer, and writes `stride` bytes (slot_size + kDiskTrailer rounded up to
+// kDiskAlign) at disk_offsets[i]. Then fdatasync when `sync`.
 void disk_write_slots(int fd, const uint8_t* src, const uint64_t* src_offsets, size_t slot_size,
                       const uint64_t* disk_offsets, size_t stride, const uint64_t* keys,
                       const uint64_t* generations, size_t n, size_t threads, bool sync,
@@ -37,13 +49,14 @@ void disk_write_slots(int fd, const uint8_t* src, const uint64_t* src_offsets, s
 
 // Reads `stride` bytes at disk_offsets[i] straight into dest + dest_offsets[i]
 // (dest and dest_offsets aligned to kDiskAlign, the space `stride` long) and
-// checks the header against (keys[i], generations[i]). A failed slot gets
-// its header zeroed, so no reader can take it for the item. Threads are
-// made for the call: the perf baseline's reader (a node reads with
-// DiskReader).
+// checks the header against (keys[i], generations[i]) and, when `verify`,
+// the trailer against the bytes. A failed slot gets its header zeroed, so
+// no reader can take it for the item. Threads are made for the call: the
+// perf baseline's reader (a node reads with DiskReader).
 void disk_read_slots(int fd, const uint64_t* disk_offsets, size_t stride, uint8_t* dest,
                      const uint64_t* dest_offsets, const uint64_t* keys,
-                     const uint64_t* generations, size_t n, size_t threads, int32_t* statuses);
+                     const uint64_t* generations, size_t n, size_t threads, bool verify,
+                     int32_t* statuses);
 
 // A storage node's cold reads: `threads` threads kept for the node's life
 // and one first-in, first-out queue of work units. read() queues its batch
@@ -68,8 +81,9 @@ class DiskReader {
   DiskReader(const DiskReader&) = delete;
   DiskReader& operator=(const DiskReader&) = delete;
 
-  // As disk_read_slots, through the queue (statuses: 0, an errno, or
-  // kStatusStale).
+  // As disk_read_slots with `verify`, through the queue (statuses: 0, an
+  // errno, kStatusStale or kStatusCorrupt). A slot's trailer is checked by
+  // the thread that ends its last unit, so checks run on every thread.
   void read(int fd, const uint64_t* disk_offsets, size_t stride, uint8_t* dest,
             const uint64_t* dest_offsets, const uint64_t* keys, const uint64_t* generations,
             size_t n, int32_t* statuses);

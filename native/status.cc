@@ -1,5 +1,7 @@
 #include "status.h"
 
+#include "checksum.h"
+
 namespace distore {
 
 std::string status_name(int status) {
@@ -8,6 +10,7 @@ std::string status_name(int status) {
     case kStatusBadArgument: return "DISTORE_BAD_ARGUMENT";
     case kStatusTorn: return "DISTORE_TORN_READ";
     case kStatusStale: return "DISTORE_STALE_SLOT";
+    case kStatusCorrupt: return "DISTORE_CORRUPT_SLOT";
     case kStatusNotMapped: return "DISTORE_NOT_MAPPED";
 #define DISTORE_STATUS(s) case s: return #s;
     DISTORE_STATUS(UCS_OK)
@@ -43,22 +46,7 @@ std::string status_name(int status) {
   }
 }
 
-uint32_t crc32c(const void* data, size_t size) {
-  static uint32_t table[256];
-  static bool ready = [] {
-    for (uint32_t i = 0; i < 256; ++i) {
-      uint32_t c = i;
-      for (int k = 0; k < 8; ++k) c = (c & 1) ? 0x82F63B78u ^ (c >> 1) : c >> 1;
-      table[i] = c;
-    }
-    return true;
-  }();
-  (void)ready;
-  uint32_t crc = 0xFFFFFFFFu;
-  const auto* p = static_cast<const uint8_t*>(data);
-  for (size_t i = 0; i < size; ++i) crc = table[(crc ^ p[i]) & 0xFF] ^ (crc >> 8);
-  return crc ^ 0xFFFFFFFFu;
-}
+uint32_t crc32c(const void* data, size_t size) { return crc32c_update(0, data, size); }
 
 void check(ucs_status_t status, const std::string& what, const std::string& peer) {
   if (status == UCS_OK || status == UCS_INPROGRESS) return;

@@ -22,6 +22,7 @@ constexpr int kStatusBadArgument = -1001;  // malformed batch arrays
 constexpr int kStatusTorn = -1002;         // slot rewritten while it was copied (seqlock)
 constexpr int kStatusStale = -1003;        // the slot holds another item than the one asked for
 constexpr int kStatusNotMapped = -1004;    // the item's node is not mapped: read it another way
+constexpr int kStatusCorrupt = -1005;      // bytes read back fail their checksum (disk tier)
 
 class UcxError : public std::runtime_error {
  public:

@@ -66,9 +66,9 @@ def check(data: np.ndarray, idx: np.ndarray, size: int) -> bool:
 
 def stride_of(size: int) -> int:
     from distore_ucx.spec import TableSpec
+    from distore_ucx.storage import tier
 
-    slot = TableSpec.parse(((size,), "uint8")).slot_size
-    return (slot + ALIGN - 1) // ALIGN * ALIGN
+    return tier.stride_of(TableSpec.parse(((size,), "uint8")).slot_size)
 
 
 def hugepage_buffer(nbytes: int) -> np.ndarray:

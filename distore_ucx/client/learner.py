@@ -456,6 +456,11 @@ class Learner:
             if len(rows) == 0:
                 break
             self.resampled += len(rows)
+            # The rows read so far are in dest: their leases, and the staged
+            # copies of cold items under them, go back with the resample, so
+            # a run of unreadable items never fills a node's staging area.
+            self._done_leases.extend(leases)
+            leases = []
             if attempt:
                 time.sleep(min(0.05 * attempt, 0.5))  # let the control plane drop a dead node
             reply = self._resample(len(rows), wait)
@@ -609,14 +614,16 @@ class Learner:
     def _new_reply(self, wait: float) -> dict:
         if self._received:
             return self._received.pop(0)
-        if self._rpc.in_flight:
+        while self._rpc.in_flight:
             early, self._early = self._early, False
             try:
                 return self._rpc.receive(wait + 10.0)
             except ConnectionFailed as exc:
                 # The control plane went away with our requests (in_flight is
-                # now 0): ask again (the call waits for it to come back, up
-                # to the timeout).
+                # now 0), or answered this one with a failure (a node left
+                # while it staged cold items) and the next is on its way:
+                # take the next, or ask again (the call waits for it to come
+                # back, up to the timeout).
                 log.warning("table %r: %s; asking again", self.table, exc)
             except (NoData, RateLimiterTimeout):
                 if not early:

@@ -185,12 +185,8 @@ class Writer:
         self.max_in_flight = max_in_flight
         self.max_delay = math.inf if max_delay is None else float(max_delay)
         self.timeout = timeout
-        reply = client.call("register_writer")
-        self.writer_id = reply["writer_id"]
-        self._key_base = np.uint64(self.writer_id << reply["key_bits"])
-        self._key_base_int = self.writer_id << reply["key_bits"]
+        self._take_keys(client.call("register_writer"))
         self._layouts: dict[str, _Layout] = {}  # per table, for one-item inserts
-        self._seq = 0
         self._runtime = client.runtime
         self._me = {"worker_address": self._runtime.address, "pid": os.getpid(),
                     "host_id": host_id()}
@@ -221,6 +217,24 @@ class Writer:
         self._closed = False
         _track_open(self)
 
+    def _take_keys(self, reply: dict) -> None:
+        """Keys from a register_writer reply: `writer_id << key_bits | seq`
+        for seq below 2**key_bits."""
+        self.writer_id = reply["writer_id"]
+        self._key_base = np.uint64(self.writer_id << reply["key_bits"])
+        self._key_base_int = self.writer_id << reply["key_bits"]
+        self._key_count = 1 << reply["key_bits"]
+        self._seq = 0
+
+    def _keys_for(self, n: int) -> None:
+        """Make room for n more keys: a writer id's keys used up, take the
+        next id (one request per 2**24 items)."""
+        if self._seq + n <= self._key_count:
+            return
+        if n > self._key_count:
+            raise ValueError(f"insert at most {self._key_count} items in one call, got {n}")
+        self._take_keys(self._client.call("register_writer", previous=self.writer_id))
+
     def next_keys(self, n: int = 1) -> np.ndarray:
         """The keys the next `n` items this writer inserts will get (uint64), so
         that items can carry their own key (for checks end to end). Keys are
@@ -232,6 +246,7 @@ class Writer:
         """
         if n < 0:
             raise ValueError(f"next_keys: n must be >= 0, got {n}")
+        self._keys_for(n)
         return self._key_base + np.uint64(self._seq) + np.arange(n, dtype=np.uint64)
 
     @property
@@ -256,6 +271,7 @@ class Writer:
         prio = np.broadcast_to(np.asarray(priority, dtype=np.float64), (n,))
         if not np.isfinite(prio).all() or (prio < 0).any():
             raise ValueError("priorities must be finite and non-negative")
+        self._keys_for(n)
         keys = self._key_base + np.uint64(self._seq) + np.arange(n, dtype=np.uint64)
         self._seq += n
         done = 0
@@ -303,6 +319,8 @@ class Writer:
                     return None
                 parts.append(a)
         ensure_open(self, "writer")
+        if self._seq >= self._key_count:
+            self._keys_for(1)
         key = self._key_base_int + self._seq
         self._seq += 1
         try:

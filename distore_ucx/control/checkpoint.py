@@ -49,6 +49,7 @@ MAGIC = b"DISTORE-CHECKPOINT\n"
 FORMAT_VERSION = 1
 _HEADER = struct.Struct("<IQQI")  # format version, metadata bytes, array bytes, crc32
 WRITER_ID_BLOCK = 256  # writer ids reserved (and persisted) at a time
+KEY_BITS = 24  # a key is writer_id << KEY_BITS | the writer's sequence number
 
 _ARRAYS = {"keys": np.uint64, "priorities": np.float64, "times_sampled": np.uint32,
            "sequences": np.uint64, "retired": np.uint64}
@@ -98,6 +99,7 @@ class Image:
     tables: list[TableImage]
     created: float = field(default_factory=time.time)
     incarnation: int = 0
+    store_id: str = ""  # the store it belongs to (IdState.store_id; "" in older files)
 
     @property
     def items(self) -> int:
@@ -113,6 +115,7 @@ def write(path: str, image: Image) -> int:
     meta = msgpack.packb({
         "created": image.created,
         "incarnation": image.incarnation,
+        "store_id": image.store_id,
         "tables": [t.meta() for t in image.tables],
     }, use_bin_type=True)
     arrays = [memoryview(a).cast("B") for t in image.tables for a in t.arrays()]
@@ -157,6 +160,7 @@ def _read(fh, path: str, size: int) -> Image:
     try:
         doc = msgpack.unpackb(meta, raw=False)
         created, incarnation = float(doc["created"]), int(doc["incarnation"])
+        store_id = str(doc.get("store_id", ""))
         described = [(t, {n: int(t["lengths"][n]) for n in _ARRAYS}) for t in doc["tables"]]
     except (KeyError, TypeError, ValueError, msgpack.UnpackException) as exc:
         raise CheckpointError(f"{path}: metadata does not decode ({exc!r})") from None
@@ -185,7 +189,28 @@ def _read(fh, path: str, size: int) -> Image:
     if check != crc:
         raise CheckpointError(f"{path} is corrupt (checksum mismatch); restore an older copy "
                               "or start without --restore")
-    return Image(tables, created, incarnation)
+    for image in tables:  # a valid checksum says nothing of a file made by hand
+        _check_values(path, image)
+    return Image(tables, created, incarnation, store_id)
+
+
+def _check_values(path: str, t: TableImage) -> None:
+    """Refuse a table whose values are outside their domain (CheckpointError)."""
+    what = None
+    if not isinstance(t.definition.get("name"), str):
+        what = "has no table name"
+    elif min(t.inserts, t.samples, t.deletes, t.next_seq) < 0:
+        what = "has negative counters"
+    elif not np.isfinite(t.priorities).all() or (t.priorities < 0).any():
+        what = "has priorities that are not finite numbers >= 0 (NaN, inf or negative)"
+    elif len(t.sequences) and int(t.sequences.max()) >= t.next_seq:
+        what = "has insertion sequences at or past its next sequence number"
+    elif len(t.keys) > 1 and (np.diff(np.sort(t.keys)) == 0).any():
+        what = "has the same key twice"
+    if what is not None:
+        name = t.definition.get("name")
+        raise CheckpointError(f"{path}: table {name!r} {what}; it was not written by "
+                              "distore: restore an older copy or start without --restore")
 
 
 def _atomic_write(path: str, chunks: list) -> None:
@@ -225,6 +250,9 @@ class IdState:
         self.next_node_id = 1
         self.next_writer_id = 1
         self.writer_ids_reserved = 1  # ids below this may have been handed out
+        # Which store this is: written in its checkpoints, told to its nodes,
+        # so neither is ever taken for another store's.
+        self.store_id = secrets.token_hex(8)
         if path is not None:
             self._load()
             self.save()
@@ -234,6 +262,13 @@ class IdState:
             with open(self.path, encoding="utf-8") as fh:
                 doc = json.load(fh)
         except FileNotFoundError:
+            checkpoint = self.path[:-len(".ids")] if self.path.endswith(".ids") else None
+            if checkpoint and os.path.exists(checkpoint):
+                raise CheckpointError(
+                    f"the checkpoint {checkpoint} has no id file {self.path} beside it; without "
+                    "it, writer ids (the high bits of every key) would be handed out again: "
+                    "restore the id file with the checkpoint, or remove the checkpoint to start "
+                    "a new store (and restart every node empty)") from None
             self.incarnation = 1
             return
         except (OSError, ValueError) as exc:
@@ -246,7 +281,12 @@ class IdState:
             self.incarnation = int(doc["incarnation"]) + 1
             self.next_node_id = int(doc["next_node_id"])
             # Everything reserved by the previous run may be in use.
-            self.next_writer_id = self.writer_ids_reserved = int(doc["writer_ids_reserved"])
+            reserved = int(doc["writer_ids_reserved"])
+            # Files of releases whose keys were `writer_id << 40 | seq`: writer w's
+            # keys are those of the ids [w << 16, (w + 1) << 16) now.
+            reserved <<= max(0, int(doc.get("key_bits", 40)) - KEY_BITS)
+            self.next_writer_id = self.writer_ids_reserved = reserved
+            self.store_id = str(doc.get("store_id") or self.store_id)  # older files: a new one
         except (KeyError, TypeError, ValueError) as exc:
             raise CheckpointError(f"the id file {self.path} is malformed ({exc!r})") from None
 
@@ -255,8 +295,18 @@ class IdState:
         if self.path is None:
             return
         doc = {"incarnation": self.incarnation, "next_node_id": self.next_node_id,
-               "writer_ids_reserved": self.writer_ids_reserved}
+               "writer_ids_reserved": self.writer_ids_reserved, "key_bits": KEY_BITS,
+               "store_id": self.store_id}
         _atomic_write(self.path, [json.dumps(doc).encode()])
+
+    @staticmethod
+    def store_of(path: str) -> str:
+        """The store id in the id file at `path` ("" if it has none)."""
+        try:
+            with open(path, encoding="utf-8") as fh:
+                return str(json.load(fh).get("store_id") or "")
+        except (OSError, ValueError, AttributeError):
+            return ""
 
     def writer_id(self) -> int:
         """A writer id never handed out before (by this run or an earlier one)."""

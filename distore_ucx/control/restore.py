@@ -16,7 +16,7 @@ from collections.abc import Iterator
 
 import numpy as np
 
-from ..errors import InvalidRequest
+from ..errors import CheckpointError, DistoreError, InvalidRequest
 from ..progress import Progress
 from . import checkpoint
 from .tables import Freed, Table
@@ -41,13 +41,24 @@ class Restore:
                         "tables only (re-joining nodes keep their items of those)", self.path)
             return {}
         image = checkpoint.read(self.path)
+        ours = checkpoint.IdState.store_of(self.path + ".ids")
+        if image.store_id and ours and image.store_id != ours:
+            raise CheckpointError(
+                f"{self.path} is a checkpoint of store {image.store_id}, but its id file "
+                f"{self.path}.ids belongs to store {ours}: restore a checkpoint and id file "
+                "written together, or start without --restore")
         # A bar on a terminal, a log line every few seconds otherwise.
         self.progress = Progress("restoring checkpointed items", total=image.items,
                                  unit="items", logger=log, every=5.0)
         tables = {}
         for t in image.tables:
             seed = next(seeds) if seeds is not None else None
-            tables[t.name] = Table.from_image(t, seed)
+            try:
+                tables[t.name] = Table.from_image(t, seed)
+            except (DistoreError, ValueError, TypeError, KeyError) as exc:
+                raise CheckpointError(f"{self.path}: table {t.name!r} cannot be restored "
+                                      f"({exc}); restore an older copy or start without "
+                                      "--restore") from None
         log.info("restoring %d tables, %d items from %s (written %.0f s ago by run %d); nodes "
                  "have %g s to re-send their items", len(image.tables), image.items, self.path,
                  time.time() - image.created, image.incarnation, self.grace)

@@ -34,7 +34,7 @@ from ..storage.tier import stride_of
 from ..table_definition import TableDefinition
 from ..transport.rpc import Peer, serve
 from . import checkpoint
-from .checkpoint import IdState, Image
+from .checkpoint import KEY_BITS, IdState, Image
 from .leases import Leases
 from .membership import GONE, Membership
 from .restore import Restore
@@ -45,8 +45,10 @@ from .tiers import COLD, Demotions, Tiers, apply_moves, cold_items
 
 log = logging.getLogger(__name__)
 
-MAX_WRITERS = 1 << 24
-KEY_BITS = 40  # a key is writer_id << 40 | the writer's sequence number
+# A key is writer_id << KEY_BITS | the writer's sequence number. A writer
+# whose 2**24 keys are used takes another id (register_writer `previous`),
+# so the 2**40 ids last centuries even at 26k registrations a second.
+MAX_WRITERS = 1 << (64 - KEY_BITS)
 # Rounds of drawing again the items of a sample that lie on unresponsive
 # nodes; what is left after them is resampled by the learner.
 ROUTE_AROUND_ROUNDS = 32
@@ -73,6 +75,7 @@ class ControlPlane:
         self._seed = itertools.count(config.seed) if config.seed is not None else None
         self._stop = asyncio.Event()
         self._restoring: Restore | None = None  # nodes may re-send their items meanwhile
+        self._refused_stores: set[str] = set()  # nodes of another store, refused (logged once)
         self._checkpointing: asyncio.Lock | None = None
         self.last_checkpoint: dict | None = None
         self.stats = metrics.ControlStats()  # read at scrape time (metrics.py)
@@ -127,7 +130,7 @@ class ControlPlane:
         async with self._checkpointing:
             t0 = time.monotonic()
             image = Image([t.image() for t in self.tables.values()],
-                          incarnation=self.ids.incarnation)
+                          incarnation=self.ids.incarnation, store_id=self.ids.store_id)
             snapshot = time.monotonic() - t0
             try:
                 nbytes = await asyncio.to_thread(checkpoint.write, path, image)
@@ -179,7 +182,8 @@ class ControlPlane:
             self._tasks.append(loop.create_task(self._checkpoints()))
         log.info("control plane listening on %s:%d", self.config.host, self.port)
         self.metrics_server = metrics.serve_process(
-            self.config.metrics_port, self.config.host, loop, self, metrics.control_snapshot,
+            self.config.metrics_port, self.config.metrics_host, loop, self,
+            metrics.control_snapshot,
             metrics.control_families, "control plane", self.config.metrics_optional)
         return server
 
@@ -364,10 +368,20 @@ class ControlPlane:
         afresh, or dropped the node and forgot them)."""
         fields = dict(f)
         wanted = fields.pop("node_id", None)
+        store = fields.pop("store_id", None)
+        if store is not None and store != self.ids.store_id and self._restoring is not None:
+            why = (f"storage node {f['name']!r} holds items of store {store}, but this control "
+                   f"plane restores store {self.ids.store_id} ({self.config.checkpoint}): "
+                   "refused, its items kept. Restart the node's own control plane (its "
+                   "--checkpoint), or restart the node empty to join this store")
+            if why not in self._refused_stores:  # one line per node and store, not per retry
+                self._refused_stores.add(why)
+                log.error("%s", why)
+            raise CheckpointError(why)
         node = self.members.register(peer, fields, wanted)
         self.stats.membership["rejoined" if wanted == node.node_id else "joined"] += 1
         return {"node_id": node.node_id, "heartbeat_interval": self.config.heartbeat_interval,
-                "restore": self._restoring is not None}
+                "restore": self._restoring is not None, "store_id": self.ids.store_id}
 
     def op_items_restored(self, peer: Peer, f: dict) -> dict:
         """Items a re-registered node still holds (sent only while restoring)."""
@@ -415,22 +429,28 @@ class ControlPlane:
 
     def op_register_writer(self, peer: Peer, f: dict) -> dict:
         """A writer id never handed out before; at most control.max_writer_ids
-        per connection, so one client cannot use up the 2**24 of a store (ids
-        are not reused: keys `writer_id << 40 | seq` of a closed writer may
-        still be in tables, in nodes' slots and in checkpoints)."""
+        writers per connection. Ids are not reused (keys `writer_id << 24 |
+        seq` of a closed writer may still be in tables, in nodes' slots and in
+        checkpoints) but cannot run out: there are 2**40, and a writer whose
+        2**24 keys are used asks for the next with `previous`, which this
+        connection's count does not see again."""
         limit = self.config.max_writer_ids
-        taken = peer.state.get("writer_ids", 0) if peer is not None else 0
-        if taken >= limit:
+        mine = peer.state.setdefault("writer_ids", set()) if peer is not None else set()
+        previous = f.get("previous")
+        if previous not in mine:  # a new writer (or one whose connection was made again)
+            previous = None
+        if previous is None and len(mine) >= limit:
             raise LimitExceeded(
-                f"this connection registered {taken} writers, the most one connection may "
+                f"this connection registered {len(mine)} writers, the most one connection may "
                 f"(control.max_writer_ids = {limit}): reuse a writer instead of making one per "
                 "batch, connect again (ds.connect) for more, or raise --max-writer-ids"
             )
         wid = self.ids.writer_id()
-        if peer is not None:
-            peer.state["writer_ids"] = taken + 1
-        if wid >= MAX_WRITERS:
-            raise ConfigError("this control plane ran out of writer ids; restart it")
+        if wid >= MAX_WRITERS:  # 2**40 ids: not in this universe's lifetime
+            raise ConfigError(f"this control plane handed out all {MAX_WRITERS} writer ids; "
+                              "start a new store (a new --checkpoint path)")
+        mine.discard(previous)
+        mine.add(wid)
         return {"writer_id": wid, "key_bits": KEY_BITS}
 
     def op_create_table(self, peer: Peer, f: dict) -> dict:

@@ -32,7 +32,7 @@ import logging
 
 import numpy as np
 
-from ..errors import ConnectionFailed, NodeGone, Timeout
+from ..errors import ConnectionFailed, NodeGone, StagingFull, Timeout
 from ..storage.tier import COLD  # loads no native code
 from .items import LIVE
 
@@ -207,6 +207,8 @@ class Tiers:
                                   f"of table {table.name!r} within {STAGE_TIMEOUT:g} s; sample "
                                   "again (see the node's log)") from None
                 if "error" in answer:
+                    if answer.get("code") == "staging_full":  # typed: it says what to do
+                        raise StagingFull(f"storage node {node_id}: {answer['error']}")
                     raise ConnectionFailed(f"storage node {node_id} could not stage "
                                            f"{len(rows)} cold items of table {table.name!r}: "
                                            f"{answer['error']}")
@@ -240,7 +242,7 @@ class Tiers:
                 self.unstage([(node_id, e) for e in f["extents"]])
             return
         if f.get("error"):
-            fut.set_result({"error": f["error"]})
+            fut.set_result({"error": f["error"], "code": f.get("code")})
         else:
             fut.set_result({"extents": f["extents"], "offsets": f["offsets"],
                             "statuses": f["statuses"].view(np.int32)})

@@ -32,14 +32,16 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-from .. import metrics
+from .. import metrics, protocol
 from .._native_loader import _native
 from ..config import NodeConfig, read_token
 from ..errors import (
     AuthenticationFailed,
+    CheckpointError,
     ConnectionFailed,
     InvalidRequest,
     SpecMismatch,
+    StagingFull,
     StorageFull,
     Timeout,
     from_native,
@@ -92,6 +94,7 @@ class StorageNode:
         self.config = config
         self.name = config.name or f"{socket.gethostname()}:{os.getpid()}"
         self.node_id: int | None = None
+        self.store_id: str | None = None  # the store this node's items belong to
         self.runtime: UcxRuntime | None = None
         self.arena: Arena | None = None
         self.control: AsyncClient | None = None
@@ -158,7 +161,7 @@ class StorageNode:
             self._where = (host, port)
             steps.update(1, note=f"listening on {host}:{port}")
             metrics_server = metrics.serve_process(
-                cfg.metrics_port, host, loop, self, metrics.node_snapshot,
+                cfg.metrics_port, cfg.metrics_host, loop, self, metrics.node_snapshot,
                 metrics.node_families, f"storage node {self.name}", cfg.metrics_optional)
             beat = None
             try:
@@ -267,7 +270,8 @@ class StorageNode:
             except Exception as exc:  # whatever went wrong, try again until the deadline
                 if str(exc) != last_error:
                     log.info("re-joining the control plane: %s", exc,
-                             exc_info=not isinstance(exc, (ConnectionFailed, Timeout)))
+                             exc_info=not isinstance(exc, (ConnectionFailed, Timeout,
+                                                           CheckpointError)))
                     last_error = str(exc)
             left = deadline - time.monotonic()
             if left <= 0:
@@ -304,11 +308,14 @@ class StorageNode:
                 page_kind=granted_page_kind(self.arena.page_kind),
                 **({"local_socket": self.local_map.name} if self.local_map else {}),
                 **({"node_id": former} if former is not None else {}),
+                **({"store_id": self.store_id} if former is not None and self.store_id
+                   else {}),
                 **({"disk_size": self.tier.size} if self.tier is not None else {}),
                 **({"insert_address": bytes(self.runtime.reader_worker.address)}
                    if self.am_inbox is not None else {}),
             )
             self.node_id = reply["node_id"]
+            self.store_id = reply.get("store_id")
             self._interval = reply["heartbeat_interval"]
             self.control = control
             if former is not None:
@@ -811,7 +818,7 @@ class StorageNode:
         need = len(keys) * stride
         try:
             if need > self.staging.size:
-                raise StorageFull(
+                raise StagingFull(
                     f"node {self.name}: a sample needs {len(keys)} cold items of table "
                     f"{f['table']!r} staged ({need} bytes) but the staging area holds "
                     f"{self.staging.size}: raise --disk-staging or sample smaller batches")
@@ -821,7 +828,7 @@ class StorageNode:
                 self._staged.clear()
                 left = deadline - time.monotonic()
                 if left <= 0:
-                    raise Timeout(
+                    raise StagingFull(
                         f"node {self.name}: staging area full ({self.staging.used_bytes} of "
                         f"{self.staging.size} bytes leased) for {STAGE_WAIT:g} s, {need} bytes "
                         f"of cold items of table {f['table']!r} wanted. Each learner holds "
@@ -848,9 +855,12 @@ class StorageNode:
             bad = statuses != 0
             if bad.any():
                 self.tier.read_errors += int(bad.sum())
+                first = int(statuses[bad][0])
+                why = os.strerror(first) if first > 0 else _native.status_name(first)
                 log.error("node %s: %d of %d cold items of table %r could not be read back from "
-                          "%s (status %d); reported lost", self.name, int(bad.sum()), len(keys),
-                          f["table"], self.config.disk, int(statuses[bad][0]))
+                          "%s (%s: an I/O error, a slot failing its checksum, or another "
+                          "item's); reported lost", self.name, int(bad.sum()), len(keys),
+                          f["table"], self.config.disk, why)
             self.control.push("staged", node_id=self.node_id, request=req, extents=extents,
                               offsets=dest, statuses=statuses.view(np.uint32))
             log.debug("staged %d cold items of table %r (%d bytes) in %.1f ms", len(keys),
@@ -859,7 +869,7 @@ class StorageNode:
             log.error("%s", exc)
             if self.control is not None:
                 self.control.push("staged", node_id=self.node_id, request=req,
-                                  error=str(exc)[:4000])
+                                  error=str(exc)[:4000], code=protocol.error_code(exc))
 
     def _disk(self) -> ThreadPoolExecutor:
         # Disk batches, off the loop; the native call fans each out to its own threads.

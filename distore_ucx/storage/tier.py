@@ -12,7 +12,10 @@ never accept its bytes.
 A sampled cold item is staged: the node reads it from the tier file, in one
 batch with the rest of the sample's cold items, straight into the staging
 area at the bottom of its arena (registered, mapped by same-host learners),
-and the control plane answers the sample with those locations. The staged
+and the control plane answers the sample with those locations. Each disk
+slot ends with a checksum of its bytes, written with it and checked on every
+read: an item whose bytes changed on disk is reported lost (the control
+plane drops it, its staged header is zeroed, learners resample it). The staged
 copy stays until the sample's lease is released or expires.
 
 The tier file is capacity, not persistence: a node that restarts starts
@@ -51,6 +54,10 @@ FORMAT_VERSION = 1
 # magic, version, header bytes, data bytes, arena id, created (unix s), node name
 _HEADER = struct.Struct("<8sIIQQd64s")
 IO_THREADS = 8  # transfers in flight per batch (the device's queue depth)
+# The last bytes of every disk slot: CRC-32C of the rest and its complement,
+# written with the slot and checked natively on every read (native/disk_io.h),
+# so a flipped bit is a lost item (resampled), never a wrong one.
+TRAILER = 8
 # Cold reads into an arena of 4 KiB pages go through this much contiguous
 # memory per I/O thread (bounce_reads()): 8 x 2 MiB per node, each
 # chunk one hugepage. Chunks smaller than an item let one chunk's copy run
@@ -76,8 +83,9 @@ def bounce_reads(contiguous: bool) -> bool:
 
 
 def stride_of(slot_size: int) -> int:
-    """Bytes a slot takes on disk and in the staging area: slot_size rounded up to 4 KiB."""
-    return (slot_size + ALIGN - 1) // ALIGN * ALIGN
+    """Bytes a slot takes on disk and in the staging area: slot_size and its
+    checksum trailer (TRAILER bytes) rounded up to 4 KiB."""
+    return (slot_size + TRAILER + ALIGN - 1) // ALIGN * ALIGN
 
 
 def is_cold(offsets: np.ndarray) -> np.ndarray:
@@ -101,11 +109,17 @@ class DiskTier:
         self.node_name = node_name
         self.sync = sync
         self.direct = True
+        self._created = False  # made by this open: removed again if it cannot be used
         self.fd = self._open(path)
         try:
             self._check_or_create(arena_id)
         except BaseException:
             os.close(self.fd)
+            if self._created:  # e.g. a --disk-size the disk cannot hold: leave nothing behind
+                try:
+                    os.unlink(path)
+                except OSError:
+                    pass
             raise
         self._tables: dict[str, SlotTable] = {}
         self._bump = 0
@@ -119,15 +133,23 @@ class DiskTier:
 
     # -- the file ----------------------------------------------------------
     def _open(self, path: str) -> int:
-        flags = os.O_RDWR | os.O_CREAT | os.O_CLOEXEC
+        flags = os.O_RDWR | os.O_CLOEXEC
         try:
-            fd = os.open(path, flags | os.O_DIRECT, 0o600)
+            try:  # a new file is ours to remove if it cannot be used
+                fd = os.open(path, flags | os.O_CREAT | os.O_EXCL | os.O_DIRECT, 0o600)
+                self._created = True
+            except FileExistsError:
+                fd = os.open(path, flags | os.O_DIRECT, 0o600)
         except OSError as exc:
             if exc.errno != 22:  # EINVAL: the file system has no O_DIRECT (tmpfs)
                 raise TierFileError(f"node {self.node_name}: cannot open the tier file {path!r}: "
                                     f"{exc.strerror}; pass a --disk path on a local disk "
                                     "this user can write") from None
-            fd = os.open(path, flags, 0o600)
+            try:
+                fd = os.open(path, flags | os.O_CREAT | os.O_EXCL, 0o600)
+                self._created = True
+            except FileExistsError:
+                fd = os.open(path, flags, 0o600)
             self.direct = False
             log.warning("node %s: the file system of %s has no O_DIRECT; the disk tier goes "
                         "through the page cache (use a path on a real disk)", self.node_name,
@@ -276,7 +298,8 @@ class DiskTier:
     def read(self, disk_offsets, slot_size: int, region, dest_offsets, keys,
              generations) -> np.ndarray:
         """Read disk slots into the arena (staging area) and check their
-        headers; through hugepage buffers when `bounce` (bounce_reads())."""
+        headers and checksums (statuses: 0, an errno, STATUS_STALE,
+        STATUS_CORRUPT); through hugepage buffers when `bounce` (bounce_reads())."""
         from .._native_loader import _native
 
         chunk = BOUNCE_CHUNK if self.bounce else 0

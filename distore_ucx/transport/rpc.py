@@ -18,11 +18,14 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import resource
 import select
 import socket
 import sys
 import threading
 import time
+import weakref
+from collections import Counter, OrderedDict
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -47,6 +50,13 @@ HANDSHAKE_TIMEOUT = 10.0  # seconds a new connection has to authenticate
 # Seconds a client waits for a greeting before asking the silent peer whether
 # it is an HTTP server (a metrics port given as the control plane's address).
 PROBE_AFTER = 1.0
+# What connections may cost a server, whoever opens them (docs/operations.md):
+MAX_UNSENT = 1 << 20  # bytes of replies a peer leaves unread before its requests are not read
+MAX_PER_PEER = 4096  # connections from one host (IP address)
+MAX_UNAUTHENTICATED_PER_PEER = 64  # of them still authenticating: the oldest goes first
+FD_RESERVE = 128  # descriptors never given to connections (files, UCX, /metrics, logs)
+LISTEN_BACKLOG = 1024  # connections the kernel completes before we accept them
+BURST_LOG_EVERY = 10.0  # s: one log line per burst of refusals, not one per connection
 
 log = logging.getLogger(__name__)
 
@@ -72,6 +82,144 @@ def _interrupted() -> bool:
             return True
         exc = exc.__context__
     return False
+
+
+class _Bursts:
+    """One log line per burst of like events (refused connections, accept
+    failures) rather than one per event: the first is logged, then at most
+    one line every BURST_LOG_EVERY s with the count since the last."""
+
+    def __init__(self):
+        self._last: dict[str, float] = {}
+        self._since: Counter = Counter()
+
+    def note(self, key: str, message: str, *args: Any) -> None:
+        now = time.monotonic()
+        self._since[key] += 1
+        last = self._last.get(key)
+        if last is not None and now - last < BURST_LOG_EVERY:
+            return
+        n = self._since.pop(key)
+        more = f" ({n} times in the last {now - last:.0f} s)" if last is not None else ""
+        log.warning(message + more, *args)
+        self._last[key] = now
+
+
+_bursts = _Bursts()
+_fd_limit: int | None = None
+
+
+def raise_open_file_limit() -> int:
+    """Raise this process's soft limit on open files to its hard limit (once
+    per process), saying so in the log; returns the soft limit now. Every
+    connection takes a descriptor: at the common default of 1,024, a few
+    thousand idle connections would leave a server unable to accept its own
+    clients."""
+    global _fd_limit
+    if _fd_limit is not None:
+        return _fd_limit
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    want = hard if hard != resource.RLIM_INFINITY else max(soft, 1 << 20)
+    if soft != resource.RLIM_INFINITY and soft < want:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
+            log.info("raised the open-file limit from %d to %d (its hard limit): every "
+                     "connection takes one", soft, want)
+            soft = want
+        except (ValueError, OSError) as exc:
+            log.warning("cannot raise the open-file limit from %d to %d (%s)", soft, want, exc)
+    if soft < 4 * FD_RESERVE + MAX_UNAUTHENTICATED_PER_PEER:
+        log.warning("the open-file limit is %d (hard %d): this process serves at most %d "
+                    "connections; raise it (ulimit -n, LimitNOFILE=) for more", soft, hard,
+                    soft - FD_RESERVE)
+    _fd_limit = soft
+    return soft
+
+
+_quiet_loops: weakref.WeakSet = weakref.WeakSet()
+
+
+def _quiet_accept_errors(loop: asyncio.AbstractEventLoop) -> None:
+    """Have `loop` log an accept that fails for lack of descriptors once per
+    burst, not with a traceback per attempt (asyncio retries every second)."""
+    if loop in _quiet_loops:
+        return
+    _quiet_loops.add(loop)
+    previous = loop.get_exception_handler()
+
+    def handler(loop, context):
+        if "accept" in str(context.get("message", "")) and \
+                isinstance(context.get("exception"), OSError):
+            _bursts.note("accept", "cannot accept connections: %s (out of descriptors or "
+                         "memory); retrying", context["exception"])
+            return
+        if previous is not None:
+            previous(loop, context)
+        else:
+            loop.default_exception_handler(context)
+
+    loop.set_exception_handler(handler)
+
+
+class _Admission:
+    """Connections of one server, by peer host: at most MAX_PER_PEER per host
+    and `limit` in all; at most MAX_UNAUTHENTICATED_PER_PEER per host still
+    authenticating, the oldest closed to make room (so a flood of idle
+    connections costs a few dozen descriptors and never locks out a client
+    that answers its challenge at once)."""
+
+    def __init__(self, limit: int, authenticating: bool):
+        self.limit = limit
+        self.authenticating = authenticating
+        self.total = 0
+        self.by_host: Counter = Counter()
+        self.waiting: dict[str, OrderedDict] = {}  # host -> peers not yet authenticated
+
+    def admit(self, peer: Peer, host: str) -> bool:
+        if self.by_host[host] >= MAX_PER_PEER:
+            _bursts.note("per-peer", "refusing connections from %s: it holds %d (at most %d "
+                         "per host)", host, self.by_host[host], MAX_PER_PEER)
+            return False
+        if self.total >= self.limit and not self._evict_oldest():
+            _bursts.note("total", "refusing connections: %d open, the most this process "
+                         "serves with its open-file limit", self.total)
+            return False
+        if self.authenticating:
+            mine = self.waiting.setdefault(host, OrderedDict())
+            if len(mine) >= MAX_UNAUTHENTICATED_PER_PEER:
+                self._evict(next(iter(mine)), host)
+                _bursts.note("unauthenticated", "closing the oldest of %d connections from %s "
+                             "that have not authenticated, to take a new one",
+                             MAX_UNAUTHENTICATED_PER_PEER, host)
+            mine[peer] = None
+        self.total += 1
+        self.by_host[host] += 1
+        return True
+
+    def authenticated(self, peer: Peer, host: str) -> None:
+        mine = self.waiting.get(host)
+        if mine is not None:
+            mine.pop(peer, None)
+            if not mine:
+                del self.waiting[host]
+
+    def left(self, peer: Peer, host: str) -> None:
+        self.authenticated(peer, host)
+        self.total -= 1
+        self.by_host[host] -= 1
+        if self.by_host[host] <= 0:
+            del self.by_host[host]
+
+    def _evict(self, victim: Peer, host: str) -> None:
+        self.authenticated(victim, host)  # out of the queue now; counted until it ends
+        victim.close()
+
+    def _evict_oldest(self) -> bool:
+        for host, mine in self.waiting.items():
+            if mine:
+                self._evict(next(iter(mine)), host)
+                return True
+        return False
 
 
 class Client:
@@ -227,7 +375,11 @@ class Client:
         if sock is None:
             return True
         try:
-            ready, _, _ = select.select([sock], [], [], timeout)
+            # poll, not select: servers raise their open-file limit, and
+            # select() cannot take a descriptor numbered 1,024 or more.
+            poller = select.poll()
+            poller.register(sock, select.POLLIN)
+            ready = poller.poll(max(0, int(timeout * 1000)))
         except (OSError, ValueError):  # closed meanwhile: receive will say so
             return True
         return bool(ready)
@@ -379,8 +531,33 @@ async def serve(
     After it, a frame longer than `max_frame` closes the connection unread,
     and at most `max_pending` requests of one connection wait for their
     answers: beyond that the server stops reading the connection (TCP then
-    pushes back on its sender) until one is answered.
+    pushes back on its sender) until one is answered. Likewise while more
+    than MAX_UNSENT bytes of its replies wait to be sent (a peer that does
+    not read its replies), until they drain.
+
+    Connections are admitted by `_Admission`: at most MAX_PER_PEER per host,
+    as many in all as the open-file limit (raised to its hard limit first)
+    leaves, and MAX_UNAUTHENTICATED_PER_PEER still authenticating per host,
+    the oldest closed for a new one. Refusals and failed accepts are logged
+    once per burst.
     """
+    fd_limit = raise_open_file_limit()
+    admission = _Admission(max(16, fd_limit - FD_RESERVE), token is not None)
+    # asyncio accepts up to `backlog` connections in one go before any is
+    # admitted: with few descriptors, a smaller queue, so a burst never
+    # runs out of them (an accept that fails pauses accepting for 1 s).
+    backlog = max(64, min(LISTEN_BACKLOG, (fd_limit - FD_RESERVE) // 4))
+    _quiet_accept_errors(asyncio.get_running_loop())
+
+    async def drained(writer) -> bool:
+        """Wait while this connection's unsent replies are over MAX_UNSENT;
+        False if it closed meanwhile."""
+        if writer.transport.get_write_buffer_size() > MAX_UNSENT:
+            try:
+                await writer.drain()
+            except (ConnectionError, RuntimeError):  # closed, or closing
+                return False
+        return not writer.is_closing()
 
     async def answer(peer: Peer, writer, mid: int, op: str, fields: dict,
                      after: asyncio.Task | None = None) -> None:
@@ -393,7 +570,7 @@ async def serve(
             result = exc
         if after is not None:  # the reply to the request before this one goes first
             await asyncio.wait([after])
-        if mid == 0 or writer.is_closing():  # push: no reply
+        if mid == 0 or not await drained(writer):  # push: no reply; or the peer is gone
             return
         if isinstance(result, BaseException):
             writer.writelines(protocol.encode(protocol.error_reply(mid, result)))
@@ -406,6 +583,11 @@ async def serve(
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         peer = Peer(reader, writer)
         peer.state["authenticated"] = False
+        addr = writer.get_extra_info("peername")
+        host = addr[0] if addr else "?"
+        if not admission.admit(peer, host):
+            writer.close()
+            return
         last: asyncio.Task | None = None  # the latest `ordered` request's answer
         try:
             try:
@@ -413,18 +595,21 @@ async def serve(
                     auth.server_handshake_async(reader, writer, token, peer.address, role),
                     handshake_timeout)
             except asyncio.TimeoutError:
-                log.warning("authentication failed for %s: no answer within %g s",
-                            peer.address, handshake_timeout)
+                _bursts.note("handshake", "authentication failed for %s: no answer within %g s",
+                             peer.address, handshake_timeout)
                 ok = False
             if not ok:
                 return
             peer.state["authenticated"] = True
+            admission.authenticated(peer, host)
             while True:
                 if len(peer.tasks) >= max_pending:
                     # Enough of this connection's requests are waiting: read
                     # no more of it until one is answered.
                     await asyncio.wait(set(peer.tasks), return_when=asyncio.FIRST_COMPLETED)
                     continue
+                if not await drained(writer):  # its replies unread: read no more until they go
+                    break
                 try:
                     msg = await read_frame(reader, max_frame)
                 except protocol.ProtocolError as exc:
@@ -457,8 +642,6 @@ async def serve(
                         await asyncio.wait([last])
                     last = None
                 await answer(peer, writer, mid, op, fields)
-                if writer.transport.get_write_buffer_size() > 1 << 20:
-                    await writer.drain()
         except (ConnectionError, asyncio.IncompleteReadError):
             pass
         except asyncio.CancelledError:
@@ -466,6 +649,7 @@ async def serve(
             # stream callback from logging a traceback for the cancelled task.
             pass
         finally:
+            admission.left(peer, host)
             peer.closed.set()
             for task in list(peer.tasks):
                 task.cancel()
@@ -473,7 +657,9 @@ async def serve(
                 on_close(peer)
             writer.close()
 
-    return await asyncio.start_server(connection, host, port, limit=1 << 20)
+    # A deep accept queue: a burst of connections is taken in and sorted
+    # out here (admission), instead of SYNs dropped and clients waiting 1 s.
+    return await asyncio.start_server(connection, host, port, limit=1 << 20, backlog=backlog)
 
 
 class AsyncClient:

@@ -5,10 +5,14 @@ space shared between tables."""
 from __future__ import annotations
 
 import collections
+import json
 import os
+import resource
+import select
 import socket
 import threading
 import time
+import urllib.request
 
 import numpy as np
 import psutil
@@ -16,7 +20,8 @@ import pytest
 from helpers import wait_for
 
 import distore_ucx as ds
-from distore_ucx import protocol
+from distore_ucx import protocol, roles
+from distore_ucx.transport import rpc
 from distore_ucx.transport.frames import recv_frame
 
 SPEC = {"payload": ((240,), "uint8"), "key": ((), "uint64")}
@@ -262,3 +267,162 @@ def test_space_a_drained_table_gives_back_is_used_by_another():
         assert client.table_info("b")["size"] == n_b
         batch = client.learner("b", batch_size=n_b).sample(timeout=10)
         assert (batch.data == 7).all()
+
+
+def test_writer_ids_cannot_run_out(tmp_path):
+    # Issue 33 item 7: 2**24 ids at 26k registrations a second lasted 11
+    # minutes, then every writer was refused. A store that has handed out
+    # that many goes on, and a writer whose keys run out takes the next id
+    # without counting against its connection's allowance.
+    ckpt = str(tmp_path / "ck")
+    with open(ckpt + ".ids", "w") as fh:
+        json.dump({"incarnation": 3, "next_node_id": 1, "writer_ids_reserved": (1 << 24) - 1,
+                   "key_bits": 24}, fh)
+    env = {"UCX_TLS": "tcp", "DISTORE_CONTROL_MAX_WRITER_IDS": "1"}
+    with ds.LocalCluster(nodes=1, arena_bytes=16 << 20, env=env, checkpoint=ckpt,
+                         log_level="WARNING") as cluster:
+        with ds.connect(cluster.address) as client:
+            client.create_table("t", capacity=1000, spec=SPEC)
+            seen = set()
+            for _ in range(3):
+                with ds.connect(cluster.address) as other, other.writer() as w:
+                    assert w.writer_id >= (1 << 24) - 1
+                    insert(w, "t", 10)
+                    seen.add(w.writer_id)
+            assert len(seen) == 3
+            with client.writer() as w:
+                first = w.writer_id
+                insert(w, "t", 5)
+                for _ in range(2):  # as if 2**24 items had gone in
+                    w._seq = w._key_count - 2
+                    insert(w, "t", 5)
+                assert w.writer_id > first  # a new id; the connection's one allowance kept
+            assert client.table_info("t")["size"] == 45  # no key given twice
+            with client.learner("t", batch_size=50) as learner:
+                assert wrong(learner.sample()) == 0
+
+
+def poll_answered(socks: list, want: int, within: float) -> int:
+    """Wait up to `within` s until the server has taken in `want` of the
+    non-blocking `socks` (sent its greeting, or hung up); how many it has."""
+    poller = select.poll()
+    for sock in socks:
+        poller.register(sock, select.POLLIN | select.POLLHUP | select.POLLERR)
+    done: set[int] = set()
+    deadline = time.monotonic() + within
+    while len(done) < want and time.monotonic() < deadline:
+        for fd, _ in poller.poll(100):
+            done.add(fd)
+            poller.unregister(fd)
+    return len(done)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("limit", ["soft", "hard"])
+def test_idle_connections_at_1024_descriptors_leave_clients_served(token_file, monkeypatch,
+                                                                     limit):
+    # Issue 33 item 6: at the common open-file limit of 1,024, 3,000 idle
+    # connections exhausted the control plane's descriptors: new clients
+    # failed after 20 s, /metrics died and the log filled with tracebacks.
+    # "soft": the control plane raises its soft limit; "hard": it cannot, and
+    # bounds what connections still authenticating may hold instead.
+    _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and hard < 4000:
+        pytest.skip("the test process needs 3,000 descriptors for its idle connections")
+    child_limit = (1024, 1024 if limit == "hard" else hard)
+    plain = roles._die_with_parent
+
+    def in_child():  # runs in each child before exec
+        plain()
+        resource.setrlimit(resource.RLIMIT_NOFILE, child_limit)
+
+    monkeypatch.setattr(roles, "_die_with_parent", in_child)
+    with ds.LocalCluster(nodes=1, arena_bytes=16 << 20, token_file=token_file, metrics=True,
+                         env={"UCX_TLS": "tcp"}) as cluster, \
+            ds.connect(cluster.address, token_file=token_file) as client:
+        client.create_table("t", capacity=1000, spec=SPEC)
+        writer = client.writer()
+        learner = client.learner("t", batch_size=16)
+        insert(writer, "t", 100)
+        writer.flush()
+        assert wrong(learner.sample()) == 0
+        host, port = cluster.address.rsplit(":", 1)
+        idle = []
+        try:
+            for _ in range(3000):  # all at once: connects in flight, never answered
+                sock = socket.socket()
+                sock.setblocking(False)
+                sock.connect_ex((host, int(port)))
+                idle.append(sock)
+            # Until the server has taken them in (greeted, or closed the oldest
+            # of those not authenticating); one out of descriptors never does.
+            connected = poll_answered(idle, len(idle), 5.0)
+            t0 = time.monotonic()
+            insert(writer, "t", 50)
+            writer.flush()
+            assert wrong(learner.sample(timeout=5.0)) == 0
+            with ds.connect(cluster.address, token_file=token_file) as other:
+                assert other.table_info("t")["size"] == 150
+            took = time.monotonic() - t0
+            url = cluster.metrics_urls()["control"]
+            assert "distore" in urllib.request.urlopen(url, timeout=5).read().decode()
+        finally:
+            for sock in idle:
+                sock.close()
+        assert took < 1.0, (f"a writer, a learner and a new client took {took:.2f} s "
+                            f"({connected} idle connections taken in)")
+        learner.close()
+        writer.close()
+        log = read(cluster.control.log_path)
+        assert "Traceback" not in log and len(log.splitlines()) < 60, log[-3000:]
+        if limit == "soft":
+            assert "raised the open-file limit from 1024" in log
+
+
+@pytest.mark.slow
+def test_a_client_that_never_reads_its_replies_holds_bounded_memory():
+    # Issue 33 item 6: pipelined sample requests whose replies were never
+    # read grew the control plane without bound (the ordered-reply path
+    # wrote without looking at its buffer). Each reply here is 40 KB.
+    env = {"UCX_TLS": "tcp", "DISTORE_CONTROL_MAX_LEASED_ITEMS": str(1 << 23)}
+    with ds.LocalCluster(nodes=1, arena_bytes=16 << 20, env=env,
+                         log_level="WARNING") as cluster, ds.connect(cluster.address) as client:
+        client.create_table("t", capacity=1000, spec=SPEC)
+        with client.writer() as w:
+            insert(w, "t", 1000)
+        control = psutil.Process(cluster.control.pid)
+        before = control.memory_info().rss
+        greedy = rpc.Client(cluster.address)
+        sock = greedy._sock
+        sock.setblocking(False)
+        sent, blocked_since = 0, None
+        deadline = time.monotonic() + 60
+        while sent < 5000 and time.monotonic() < deadline:
+            frame = b"".join(protocol.encode(protocol.request(
+                "sample", sent + 1, table="t", n=1000, timeout=0.0)))
+            try:
+                sock.sendall(frame)  # non-blocking: raises once the buffers are full
+                sent += 1
+                blocked_since = None
+            except BlockingIOError:
+                # The control plane stopped reading us (or is slow): wait a little.
+                blocked_since = blocked_since or time.monotonic()
+                if time.monotonic() - blocked_since > 3.0:
+                    break
+                select.select([], [sock], [], 0.2)
+        # Until the control plane has answered all it will read (its sample
+        # count stands still for a second); others are served meanwhile.
+        grown, last, still_since = 0, -1, time.monotonic()
+        deadline = time.monotonic() + 30
+        while time.monotonic() - still_since < 1.0 and time.monotonic() < deadline:
+            t0 = time.monotonic()
+            samples = client.table_info("t")["samples"]
+            assert time.monotonic() - t0 < 1.0
+            if samples != last:
+                last, still_since = samples, time.monotonic()
+            grown = max(grown, control.memory_info().rss - before)
+            time.sleep(0.1)  # polling the control plane's counters, with a deadline
+        greedy.close()
+        answered = last // 1000
+        assert grown < 48 << 20, f"{grown >> 20} MiB after {answered} unread sample replies"
+        assert answered < sent, "the control plane answered every request nobody read"

@@ -3,7 +3,9 @@ clients carrying on. Real processes over tcp and sm."""
 
 from __future__ import annotations
 
+import os
 import re
+import shutil
 import signal
 import threading
 
@@ -196,3 +198,81 @@ def _created(path: str) -> float:
         return checkpoint.read(path).created
     except ds.CheckpointError:
         return 0.0
+
+
+# -- restores that would mix up stores (issue 33 item 5) ----------------------
+
+def test_a_checkpoint_without_its_id_file_is_refused(make_cluster, ckpt, tls):
+    # Before: it started silently and a new writer reused id 1 (duplicate keys).
+    cluster = make_cluster(checkpoint=ckpt, checkpoint_interval=0, nodes=1)
+    with ds.connect(cluster.address) as client:
+        client.create_table("t", capacity=100, spec=SPEC)
+        client.writer().insert("t", items(0, 10))
+        client.checkpoint()
+    cluster.kill_control()
+    os.unlink(ckpt + ".ids")
+    with pytest.raises(ds.ConnectionFailed, match="has no id file"):
+        cluster.start_control(restore=True)
+    assert cluster.control.log_tail().count("has no id file") >= 1
+    assert "Traceback" not in cluster.control.log_tail()
+
+
+def test_a_checkpoint_of_another_store_is_refused(make_cluster, tmp_path, tls):
+    # Before: another store's checkpoint was accepted and the live node's
+    # items were discarded, with only log lines.
+    mine = str(tmp_path / "a.ckpt")
+    cluster = make_cluster(checkpoint=mine, checkpoint_interval=0, nodes=1)
+    with ds.connect(cluster.address) as client:
+        client.create_table("t", capacity=2000, spec=SPEC)
+        w = client.writer()
+        w.insert("t", items(0, 1000))
+        w.flush()
+        client.checkpoint()
+    other = make_cluster(checkpoint=str(tmp_path / "b.ckpt"), checkpoint_interval=0, nodes=0)
+    with ds.connect(other.address) as client:
+        client.create_table("t", capacity=2000, spec=SPEC)
+        client.checkpoint()
+    cluster.kill_control()
+    saved = {ext: open(mine + ext, "rb").read() for ext in ("", ".ids")}
+
+    # Its checkpoint beside our id file: refused at start.
+    shutil.copy(str(tmp_path / "b.ckpt"), mine)
+    with pytest.raises(ds.ConnectionFailed, match="is a checkpoint of store"):
+        cluster.start_control(restore=True)
+
+    # Its checkpoint and id file both: it starts as that store, and our node,
+    # re-joining with our items, is refused and keeps them.
+    shutil.copy(str(tmp_path / "b.ckpt.ids"), mine + ".ids")
+    cluster.start_control(restore=True)
+    wait_for(lambda: "refused, its items kept" in cluster.control.log_tail(), 20,
+             "the node of another store to be refused")
+    with ds.connect(cluster.address) as client:
+        assert client.table_info("t")["size"] == 0
+    cluster.kill_control()
+
+    # Our own store back: the node re-joins with all 1,000 items.
+    for ext, data in saved.items():
+        with open(mine + ext, "wb") as fh:
+            fh.write(data)
+    cluster.start_control(restore=True)
+    with ds.connect(cluster.address) as client:
+        wait_for(lambda: client.table_info("t")["size"] == 1000, 20, "our items back")
+        with client.learner("t", batch_size=32) as learner:
+            check(learner.sample(timeout=10))
+
+
+def test_a_crafted_checkpoint_with_nan_priorities_is_refused(make_cluster, ckpt, tls):
+    # Before: a valid checksum over NaN priorities gave NaN probabilities.
+    cluster = make_cluster(checkpoint=ckpt, checkpoint_interval=0, nodes=1)
+    with ds.connect(cluster.address) as client:
+        client.create_table("t", capacity=100, spec=SPEC, sampler=ds.Prioritized(1.0))
+        w = client.writer()
+        w.insert("t", items(0, 10))
+        w.flush()
+        client.checkpoint()
+    cluster.kill_control()
+    image = checkpoint.read(ckpt)
+    image.tables[0].priorities[:] = np.nan
+    checkpoint.write(ckpt, image)
+    with pytest.raises(ds.ConnectionFailed, match="not finite"):
+        cluster.start_control(restore=True)

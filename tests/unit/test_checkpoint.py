@@ -214,3 +214,56 @@ def test_definitions_round_trip_for_every_kind_of_table():
     for t in (make(), make(sampler=Uniform(), remover=MaxHeap(), rate_limiter=limiter),
               make(max_times_sampled=2)):
         assert Table(TableDefinition.from_wire(t.definition.to_wire())).definition == t.definition
+
+
+def test_an_id_file_of_40_bit_keys_moves_writer_ids_past_their_keys(tmp_path):
+    # Keys were writer_id << 40 | seq; they are writer_id << 24 | seq now:
+    # old writer w's keys are those of the new ids [w << 16, (w + 1) << 16).
+    path = tmp_path / "ck.ids"
+    path.write_text(json.dumps({"incarnation": 1, "next_node_id": 1,
+                                "writer_ids_reserved": 300}))
+    ids = IdState(str(path))
+    assert ids.writer_id() == 300 << 16
+    assert json.loads(path.read_text())["key_bits"] == checkpoint.KEY_BITS == 24
+    assert IdState(str(path)).writer_id() > 300 << 16  # converted once, not again
+
+
+# -- checkpoints of another store, or made by hand (issue 33 item 5) ----------
+
+@pytest.mark.parametrize("damage, says", [
+    ("nan", "not finite"), ("inf", "not finite"), ("negative", "not finite"),
+    ("sequence", "next sequence"), ("duplicate", "same key twice"),
+])
+def test_values_outside_their_domain_are_refused_whatever_the_checksum(tmp_path, damage, says):
+    t = make()
+    fill(t, np.arange(1, 11))
+    image = t.image()
+    if damage in ("nan", "inf", "negative"):
+        image.priorities[3] = {"nan": np.nan, "inf": np.inf, "negative": -1.0}[damage]
+    elif damage == "sequence":
+        image.sequences[0] = image.next_seq
+    else:
+        image.keys[5] = image.keys[6]
+    path = str(tmp_path / "ck")
+    checkpoint.write(path, Image([image]))  # a valid checksum over bad values
+    with pytest.raises(CheckpointError, match=f"table 't' .*{says}.*start without --restore"):
+        checkpoint.read(path)
+
+
+def test_a_checkpoint_without_its_id_file_is_refused(tmp_path):
+    path = str(tmp_path / "ck")
+    ids = IdState(path + ".ids")
+    checkpoint.write(path, Image([make().image()], store_id=ids.store_id))
+    os.unlink(path + ".ids")
+    with pytest.raises(CheckpointError, match="has no id file .*ck.ids beside it"):
+        IdState(path + ".ids")
+    assert not os.path.exists(path + ".ids")  # not made up: the operator decides
+
+
+def test_checkpoints_carry_their_store_id_and_it_survives_restarts(tmp_path):
+    path = str(tmp_path / "ck")
+    first = IdState(path + ".ids")
+    checkpoint.write(path, Image([make().image()], store_id=first.store_id))
+    assert checkpoint.read(path).store_id == first.store_id
+    assert IdState(path + ".ids").store_id == first.store_id
+    assert IdState(str(tmp_path / "other.ids")).store_id != first.store_id

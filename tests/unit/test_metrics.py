@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import asyncio
 import re
+import socket
 import threading
+import time
 import urllib.request
 
 import pytest
@@ -203,3 +205,39 @@ def test_operations_guide_lists_every_metric():
         text = fh.read()
     missing = [name for name in metrics.catalog() if f"`{name}`" not in text]
     assert not missing, f"docs/operations.md does not describe {missing}"
+
+
+def test_serve_listens_on_loopback_unless_asked():
+    # /metrics names tables, nodes and hosts: not for every interface by default.
+    with metrics.serve(0) as server:
+        assert server.host == "127.0.0.1"
+    s = resolve({"control.host": "0.0.0.0"}, {"DISTORE_CONTROL": "127.0.0.1:7700"})
+    assert s.control().metrics_host == "127.0.0.1" and s.node().metrics_host == "127.0.0.1"
+    s = resolve({"control.metrics_host": "0.0.0.0"}, {})
+    assert s.control().metrics_host == "0.0.0.0"
+
+
+def test_slow_scrapers_hold_a_bounded_number_of_threads(monkeypatch):
+    monkeypatch.setattr(metrics, "SCRAPE_IO_TIMEOUT", 1.0, raising=False)
+    with metrics.serve(0) as server:
+        before = threading.active_count()
+        # Clients that connect and never send a request.
+        idle = [socket.create_connection(("127.0.0.1", server.port)) for _ in range(50)]
+        try:
+            deadline = time.monotonic() + 2.0
+            while time.monotonic() < deadline:
+                assert threading.active_count() - before <= getattr(metrics, "MAX_SCRAPERS", 8)
+                time.sleep(0.05)
+            # The silent ones time out; a real scrape is served again.
+            deadline = time.monotonic() + 10.0
+            while True:
+                try:
+                    text = urllib.request.urlopen(server.url, timeout=2).read().decode()
+                    break
+                except OSError:
+                    assert time.monotonic() < deadline, "/metrics never served again"
+                    time.sleep(0.1)
+            assert "process_cpu_seconds_total" in text
+        finally:
+            for sock in idle:
+                sock.close()
