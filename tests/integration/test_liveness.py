@@ -171,6 +171,20 @@ def test_a_node_silent_past_the_grace_is_gone_and_rejoins_empty(make_cluster, tl
         assert client.table_info("t")["size"] == before[survivor]
 
 
+def fill_node_with_another_table(client, writer) -> int:
+    """Fill the only node's arena with table "filler" (never evicted to make
+    room for "t": a table evicts only its own items), so that inserts into
+    "t" there fail with StorageFull. Returns the filler's item count."""
+    client.create_table("filler", capacity=100_000, spec=SPEC)
+    n = client.table_info("filler")["fits"]
+    assert n > 100
+    for i in range(0, n, 100):
+        writer.insert("filler", keyed_items(i, min(100, n - i), WIDTH))
+    writer.flush()
+    assert client.table_info("filler")["size"] == n
+    return n
+
+
 @pytest.mark.filterwarnings("ignore::distore_ucx.CapacityWarning")
 @pytest.mark.parametrize("tls", ["tcp"], indirect=True)
 def test_a_new_node_takes_inserts_while_another_is_full(make_cluster, tls):
@@ -179,11 +193,11 @@ def test_a_new_node_takes_inserts_while_another_is_full(make_cluster, tls):
         client.create_table("t", capacity=100_000, spec=SPEC)
         full = cluster.nodes[0].info["node_id"]
         old = client.writer(max_items=100)
+        filled = fill_node_with_another_table(client, old)
         with pytest.raises(ds.StorageFull):
-            for i in range(0, 100_000, 100):
-                old.insert("t", keyed_items(i, 100, WIDTH))
-                old.flush()
-        size = client.table_info("t")["size"]
+            old.insert("t", keyed_items(100_000, 100, WIDTH))
+            old.flush()
+        assert client.table_info("t")["size"] == 0
         empty = cluster.add_node(arena_bytes=16 << 20).info["node_id"]
         # A new writer's first batch, and the writer that saw StorageFull, go
         # where there is room.
@@ -195,10 +209,11 @@ def test_a_new_node_takes_inserts_while_another_is_full(make_cluster, tls):
             old.insert("t", keyed_items(300_000 + i * 100, 100, WIDTH))
             old.flush()
         old.close()
-        assert client.table_info("t")["size"] == size + 800
+        assert client.table_info("t")["size"] == 800
+        assert client.table_info("filler")["size"] == filled
         used = {i: n["used_bytes"] for i, n in nodes_by_id(client).items()}
         slot = client.table_info("t")["slot_size"]
-        assert used[empty] == 800 * slot and used[full] == size * slot, used
+        assert used[empty] == 800 * slot and used[full] == filled * slot, used
         learner = client.learner("t", batch_size=64)
         check_keyed(learner.sample(timeout=10), WIDTH)
         learner.close()
@@ -216,15 +231,14 @@ def test_a_full_nodes_storage_full_is_retried_on_another_node(make_cluster, tls,
         client.create_table("t", capacity=100_000, spec=SPEC)
         slot = client.table_info("t")["slot_size"]
         full = cluster.nodes[0].info["node_id"]
-        n = 2 * (1 << 20) // slot // 100 * 100  # twice what the first node holds
+        n = 1000
         with client.writer(max_items=100) as writer:
-            writer.insert("t", keyed_items(0, 100, WIDTH))
-            writer.flush()  # the writer lists the nodes: only the first one
+            # the writer lists the nodes (only the first one) and fills it
+            filled = fill_node_with_another_table(client, writer)
             other = cluster.add_node(arena_bytes=16 << 20).info["node_id"]
-            for i in range(100, n, 100):
+            for i in range(0, n, 100):
                 writer.insert("t", keyed_items(i, 100, WIDTH))
                 writer.flush()
         used = {i: m["used_bytes"] for i, m in nodes_by_id(client).items()}
         assert client.table_info("t")["size"] == n
-        assert used[full] > (1 << 20) - 100 * slot and used[other] > 0, used
-        assert used[full] + used[other] == n * slot
+        assert used[full] == filled * slot and used[other] == n * slot, used
