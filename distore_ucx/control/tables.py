@@ -17,7 +17,7 @@ import numpy as np
 
 from .. import _tables
 from ..metrics import TableStats
-from ..storage.tier import COLD  # loads no native code
+from ..slot_format import COLD
 from ..table_definition import TableDefinition
 from .checkpoint import TableImage
 from .items import FREE, LIVE, RETIRED, ItemStore

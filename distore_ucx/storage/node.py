@@ -46,6 +46,7 @@ from ..errors import (
 )
 from ..progress import Progress
 from ..roles import write_ready
+from ..slot_format import COLD, is_cold, stride_of
 from ..spec import SLOT_HEADER
 from ..transport import UcxRuntime
 from ..transport.capabilities import query
@@ -56,7 +57,7 @@ from .arena import Arena, granted_page_kind, page_advice, page_size_label
 from .heartbeat import Heartbeat
 from .pulls import AM_INSERT_ID, am_inserts
 from .slots import ALLOCATED
-from .tier import COLD, DiskTier, StagingArea, bounce_reads, is_cold, stride_of
+from .tier import DiskTier, StagingArea, bounce_reads
 
 log = logging.getLogger(__name__)
 

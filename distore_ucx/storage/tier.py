@@ -39,12 +39,11 @@ import numpy as np
 
 from ..config import switch_from_env
 from ..errors import ConfigError, StorageFull
+from ..slot_format import ALIGN, COLD, stride_of
 from .slots import SlotTable
 
 log = logging.getLogger(__name__)
 
-COLD = np.uint64(1 << 63)  # the top bit of a cold item's offset
-ALIGN = 4096  # O_DIRECT alignment of offsets, lengths and buffers
 HEADER_BYTES = ALIGN
 MAGIC = b"DSTIER\x00\x01"
 FORMAT_VERSION = 1
@@ -73,16 +72,6 @@ def bounce_reads(contiguous: bool) -> bool:
     own 2 MiB hugepage chunk and streams it on into the staging area.
     DISTORE_DISK_BOUNCE=0/1 overrides the choice."""
     return switch_from_env("DISTORE_DISK_BOUNCE", not contiguous)
-
-
-def stride_of(slot_size: int) -> int:
-    """Bytes a slot takes on disk and in the staging area: slot_size rounded up to 4 KiB."""
-    return (slot_size + ALIGN - 1) // ALIGN * ALIGN
-
-
-def is_cold(offsets: np.ndarray) -> np.ndarray:
-    """Which offsets name disk slots."""
-    return (np.asarray(offsets, np.uint64) & COLD) != 0
 
 
 class TierFileError(ConfigError):
