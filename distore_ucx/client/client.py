@@ -12,13 +12,13 @@ from typing import Any
 
 import numpy as np
 
+from .. import rate_limiters as _rate_limiters
+from .. import selectors as _selectors
 from ..config import read_token
-from ..control import rate_limiters as _rate_limiters
-from ..control import selectors as _selectors
-from ..control.rate_limiters import RateLimiter
-from ..control.selectors import Selector
 from ..errors import CapacityWarning, ConfigError
 from ..protocol import MAX_SAMPLE
+from ..rate_limiters import RateLimiter
+from ..selectors import Selector
 from ..spec import TableSpec
 from ..table_definition import TableDefinition
 from ..transport import rpc
