@@ -14,7 +14,7 @@ import numpy as np
 
 from .. import rate_limiters as _rate_limiters
 from .. import selectors as _selectors
-from ..config import read_token
+from ..config import read_token, rendezvous_config, ucx_tls
 from ..errors import CapacityWarning, ConfigError
 from ..protocol import MAX_SAMPLE
 from ..rate_limiters import RateLimiter
@@ -164,12 +164,12 @@ class Client:
         with self._lock:
             if self._runtime is None:
                 from ..transport import UcxRuntime
-                from ..transport.runtime import close_at_exit, rendezvous_config
+                from ..transport.runtime import close_at_exit
 
                 if not _WITH_RUNTIME:
                     close_at_exit(_close_learners_at_exit)
                 _WITH_RUNTIME.add(self)
-                self._runtime = UcxRuntime(config=rendezvous_config())
+                self._runtime = UcxRuntime(config=rendezvous_config(), env_tls=ucx_tls())
             return self._runtime
 
     def call(self, op: str, **fields: Any) -> dict:

@@ -37,7 +37,7 @@ import zlib
 
 import numpy as np
 
-from ..config import switch_from_env
+from ..config import disk_bounce
 from ..errors import ConfigError, StorageFull
 from ..slot_format import ALIGN, COLD, stride_of
 from .slots import SlotTable
@@ -71,7 +71,7 @@ def bounce_reads(contiguous: bool) -> bool:
     each of the node's reading threads (native DiskReader) reads into its
     own 2 MiB hugepage chunk and streams it on into the staging area.
     DISTORE_DISK_BOUNCE=0/1 overrides the choice."""
-    return switch_from_env("DISTORE_DISK_BOUNCE", not contiguous)
+    return disk_bounce(not contiguous)
 
 
 class TierFileError(ConfigError):
