@@ -20,8 +20,6 @@ from __future__ import annotations
 from typing import Any
 
 from . import metrics
-from .control.rate_limiters import MinSize, Queue, RateLimiter, SampleToInsertRatio
-from .control.selectors import Fifo, Lifo, MaxHeap, MinHeap, Prioritized, Selector, Uniform
 from .errors import (
     AuthenticationFailed,
     CapacityWarning,
@@ -45,6 +43,8 @@ from .errors import (
     Timeout,
     UcxError,
 )
+from .rate_limiters import MinSize, Queue, RateLimiter, SampleToInsertRatio
+from .selectors import Fifo, Lifo, MaxHeap, MinHeap, Prioritized, Selector, Uniform
 from .spec import TableSpec
 from .table_definition import TableDefinition
 

@@ -54,8 +54,9 @@ def read_token(path: str | None) -> bytes | None:
     """The shared secret in `path` (or in $DISTORE_TOKEN_FILE when path is
     None); None when neither is set. Surrounding whitespace is ignored.
 
-    Besides cli.py this is the one place that reads the environment, so that
-    library users get the same token the command line would use.
+    The environment is read here in config.py, as everywhere below the
+    command-line programs, so that library users get the same token the
+    command line would use.
 
     Like ssh with a private key, it warns (logger ``distore_ucx.config``)
     when the file is readable or writable by its group or by others: anyone
@@ -241,6 +242,81 @@ def size_from_env(name: str, default: int) -> int:
         return parse_size(value)
     except ConfigError as exc:
         raise ConfigError(f"{name}: {exc}") from None
+
+
+# -- switches read where they are used -------------------------------------------
+# Measuring and debugging switches, and the UCX variables the runtime reports.
+# Read at each call (not once at import), as the code below config did before
+# they moved here, so that a process or test that sets them late is heard.
+
+# A rendezvous message costs three control messages besides the bytes, a
+# get one: below this size per-item overhead wins over the copies saved.
+# perf/insert_bandwidth.py measures the crossover (docs/performance.md).
+AM_MIN_ITEM_BYTES = 64 << 10
+
+
+def am_inserts_enabled() -> bool:
+    """True only with `DISTORE_AM_INSERTS=1` (nodes and writers).
+
+    Off by default since 2026-11-25: the zero-copy rendezvous needs writer
+    endpoints without peer-failure handling, and UCX 1.21 then crashes the
+    receiving node (a segfault in ucp_do_am_single or
+    ucp_proto_rndv_send_reply) when it answers a rendezvous of a writer that
+    was killed mid-batch (in some runs of the kill-writer test). A node
+    crash loses everything the node holds; TCP inserts by gets are slower
+    (docs/performance.md), but a dying writer costs nothing."""
+    return switch_from_env("DISTORE_AM_INSERTS", default=False)
+
+
+def am_min_item_bytes() -> int:
+    """Items smaller than this go by one-sided gets even to nodes that take
+    active messages (`DISTORE_AM_MIN_ITEM`, bytes or e.g. "64KiB"; default
+    AM_MIN_ITEM_BYTES)."""
+    return size_from_env("DISTORE_AM_MIN_ITEM", AM_MIN_ITEM_BYTES)
+
+
+def local_map_default() -> bool:
+    """Whether learners map same-host arenas unless told otherwise
+    (`DISTORE_LOCAL_MAP=0` turns it off, for measuring and debugging)."""
+    return switch_from_env("DISTORE_LOCAL_MAP")
+
+
+def disk_bounce(default: bool) -> bool:
+    """Whether cold reads go through hugepage buffers (storage/tier.py
+    `bounce_reads`): `DISTORE_DISK_BOUNCE=0/1` overrides the node's choice,
+    `default`."""
+    return switch_from_env("DISTORE_DISK_BOUNCE", default)
+
+
+def sample_ahead_from_env() -> int | None:
+    """Batches per control-plane request that `DISTORE_SAMPLE_AHEAD` asks
+    for (a learner's `sample_ahead` left out); None when unset or empty."""
+    env = os.environ.get("DISTORE_SAMPLE_AHEAD", "").strip()
+    if not env:
+        return None
+    try:
+        return int(env)
+    except ValueError:
+        raise ConfigError(f"DISTORE_SAMPLE_AHEAD={env!r} is not a whole number of "
+                          "batches; set it to 1 (no sampling ahead) or more") from None
+
+
+def ucx_tls() -> str | None:
+    """UCX_TLS as the environment sets it (None when unset), which UCX reads
+    too: the transport layer reports and narrows it (transport/runtime.py)."""
+    return os.environ.get("UCX_TLS")
+
+
+def rendezvous_config() -> dict[str, str]:
+    """UCX options of clients' and storage nodes' runtimes: the `put_zcopy`
+    rendezvous scheme, unless UCX_RNDV_SCHEME is set. Writers send their
+    items to nodes as rendezvous messages (storage/pulls.py); with this
+    scheme (the sender's choice) each goes from the staging buffer into its
+    slot with no bounce copy on a software transport (TCP). It concerns
+    rendezvous only: one-sided gets are unchanged."""
+    if os.environ.get("UCX_RNDV_SCHEME"):
+        return {}
+    return {"RNDV_SCHEME": "put_zcopy"}
 
 
 def _to_int(v: Any) -> int:

@@ -93,7 +93,8 @@ def ucx_info() -> dict:
 def _remote_inserts(rdma: bool) -> str:
     """How a storage node on this host reads inserts from writers on other
     hosts (storage/pulls.py)."""
-    from .storage.pulls import am_inserts, am_min_item_bytes
+    from .config import am_min_item_bytes
+    from .storage.pulls import am_inserts
 
     why_not = am_inserts(rdma)
     if why_not:

@@ -31,6 +31,7 @@ MAX_FRAME = 1 << 30  # 1 GiB: any one frame
 MAX_NAME = 128
 MAX_ITEMS = 1 << 24  # per message
 MAX_SAMPLE = 1 << 16  # items in one sample request
+AM_INSERT_ID = 0x4453  # the UCX active message id of insert messages ("DS")
 HEADER = struct.Struct("<II")  # body length, metadata length
 HEADER_SIZE = HEADER.size
 PAYLOAD = "payload"  # the one field that travels raw, after the metadata

@@ -21,10 +21,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from .control.rate_limiters import MinSize, RateLimiter
-from .control.rate_limiters import from_config as _limiter_from_config
-from .control.selectors import KINDS, Fifo, Selector, Uniform
 from .errors import ConfigError
+from .rate_limiters import MinSize, RateLimiter
+from .rate_limiters import from_config as _limiter_from_config
+from .selectors import KINDS, Fifo, Selector, Uniform
 from .spec import TableSpec
 
 MAX_NAME = 128  # protocol.MAX_NAME; a table name is a name on the wire

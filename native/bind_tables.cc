@@ -157,7 +157,7 @@ void bind_tables(nb::module_& m) {
           },
           "sampler"_a, "sampler_alpha"_a, "remover"_a, "remover_alpha"_a, "capacity"_a,
           "max_times_sampled"_a, "seed"_a,
-          "`sampler` and `remover` are indices into distore_ucx.control.selectors.KINDS.")
+          "`sampler` and `remover` are indices into distore_ucx.selectors.KINDS.")
       .def_prop_ro("size", &TableCore::size)
       .def_prop_ro("capacity", &TableCore::capacity)
       .def_prop_ro("max_times_sampled", &TableCore::max_times_sampled)

@@ -10,7 +10,7 @@ namespace distore {
 SelectorKind selector_kind(int index) {
   if (index < 0 || index >= kSelectorKinds) {
     throw TableError("selector kind " + std::to_string(index) +
-                     " is not an index of distore_ucx.control.selectors.KINDS (0.." +
+                     " is not an index of distore_ucx.selectors.KINDS (0.." +
                      std::to_string(kSelectorKinds - 1) + ")");
   }
   return static_cast<SelectorKind>(index);

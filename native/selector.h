@@ -19,7 +19,7 @@
 
 namespace distore {
 
-// A selector kind is the index of its name in distore_ucx.control.selectors.KINDS,
+// A selector kind is the index of its name in distore_ucx.selectors.KINDS,
 // the one list of selector names (Python passes the index; no name is
 // spelled here). Keep this enum in that order.
 enum class SelectorKind : int { kUniform, kPrioritized, kFifo, kLifo, kMinHeap, kMaxHeap };

@@ -298,7 +298,7 @@ def measure_mapped(hello: dict, size: int, batches: list[np.ndarray], warmup: in
     from distore_ucx.transport.runtime import UcxRuntime
 
     batch = len(batches[0])
-    rt = UcxRuntime(progress_thread=False)
+    rt = UcxRuntime(progress_thread=False, env_tls=os.environ.get("UCX_TLS"))
     dest = view = None
     try:
         pool = _native.CopyPool(max(0, threads - 1))

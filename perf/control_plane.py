@@ -76,7 +76,7 @@ def stats(samples_s: list[float]) -> dict:
 
 def bench_updates(args, out):
     from distore_ucx import _tables
-    from distore_ucx.control.selectors import KINDS
+    from distore_ucx.selectors import KINDS
 
     rng = np.random.default_rng(0)
     tree = _tables.SumTree(N)
@@ -112,7 +112,7 @@ def bench_updates(args, out):
 
 def bench_full_fifo(args, out):
     from distore_ucx import _tables
-    from distore_ucx.control.selectors import KINDS
+    from distore_ucx.selectors import KINDS
 
     n, b = 1 << 20, 4096
     for sampler in ("prioritized", "uniform"):
@@ -164,8 +164,8 @@ def bench_sample(args, core, rng, out):
 def bench_decide(args, out):
     from distore_ucx import protocol
     from distore_ucx.control.leases import Leases
-    from distore_ucx.control.selectors import Prioritized, Uniform
     from distore_ucx.control.tables import Table
+    from distore_ucx.selectors import Prioritized, Uniform
     from distore_ucx.spec import TableSpec
 
     spec = TableSpec.parse(((112896,), "uint8"))
@@ -233,8 +233,8 @@ def bench_checkpoint(args, out):
     import tempfile
 
     from distore_ucx.control import checkpoint
-    from distore_ucx.control.selectors import Prioritized
     from distore_ucx.control.tables import Table
+    from distore_ucx.selectors import Prioritized
     from distore_ucx.spec import TableSpec
 
     n = args.checkpoint_items
@@ -308,8 +308,8 @@ def _resident_bytes(a: np.ndarray) -> int:
 
 def memory_child(n: int, kind: str, iters: int) -> dict:
     """One size, one table kind, in this (fresh) process: bytes per item."""
-    from distore_ucx.control.selectors import Fifo, Prioritized, Uniform
     from distore_ucx.control.tables import Table
+    from distore_ucx.selectors import Fifo, Prioritized, Uniform
     from distore_ucx.spec import TableSpec
 
     spec = TableSpec.parse(((8,), "uint8"))

@@ -32,9 +32,9 @@ def serve_plane(tables: int, items: int, queue, stop) -> None:
 
     from distore_ucx import metrics
     from distore_ucx.config import ControlConfig
-    from distore_ucx.control.selectors import Prioritized
     from distore_ucx.control.server import ControlPlane
     from distore_ucx.control.tables import Table
+    from distore_ucx.selectors import Prioritized
     from distore_ucx.spec import TableSpec
 
     async def main():

@@ -12,13 +12,13 @@ from typing import Any
 
 import numpy as np
 
-from ..config import read_token
-from ..control import rate_limiters as _rate_limiters
-from ..control import selectors as _selectors
-from ..control.rate_limiters import RateLimiter
-from ..control.selectors import Selector
+from .. import rate_limiters as _rate_limiters
+from .. import selectors as _selectors
+from ..config import read_token, rendezvous_config, ucx_tls
 from ..errors import CapacityWarning, ConfigError
 from ..protocol import MAX_SAMPLE
+from ..rate_limiters import RateLimiter
+from ..selectors import Selector
 from ..spec import TableSpec
 from ..table_definition import TableDefinition
 from ..transport import rpc
@@ -164,12 +164,12 @@ class Client:
         with self._lock:
             if self._runtime is None:
                 from ..transport import UcxRuntime
-                from ..transport.runtime import close_at_exit, rendezvous_config
+                from ..transport.runtime import close_at_exit
 
                 if not _WITH_RUNTIME:
                     close_at_exit(_close_learners_at_exit)
                 _WITH_RUNTIME.add(self)
-                self._runtime = UcxRuntime(config=rendezvous_config())
+                self._runtime = UcxRuntime(config=rendezvous_config(), env_tls=ucx_tls())
             return self._runtime
 
     def call(self, op: str, **fields: Any) -> dict:

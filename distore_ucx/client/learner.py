@@ -40,6 +40,7 @@ import numpy as np
 
 from .. import metrics
 from .._native_loader import _native
+from ..config import local_map_default, sample_ahead_from_env
 from ..errors import (
     ConfigError,
     ConnectionFailed,
@@ -52,7 +53,7 @@ from ..spec import SLOT_HEADER
 from ..transport import capabilities
 from .device import Device, choose_path, resolve_framework
 from .lifecycle import ensure_open, mark_closed
-from .peers import PeerDirectory, local_map_default
+from .peers import PeerDirectory
 from .prefetch import Prefetcher, Stopped
 from .ring import Ring
 
@@ -129,14 +130,8 @@ def _sample_ahead(asked: int | None, batch_size: int, consuming: bool,
                 "a queue or a rate limiter), so batches cannot be sampled ahead; leave it out")
         return 1
     if asked is None:
-        env = os.environ.get("DISTORE_SAMPLE_AHEAD", "").strip()
-        if env:
-            try:
-                asked = int(env)
-            except ValueError:
-                raise ConfigError(f"DISTORE_SAMPLE_AHEAD={env!r} is not a whole number of "
-                                  "batches; set it to 1 (no sampling ahead) or more") from None
-        else:
+        asked = sample_ahead_from_env()
+        if asked is None:
             by_bytes = SAMPLE_AHEAD_BYTES // max(1, batch_size * slot_bytes)
             return max(1, min(8, SAMPLE_AHEAD_ITEMS // batch_size, by_bytes))
     if asked < 1 or asked * batch_size > MAX_SAMPLE_AHEAD_ITEMS:

@@ -39,7 +39,6 @@ import time
 import numpy as np
 
 from .._native_loader import _native
-from ..config import switch_from_env
 from ..errors import DistoreError, UcxError
 from ..transport.local_map import receive_arena
 from ..transport.runtime import ProcessWatch, host_id
@@ -52,12 +51,6 @@ CMA = "cma"
 # is dropped by the control plane within its heartbeat timeout (about 2.3 s),
 # and meanwhile its items are resampled instead of waited for.
 COOLDOWN = 3.0
-
-
-def local_map_default() -> bool:
-    """Whether learners map same-host arenas unless told otherwise
-    (`DISTORE_LOCAL_MAP=0` turns it off, for measuring and debugging)."""
-    return switch_from_env("DISTORE_LOCAL_MAP")
 
 
 class Peer:

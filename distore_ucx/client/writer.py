@@ -59,6 +59,7 @@ import numpy as np
 
 from .. import metrics
 from .._native_loader import _native
+from ..config import am_inserts_enabled, am_min_item_bytes, local_map_default
 from ..errors import (
     AuthenticationFailed,
     ConfigError,
@@ -68,12 +69,11 @@ from ..errors import (
     Timeout,
     UcxError,
 )
-from ..storage.pulls import AM_INSERT_ID, am_inserts_enabled, am_min_item_bytes
+from ..protocol import AM_INSERT_ID
 from ..transport import rpc
 from ..transport.local_map import TICKET_BYTES, send_staging
 from ..transport.runtime import close_at_exit, host_id
 from .lifecycle import check_insert, ensure_open
-from .peers import local_map_default
 
 log = logging.getLogger(__name__)
 

@@ -21,7 +21,7 @@ import logging
 
 import numpy as np
 
-from ..storage.tier import COLD  # loads no native code
+from ..slot_format import COLD
 from .tables import Retired
 
 log = logging.getLogger(__name__)

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..storage.tier import COLD, stride_of  # loads no native code
+from ..slot_format import COLD, stride_of
 from .items import FREE, LIVE
 
 

@@ -30,7 +30,7 @@ from ..errors import (
     TableNotFound,
 )
 from ..roles import write_ready
-from ..storage.tier import stride_of
+from ..slot_format import stride_of
 from ..table_definition import TableDefinition
 from ..transport.rpc import Peer, serve
 from . import checkpoint

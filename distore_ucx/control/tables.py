@@ -17,12 +17,12 @@ import numpy as np
 
 from .. import _tables
 from ..metrics import TableStats
-from ..storage.tier import COLD  # loads no native code
+from ..rate_limiters import RateLimiter
+from ..selectors import KINDS, Selector
+from ..slot_format import COLD
 from ..table_definition import TableDefinition
 from .checkpoint import TableImage
 from .items import FREE, LIVE, RETIRED, ItemStore
-from .rate_limiters import RateLimiter
-from .selectors import KINDS, Selector
 
 
 @dataclass

@@ -2,7 +2,7 @@
 demotes, moving their records, and staging sampled cold items.
 
 A cold item's record stays where it was: its `offset` is the disk slot with
-the top bit set (storage/tier.py COLD) and its `generation` is the one the
+the top bit set (slot_format.py COLD) and its `generation` is the one the
 node wrote with the copy on disk; key, priority, sequence and times sampled
 do not change, so neither does any sampling probability.
 
@@ -33,7 +33,7 @@ import logging
 import numpy as np
 
 from ..errors import ConnectionFailed, NodeGone, StagingFull, Timeout
-from ..storage.tier import COLD  # loads no native code
+from ..slot_format import COLD
 from .items import LIVE
 
 log = logging.getLogger(__name__)

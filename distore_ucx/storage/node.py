@@ -34,7 +34,7 @@ import numpy as np
 
 from .. import metrics, protocol
 from .._native_loader import _native
-from ..config import NodeConfig, read_token
+from ..config import NodeConfig, read_token, rendezvous_config, ucx_tls
 from ..errors import (
     AuthenticationFailed,
     CheckpointError,
@@ -47,18 +47,20 @@ from ..errors import (
     from_native,
 )
 from ..progress import Progress
+from ..protocol import AM_INSERT_ID
 from ..roles import write_ready
+from ..slot_format import COLD, is_cold, stride_of
 from ..spec import SLOT_HEADER
 from ..transport import UcxRuntime
 from ..transport.capabilities import query
 from ..transport.local_map import LocalMapServer
 from ..transport.rpc import AsyncClient, parse_address, serve
-from ..transport.runtime import host_id, rendezvous_config, without_direct_writes
+from ..transport.runtime import host_id, without_direct_writes
 from .arena import Arena, granted_page_kind, page_advice, page_size_label
 from .heartbeat import Heartbeat
-from .pulls import AM_INSERT_ID, am_inserts
+from .pulls import am_inserts
 from .slots import ALLOCATED
-from .tier import COLD, DiskTier, StagingArea, bounce_reads, is_cold, stride_of
+from .tier import DiskTier, StagingArea, bounce_reads
 
 log = logging.getLogger(__name__)
 
@@ -128,7 +130,7 @@ class StorageNode:
         # Start-up steps: a bar when run on a terminal, log lines otherwise.
         steps = Progress(f"node {self.name} starting", total=3, unit="steps", logger=log,
                          every=0)
-        with UcxRuntime(config={**rendezvous_config(), **guarded}) as runtime:
+        with UcxRuntime(config={**rendezvous_config(), **guarded}, env_tls=ucx_tls()) as runtime:
             self.runtime = runtime
             steps.write(f"mapping and registering a {cfg.arena_bytes / 2**30:.1f} GiB arena")
             self.arena = Arena(runtime, cfg.arena_bytes, cfg.hugepages, self.name,
@@ -975,7 +977,7 @@ def _guard_remote_access() -> dict[str, str]:
     woke for a new reader again once a reader without peer-failure handling
     had been its only one and left. Both are tested in
     tests/integration/test_remote_writes.py."""
-    options = {"ADAPTIVE_PROGRESS": "n", "TLS": without_direct_writes()}
+    options = {"ADAPTIVE_PROGRESS": "n", "TLS": without_direct_writes(ucx_tls())}
     why = _native.refuse_remote_writes()
     if why:
         log.warning("cannot refuse UCX software puts (%s): a peer's put over TCP could fault "

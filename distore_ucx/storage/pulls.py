@@ -23,7 +23,7 @@ A `Source` is one staging buffer as the node reads it:
   once it is shown to own the writer's control connection.
 
 - through UCX active messages (`am_inserts`; opt-in, DISTORE_AM_INSERTS=1,
-  see am_inserts_enabled for why): the writer posts each staged
+  see config.am_inserts_enabled for why): the writer posts each staged
   item as a rendezvous message to the node's reader worker, headed by a
   random batch token that its descriptor names, and the node receives each
   straight into its slot (`_native.pull_am`). Where UCX emulates RMA in
@@ -51,18 +51,13 @@ from collections import OrderedDict
 from dataclasses import dataclass
 
 from .._native_loader import _native
-from ..config import size_from_env, switch_from_env
+from ..config import am_inserts_enabled
 from ..errors import ConfigError, ConnectionFailed, InvalidArgument, UcxError
 from ..transport.runtime import host_id
 
 log = logging.getLogger(__name__)
 
 MAX_SOURCES = 64  # cached staging buffers per writer connection
-AM_INSERT_ID = 0x4453  # the UCX active message id of insert messages ("DS")
-# A rendezvous message costs three control messages besides the bytes, a
-# get one: below this size per-item overhead wins over the copies saved.
-# perf/insert_bandwidth.py measures the crossover (docs/performance.md).
-AM_MIN_ITEM_BYTES = 64 << 10
 MAX_MAPPED = 4  # of which mapped (a writer uses one buffer per connection)
 MAX_OFFERED = 256  # handed-over buffers not yet claimed by a connection
 
@@ -212,26 +207,6 @@ def am_inserts(rdma: bool) -> str:
     if rdma:
         return "UCX has an RDMA transport, where a get copies nothing"
     return ""
-
-
-def am_inserts_enabled() -> bool:
-    """True only with `DISTORE_AM_INSERTS=1` (nodes and writers).
-
-    Off by default since 2026-11-25: the zero-copy rendezvous needs writer
-    endpoints without peer-failure handling, and UCX 1.21 then crashes the
-    receiving node (a segfault in ucp_do_am_single or
-    ucp_proto_rndv_send_reply) when it answers a rendezvous of a writer that
-    was killed mid-batch (in some runs of the kill-writer test). A node
-    crash loses everything the node holds; TCP inserts by gets are slower
-    (docs/performance.md), but a dying writer costs nothing."""
-    return switch_from_env("DISTORE_AM_INSERTS", default=False)
-
-
-def am_min_item_bytes() -> int:
-    """Items smaller than this go by one-sided gets even to nodes that take
-    active messages (`DISTORE_AM_MIN_ITEM`, bytes or e.g. "64KiB"; default
-    AM_MIN_ITEM_BYTES)."""
-    return size_from_env("DISTORE_AM_MIN_ITEM", AM_MIN_ITEM_BYTES)
 
 
 def _owns_connection(pid: int, peer) -> bool:

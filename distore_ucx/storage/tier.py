@@ -40,24 +40,23 @@ import zlib
 
 import numpy as np
 
-from ..config import switch_from_env
+from ..config import disk_bounce
 from ..errors import ConfigError, StorageFull
+from ..slot_format import ALIGN, COLD, stride_of
 from .slots import SlotTable
 
 log = logging.getLogger(__name__)
 
-COLD = np.uint64(1 << 63)  # the top bit of a cold item's offset
-ALIGN = 4096  # O_DIRECT alignment of offsets, lengths and buffers
 HEADER_BYTES = ALIGN
 MAGIC = b"DSTIER\x00\x01"
 FORMAT_VERSION = 1
 # magic, version, header bytes, data bytes, arena id, created (unix s), node name
 _HEADER = struct.Struct("<8sIIQQd64s")
 IO_THREADS = 8  # transfers in flight per batch (the device's queue depth)
-# The last bytes of every disk slot: CRC-32C of the rest and its complement,
-# written with the slot and checked natively on every read (native/disk_io.h),
-# so a flipped bit is a lost item (resampled), never a wrong one.
-TRAILER = 8
+# The last TRAILER bytes of every disk slot (slot_format.py): CRC-32C of the
+# rest and its complement, written with the slot and checked natively on every
+# read (native/disk_io.h), so a flipped bit is a lost item (resampled), never
+# a wrong one.
 # Cold reads into an arena of 4 KiB pages go through this much contiguous
 # memory per I/O thread (bounce_reads()): 8 x 2 MiB per node, each
 # chunk one hugepage. Chunks smaller than an item let one chunk's copy run
@@ -79,18 +78,7 @@ def bounce_reads(contiguous: bool) -> bool:
     each of the node's reading threads (native DiskReader) reads into its
     own 2 MiB hugepage chunk and streams it on into the staging area.
     DISTORE_DISK_BOUNCE=0/1 overrides the choice."""
-    return switch_from_env("DISTORE_DISK_BOUNCE", not contiguous)
-
-
-def stride_of(slot_size: int) -> int:
-    """Bytes a slot takes on disk and in the staging area: slot_size and its
-    checksum trailer (TRAILER bytes) rounded up to 4 KiB."""
-    return (slot_size + TRAILER + ALIGN - 1) // ALIGN * ALIGN
-
-
-def is_cold(offsets: np.ndarray) -> np.ndarray:
-    """Which offsets name disk slots."""
-    return (np.asarray(offsets, np.uint64) & COLD) != 0
+    return disk_bounce(not contiguous)
 
 
 class TierFileError(ConfigError):

@@ -55,9 +55,13 @@ class UcxRuntime:
     ...     region = rt.map_region(1 << 20, remote_read=True)
     """
 
-    def __init__(self, progress_thread: bool = True, config: dict[str, str] | None = None):
+    def __init__(self, progress_thread: bool = True, config: dict[str, str] | None = None,
+                 env_tls: str | None = None):
         """`config`: UCX options without the UCX_ prefix (e.g. {"TLS": "tcp"}),
-        overriding the environment for this runtime only."""
+        overriding the environment for this runtime only. `env_tls`: UCX_TLS
+        as the environment sets it (config.ucx_tls(); UCX reads it itself),
+        which `transports` reports where `config` sets no TLS; None: unset."""
+        self._env_tls = "all" if env_tls is None else env_tls
         self._lock = threading.Lock()
         # (reader lane?, worker address) -> endpoint
         self._endpoints: dict[tuple[bool, bytes], object] = {}
@@ -90,7 +94,7 @@ class UcxRuntime:
     @property
     def transports(self) -> str:
         """The transports UCX was allowed to use (UCX_TLS), 'all' when unset."""
-        return self._config.get("TLS") or os.environ.get("UCX_TLS", "all")
+        return self._config.get("TLS") or self._env_tls
 
     @property
     def shared_memory(self) -> bool:
@@ -266,11 +270,12 @@ _DIRECT_WRITE = ("cma", "knem", "xpmem")
 _SHARED_MEMORY_ALIASES = {"sm", "shm"}
 
 
-def without_direct_writes() -> str:
-    """UCX_TLS (as set, or "all") without the transports that let a
-    same-host peer write this process's memory directly (see _DIRECT_WRITE):
-    "^cma,knem,xpmem" for all, "tcp,posix,sysv" for "tcp,sm"."""
-    tls = os.environ.get("UCX_TLS", "").strip() or "all"
+def without_direct_writes(env_tls: str | None) -> str:
+    """UCX_TLS (`env_tls` as the environment sets it, config.ucx_tls(), or
+    "all") without the transports that let a same-host peer write this
+    process's memory directly (see _DIRECT_WRITE): "^cma,knem,xpmem" for
+    all, "tcp,posix,sysv" for "tcp,sm"."""
+    tls = (env_tls or "").strip() or "all"
     names = [t.strip() for t in tls.lstrip("^").split(",") if t.strip()]
     if tls.startswith("^"):
         return "^" + ",".join(names + [t for t in _DIRECT_WRITE if t not in names])
@@ -281,18 +286,6 @@ def without_direct_writes() -> str:
         expanded = ["posix", "sysv"] if name in _SHARED_MEMORY_ALIASES else [name]
         out += [t for t in expanded if t not in _DIRECT_WRITE and t not in out]
     return ",".join(out) or tls
-
-
-def rendezvous_config() -> dict[str, str]:
-    """UCX options of clients' and storage nodes' runtimes: the `put_zcopy`
-    rendezvous scheme, unless UCX_RNDV_SCHEME is set. Writers send their
-    items to nodes as rendezvous messages (storage/pulls.py); with this
-    scheme (the sender's choice) each goes from the staging buffer into its
-    slot with no bounce copy on a software transport (TCP). It concerns
-    rendezvous only: one-sided gets are unchanged."""
-    if os.environ.get("UCX_RNDV_SCHEME"):
-        return {}
-    return {"RNDV_SCHEME": "put_zcopy"}
 
 
 def host_id() -> str:

@@ -25,8 +25,9 @@ import pytest
 
 import distore_ucx as ds
 from distore_ucx._native_loader import _native
+from distore_ucx.config import AM_MIN_ITEM_BYTES
 from distore_ucx.errors import RemoteError
-from distore_ucx.storage.pulls import AM_INSERT_ID, AM_MIN_ITEM_BYTES
+from distore_ucx.protocol import AM_INSERT_ID
 from distore_ucx.transport import rpc
 from distore_ucx.transport.local_map import send_staging
 from distore_ucx.transport.runtime import host_id
@@ -70,7 +71,7 @@ def node_bytes_match_table(client, table: str) -> bool:
 
 @pytest.fixture
 def messages(monkeypatch):
-    # Active-message inserts are opt-in (storage/pulls.py says why). Items
+    # Active-message inserts are opt-in (config.am_inserts_enabled says why). Items
     # here are 3000 bytes: have writers (this process and the ones it starts)
     # send them as active messages over TCP, as they would send large ones.
     monkeypatch.setenv("DISTORE_AM_INSERTS", "1")

@@ -11,10 +11,10 @@ import pytest
 
 from distore_ucx.control import checkpoint
 from distore_ucx.control.checkpoint import IdState, Image
-from distore_ucx.control.rate_limiters import SampleToInsertRatio
-from distore_ucx.control.selectors import Fifo, MaxHeap, Prioritized, Uniform
 from distore_ucx.control.tables import LIVE, Table
 from distore_ucx.errors import CheckpointError
+from distore_ucx.rate_limiters import SampleToInsertRatio
+from distore_ucx.selectors import Fifo, MaxHeap, Prioritized, Uniform
 from distore_ucx.spec import TableSpec
 from distore_ucx.table_definition import TableDefinition
 

@@ -27,7 +27,7 @@ def test_doctor_reports_ucx_and_what_is_missing():
     # This kernel (>= 5.1) seals memfds against writable mappings.
     assert "same-host mapping: works" in text and "arena pages:" in text
     assert "same-host nodes -> mapped" in text
-    # Active-message inserts are opt-in (storage/pulls.py): gets, saying why.
+    # Active-message inserts are opt-in (config.am_inserts_enabled): gets, saying why.
     assert "inserts from other hosts: one-sided gets (off unless DISTORE_AM_INSERTS=1" in text
     if not cuda_present():
         assert "GPUs: none found" in text

@@ -2,8 +2,11 @@
 
 errors, protocol and transport/ are the bottom of the package: they never
 import control/, client/, storage/ or config, not even inside a function
-(a function-local import is how a hidden cycle hides). table_definition and
-spec sit under config, control and client.
+(a function-local import is how a hidden cycle hides). table_definition (with
+the selectors and rate limiters it declares), spec and slot_format sit under
+config, control, storage and client. The three roles, control/, storage/ and
+client/, never import each other; only config.py and the command-line
+programs read the environment.
 """
 
 from __future__ import annotations
@@ -21,10 +24,11 @@ RULES = {
     "distore_ucx.protocol": UPPER,
     "distore_ucx.transport": UPPER,
     "distore_ucx.spec": UPPER,
+    "distore_ucx.slot_format": UPPER + ("distore_ucx._native_loader",),
     # a table definition uses the selector and rate limiter values, nothing of the server
-    "distore_ucx.table_definition": ("distore_ucx.client", "distore_ucx.storage",
-                                     "distore_ucx.config", "distore_ucx.control.server",
-                                     "distore_ucx.control.tables", "distore_ucx._native_loader"),
+    "distore_ucx.table_definition": UPPER + ("distore_ucx._native_loader",),
+    "distore_ucx.selectors": UPPER + ("distore_ucx._native_loader",),
+    "distore_ucx.rate_limiters": UPPER + ("distore_ucx._native_loader",),
 }
 
 
@@ -136,3 +140,70 @@ def test_no_import_cycle_between_modules():
 def test_the_cycle_finder_finds_a_cycle():
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
     assert cycles({"a": {"b"}, "b": set()}) == []
+
+
+ROLES = ("distore_ucx.control", "distore_ucx.storage", "distore_ucx.client")
+
+
+def role_of(name: str) -> str | None:
+    """The role package (control, storage, client) module `name` is in, if any."""
+    return next((r for r in ROLES if name == r or name.startswith(r + ".")), None)
+
+
+def test_roles_never_import_each_other():
+    # The control plane, the storage nodes and the client share only what
+    # sits below them (protocol, slot_format, spec, selectors, config, ...).
+    bad = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        name = module_name(path)
+        role = role_of(name)
+        if role is None:
+            continue
+        for imported in imports(path):
+            other = role_of(imported)
+            if other is not None and other != role:
+                bad.append(f"{name} imports {imported}")
+    assert not bad, "\n".join(bad)
+
+
+# Only these read the process environment: the configuration layer, the
+# command-line programs and launchers, and the native loader (which sets a
+# UCX default before UCX loads). Everything else gets its settings passed
+# down, or calls a function of config.py that reads them.
+READS_ENVIRONMENT = {f"distore_ucx.{m}" for m in (
+    "config", "cli", "cluster", "demo", "bench", "doctor", "ray", "_native_loader")}
+
+
+def environment_reads(path: Path) -> list[str]:
+    """Where `path` touches the environment: `os.environ`, `os.getenv`,
+    `os.putenv`, or a name imported from os as one of them."""
+    names = {"environ", "environb", "getenv", "getenvb", "putenv", "unsetenv"}
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Attribute) and node.attr in names:
+            found.append(f"{path.parent.name}/{path.name}:{node.lineno} .{node.attr}")
+        elif isinstance(node, ast.ImportFrom) and node.module == "os":
+            found += [f"{path.parent.name}/{path.name}:{node.lineno} from os import {a.name}"
+                      for a in node.names if a.name in names]
+    return found
+
+
+def test_only_the_configuration_layer_reads_the_environment():
+    bad = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        name = module_name(path)
+        if name in READS_ENVIRONMENT:
+            continue
+        bad += environment_reads(path)
+        # config's readers of a variable by name are for config's own functions
+        bad += [f"{name} imports {i}" for i in imports(path)
+                if i in ("distore_ucx.config.switch_from_env", "distore_ucx.config.size_from_env")]
+    assert not bad, "\n".join(bad)
+
+
+def test_the_environment_checker_sees_every_way_in(tmp_path):
+    path = tmp_path / "x.py"
+    path.write_text("import os\nfrom os import getenv\n\ndef f():\n"
+                    "    return os.environ.get('A'), os.getenv('B'), environ\n")
+    found = environment_reads(path)
+    assert len(found) == 3 and any("from os import getenv" in f for f in found), found

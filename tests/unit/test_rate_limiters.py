@@ -7,8 +7,8 @@ import math
 import pytest
 
 import distore_ucx as ds
-from distore_ucx.control.rate_limiters import RateLimiter
 from distore_ucx.errors import ConfigError
+from distore_ucx.rate_limiters import RateLimiter
 
 
 def test_min_size_blocks_samples_until_enough_items():

@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from distore_ucx import _tables, errors
-from distore_ucx.control.selectors import KINDS
+from distore_ucx.selectors import KINDS
 
 DRAWS = 100_000
 
@@ -227,7 +227,7 @@ def test_sum_tree_rejects_bad_weights():
 
 
 def test_the_native_core_takes_selector_kinds_from_the_one_list():
-    # control.selectors.KINDS is the one list of names; the core takes indices into it.
+    # selectors.KINDS is the one list of names; the core takes indices into it.
     assert _tables.SELECTOR_KINDS == len(KINDS)
     with pytest.raises(errors.TableCoreError, match="KINDS"):
         _tables.TableCore(len(KINDS), 1.0, 0, 1.0, 10, 0, 1)

@@ -11,9 +11,9 @@ from hypothesis import strategies as st
 
 from distore_ucx import _tables, errors
 from distore_ucx.control.items import FREE, LIVE, RETIRED, ItemStore
-from distore_ucx.control.selectors import KINDS, Prioritized
 from distore_ucx.control.tables import Table
 from distore_ucx.protocol import ITEM_LOCATION
+from distore_ucx.selectors import KINDS, Prioritized
 from distore_ucx.spec import TableSpec
 
 SPEC = TableSpec.parse(((8,), "uint8"))

@@ -14,16 +14,14 @@ from distore_ucx._native_loader import _native
 from distore_ucx.control.tables import Table
 from distore_ucx.control.tiers import Demotions, apply_moves, pick_demotions
 from distore_ucx.errors import StorageFull
+from distore_ucx.slot_format import COLD, is_cold, stride_of
 from distore_ucx.spec import TableSpec
 from distore_ucx.storage.tier import (
-    COLD,
     HEADER_BYTES,
     DiskTier,
     StagingArea,
     TierFileError,
     bounce_reads,
-    is_cold,
-    stride_of,
 )
 from distore_ucx.transport import UcxRuntime
 

@@ -14,7 +14,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from ..errors import ConfigError
+from .errors import ConfigError
 
 
 @dataclass(frozen=True)

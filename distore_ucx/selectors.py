@@ -13,7 +13,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from ..errors import ConfigError
+from .errors import ConfigError
 
 KINDS = ("uniform", "prioritized", "fifo", "lifo", "min_heap", "max_heap")
 
