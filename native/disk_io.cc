@@ -121,11 +121,9 @@ int read_unit(int fd, uint64_t disk_offset, size_t stride, uint8_t* to, size_t p
       [&](size_t at, size_t l, off_t off) { return ::pread(fd, via + at, l, off); }, len,
       disk_offset + done);
   // On to the staging slot with non-temporal stores (stream_copy.h): the
-  // staged bytes are read next by a learner, not by this thread. On the
-  // 2-core VM this copy slows the disk's transfers beside it: batches of
-  // 3 MiB items read 3.10-3.24 GB/s with memcpy of whole items, 3.25-3.49
-  // streamed in 2 MiB chunks, 3.7-4.1 with no copy (docs/performance.md,
-  // "The bounce copy").
+  // staged bytes are read next by a learner, not by this thread. On a small
+  // machine this copy slows the disk's transfers beside it, less so streamed
+  // in chunks than as whole items (docs/performance.md, perf/tier_bandwidth.py).
   if (status == 0) stream_copy(to + done, via, len, 0);
   return status;
 }

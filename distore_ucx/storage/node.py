@@ -70,8 +70,8 @@ PULL_TIMEOUT = 30.0  # s for reading one insert batch from a writer
 AM_MESSAGE_TTL = 2 * PULL_TIMEOUT
 WRITER_CHECK = 0.05  # s between checks that a writer whose batch is pulled is still there
 COPY_HELPERS = 1  # threads besides the copying one for same-host batch copies
-# Same-host batches up to this size are copied on the event loop (~2 ms at
-# most); larger ones on the pull thread, so that the loop is never held long.
+# Same-host batches up to this size are copied on the event loop (a few ms
+# at most); larger ones on the pull thread, so that the loop is never held long.
 INLINE_COPY_BYTES = 16 << 20
 DEMOTE_BATCH = 64  # items demoted at least at once when the arena is full
 STAGE_WAIT = 5.0  # s a sample's cold items may wait for room in the staging area
@@ -139,9 +139,9 @@ class StorageNode:
                 self.tier = DiskTier(cfg.disk, cfg.disk_bytes, self.name, self.arena.arena_id)
                 self.staging = StagingArea(cfg.staging_bytes)
                 # Straight into the staging area only on reserved hugepages:
-                # into shared-memory transparent hugepages the disk read at
-                # 2.0-2.2 GB/s here, through the hugepage buffers 3.2-3.3
-                # (reserved: 3.45 straight in; docs/performance.md).
+                # into shared-memory transparent hugepages the disk read
+                # slower than through the hugepage buffers (docs/performance.md,
+                # perf/tier_bandwidth.py).
                 self.tier.bounce = self.tier.direct and bounce_reads(
                     self.arena.page_kind == "hugetlb")
                 self._staged = asyncio.Event()  # set when staged extents come back
@@ -888,8 +888,8 @@ class StorageNode:
         addresses = np.uint64(source.base) + src_offsets
         if source.mapping is not None and int(lengths.sum()) <= INLINE_COPY_BYTES:
             # A copy out of a mapping cannot wait on anyone: done here, it
-            # saves two thread hand-offs per batch (measured: a quarter of
-            # the node's CPU per GB for 4 MiB batches of 110 KB items).
+            # saves two thread hand-offs per batch, which cost the node CPU
+            # per GB on small items.
             self.arena.pull_mapped(source, offsets, keys, gens, addresses, lengths,
                                    self._copy_pool())
             return

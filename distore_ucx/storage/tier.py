@@ -60,7 +60,7 @@ IO_THREADS = 8  # transfers in flight per batch (the device's queue depth)
 # Cold reads into an arena of 4 KiB pages go through this much contiguous
 # memory per I/O thread (bounce_reads()): 8 x 2 MiB per node, each
 # chunk one hugepage. Chunks smaller than an item let one chunk's copy run
-# while the disk fills the next (docs/performance.md, "The bounce copy").
+# while the disk fills the next (docs/performance.md, perf/tier_bandwidth.py).
 BOUNCE_CHUNK = 2 << 20
 
 
@@ -69,12 +69,11 @@ def bounce_reads(contiguous: bool) -> bool:
     for an arena whose pages are (`contiguous`: reserved hugepages; the node
     decides) or are not physically contiguous.
 
-    A disk splits a read at its segment limit (254 pages on the virtio disk
-    measured here, 127-256 on NVMe), so a read into scattered 4 KiB pages
-    costs several requests where a read into physically contiguous memory
-    costs one: measured here, 3 MiB items read 4-6 requests each into the
-    arena's shared-memory pages and 1 into hugepages, and sampling cold items
-    ran at half the disk's speed (docs/performance.md). Through the buffer,
+    A disk splits a read at its segment limit (a few hundred pages), so a
+    read into scattered 4 KiB pages costs several requests where a read into
+    physically contiguous memory costs one, and cold sampling ran far below
+    the disk's speed (docs/performance.md, perf/tier_bandwidth.py). Through
+    the buffer,
     each of the node's reading threads (native DiskReader) reads into its
     own 2 MiB hugepage chunk and streams it on into the staging area.
     DISTORE_DISK_BOUNCE=0/1 overrides the choice."""
