@@ -252,7 +252,8 @@ class Writer:
     @property
     def paths(self) -> dict[int, str]:
         """How each storage node read this writer's batches, by node id
-        (e.g. 'cma (same host)' or 'ucx (UCX_TLS=tcp)')."""
+        (e.g. 'cma (same host)' or 'ucx (UCX_TLS=tcp)'): the nodes the
+        writer lists now (one that left, or is unresponsive, is not named)."""
         return dict(self._paths)
 
     def insert(self, table: str, data, priority=1.0) -> np.ndarray:
@@ -643,6 +644,9 @@ class Writer:
         if now - self._listed >= LIST_EVERY or all(n["node_id"] in exclude for n in self._nodes):
             self._nodes = self._client.nodes()
             self._listed, self._since_listed = now, {}
+            listed = {n["node_id"] for n in self._nodes}
+            for gone in [i for i in self._paths if i not in listed]:
+                del self._paths[gone]  # `paths` names the nodes in use, not ones that left
         nodes = [n for n in self._nodes if n["node_id"] not in exclude]
         if not nodes:
             raise StorageFull(
@@ -724,6 +728,7 @@ class Writer:
                 - self._since_listed.get(node["node_id"], 0))
 
     def _drop(self, node_id: int) -> None:
+        self._paths.pop(node_id, None)
         for key in [k for k in self._conns if k[0] == node_id]:
             self._conns.pop(key).close()
             self._handed.pop(key, None)  # a new connection claims its buffer anew

@@ -18,6 +18,7 @@ import textwrap
 import threading
 import time
 
+import numpy as np
 import pytest
 from helpers import wait_for
 
@@ -447,3 +448,26 @@ def test_a_node_with_the_wrong_token_still_fails_at_once(tmp_path):
                       env=dict(os.environ, UCX_TLS="tcp", UCX_NET_DEVICES="lo"))
     assert out.returncode == 2 and "refused our token" in out.stderr, out.stderr
     assert "tries to join" not in out.stderr and time.monotonic() - start < 30
+
+
+@pytest.mark.parametrize("tls", ["tcp"], indirect=True)
+def test_writer_paths_forget_a_node_that_left(make_cluster, tls):
+    cluster = make_cluster(nodes=2)
+    with ds.connect(cluster.address) as client:
+        client.create_table("t", capacity=10_000, spec={"x": ((1024,), "uint8")})
+        writer = client.writer(max_items=10)
+        for _ in range(4):  # batches go to both nodes
+            writer.insert("t", {"x": np.zeros((10, 1024), np.uint8)})
+        writer.flush()
+        ids = [n.info["node_id"] for n in cluster.nodes]
+        assert set(writer.paths) == set(ids)
+        cluster.kill_node(0)
+        wait_for(lambda: all(n["node_id"] != ids[0] or n["state"] == "gone"
+                             for n in client.status()["nodes"]), 10, "the node to be gone")
+        deadline = time.monotonic() + 10
+        while ids[0] in writer.paths and time.monotonic() < deadline:
+            writer.insert("t", {"x": np.zeros((10, 1024), np.uint8)})  # lists the nodes again
+            writer.flush()
+            time.sleep(0.2)
+        assert set(writer.paths) == {ids[1]}, writer.paths
+        writer.close()
