@@ -26,7 +26,11 @@ import numpy as np
 
 from . import errors
 
-VERSION = 1
+# 2: keys are writer_id << 24 | sequence with 40-bit writer ids (a writer
+# takes a new id when its keys run out), nodes are live/unresponsive/gone
+# with insert epochs, evicted leased slots are retired on their nodes, and
+# servers greet with their role. A v1 peer would reuse keys: refused.
+VERSION = 2
 MAX_FRAME = 1 << 30  # 1 GiB: any one frame
 MAX_NAME = 128
 MAX_ITEMS = 1 << 24  # per message

@@ -173,10 +173,10 @@ values = st.recursive(
 )
 message = st.one_of(
     st.binary(min_size=1, max_size=200),  # garbage bytes
-    st.builds(lambda op, fields, mid: {"v": 1, "op": op, "id": mid, **fields},
+    st.builds(lambda op, fields, mid: {"v": protocol.VERSION, "op": op, "id": mid, **fields},
               st.sampled_from(OPS), st.dictionaries(st.text(max_size=12), values, max_size=5),
               st.integers(0, 2**63 - 1)),
-    st.builds(lambda op, mid: {"v": 1, "op": op, "id": mid},
+    st.builds(lambda op, mid: {"v": protocol.VERSION, "op": op, "id": mid},
               st.sampled_from(OPS + ["", "bogus", "nodes"]), st.integers(-5, 2**64)),
     st.dictionaries(st.text(max_size=8), values, max_size=6),
 )

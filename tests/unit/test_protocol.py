@@ -9,6 +9,8 @@ import pytest
 from distore_ucx import protocol
 from distore_ucx.protocol import ProtocolError
 
+V = protocol.VERSION
+
 
 def roundtrip(msg):
     frame = b"".join(bytes(b) for b in protocol.encode(msg))
@@ -29,14 +31,14 @@ def test_request_round_trip_with_arrays():
     "msg, message",
     [
         ({"v": 99, "op": "nodes", "id": 1}, "protocol version"),
-        ({"v": 1, "op": "nope", "id": 1}, "unknown operation"),
-        ({"v": 1, "op": "table_info", "id": 1}, "missing field"),
-        ({"v": 1, "op": "table_info", "id": 1, "name": 5}, "expected str"),
-        ({"v": 1, "op": "table_info", "id": 1, "name": "x" * 200}, "longer than"),
-        ({"v": 1, "op": "table_info", "id": 1, "name": "bad\nname"}, "not a valid name"),
-        ({"v": 1, "op": "sample", "id": 1, "table": "t", "n": 0}, "outside"),
-        ({"v": 1, "op": "sample", "id": 1, "table": "t", "n": True}, "expected int"),
-        ({"v": 1, "op": "free", "id": 1, "table": "t", "offsets": b"123"}, "whole number"),
+        ({"v": V, "op": "nope", "id": 1}, "unknown operation"),
+        ({"v": V, "op": "table_info", "id": 1}, "missing field"),
+        ({"v": V, "op": "table_info", "id": 1, "name": 5}, "expected str"),
+        ({"v": V, "op": "table_info", "id": 1, "name": "x" * 200}, "longer than"),
+        ({"v": V, "op": "table_info", "id": 1, "name": "bad\nname"}, "not a valid name"),
+        ({"v": V, "op": "sample", "id": 1, "table": "t", "n": 0}, "outside"),
+        ({"v": V, "op": "sample", "id": 1, "table": "t", "n": True}, "expected int"),
+        ({"v": V, "op": "free", "id": 1, "table": "t", "offsets": b"123"}, "whole number"),
         (
             {
                 "v": 1, "op": "items_added", "id": 1, "node_id": 1, "table": "t",
