@@ -14,7 +14,7 @@ from distore_ucx.control.checkpoint import IdState, Image
 from distore_ucx.control.tables import LIVE, Table
 from distore_ucx.errors import CheckpointError
 from distore_ucx.rate_limiters import SampleToInsertRatio
-from distore_ucx.selectors import Fifo, MaxHeap, Prioritized, Uniform
+from distore_ucx.selectors import Fifo, Lifo, MaxHeap, MinHeap, Prioritized, Uniform
 from distore_ucx.spec import TableSpec
 from distore_ucx.table_definition import TableDefinition
 
@@ -267,3 +267,43 @@ def test_checkpoints_carry_their_store_id_and_it_survives_restarts(tmp_path):
     assert checkpoint.read(path).store_id == first.store_id
     assert IdState(path + ".ids").store_id == first.store_id
     assert IdState(str(tmp_path / "other.ids")).store_id != first.store_id
+
+# -- restores of a full table (issue 31 item 11) ------------------------------
+
+@pytest.mark.parametrize("remover, kept", [
+    (Fifo(), [8, 9]),  # the newest
+    (Lifo(), [3, 4]),  # the oldest
+    (MinHeap(), [4, 6]),  # the highest priorities (7, 8)
+    (MaxHeap(), [3, 7]),  # the lowest priorities (1, 0)
+])
+def test_a_checkpoint_taken_during_a_restore_never_holds_more_than_the_capacity(remover, kept):
+    # Before: live items plus every one not re-sent yet (15 of capacity 10).
+    t = make(sampler=Uniform(), remover=remover, capacity=10)
+    fill(t, range(10), priorities=[5, 3, 9, 1, 7, 2, 8, 0, 6, 4])
+    r = Table.from_image(t.image())
+    resend(r, [0, 1, 2])
+    fill(r, range(100, 105), node=3)  # 8 live: room for 2 of the 7 not re-sent
+    image = r.image()
+    assert len(image.keys) == 10
+    assert sorted(image.keys.tolist()) == [0, 1, 2, *kept, *range(100, 105)]
+    # Those left out are freed if a node re-sends them after a restart from it.
+    assert sorted(image.retired.tolist()) == sorted(set(range(3, 10)) - set(kept))
+    again = Table.from_image(image)
+    freed, counts = resend(again, range(10))
+    assert counts["restored"] == 5 and counts["discarded"] == 5
+    assert r.info()["awaiting_restore"] == 7  # this restore still takes them all back
+
+
+def test_a_checkpoint_over_its_capacity_is_restored_to_the_capacity():
+    # As an older release wrote during a restore: 15 items in a capacity-10 table.
+    big = make(sampler=Uniform(), remover=Fifo(), capacity=15)
+    fill(big, range(15))
+    image = big.image()
+    image.definition = make(sampler=Uniform(), remover=Fifo(), capacity=10).definition.to_wire()
+    r = Table.from_image(image)
+    assert r.info()["awaiting_restore"] == 10  # before: 15
+    freed, counts = resend(r, range(15))
+    assert counts == {"restored": 10, "adopted": 0, "discarded": 5}
+    assert sorted((freed.offsets // SLOT).tolist()) == [0, 1, 2, 3, 4]  # FIFO: the oldest go
+    assert r.size == 10
+
