@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import json
 import os
+import time
 
 import numpy as np
 import pytest
 
 from distore_ucx.control import checkpoint
 from distore_ucx.control.checkpoint import IdState, Image
+from distore_ucx.control.restore import Restore
 from distore_ucx.control.tables import LIVE, Table
 from distore_ucx.errors import CheckpointError
 from distore_ucx.rate_limiters import SampleToInsertRatio
@@ -268,6 +270,7 @@ def test_checkpoints_carry_their_store_id_and_it_survives_restarts(tmp_path):
     assert IdState(path + ".ids").store_id == first.store_id
     assert IdState(str(tmp_path / "other.ids")).store_id != first.store_id
 
+
 # -- restores of a full table (issue 31 item 11) ------------------------------
 
 @pytest.mark.parametrize("remover, kept", [
@@ -306,4 +309,59 @@ def test_a_checkpoint_over_its_capacity_is_restored_to_the_capacity():
     assert counts == {"restored": 10, "adopted": 0, "discarded": 5}
     assert sorted((freed.offsets // SLOT).tolist()) == [0, 1, 2, 3, 4]  # FIFO: the oldest go
     assert r.size == 10
+
+
+def test_checkpoints_name_the_nodes_a_restore_waits_for(tmp_path):
+    path = str(tmp_path / "ck")
+    checkpoint.write(path, Image([make().image()], nodes={1: "a", 4: "b"}, next_node_id=6))
+    back = checkpoint.read(path)
+    assert back.nodes == {1: "a", 4: "b"} and back.next_node_id == 6
+    # An older file names none: a restore then waits out its grace, as it did.
+    older = Image([make().image()])
+    checkpoint.write(path, older)
+    assert checkpoint.read(path).nodes is None
+
+
+def test_a_restore_ends_when_every_expected_node_has_resent_or_is_gone(tmp_path):
+    path = str(tmp_path / "ck")
+    ids = IdState(path + ".ids")
+    for _ in range(4):
+        ids.node_id(None, lambda i: False)  # nodes 1-4; 4 joined after the checkpoint
+    t = make()
+    fill(t, range(10))
+    checkpoint.write(path, Image([t.image()], store_id=ids.store_id, nodes={1: "a", 2: "b",
+                                                                           3: "c"}, next_node_id=4))
+    restore = Restore(path, grace=60.0)
+    tables = restore.load(None, next_node_id=IdState(path + ".ids").next_node_id)
+    now = time.monotonic()
+    assert not restore.over(now)
+    assert restore.waiting_for() == "nodes 1 (a), 2 (b), 3 (c), 4 to re-join"
+    restore.joined(1, "a", resends=True)
+    restore.joined(9, "fresh", resends=False)  # a new node has nothing to re-send
+    assert restore.waiting_for() == ("nodes 2 (b), 3 (c), 4 to re-join and node 1 (a) to "
+                                     "finish re-sending")
+    restore.sent(1)
+    restore.joined(2, "b", resends=True)
+    restore.gone(2)  # died while re-sending
+    restore.joined(3, "c", resends=True)
+    restore.sent(3)
+    assert not restore.over(now) and restore.waiting_for() == "node 4 to re-join"
+    restore.joined(4, "d", resends=True)
+    assert not restore.over(now)
+    restore.sent(4)
+    assert restore.over(now)
+    restore.end(tables)
+    assert restore.over(now + 61)  # and the grace still bounds it
+
+
+def test_a_restore_from_an_older_checkpoint_waits_out_its_grace(tmp_path):
+    path = str(tmp_path / "ck")
+    ids = IdState(path + ".ids")
+    checkpoint.write(path, Image([make().image()], store_id=ids.store_id))
+    restore = Restore(path, grace=60.0)
+    restore.load(None, next_node_id=ids.next_node_id)
+    restore.joined(1, "a", resends=True)
+    restore.sent(1)
+    assert not restore.over(time.monotonic())
+    assert restore.over(time.monotonic() + 61)
 
