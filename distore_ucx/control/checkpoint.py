@@ -228,7 +228,7 @@ def _check_values(path: str, t: TableImage) -> None:
                               "distore: restore an older copy or start without --restore")
 
 
-def _atomic_write(path: str, chunks: list) -> None:
+def _atomic_write(path: str, chunks: list, what: str = "checkpoint") -> None:
     folder = os.path.dirname(os.path.abspath(path))
     tmp = f"{path}.tmp{os.getpid()}"
     try:
@@ -242,8 +242,14 @@ def _atomic_write(path: str, chunks: list) -> None:
             os.unlink(tmp)
         except OSError:
             pass
-        raise CheckpointError(f"cannot write the checkpoint {path}: {exc.strerror}; the "
-                              "previous one is intact") from None
+        if os.path.exists(path):
+            said = "the previous one is intact"
+        elif not os.path.isdir(folder):
+            said = (f"there is no {what} there yet, and its folder {folder} does not exist: "
+                    "create it")
+        else:
+            said = f"there is no {what} there yet"
+        raise CheckpointError(f"cannot write the {what} {path}: {exc.strerror}; {said}") from None
     dirfd = os.open(folder, os.O_RDONLY)
     try:
         os.fsync(dirfd)
@@ -312,7 +318,7 @@ class IdState:
         doc = {"incarnation": self.incarnation, "next_node_id": self.next_node_id,
                "writer_ids_reserved": self.writer_ids_reserved, "key_bits": KEY_BITS,
                "store_id": self.store_id}
-        _atomic_write(self.path, [json.dumps(doc).encode()])
+        _atomic_write(self.path, [json.dumps(doc).encode()], "id file")
 
     @staticmethod
     def store_of(path: str) -> str:

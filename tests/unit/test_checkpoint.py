@@ -365,3 +365,11 @@ def test_a_restore_from_an_older_checkpoint_waits_out_its_grace(tmp_path):
     assert not restore.over(time.monotonic())
     assert restore.over(time.monotonic() + 61)
 
+
+def test_a_failed_first_write_does_not_claim_a_previous_checkpoint(tmp_path):
+    path = str(tmp_path / "missing" / "ck")
+    with pytest.raises(CheckpointError) as err:
+        checkpoint.write(path, Image([make().image()]))
+    said = str(err.value)
+    assert "intact" not in said
+    assert "no checkpoint there yet" in said and "missing does not exist" in said
