@@ -128,6 +128,9 @@ MESSAGES: dict[str, tuple[F, ...]] = {
         F("generations", "u64[]"),
         F("priorities", "f64[]"),
     ),
+    # A re-joined node has sent every item it holds (when register_node's
+    # reply has "items_resent"): the restore need not wait for it any more.
+    "items_resent": (F("node_id", "int", lo=0, hi=2**32),),
     # The disk tier (storage/tier.py, control/tiers.py). A node whose arena
     # is full asks which n items of a table to demote, copies them to disk,
     # and reports the moves (offsets with the top bit set are disk slots).

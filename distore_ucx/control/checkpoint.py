@@ -6,12 +6,14 @@ priorities, use counts and FIFO order come back), plus the keys of items
 that had left the table but whose slots were still leased (their nodes
 still hold them; they must not come back). It holds no locations: after a
 restart the nodes re-register and re-send their slot lists, because a
-node's slot table is the truth about bytes.
+node's slot table is the truth about bytes. It names those nodes, so that
+a restore knows when every one has re-sent its items.
 
 File format, version 1: ``MAGIC``, then a little-endian header (format
 version u32, metadata length u64, array bytes u64, CRC-32 of metadata and
-arrays u32), then the metadata, one msgpack map (definitions, counters and
-each array's length), then every table's arrays as raw little-endian bytes.
+arrays u32), then the metadata, one msgpack map (definitions, counters,
+each array's length, and the nodes; files without "nodes" still read),
+then every table's arrays as raw little-endian bytes.
 The arrays never pass through msgpack: they are written from and read into
 numpy buffers, and the CRC and file I/O release the GIL, so a checkpoint
 written on a worker thread barely slows the control plane's event loop. A
@@ -94,12 +96,21 @@ class TableImage:
 
 @dataclass
 class Image:
-    """A whole checkpoint: when and by which run it was taken, and its tables."""
+    """A whole checkpoint: when and by which run it was taken, and its tables.
+
+    `nodes` (node id: name) are the storage nodes that may hold its items
+    and `next_node_id` the first id not handed out when it was taken: a
+    restore waits for those nodes and any that joined after it, and ends
+    once they have all re-sent their items (None, 0: an older file, whose
+    restore waits out its grace).
+    """
 
     tables: list[TableImage]
     created: float = field(default_factory=time.time)
     incarnation: int = 0
     store_id: str = ""  # the store it belongs to (IdState.store_id; "" in older files)
+    nodes: dict[int, str] | None = None
+    next_node_id: int = 0
 
     @property
     def items(self) -> int:
@@ -117,6 +128,8 @@ def write(path: str, image: Image) -> int:
         "incarnation": image.incarnation,
         "store_id": image.store_id,
         "tables": [t.meta() for t in image.tables],
+        **({"nodes": [[i, n] for i, n in sorted(image.nodes.items())],
+            "next_node_id": image.next_node_id} if image.nodes is not None else {}),
     }, use_bin_type=True)
     arrays = [memoryview(a).cast("B") for t in image.tables for a in t.arrays()]
     crc = zlib.crc32(meta)
@@ -161,6 +174,8 @@ def _read(fh, path: str, size: int) -> Image:
         doc = msgpack.unpackb(meta, raw=False)
         created, incarnation = float(doc["created"]), int(doc["incarnation"])
         store_id = str(doc.get("store_id", ""))
+        nodes = None if "nodes" not in doc else {int(i): str(n) for i, n in doc["nodes"]}
+        next_node_id = int(doc.get("next_node_id", 0))
         described = [(t, {n: int(t["lengths"][n]) for n in _ARRAYS}) for t in doc["tables"]]
     except (KeyError, TypeError, ValueError, msgpack.UnpackException) as exc:
         raise CheckpointError(f"{path}: metadata does not decode ({exc!r})") from None
@@ -191,7 +206,7 @@ def _read(fh, path: str, size: int) -> Image:
                               "or start without --restore")
     for image in tables:  # a valid checksum says nothing of a file made by hand
         _check_values(path, image)
-    return Image(tables, created, incarnation, store_id)
+    return Image(tables, created, incarnation, store_id, nodes, next_node_id)
 
 
 def _check_values(path: str, t: TableImage) -> None:
@@ -213,7 +228,7 @@ def _check_values(path: str, t: TableImage) -> None:
                               "distore: restore an older copy or start without --restore")
 
 
-def _atomic_write(path: str, chunks: list) -> None:
+def _atomic_write(path: str, chunks: list, what: str = "checkpoint") -> None:
     folder = os.path.dirname(os.path.abspath(path))
     tmp = f"{path}.tmp{os.getpid()}"
     try:
@@ -227,8 +242,14 @@ def _atomic_write(path: str, chunks: list) -> None:
             os.unlink(tmp)
         except OSError:
             pass
-        raise CheckpointError(f"cannot write the checkpoint {path}: {exc.strerror}; the "
-                              "previous one is intact") from None
+        if os.path.exists(path):
+            said = "the previous one is intact"
+        elif not os.path.isdir(folder):
+            said = (f"there is no {what} there yet, and its folder {folder} does not exist: "
+                    "create it")
+        else:
+            said = f"there is no {what} there yet"
+        raise CheckpointError(f"cannot write the {what} {path}: {exc.strerror}; {said}") from None
     dirfd = os.open(folder, os.O_RDONLY)
     try:
         os.fsync(dirfd)
@@ -297,7 +318,7 @@ class IdState:
         doc = {"incarnation": self.incarnation, "next_node_id": self.next_node_id,
                "writer_ids_reserved": self.writer_ids_reserved, "key_bits": KEY_BITS,
                "store_id": self.store_id}
-        _atomic_write(self.path, [json.dumps(doc).encode()])
+        _atomic_write(self.path, [json.dumps(doc).encode()], "id file")
 
     @staticmethod
     def store_of(path: str) -> str:

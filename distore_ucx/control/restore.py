@@ -2,9 +2,12 @@
 which items the re-joining storage nodes re-send, and when it ends.
 
 The request server only routes: `register_node`'s reply says whether a
-node should re-send its items, `items_restored` hands them here, and the
-housekeeping loop ends the restore after `restore_grace` seconds. What
-comes back and what is dropped is described in docs/semantics.md.
+node should re-send its items, `items_restored` hands them here and
+`items_resent` says a node has sent them all. The restore ends once every
+node that may hold items of the checkpoint (those it names, and any that
+joined after it) has re-sent them or is gone, and at the latest after
+`restore_grace` seconds (nodes that never come back). What comes back and
+what is dropped is described in docs/semantics.md.
 """
 
 from __future__ import annotations
@@ -25,17 +28,27 @@ log = logging.getLogger(__name__)
 
 
 class Restore:
-    """A restore in progress: nodes may re-send their items until `until`."""
+    """A restore in progress: nodes may re-send their items until `until`,
+    and it is over sooner once every node it waits for is done."""
 
     def __init__(self, path: str, grace: float):
         self.path = path
         self.grace = grace
-        self.until = time.monotonic() + grace
+        self.started = time.monotonic()
+        self.until = self.started + grace
         self.progress: Progress | None = None  # items re-sent against the checkpoint's
+        # Nodes that may hold checkpointed items and have not re-joined (id:
+        # name, "" when unknown); None: unknown (an older checkpoint), so the
+        # restore waits out its grace.
+        self.absent: dict[int, str] | None = None
+        self.resending: dict[int, str] = {}  # re-joined, re-sending, not done yet
+        self.done = 0  # nodes that re-sent everything
 
-    def load(self, seeds: Iterator[int] | None) -> dict[str, Table]:
+    def load(self, seeds: Iterator[int] | None, next_node_id: int = 0) -> dict[str, Table]:
         """The checkpoint's tables, empty until nodes re-send their items
-        ({} when there is no checkpoint yet)."""
+        ({} when there is no checkpoint yet). `next_node_id`: the first node
+        id no run has handed out (IdState), so that nodes that joined after
+        the checkpoint are waited for too."""
         if not os.path.exists(self.path):
             log.warning("--restore: no checkpoint at %s yet; starting with the configured "
                         "tables only (re-joining nodes keep their items of those)", self.path)
@@ -54,25 +67,87 @@ class Restore:
         for t in image.tables:
             seed = next(seeds) if seeds is not None else None
             try:
-                tables[t.name] = Table.from_image(t, seed)
+                tables[t.name] = table = Table.from_image(t, seed)
             except (DistoreError, ValueError, TypeError, KeyError) as exc:
                 raise CheckpointError(f"{self.path}: table {t.name!r} cannot be restored "
                                       f"({exc}); restore an older copy or start without "
                                       "--restore") from None
-        log.info("restoring %d tables, %d items from %s (written %.0f s ago by run %d); nodes "
-                 "have %g s to re-send their items", len(image.tables), image.items, self.path,
-                 time.time() - image.created, image.incarnation, self.grace)
+            over = len(t.keys) - len(table.pending.keys)
+            if over:
+                log.warning("table %r: the checkpoint holds %d items, more than its capacity of "
+                            "%d (taken during a restore by an older release); the %d its %s "
+                            "remover would evict first are dropped", t.name, len(t.keys),
+                            table.capacity, over, table.remover.kind)
+        if image.nodes is not None:
+            self.absent = dict(image.nodes)
+            # Nodes that joined after the checkpoint may hold items too.
+            self.absent.update({i: "" for i in range(max(image.next_node_id, 1), next_node_id)
+                                if i not in self.absent})
+        expected = sum(len(t.pending.keys) for t in tables.values())
+        self.progress = Progress("restoring checkpointed items", total=expected,
+                                 unit="items", logger=log, every=5.0)
+        log.info("restoring %d tables, %d items from %s (written %.0f s ago by run %d); %s, "
+                 "for at most %g s", len(image.tables), expected, self.path,
+                 time.time() - image.created, image.incarnation,
+                 "waiting for " + self.waiting_for() if self.absent is not None else
+                 "the checkpoint names no nodes (an older release's): nodes re-send their "
+                 "items", self.grace)
         return tables
 
-    def report(self, tables: dict[str, Table]) -> None:
-        """Show how many checkpointed items the nodes have re-sent so far."""
+    # -- the nodes it waits for ----------------------------------------------
+    def joined(self, node_id: int, name: str, resends: bool) -> None:
+        """A node registered; `resends`: it re-joined with its former id
+        and re-sends the items it holds (then says `sent`)."""
+        if self.absent is not None:
+            self.absent.pop(node_id, None)
+        if resends:
+            self.resending[node_id] = name
+
+    def sent(self, node_id: int) -> None:
+        """A node has re-sent every item it holds (an items_resent request)."""
+        if self.resending.pop(node_id, None) is not None:
+            self.done += 1
+
+    def gone(self, node_id: int) -> None:
+        """A node died or left during the restore: its items are gone with it."""
+        self.resending.pop(node_id, None)
+        if self.absent is not None:
+            self.absent.pop(node_id, None)
+
+    def complete(self) -> bool:
+        """Has every node that may hold checkpointed items re-sent them (or gone)?"""
+        return self.absent is not None and not self.absent and not self.resending
+
+    def waiting_for(self) -> str:
+        """The nodes this restore waits for, in words."""
+        def named(nodes: dict[int, str]) -> str:
+            ids = sorted(nodes)
+            text = ", ".join(f"{i} ({nodes[i]})" if nodes[i] else str(i) for i in ids[:5])
+            more = f" and {len(ids) - 5} more" if len(ids) > 5 else ""
+            return f"node{'s' if len(ids) > 1 else ''} {text}{more}"
+
+        parts = []
+        if self.absent is None:
+            parts.append("nodes to re-join (the checkpoint does not name them)")
+        elif self.absent:
+            parts.append(named(self.absent) + " to re-join")
+        if self.resending:
+            parts.append(named(self.resending) + " to finish re-sending")
+        return " and ".join(parts) or "nothing"
+
+    def report(self, tables: dict[str, Table], now: float) -> None:
+        """Show how many checkpointed items the nodes have re-sent so far,
+        and what the restore waits for."""
         if self.progress is not None and self.progress.total:
             self.progress.set(self.progress.total - sum(
-                t.pending.unclaimed for t in tables.values() if t.pending))
+                t.pending.unclaimed for t in tables.values() if t.pending),
+                f"waiting for {self.waiting_for()}, at most {max(0.0, self.until - now):.0f} s "
+                "more")
 
     def over(self, now: float) -> bool:
-        """Has the time nodes had to re-send their items run out?"""
-        return now >= self.until
+        """Is the restore over: every node it waits for is done, or the time
+        nodes had to re-send their items has run out?"""
+        return self.complete() or now >= self.until
 
     def items(self, tables: dict[str, Table], node_id: int,
               f: dict) -> tuple[Table | None, Freed, dict]:
@@ -99,15 +174,22 @@ class Restore:
 
     def end(self, tables: dict[str, Table]) -> None:
         """Close the restore: checkpointed items no node re-sent are dropped."""
+        took = time.monotonic() - self.started
+        if self.complete():
+            why = (f"every node re-sent its items ({self.done} node"
+                   f"{'' if self.done == 1 else 's'}) after {took:.1f} s")
+            gone = "their nodes had freed them (evicted after the checkpoint) or are gone"
+        else:
+            why = f"its grace of {self.grace:g} s is over, still waiting for {self.waiting_for()}"
+            gone = "their nodes are gone"
         for table in tables.values():
             lost = table.end_restore()
             if lost:
-                log.warning("table %r: %d checkpointed items were not re-sent by any node within "
-                            "%g s (their nodes are gone); they are dropped", table.name, lost,
-                            self.grace)
+                log.warning("table %r: %d checkpointed items were not re-sent by any node (%s); "
+                            "they are dropped", table.name, lost, gone)
         if self.progress is not None:
             self.progress.close()
-        log.info("restore complete: %s", ", ".join(
+        log.info("restore complete, %s: %s", why, ", ".join(
             f"{t.name} {t.size} items" for t in tables.values()) or "no tables")
 
 

@@ -90,7 +90,7 @@ class ControlPlane:
             loop.add_signal_handler(sig, self._stop.set)
         if self.config.restore:
             self._restoring = Restore(self.config.checkpoint, self.config.restore_grace)
-            self.tables.update(self._restoring.load(self._seed))
+            self.tables.update(self._restoring.load(self._seed, self.ids.next_node_id))
         server = await self.start()
         self._create_configured_tables()
         if ready_file:
@@ -129,8 +129,14 @@ class ControlPlane:
             self._checkpointing = asyncio.Lock()
         async with self._checkpointing:
             t0 = time.monotonic()
+            # The nodes a restore from it waits for: members, and those a
+            # restore in progress still waits for (they may hold its items).
+            nodes = {n.node_id: n.name for n in self.members.nodes.values() if n.alive}
+            if self._restoring is not None and self._restoring.absent is not None:
+                nodes.update(self._restoring.absent)
             image = Image([t.image() for t in self.tables.values()],
-                          incarnation=self.ids.incarnation, store_id=self.ids.store_id)
+                          incarnation=self.ids.incarnation, store_id=self.ids.store_id,
+                          nodes=nodes, next_node_id=self.ids.next_node_id)
             snapshot = time.monotonic() - t0
             try:
                 nbytes = await asyncio.to_thread(checkpoint.write, path, image)
@@ -211,14 +217,19 @@ class ControlPlane:
                                 f"longer than the grace (control.unresponsive_grace = "
                                 f"{self.members.grace:g} s)")
             if self._restoring is not None:
-                self._restoring.report(self.tables)
-                if self._restoring.over(now):
-                    self._restoring, restore = None, self._restoring
-                    restore.end(self.tables)
+                self._restoring.report(self.tables, now)
+                self._end_restore(now)
             expired = self.leases.expired(now)
             if expired:
                 log.warning("%d leases expired unreleased (learner gone?)", len(expired))
                 self._release(expired)
+
+    def _end_restore(self, now: float) -> None:
+        """End the restore once it is over (every node it waits for is done,
+        or its grace has run out)."""
+        if self._restoring is not None and self._restoring.over(now):
+            self._restoring, restore = None, self._restoring
+            restore.end(self.tables)
 
     def _on_close(self, peer: Peer) -> None:
         # The connection's leases are not released here: reads it posted may
@@ -244,6 +255,8 @@ class ControlPlane:
         node's connection is closed. Returns how many items left."""
         node = self.members.nodes[node_id]
         node.state = GONE
+        if self._restoring is not None:
+            self._restoring.gone(node_id)  # housekeeping ends the restore if it was the last
         self.stats.membership["left" if left else "dropped"] += 1
         dropped = sum(t.drop_node(node_id) for t in self.tables.values())
         self.demotions.forget(node_id=node_id)
@@ -380,8 +393,12 @@ class ControlPlane:
             raise CheckpointError(why)
         node = self.members.register(peer, fields, wanted)
         self.stats.membership["rejoined" if wanted == node.node_id else "joined"] += 1
+        if self._restoring is not None:
+            # A node with a former id re-sends its items, then says so (items_resent).
+            self._restoring.joined(node.node_id, node.name, resends=wanted is not None)
         return {"node_id": node.node_id, "heartbeat_interval": self.config.heartbeat_interval,
-                "restore": self._restoring is not None, "store_id": self.ids.store_id}
+                "restore": self._restoring is not None, "store_id": self.ids.store_id,
+                "items_resent": self._restoring is not None}
 
     def op_items_restored(self, peer: Peer, f: dict) -> dict:
         """Items a re-registered node still holds (sent only while restoring)."""
@@ -397,6 +414,18 @@ class ControlPlane:
         if table is not None:
             self._touch(table)
         return counts
+
+    def op_items_resent(self, peer: Peer, f: dict) -> dict:
+        """A re-joined node has re-sent every item it holds: the restore ends
+        as soon as every node it waits for has."""
+        node_id = f["node_id"]
+        if peer.state.get("node_id") != node_id:
+            raise InvalidRequest(f"items_resent for node {node_id} from a connection that is "
+                                 "not it")
+        if self._restoring is not None:  # else it ended already (its grace ran out)
+            self._restoring.sent(node_id)
+            self._end_restore(time.monotonic())
+        return {}
 
     async def op_checkpoint(self, peer: Peer, f: dict) -> dict:
         """Write a checkpoint now (`distore checkpoint`)."""

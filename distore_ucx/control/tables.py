@@ -77,11 +77,16 @@ class Pending:
     claimed: np.ndarray
 
     @classmethod
-    def from_image(cls, image: TableImage) -> Pending:
-        order = np.argsort(image.keys)  # keys are unique: no need for a stable sort
-        return cls(image.keys[order], image.priorities[order], image.times_sampled[order],
-                   image.sequences[order], np.sort(image.retired),
-                   np.zeros(len(order), dtype=bool))
+    def from_image(cls, image: TableImage, keep: np.ndarray | None = None) -> Pending:
+        """The image's items; only those where `keep` is true, the others
+        joining `retired` (None: all)."""
+        keys, retired = image.keys, image.retired
+        if keep is not None:
+            keys, retired = keys[keep], np.concatenate([retired, keys[~keep]])
+        order = np.argsort(keys)  # keys are unique: no need for a stable sort
+        pick = order if keep is None else np.flatnonzero(keep)[order]
+        return cls(keys[order], image.priorities[pick], image.times_sampled[pick],
+                   image.sequences[pick], np.sort(retired), np.zeros(len(order), dtype=bool))
 
     def find(self, keys: np.ndarray) -> np.ndarray:
         """Index of each key among the unclaimed ones, or -1."""
@@ -104,6 +109,42 @@ class Pending:
     @property
     def unclaimed(self) -> int:
         return int(len(self.keys) - np.count_nonzero(self.claimed))
+
+
+def survivors(remover: Selector, priorities: np.ndarray, sequences: np.ndarray, n: int,
+              rng: np.random.Generator) -> np.ndarray:
+    """Which `n` of these items a remover keeps when it must evict the rest
+    (a mask): FIFO the newest, LIFO the oldest, a min-heap the highest
+    priorities and a max-heap the lowest (ties: the oldest go first, as in
+    the native heap), uniform at random, prioritized at random with
+    eviction odds proportional to priority ** alpha."""
+    m = len(priorities)
+    keep = np.zeros(m, dtype=bool)
+    if n >= m:
+        keep[:] = True
+        return keep
+    if n <= 0:
+        return keep
+    kind = remover.kind
+    if kind == "fifo":
+        evict_first = np.argsort(sequences)
+    elif kind == "lifo":
+        evict_first = np.argsort(sequences)[::-1]  # sequences are unique
+    elif kind == "min_heap":
+        evict_first = np.lexsort((sequences, priorities))
+    elif kind == "max_heap":
+        evict_first = np.lexsort((sequences, -priorities))
+    elif kind == "prioritized":
+        # Efraimidis-Spirakis: the largest log(u) / w are a draw without
+        # replacement with odds proportional to w; w = 0 is evicted last.
+        w = np.power(priorities, remover.alpha)
+        with np.errstate(divide="ignore"):
+            score = np.where(w > 0, np.log(rng.random(m)) / np.where(w > 0, w, 1.0), -np.inf)
+        evict_first = np.argsort(-score, kind="stable")
+    else:  # uniform
+        evict_first = rng.permutation(m)
+    keep[evict_first[m - n:]] = True
+    return keep
 
 
 class Table:
@@ -142,6 +183,9 @@ class Table:
         # Leased items the last add() evicted: the caller has their slots
         # marked retired before it acknowledges the insert.
         self.retired_leased = Retired.empty()
+        # Picks which checkpointed items a random remover drops at capacity
+        # (restores only; `survivors`).
+        self._rng = np.random.default_rng(seed)
 
     @classmethod
     def make(cls, name: str, capacity: int, spec, sampler: Selector | None = None,
@@ -233,9 +277,12 @@ class Table:
         sequence, so the file needs no order).
 
         During a restore, checkpointed items that no node has re-sent yet
-        are carried over, so that a second restart loses nothing. Runs on
-        the event loop: the keys and the other per-item values come from
-        the table core, one native gather each.
+        are carried over, so that a second restart loses nothing, as many
+        as fit beside the live items: the capacity bounds the image too.
+        Those the remover would evict first are written as retired, so a
+        node that re-sends them after a restart from this image frees them.
+        Runs on the event loop: the keys and the other per-item values come
+        from the table core, one native gather each.
         """
         s = self.store
         live = np.flatnonzero(s.state == LIVE)
@@ -244,22 +291,35 @@ class Table:
         retired = self.core.record_keys(np.flatnonzero(s.state == RETIRED))
         p = self.pending
         if p is not None:
-            left = ~p.claimed
+            left = np.flatnonzero(~p.claimed)
+            keep = survivors(self.remover, p.priorities[left], p.sequences[left],
+                             self.capacity - len(live), self._rng)
+            over, left = left[~keep], left[keep]
             keys = np.concatenate([keys, p.keys[left]])
             prios = np.concatenate([prios, p.priorities[left]])
             times = np.concatenate([times, p.times_sampled[left]])
             seqs = np.concatenate([seqs, p.sequences[left]])
-            retired = np.concatenate([retired, p.retired])
+            retired = np.concatenate([retired, p.retired, p.keys[over]])
         return TableImage(self.definition.to_wire(), self.inserts, self.samples, self.deletes,
                           self.core.next_seq, keys, prios, times, seqs, retired)
 
     @classmethod
     def from_image(cls, image: TableImage, seed: int | None = None) -> Table:
-        """A table rebuilt from a checkpoint, empty until nodes re-send its items."""
+        """A table rebuilt from a checkpoint, empty until nodes re-send its items.
+
+        A checkpoint holding more items than the capacity (written during a
+        restore by an older release) gives back as many as the capacity,
+        those the remover keeps; a node that re-sends one of the others
+        frees it.
+        """
         table = cls(TableDefinition.from_wire(image.definition), seed)
         table.inserts, table.samples, table.deletes = image.inserts, image.samples, image.deletes
         table.core.raise_next_seq(image.next_seq)
-        table.pending = Pending.from_image(image)
+        keep = None
+        if len(image.keys) > table.capacity:
+            keep = survivors(table.remover, image.priorities, image.sequences, table.capacity,
+                             table._rng)
+        table.pending = Pending.from_image(image, keep)
         return table
 
     def restore_items(self, node: int, keys, offsets, generations,

@@ -323,6 +323,8 @@ class StorageNode:
             if former is not None:
                 if reply.get("restore"):
                     await self._resend_items()
+                    if reply.get("items_resent"):  # lets the restore end without its grace
+                        await control.call("items_resent", node_id=self.node_id)
                 else:
                     self._discard_items()
                 log.info("node %s re-joined the control plane as node %d", self.name,

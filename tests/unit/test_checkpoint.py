@@ -5,16 +5,18 @@ from __future__ import annotations
 
 import json
 import os
+import time
 
 import numpy as np
 import pytest
 
 from distore_ucx.control import checkpoint
 from distore_ucx.control.checkpoint import IdState, Image
+from distore_ucx.control.restore import Restore
 from distore_ucx.control.tables import LIVE, Table
 from distore_ucx.errors import CheckpointError
 from distore_ucx.rate_limiters import SampleToInsertRatio
-from distore_ucx.selectors import Fifo, MaxHeap, Prioritized, Uniform
+from distore_ucx.selectors import Fifo, Lifo, MaxHeap, MinHeap, Prioritized, Uniform
 from distore_ucx.spec import TableSpec
 from distore_ucx.table_definition import TableDefinition
 
@@ -267,3 +269,107 @@ def test_checkpoints_carry_their_store_id_and_it_survives_restarts(tmp_path):
     assert checkpoint.read(path).store_id == first.store_id
     assert IdState(path + ".ids").store_id == first.store_id
     assert IdState(str(tmp_path / "other.ids")).store_id != first.store_id
+
+
+# -- restores of a full table (issue 31 item 11) ------------------------------
+
+@pytest.mark.parametrize("remover, kept", [
+    (Fifo(), [8, 9]),  # the newest
+    (Lifo(), [3, 4]),  # the oldest
+    (MinHeap(), [4, 6]),  # the highest priorities (7, 8)
+    (MaxHeap(), [3, 7]),  # the lowest priorities (1, 0)
+])
+def test_a_checkpoint_taken_during_a_restore_never_holds_more_than_the_capacity(remover, kept):
+    # Before: live items plus every one not re-sent yet (15 of capacity 10).
+    t = make(sampler=Uniform(), remover=remover, capacity=10)
+    fill(t, range(10), priorities=[5, 3, 9, 1, 7, 2, 8, 0, 6, 4])
+    r = Table.from_image(t.image())
+    resend(r, [0, 1, 2])
+    fill(r, range(100, 105), node=3)  # 8 live: room for 2 of the 7 not re-sent
+    image = r.image()
+    assert len(image.keys) == 10
+    assert sorted(image.keys.tolist()) == [0, 1, 2, *kept, *range(100, 105)]
+    # Those left out are freed if a node re-sends them after a restart from it.
+    assert sorted(image.retired.tolist()) == sorted(set(range(3, 10)) - set(kept))
+    again = Table.from_image(image)
+    freed, counts = resend(again, range(10))
+    assert counts["restored"] == 5 and counts["discarded"] == 5
+    assert r.info()["awaiting_restore"] == 7  # this restore still takes them all back
+
+
+def test_a_checkpoint_over_its_capacity_is_restored_to_the_capacity():
+    # As an older release wrote during a restore: 15 items in a capacity-10 table.
+    big = make(sampler=Uniform(), remover=Fifo(), capacity=15)
+    fill(big, range(15))
+    image = big.image()
+    image.definition = make(sampler=Uniform(), remover=Fifo(), capacity=10).definition.to_wire()
+    r = Table.from_image(image)
+    assert r.info()["awaiting_restore"] == 10  # before: 15
+    freed, counts = resend(r, range(15))
+    assert counts == {"restored": 10, "adopted": 0, "discarded": 5}
+    assert sorted((freed.offsets // SLOT).tolist()) == [0, 1, 2, 3, 4]  # FIFO: the oldest go
+    assert r.size == 10
+
+
+def test_checkpoints_name_the_nodes_a_restore_waits_for(tmp_path):
+    path = str(tmp_path / "ck")
+    checkpoint.write(path, Image([make().image()], nodes={1: "a", 4: "b"}, next_node_id=6))
+    back = checkpoint.read(path)
+    assert back.nodes == {1: "a", 4: "b"} and back.next_node_id == 6
+    # An older file names none: a restore then waits out its grace, as it did.
+    older = Image([make().image()])
+    checkpoint.write(path, older)
+    assert checkpoint.read(path).nodes is None
+
+
+def test_a_restore_ends_when_every_expected_node_has_resent_or_is_gone(tmp_path):
+    path = str(tmp_path / "ck")
+    ids = IdState(path + ".ids")
+    for _ in range(4):
+        ids.node_id(None, lambda i: False)  # nodes 1-4; 4 joined after the checkpoint
+    t = make()
+    fill(t, range(10))
+    checkpoint.write(path, Image([t.image()], store_id=ids.store_id, nodes={1: "a", 2: "b",
+                                                                           3: "c"}, next_node_id=4))
+    restore = Restore(path, grace=60.0)
+    tables = restore.load(None, next_node_id=IdState(path + ".ids").next_node_id)
+    now = time.monotonic()
+    assert not restore.over(now)
+    assert restore.waiting_for() == "nodes 1 (a), 2 (b), 3 (c), 4 to re-join"
+    restore.joined(1, "a", resends=True)
+    restore.joined(9, "fresh", resends=False)  # a new node has nothing to re-send
+    assert restore.waiting_for() == ("nodes 2 (b), 3 (c), 4 to re-join and node 1 (a) to "
+                                     "finish re-sending")
+    restore.sent(1)
+    restore.joined(2, "b", resends=True)
+    restore.gone(2)  # died while re-sending
+    restore.joined(3, "c", resends=True)
+    restore.sent(3)
+    assert not restore.over(now) and restore.waiting_for() == "node 4 to re-join"
+    restore.joined(4, "d", resends=True)
+    assert not restore.over(now)
+    restore.sent(4)
+    assert restore.over(now)
+    restore.end(tables)
+    assert restore.over(now + 61)  # and the grace still bounds it
+
+
+def test_a_restore_from_an_older_checkpoint_waits_out_its_grace(tmp_path):
+    path = str(tmp_path / "ck")
+    ids = IdState(path + ".ids")
+    checkpoint.write(path, Image([make().image()], store_id=ids.store_id))
+    restore = Restore(path, grace=60.0)
+    restore.load(None, next_node_id=ids.next_node_id)
+    restore.joined(1, "a", resends=True)
+    restore.sent(1)
+    assert not restore.over(time.monotonic())
+    assert restore.over(time.monotonic() + 61)
+
+
+def test_a_failed_first_write_does_not_claim_a_previous_checkpoint(tmp_path):
+    path = str(tmp_path / "missing" / "ck")
+    with pytest.raises(CheckpointError) as err:
+        checkpoint.write(path, Image([make().image()]))
+    said = str(err.value)
+    assert "intact" not in said
+    assert "no checkpoint there yet" in said and "missing does not exist" in said
