@@ -110,6 +110,12 @@ class StorageNode:
         self._stop = asyncio.Event()
         self._now = asyncio.Event()  # a second SIGTERM: skip the drain
         self._leaving = False
+        # Registrations in flight (items_added sent, not yet committed or
+        # failed), by sequence number, and frees from the control plane held
+        # until the registrations in flight when they came are done (_on_push).
+        self._registering: set[int] = set()
+        self._registrations = 0
+        self._held_frees: list[tuple[int, dict]] = []
         self._joined = asyncio.Event()  # registered with a live control plane
         self._token: bytes | None = None
         self._where: tuple[str, int] = ("", 0)  # host, port writers reach us at
@@ -559,12 +565,29 @@ class StorageNode:
 
         return asyncio.get_running_loop().create_task(watch())
 
+    def _release_held_frees(self) -> None:
+        """Apply the control plane's frees whose registrations are all done."""
+        oldest = min(self._registering, default=None)
+        while self._held_frees and (oldest is None or self._held_frees[0][0] < oldest):
+            self._apply_free(self._held_frees.pop(0)[1])
+
+    def _apply_free(self, fields: dict) -> None:
+        try:
+            self._free(fields["table"], fields["offsets"], live_only=True)
+        except ValueError as exc:  # a confused control plane must not stop the node
+            log.error("ignoring a free from the control plane: %s", exc)
+
     async def _on_push(self, op: str, fields: dict) -> None:
         if op == "free":
-            try:
-                self._free(fields["table"], fields["offsets"], live_only=True)
-            except ValueError as exc:  # a confused control plane must not stop the node
-                log.error("ignoring a free from the control plane: %s", exc)
+            # A free may name items of a registration whose reply came in but
+            # whose insert has not committed its slots yet (the reply and the
+            # free arrive together; the insert resumes after this runs): such
+            # a free would find nothing LIVE, and the slots would stay taken
+            # for good. So it waits for the registrations in flight now.
+            if self._registering:
+                self._held_frees.append((max(self._registering), fields))
+            else:
+                self._apply_free(fields)
         elif op == "retire":
             # Evicted items a learner holds a lease on: their reads must fail
             # the header check from now on (control/retirements.py).
@@ -645,6 +668,21 @@ class StorageNode:
         offsets = await self._allocate(table, slot_size, k)
         wait = f.get("timeout", 60.0)  # a rate limiter (or a control-plane restart) may hold it
         deadline = time.monotonic() + wait
+        self._registrations += 1
+        registration = self._registrations
+        self._registering.add(registration)
+        try:
+            return await self._store(peer, f, node_id, table, keys, k, item_bytes, lengths,
+                                     source, offsets, deadline, t0)
+        finally:
+            self._registering.discard(registration)
+            self._release_held_frees()
+
+    async def _store(self, peer, f: dict, node_id: int, table: str, keys, k: int,
+                     item_bytes: int, lengths, source, offsets, deadline: float,
+                     t0: float) -> dict:
+        """Pull an insert's items into its allocated slots, register them
+        with the control plane and commit them (see _insert)."""
         try:
             gens = self.arena.next_generations(k)
             watch = self._watch_writer(peer, f.get("am_token"), k)
@@ -696,7 +734,9 @@ class StorageNode:
         twice = np.frombuffer(reply.get("duplicate_offsets", b""), np.uint64)
         if len(twice):
             # Keys the table holds already (this batch was resent here after
-            # its first node went unresponsive, and both copies arrived).
+            # its first node went unresponsive, and both copies arrived), and
+            # items the table evicted on arrival (a batch larger than what it
+            # keeps): freed here, never committed.
             keep = ~np.isin(offsets, twice)
             self.arena.free(table, offsets[~keep])
             offsets, keys, gens = offsets[keep], keys[keep], gens[keep]

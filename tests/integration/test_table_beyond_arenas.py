@@ -72,3 +72,26 @@ def test_a_table_never_evicts_another_tables_items(make_cluster, tls):
                 client.writer() as writer:
             writer.insert("late", items(np.arange(1, dtype=np.uint64)))
         assert client.table_info("hog")["size"] == held
+
+
+@pytest.mark.parametrize("tls", ["tcp"], indirect=True)
+def test_a_batch_larger_than_the_table_leaves_no_slot_behind(make_cluster, tls):
+    # Capacity 63, writer batches of up to 128 items: most of a batch is
+    # evicted by its own later items as it is registered, before its node
+    # commits it. Those slots must be freed, not kept for good (the node held
+    # 559 slots for a table of 63 before).
+    from helpers import wait_for
+
+    cluster = make_cluster(nodes=1, arena_bytes=32 << 20)
+    with ds.connect(cluster.address) as client:
+        client.create_table("t", capacity=63, spec=SPEC, remover=ds.Fifo())
+        slot = client.table_info("t")["slot_size"]
+        with client.writer(max_items=128) as writer:
+            for k in range(1000):
+                writer.insert("t", items(np.array([k], np.uint64)))
+        assert client.table_info("t")["size"] == 63
+        wait_for(lambda: client.nodes()[0]["used_bytes"] == 63 * slot, 10,
+                 "the node to hold only the table's 63 slots",
+                 lambda: client.nodes()[0]["used_bytes"] // slot)
+        batch = client.learner("t", batch_size=63, sample_ahead=1).sample(timeout=10)
+        assert set(batch.data["key"].tolist()) <= set(range(1000 - 63, 1000))  # the newest
