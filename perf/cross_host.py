@@ -23,19 +23,23 @@ insert one / insert batched
 Each row also gives CPU seconds per GB of this process (the learner or the writer), the
 storage nodes and the control plane: where the time goes on a shared machine.
 
-Baselines, same run (before and after the store's runs of each size; the better of the
-two is used), same message size, a batch of operations outstanding, between two local
+Baselines, same run (``--perftest-repeats`` runs before and as many after the store's
+runs of each size; the best is used: on a shared machine a busy-polling pair of processes
+loses most to other load), same message size, a batch of operations outstanding, between two local
 processes over the same transport:
 
 am_bw
     ``ucx_perftest -t ucp_am_bw`` with ``UCX_RNDV_SCHEME=put_zcopy``: active messages
     with a zero-copy rendezvous, the most UCX moves over TCP.
+am_sleep
+    the same with ``-E sleep``: both sides sleep in the kernel when idle, as the store's
+    processes do, instead of polling; on a shared machine the fairer baseline.
 get
     ``ucx_perftest -t ucp_get``: one-sided reads, which UCX emulates over TCP (bounce
     buffers on both sides, the target's progress thread answering): what the store's
     reads use today.
 
-``vs_am`` and ``vs_get`` are the store's GB/s over each. GB/s is 10^9 bytes of item
+``vs_am``, ``vs_am_sl`` and ``vs_get`` are the store's GB/s over each. GB/s is 10^9 bytes of item
 payload per second. Output: JSON lines on stdout, then a short table; progress on
 stderr. Only 127.0.0.1 is used. Quick run (a few minutes on 2 cores)::
 
@@ -71,15 +75,21 @@ def perftest_baselines(args, size: int, batch: int) -> dict:
     `batch` outstanding, about --perftest-bytes each."""
     ops = max(20 * batch, args.perftest_bytes // size)
     out = {}
-    for name, test, extra in (("am_bw", "ucp_am_bw", {"RNDV_SCHEME": "put_zcopy"}),
-                              ("get", "ucp_get", {})):
-        pt, why = measure_perftest(TLS, size, batch, ops, max(batch, ops // 10),
-                                   args.perftest_timeout, test=test, extra_env=extra)
-        if why:
-            log(f"[{size} B] ucx_perftest {test}: {why}")
-        out[name] = pt["gbps"] if pt else None
-        log(f"[{size} B] ucx_perftest {test}: "
-            + (f"{pt['gbps']:.2f} GB/s" if pt else "not measured"))
+    zcopy = {"RNDV_SCHEME": "put_zcopy"}
+    for name, test, extra, wait in (("am_bw", "ucp_am_bw", zcopy, []),
+                                    ("am_sleep", "ucp_am_bw", zcopy, ["-E", "sleep"]),
+                                    ("get", "ucp_get", {}, [])):
+        runs = []
+        for _ in range(args.perftest_repeats):
+            pt, why = measure_perftest(TLS, size, batch, ops, max(batch, ops // 10),
+                                       args.perftest_timeout, test=test, extra_env=extra,
+                                       extra_args=wait)
+            if why:
+                log(f"[{size} B] ucx_perftest {test}: {why}")
+            runs.append(pt["gbps"] if pt else None)
+        out[name] = runs
+        log(f"[{size} B] ucx_perftest {test} {' '.join(wait)}: "
+            + ", ".join(fmt(r, ".2f") for r in runs) + " GB/s")
     return out
 
 
@@ -182,17 +192,18 @@ def run_size(args, size: int, out) -> list[dict]:
     # Again after: on a shared machine the best of the two is what UCX could
     # do in the minutes the store was measured.
     after = perftest_baselines(args, size, batch)
-    base = {k: max((v for v in (before[k], after[k]) if v is not None), default=None)
+    base = {k: max((v for v in before[k] + after[k] if v is not None), default=None)
             for k in before}
     for r in found:
         node_cpu = sum(v for k, v in r.items() if k.startswith("cpu_s_per_gb_node"))
         row = {"tls": TLS, "local_map": False, "am_inserts": args.am_inserts,
                "item_bytes": size, "batch": batch, **r,
                "cpu_s_per_gb_nodes": node_cpu,
-               "am_bw_gbps": base["am_bw"], "get_gbps": base["get"],
-               "am_bw_runs_gbps": [before["am_bw"], after["am_bw"]],
-               "get_runs_gbps": [before["get"], after["get"]],
+               "am_bw_gbps": base["am_bw"], "am_sleep_gbps": base["am_sleep"],
+               "get_gbps": base["get"],
+               **{f"{k}_runs_gbps": before[k] + after[k] for k in before},
                "vs_am_bw": r["gbps"] / base["am_bw"] if base["am_bw"] else None,
+               "vs_am_sleep": r["gbps"] / base["am_sleep"] if base["am_sleep"] else None,
                "vs_get": r["gbps"] / base["get"] if base["get"] else None}
         out.write(row)
         rows.append(row)
@@ -201,13 +212,14 @@ def run_size(args, size: int, out) -> list[dict]:
 
 def print_rows(rows: list[dict]) -> None:
     head = ["item_B", "op", "per_call", "GB/s", "p50_ms", "p99_ms", "gather_ms", "am_bw",
-            "vs_am",
-            "get", "vs_get", "cpu_s/GB c+n+ctl", "ok", "dense", "via"]
+            "vs_am", "am_sleep", "vs_am_sl", "get", "vs_get", "cpu_s/GB c+n+ctl", "ok",
+            "dense", "via"]
     common.print_table(head, [
         [str(r["item_bytes"]), r["op"], str(r["per_call"]), fmt(r["gbps"], ".3g"),
          fmt(r.get("p50_ms"), ".2f"), fmt(r.get("p99_ms"), ".2f"),
          fmt(r.get("gather_mean_ms"), ".2f"),
          fmt(r["am_bw_gbps"], ".3g"), fmt(r["vs_am_bw"], ".2f"),
+         fmt(r["am_sleep_gbps"], ".3g"), fmt(r["vs_am_sleep"], ".2f"),
          fmt(r["get_gbps"], ".3g"), fmt(r["vs_get"], ".2f"),
          "+".join(format(r[k], ".2f") for k in ("cpu_s_per_gb_client", "cpu_s_per_gb_nodes",
                                                  "cpu_s_per_gb_control")),
@@ -236,6 +248,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--am-inserts", action="store_true",
                    help="turn on the opt-in active-message inserts (DISTORE_AM_INSERTS=1) "
                         "for the cluster and the writers")
+    p.add_argument("--perftest-repeats", type=int, default=2,
+                   help="runs of each ucx_perftest before and after the store's (default 2)")
     p.add_argument("--perftest-timeout", type=float, default=120.0)
     p.add_argument("--json-out", help="also write the JSON lines to this file")
     args = p.parse_args(argv)
