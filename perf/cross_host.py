@@ -237,7 +237,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--seconds", type=float, default=5.0, help="timed seconds per run")
     p.add_argument("--min-batches", type=int, default=20,
                    help="at least this many sample() calls per run")
-    p.add_argument("--min-bytes", type=int, default=64 * MiB,
+    p.add_argument("--min-bytes", type=size_list_one, default=64 * MiB,
                    help="inserts: at least this many bytes per run")
     p.add_argument("--fill-bytes", type=size_list_one, default=512 * MiB,
                    help="bytes in the sampled table (default 512M)")
