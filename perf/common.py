@@ -358,8 +358,13 @@ def port_listening(port: int) -> bool:
 
 
 def measure_perftest(tls: str, size: int, outstanding: int, ops: int, warmup_ops: int,
-                     timeout: float) -> tuple[dict | None, str | None]:
-    """``ucx_perftest -t ucp_get -s size -O outstanding`` between two local processes.
+                     timeout: float, test: str = "ucp_get",
+                     extra_env: dict[str, str] | None = None,
+                     extra_args: list[str] | None = None) -> tuple[dict | None, str | None]:
+    """``ucx_perftest -t <test> -s size -O outstanding`` between two local processes
+    (`test` ucp_get by default, e.g. ucp_am_bw); `extra_env` adds UCX settings
+    (without the UCX_ prefix) to both, e.g. {"RNDV_SCHEME": "put_zcopy"}, and
+    `extra_args` options to the client's command line (e.g. ["-E", "sleep"]).
 
     Returns ({"gbps", "p50_us", "avg_us"}, None), or (None, why) when it could not run.
     p50_us and avg_us are per operation.
@@ -372,11 +377,13 @@ def measure_perftest(tls: str, size: int, outstanding: int, ops: int, warmup_ops
         return None, f"{exe} not found"
     env = dict(os.environ)  # includes what ucxx put there at import (UCX_RNDV_THRESH, ...)
     env.update({"UCX_" + k: v for k, v in ucx_env(tls).items()})
+    env.update({"UCX_" + k: v for k, v in (extra_env or {}).items()})
     env["LD_LIBRARY_PATH"] = lib + os.pathsep + env.get("LD_LIBRARY_PATH", "")
     port = free_port()
     common = ["-p", str(port)]
-    client = [exe, "127.0.0.1", *common, "-t", "ucp_get", "-s", str(size),
-              "-n", str(ops), "-w", str(warmup_ops), "-O", str(outstanding)]
+    client = [exe, "127.0.0.1", *common, "-t", test, "-s", str(size),
+              "-n", str(ops), "-w", str(warmup_ops), "-O", str(outstanding),
+              *(extra_args or [])]
     server = None
     try:
         server = subprocess.Popen([exe, *common], env=env, stdin=subprocess.DEVNULL,

@@ -207,3 +207,120 @@ def test_learner_survives_a_storage_host_losing_its_link(hosts):
     assert max(gaps) < 3.0, f"sampling stalled {max(gaps):.2f} s after the link went down"
     assert after[-1] - down_at > 4.0  # and it went on, to the end
     assert len(after) > 20
+
+
+# --------------------------------------------------------------------------- two hosts
+
+PAIR_SUBNET = "10.211.78"  # private, and only inside the two namespaces made here
+
+
+@dataclass
+class TwoHosts:
+    """Two namespaces joined by one veth pair: "store" (control plane and
+    storage nodes) at .1 and "client" (writer and learner) at .2; each
+    process also gets a pid namespace of its own, as on separate machines."""
+
+    tag: str
+    tmp: str
+    procs: list[tuple[str, subprocess.Popen, str]] = field(default_factory=list)
+    made: list[str] = field(default_factory=list)
+
+    def ns(self, side: str) -> str:
+        return f"ds{self.tag}{side}"
+
+    def addr(self, side: str) -> str:
+        return f"{PAIR_SUBNET}.{1 if side == 'store' else 2}"
+
+    def build(self) -> None:
+        for side in ("store", "client"):
+            _ip("netns", "add", self.ns(side))
+            self.made.append(self.ns(side))
+            _ip("-n", self.ns(side), "link", "set", "lo", "up")
+        _ip("-n", self.ns("store"), "link", "add", "eth0", "type", "veth",
+            "peer", "name", "eth0", "netns", self.ns("client"))
+        for side in ("store", "client"):
+            _ip("-n", self.ns(side), "addr", "add", f"{self.addr(side)}/24", "dev", "eth0")
+            _ip("-n", self.ns(side), "link", "set", "eth0", "up")
+
+    def start(self, role: str, side: str, args: list[str]) -> subprocess.Popen:
+        # Listening on a non-loopback address: the store needs a token.
+        token = os.path.join(self.tmp, "token")
+        if not os.path.exists(token):
+            with open(os.open(token, os.O_WRONLY | os.O_CREAT, 0o600), "w") as fh:
+                fh.write(os.urandom(24).hex())
+        env = dict(os.environ, UCX_TLS="tcp", UCX_NET_DEVICES="eth0", PYTHONUNBUFFERED="1",
+                   DISTORE_TOKEN_FILE=token, UCX_WARN_UNUSED_ENV_VARS="n",
+                   UCX_LOG_LEVEL="error")
+        log = os.path.join(self.tmp, f"{role}.log")
+        with open(log, "wb") as out:
+            proc = subprocess.Popen(
+                ["ip", "netns", "exec", self.ns(side), "unshare", "--pid", "--fork",
+                 "--kill-child=SIGTERM", sys.executable, *args],
+                stdout=subprocess.PIPE if side == "client" else out, stderr=out,
+                stdin=subprocess.DEVNULL, env=env, cwd=self.tmp)
+        self.procs.append((role, proc, log))
+        return proc
+
+    # The same log, wait_file and teardown as Hosts.
+    log = Hosts.log
+    wait_file = Hosts.wait_file
+    teardown = Hosts.teardown
+
+
+@pytest.fixture
+def two_hosts(tmp_path):
+    """Two namespaces on one veth pair (store, client), always deleted."""
+    reason = _cannot_make_namespaces()
+    if reason:
+        pytest.skip(reason)
+    h = TwoHosts(tag=str(os.getpid() % 100000) + "p", tmp=str(tmp_path))
+    try:
+        h.build()
+        yield h
+    finally:
+        h.teardown()
+    leftover = _ip("netns", "list").stdout
+    assert f"ds{h.tag}" not in leftover, f"namespaces left behind: {leftover}"
+
+
+@pytest.mark.slow
+def test_writer_and_learner_on_another_host_get_every_byte_dense(two_hosts):
+    """The learner and a writer in one namespace, the store in another, over
+    UCX tcp on the veth pair: every sampled item holds its key's bytes, and
+    every field of every batch is one C-contiguous [batch, *shape] array."""
+    h, tmp = two_hosts, two_hosts.tmp
+    ctl = f"{h.addr('store')}:7700"
+    h.start("ctl", "store", ["-m", "distore_ucx", "control", "--host", h.addr("store"),
+                             "--port", "7700", "--ready-file", f"{tmp}/ctl.ready"])
+    h.wait_file(f"{tmp}/ctl.ready", 60, "ctl")
+    for name in ("n1", "n2"):
+        h.start(name, "store", ["-m", "distore_ucx", "node", "--control", ctl,
+                                "--host", h.addr("store"), "--arena", "32MiB",
+                                "--no-hugepages", "--name", name,
+                                "--ready-file", f"{tmp}/{name}.ready"])
+    for name in ("n1", "n2"):
+        h.wait_file(f"{tmp}/{name}.ready", 60, name)
+
+    width, n_items = 112_896, 256  # 110 KB items: UCX rendezvous sizes, over both nodes
+    client = h.start("client", "client", [
+        os.path.join(HERE, "netns_client.py"), "--control", ctl, "--width", str(width),
+        "--items", str(n_items), "--batches", "40", "--batch-size", "32"])
+    try:
+        stdout, _ = client.communicate(timeout=240)
+    except subprocess.TimeoutExpired:
+        client.kill()
+        client.communicate()
+        pytest.fail(f"the client did not finish within 240 s:\n{h.log('client')}")
+    assert client.returncode == 0, h.log("client")
+    result = json.loads(stdout.strip().splitlines()[-1])
+    print(f"client: {result}")
+
+    assert result["bad_batches"] == 0, "a sampled item held bytes not its key's"
+    assert result["not_dense"] == [], f"fields not C-contiguous: {result['not_dense']}"
+    assert result["sampled_items"] == 40 * 32
+    assert result["distinct_keys"] > 32 and result["max_key"] < n_items
+    # Both sides saw each other as remote: UCX over tcp, no mapping or CMA.
+    assert result["writer_paths"] and all(p.startswith("ucx") and "tcp" in p
+                                          for p in result["writer_paths"]), result
+    assert result["learner_paths"] and all(p.startswith("ucx") and "tcp" in p
+                                           for p in result["learner_paths"]), result
