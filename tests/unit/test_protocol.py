@@ -41,7 +41,7 @@ def test_request_round_trip_with_arrays():
         ({"v": V, "op": "free", "id": 1, "table": "t", "offsets": b"123"}, "whole number"),
         (
             {
-                "v": 1, "op": "items_added", "id": 1, "node_id": 1, "table": "t",
+                "v": V, "op": "items_added", "id": 1, "node_id": 1, "table": "t",
                 "keys": b"\0" * 16, "offsets": b"\0" * 8, "generations": b"\0" * 16,
                 "priorities": b"\0" * 16,
             },
@@ -49,7 +49,7 @@ def test_request_round_trip_with_arrays():
         ),
         (
             {
-                "v": 1, "op": "items_added", "id": 1, "node_id": 1, "table": "t",
+                "v": V, "op": "items_added", "id": 1, "node_id": 1, "table": "t",
                 "keys": b"\0" * 8, "offsets": b"\0" * 8, "generations": b"\0" * 8,
                 "priorities": np.array([np.nan]).tobytes(),
             },
