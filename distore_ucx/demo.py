@@ -67,12 +67,44 @@ def _writer(address: str, rate: float, stop, counter, errors) -> None:
         errors.put(f"writer failed: {type(exc).__name__}: {exc}")
 
 
+def min_arena(nodes: int, batch_size: int) -> int:
+    """The smallest arena per node (bytes) the demo runs on: room for the
+    items its learner may hold under lease (two requests of sampling ahead)
+    and the writer's batch in flight, spread over the nodes."""
+    from .spec import TableSpec
+
+    slot = TableSpec.parse(SPEC).slot_size
+    ahead = max(1, min(8, 128 // max(1, batch_size)))  # the learner's default sample_ahead
+    held = 2 * ahead * batch_size + WRITE_BATCH
+    return -(-held // max(1, nodes)) * slot
+
+
+def check_arena(arena: str | int, nodes: int, batch_size: int) -> int:
+    """The arena per node in bytes, or ConfigError when it is below
+    min_arena: a smaller one would end in StorageFull with every item on a
+    node leased."""
+    from .config import parse_size
+    from .errors import ConfigError
+
+    size = parse_size(arena)
+    need = min_arena(nodes, batch_size)
+    if size < need:
+        mib = -(-need // (1 << 20))
+        raise ConfigError(
+            f"--arena {arena} is too small for the demo: each of its {nodes} storage nodes needs "
+            f"{need} bytes for the items its learner holds under lease while it samples ahead "
+            f"and its writer's batch in flight: give --arena {mib}MiB or more, or more --nodes")
+    return size
+
+
 def run_demo(args) -> int:
     """Run the demo described in the module docstring; returns the exit code."""
     import os
 
     import distore_ucx as ds
     from distore_ucx.storage.arena import page_size_label
+
+    check_arena(args.arena, args.nodes, args.batch_size)
 
     # Everything runs on this host: keep UCX's TCP lanes on loopback.
     os.environ.setdefault("UCX_NET_DEVICES", "lo")

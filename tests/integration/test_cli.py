@@ -9,6 +9,7 @@ import sys
 import tempfile
 
 import numpy as np
+import pytest
 from helpers import wait_for
 
 import distore_ucx as ds
@@ -36,6 +37,24 @@ def test_demo_verifies_every_item_and_exits_zero(tls, tmp_path):
     path = "cma" if tls == "sm" else f"ucx:{tls}"  # same host, not mapped
     assert set(summary["read_paths"].values()) == {path}
     assert f"reads node 1: {path}" in out.stderr
+
+
+@pytest.mark.parametrize("tls", ["sm"], indirect=True)
+def test_demo_runs_on_the_smallest_arena_it_accepts_and_refuses_less(tls, tmp_path):
+    # Its default capacity (2,000 items of 113 KB) is many times such an
+    # arena: inserts evict by the table's remover instead of failing.
+    from distore_ucx.demo import min_arena
+
+    least = min_arena(2, 32)
+    out = run_cli("demo", "--seconds", "3", "--arena", str(least), "--json", timeout=180,
+                  cwd=tmp_path)
+    assert out.returncode == 0, out.stdout + out.stderr
+    summary = json.loads(out.stdout)
+    assert summary["ok"] is True and summary["evicted"] > 0
+    assert summary["bad_keys"] == 0 and summary["bad_checksums"] == 0
+    out = run_cli("demo", "--arena", str(least - 1), cwd=tmp_path)
+    assert out.returncode == 2 and "too small for the demo" in out.stderr
+    assert "Traceback" not in out.stderr
 
 
 def test_status_shows_nodes_and_tables(cluster, client, tls):

@@ -1,0 +1,21 @@
+"""`distore demo` refuses an arena it cannot run on, before starting anything."""
+
+from __future__ import annotations
+
+import pytest
+
+from distore_ucx.demo import check_arena, min_arena
+from distore_ucx.errors import ConfigError
+
+
+def test_an_arena_below_what_the_demo_holds_in_flight_is_refused_naming_the_size():
+    need = min_arena(2, 32)
+    assert 12 << 20 < need <= 16 << 20  # 12 MiB ended in StorageFull, 16 MiB ran
+    with pytest.raises(ConfigError, match=r"--arena 12MiB is too small.*16MiB or more"):
+        check_arena("12MiB", 2, 32)
+    assert check_arena("16MiB", 2, 32) == 16 << 20
+
+
+def test_more_nodes_or_smaller_batches_need_less_arena_each():
+    assert min_arena(4, 32) < min_arena(2, 32) < min_arena(1, 32)
+    assert min_arena(2, 8) < min_arena(2, 32)
