@@ -385,6 +385,10 @@ def test_a_staging_area_too_small_for_a_sample_is_a_typed_error_saying_what_to_d
         for _ in range(5):
             learner.sample(timeout=5.0)
     learner.close()
+    # Its leases (and the staged copies under them) go back as the control
+    # plane handles the release: wait for that, not for the 5 s stage wait.
+    wait_for(lambda: client.status()["leases"] == 0, 10, "the closed learner's leases to go",
+             lambda: client.status()["leases"])
     with client.learner("t", batch_size=1) as small:  # one cold item fits: served
         for _ in range(5):
             assert wrong_items(small.sample(timeout=5.0), key_to_idx) == 0
