@@ -607,27 +607,16 @@ class ControlPlane:
             keys, offsets, gens, prios = keys[new], offsets[new], gens[new], prios[new]
         freed = table.add(node_id, keys, offsets, gens, prios)
         retired = table.retired_leased
-        # Items of this very batch the table evicted at once (a batch larger
-        # than what the table keeps): their node has not committed the slots
-        # yet, so a free pushed now would find nothing live to free and the
-        # slots would stay taken for good. They go back in the reply instead.
-        own = (freed.nodes == node_id) & np.isin(freed.offsets, offsets)
-        evicted = len(freed.nodes) + len(retired)
-        on_arrival = freed.offsets[own]
-        if own.any():
-            freed = Freed(freed.nodes[~own], freed.offsets[~own])
+        # Items of this batch evicted at once are freed too: the node holds
+        # a free until the registrations in flight when it came are committed.
         self._free(table.name, freed)
         self._touch(table)
         # Evicted items a learner sampled ahead: their nodes mark the slots
         # retired before the insert is acknowledged (control/retirements.py).
         await self.retirements.mark(table.name, retired)
-        reply = {"evicted": int(evicted)}
-        if twice.any() or len(on_arrival):
-            # Slots the node frees instead of committing: keys the table held
-            # already, and items evicted on arrival.
-            reply["duplicate_offsets"] = np.concatenate(
-                [np.asarray(f["offsets"], np.uint64)[twice],
-                 np.asarray(on_arrival, np.uint64)])
+        reply = {"evicted": int(len(freed.nodes) + len(retired))}
+        if twice.any():
+            reply["duplicate_offsets"] = f["offsets"][twice]
         return reply
 
     def _check_placed(self, node_id: int, f: dict) -> None:

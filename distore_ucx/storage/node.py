@@ -734,9 +734,7 @@ class StorageNode:
         twice = np.frombuffer(reply.get("duplicate_offsets", b""), np.uint64)
         if len(twice):
             # Keys the table holds already (this batch was resent here after
-            # its first node went unresponsive, and both copies arrived), and
-            # items the table evicted on arrival (a batch larger than what it
-            # keeps): freed here, never committed.
+            # its first node went unresponsive, and both copies arrived).
             keep = ~np.isin(offsets, twice)
             self.arena.free(table, offsets[~keep])
             offsets, keys, gens = offsets[keep], keys[keep], gens[keep]
