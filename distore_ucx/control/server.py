@@ -92,23 +92,25 @@ class ControlPlane:
             self._restoring = Restore(self.config.checkpoint, self.config.restore_grace)
             self.tables.update(self._restoring.load(self._seed, self.ids.next_node_id))
         server = await self.start()
-        self._create_configured_tables()
-        if ready_file:
-            write_ready(ready_file, {"address": f"{self.config.host}:{self.port}",
-                                     "pid": os.getpid(),
-                                     "metrics_port": self.metrics_server.port
-                                     if self.metrics_server else None})
-        await self._stop.wait()
-        code = 0
-        if self.config.checkpoint:
-            try:
-                await self.checkpoint("shutdown")
-            except CheckpointError as exc:
-                log.error("%s", exc)
-                code = 1
-        server.close()
-        if self.metrics_server is not None:
-            self.metrics_server.close()
+        try:
+            self._create_configured_tables()
+            if ready_file:
+                write_ready(ready_file, {"address": f"{self.config.host}:{self.port}",
+                                         "pid": os.getpid(),
+                                         "metrics_port": self.metrics_server.port
+                                         if self.metrics_server else None})
+            await self._stop.wait()
+            code = 0
+            if self.config.checkpoint:
+                try:
+                    await self.checkpoint("shutdown")
+                except CheckpointError as exc:
+                    log.error("%s", exc)
+                    code = 1
+        finally:  # also on an error: the metrics server and its registry are ours to close
+            server.close()
+            if self.metrics_server is not None:
+                self.metrics_server.close()
         log.info("control plane stopped")
         return code
 
@@ -189,7 +191,7 @@ class ControlPlane:
         log.info("control plane listening on %s:%d", self.config.host, self.port)
         self.metrics_server = metrics.serve_process(
             self.config.metrics_port, self.config.metrics_host, loop, self,
-            metrics.control_snapshot,
+            lambda plane: metrics.control_snapshot(plane, restoring=plane._restoring is not None),
             metrics.control_families, "control plane", self.config.metrics_optional)
         return server
 

@@ -169,7 +169,8 @@ class StorageNode:
             self._where = (host, port)
             steps.update(1, note=f"listening on {host}:{port}")
             metrics_server = metrics.serve_process(
-                cfg.metrics_port, cfg.metrics_host, loop, self, metrics.node_snapshot,
+                cfg.metrics_port, cfg.metrics_host, loop, self,
+                lambda node: metrics.node_snapshot(node, joined=node._joined.is_set()),
                 metrics.node_families, f"storage node {self.name}", cfg.metrics_optional)
             beat = None
             try:

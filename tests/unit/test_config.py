@@ -34,6 +34,50 @@ def test_negative_reconnect_timeout_is_refused():
         NodeConfig(control="127.0.0.1:1", arena_bytes=1 << 20, reconnect_timeout=-1)
 
 
+def test_role_configurations_take_their_defaults_from_the_settings_table():
+    # The settings table is the one place a default is written: each field of
+    # a process's configuration that a setting feeds reads its default there.
+    from dataclasses import MISSING, fields
+
+    from distore_ucx.config import BY_NAME, SETTINGS, ControlConfig, UcxConfig
+    from distore_ucx.config.roles import setting_of
+
+    # A control plane or node a program makes serves no metrics unless asked.
+    library = {("ControlConfig", "metrics_port"): 0, ("NodeConfig", "metrics_port"): 0}
+    not_settings = {"heartbeat_interval", "metrics_optional", "control"}  # derived or required
+    fed = set()
+    for cls in (ControlConfig, NodeConfig, UcxConfig):
+        for f in fields(cls):
+            name = setting_of(f)
+            if name is None:
+                assert f.name in not_settings, f"{cls.__name__}.{f.name} is fed by no setting"
+                continue
+            fed.add(name)
+            default = f.default if f.default_factory is MISSING else f.default_factory()
+            assert default == library.get((cls.__name__, f.name), BY_NAME[name].default), f.name
+    # Every setting reaches a process's configuration, or is the command line's own.
+    assert {s.name for s in SETTINGS} - fed == {"control.address", "auth.insecure", "log.level"}
+    assert UcxConfig().options is not UcxConfig().options  # a mutable default is copied
+
+
+def test_resolved_settings_fill_every_field_they_feed():
+    from dataclasses import fields
+
+    from distore_ucx.config.roles import setting_of
+
+    s = resolve({"node.arena": "2GiB", "control.port": "7701", "ucx.tls": "tcp",
+                 "node.reconnect_timeout": "5"}, {"DISTORE_CONTROL": "h:1"})
+    for config in (s.control(), s.node(), s.ucx()):
+        for f in fields(config):
+            if setting_of(f):
+                assert getattr(config, f.name) == s[setting_of(f)], f.name
+    assert s.node().arena_bytes == 2 << 30 and s.node().reconnect_timeout == 5.0
+    assert s.control().port == 7701 and s.ucx().tls == "tcp"
+    # What is not a setting: derived from one, or from where a value came.
+    assert s.control().heartbeat_interval == 0.5 and s.control().metrics_optional
+    assert s.node().control == "h:1" and s.node().metrics_port == 9771
+
+
 # -- distore.toml, DISTORE_* and flags ---------------------------------------
 
 from distore_ucx.config import UcxConfig, check_file, resolve  # noqa: E402

@@ -67,7 +67,8 @@ def test_catalog_follows_prometheus_naming():
 
 
 class _Plane:
-    """Stand-in for the ControlPlane attributes control_snapshot reads."""
+    """Stand-in for the ControlPlane attributes control_snapshot reads (public
+    ones only: whether it is restoring, the control plane passes in)."""
 
 
 def test_control_exposition_parses_and_carries_table_labels():
@@ -86,8 +87,7 @@ def test_control_exposition_parses_and_carries_table_labels():
     plane.stats = metrics.ControlStats()
     plane.stats.membership["joined"] += 2
     plane.last_checkpoint = None
-    plane._restoring = None
-    fams = metrics.control_families(metrics.control_snapshot(plane))
+    fams = metrics.control_families(metrics.control_snapshot(plane, restoring=True))
     from prometheus_client import CollectorRegistry
 
     reg = CollectorRegistry(auto_describe=False)
@@ -104,6 +104,7 @@ def test_control_exposition_parses_and_carries_table_labels():
     assert got["distore_table_sample_decision_seconds_bucket"][table | {("le", "0.00025")}] == 1
     assert got["distore_membership_changes_total"][frozenset({("change", "joined")})] == 2
     assert "distore_checkpoint_duration_seconds" not in got  # no checkpoint yet
+    assert got["distore_restoring"][frozenset()] == 1  # as the control plane said
 
 
 def test_loop_collector_takes_its_snapshot_on_the_loop_thread():
@@ -218,7 +219,7 @@ def test_serve_listens_on_loopback_unless_asked():
 
 
 def test_slow_scrapers_hold_a_bounded_number_of_threads(monkeypatch):
-    monkeypatch.setattr(metrics, "SCRAPE_IO_TIMEOUT", 1.0, raising=False)
+    monkeypatch.setattr(metrics.exposition, "SCRAPE_IO_TIMEOUT", 1.0)
     with metrics.serve(0) as server:
         before = threading.active_count()
         # Clients that connect and never send a request.

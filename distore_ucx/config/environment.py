@@ -1,0 +1,114 @@
+"""Switches read from the environment where they are used.
+
+Measuring and debugging switches (``DISTORE_AM_INSERTS``,
+``DISTORE_LOCAL_MAP``, ...) and the UCX variables the runtime reports. Code
+below the configuration layer calls these functions and never reads the
+environment itself (tests/unit/test_layers.py). They read at each call (not
+once at import), so that a process or test that sets a variable late is
+heard.
+"""
+
+from __future__ import annotations
+
+import os
+
+from ..errors import ConfigError
+from .values import parse_size, to_bool
+
+
+def switch_from_env(name: str, default: bool = True) -> bool:
+    """A measuring or debugging switch read from the environment
+    (DISTORE_LOCAL_MAP, DISTORE_AM_INSERTS): "0", "false", "no" or "off"
+    turn it off, "1", "true", "yes" or "on" on; unset or empty, `default`.
+    Anything else is a ConfigError naming the variable."""
+    value = os.environ.get(name, "").strip()
+    if not value:
+        return default
+    try:
+        return to_bool(value)
+    except ValueError:
+        raise ConfigError(f"{name} must be 0 or 1 (or false/true, no/yes, off/on), "
+                          f"got {value!r}") from None
+
+
+def size_from_env(name: str, default: int) -> int:
+    """A size in bytes read from the environment ("65536", "64KiB");
+    unset or empty, `default`. Anything else is a ConfigError naming the
+    variable."""
+    value = os.environ.get(name, "").strip()
+    if not value:
+        return default
+    try:
+        return parse_size(value)
+    except ConfigError as exc:
+        raise ConfigError(f"{name}: {exc}") from None
+
+
+# A rendezvous message costs three control messages besides the bytes, a
+# get one: below this size per-item overhead wins over the copies saved.
+# perf/insert_bandwidth.py measures the crossover (docs/performance.md).
+AM_MIN_ITEM_BYTES = 64 << 10
+
+
+def am_inserts_enabled() -> bool:
+    """True only with `DISTORE_AM_INSERTS=1` (nodes and writers).
+
+    Off by default since 2026-11-25: the zero-copy rendezvous needs writer
+    endpoints without peer-failure handling, and UCX 1.21 then crashes the
+    receiving node (a segfault in ucp_do_am_single or
+    ucp_proto_rndv_send_reply) when it answers a rendezvous of a writer that
+    was killed mid-batch (in some runs of the kill-writer test). A node
+    crash loses everything the node holds; TCP inserts by gets are slower
+    (docs/performance.md), but a dying writer costs nothing."""
+    return switch_from_env("DISTORE_AM_INSERTS", default=False)
+
+
+def am_min_item_bytes() -> int:
+    """Items smaller than this go by one-sided gets even to nodes that take
+    active messages (`DISTORE_AM_MIN_ITEM`, bytes or e.g. "64KiB"; default
+    AM_MIN_ITEM_BYTES)."""
+    return size_from_env("DISTORE_AM_MIN_ITEM", AM_MIN_ITEM_BYTES)
+
+
+def local_map_default() -> bool:
+    """Whether learners map same-host arenas unless told otherwise
+    (`DISTORE_LOCAL_MAP=0` turns it off, for measuring and debugging)."""
+    return switch_from_env("DISTORE_LOCAL_MAP")
+
+
+def disk_bounce(default: bool) -> bool:
+    """Whether cold reads go through hugepage buffers (storage/tier.py
+    `bounce_reads`): `DISTORE_DISK_BOUNCE=0/1` overrides the node's choice,
+    `default`."""
+    return switch_from_env("DISTORE_DISK_BOUNCE", default)
+
+
+def sample_ahead_from_env() -> int | None:
+    """Batches per control-plane request that `DISTORE_SAMPLE_AHEAD` asks
+    for (a learner's `sample_ahead` left out); None when unset or empty."""
+    env = os.environ.get("DISTORE_SAMPLE_AHEAD", "").strip()
+    if not env:
+        return None
+    try:
+        return int(env)
+    except ValueError:
+        raise ConfigError(f"DISTORE_SAMPLE_AHEAD={env!r} is not a whole number of "
+                          "batches; set it to 1 (no sampling ahead) or more") from None
+
+
+def ucx_tls() -> str | None:
+    """UCX_TLS as the environment sets it (None when unset), which UCX reads
+    too: the transport layer reports and narrows it (transport/runtime.py)."""
+    return os.environ.get("UCX_TLS")
+
+
+def rendezvous_config() -> dict[str, str]:
+    """UCX options of clients' and storage nodes' runtimes: the `put_zcopy`
+    rendezvous scheme, unless UCX_RNDV_SCHEME is set. Writers send their
+    items to nodes as rendezvous messages (storage/pulls.py); with this
+    scheme (the sender's choice) each goes from the staging buffer into its
+    slot with no bounce copy on a software transport (TCP). It concerns
+    rendezvous only: one-sided gets are unchanged."""
+    if os.environ.get("UCX_RNDV_SCHEME"):
+        return {}
+    return {"RNDV_SCHEME": "put_zcopy"}
