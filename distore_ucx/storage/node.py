@@ -55,9 +55,11 @@ from ..transport import UcxRuntime
 from ..transport.capabilities import query
 from ..transport.local_map import LocalMapServer
 from ..transport.rpc import AsyncClient, parse_address, serve
-from ..transport.runtime import host_id, without_direct_writes
+from ..transport.runtime import host_id
 from .arena import Arena, granted_page_kind, page_advice, page_size_label
+from .guard import guard_remote_access, watch_guard
 from .heartbeat import Heartbeat
+from .held_frees import HeldFrees
 from .pulls import am_inserts
 from .slots import ALLOCATED
 from .tier import DiskTier, StagingArea, bounce_reads
@@ -110,12 +112,9 @@ class StorageNode:
         self._stop = asyncio.Event()
         self._now = asyncio.Event()  # a second SIGTERM: skip the drain
         self._leaving = False
-        # Registrations in flight (items_added sent, not yet committed or
-        # failed), by sequence number, and frees from the control plane held
-        # until the registrations in flight when they came are done (_on_push).
-        self._registering: set[int] = set()
-        self._registrations = 0
-        self._held_frees: list[tuple[int, dict]] = []
+        # Registrations in flight, and frees from the control plane held
+        # until those in flight when they came are done (_on_push).
+        self._frees = HeldFrees(self._apply_free)
         self._joined = asyncio.Event()  # registered with a live control plane
         self._token: bytes | None = None
         self._where: tuple[str, int] = ("", 0)  # host, port writers reach us at
@@ -132,7 +131,7 @@ class StorageNode:
             loop.add_signal_handler(sig, self._on_signal)
         control_host, _ = parse_address(cfg.control)
         host = cfg.host or route_address(control_host)
-        guarded = _guard_remote_access()  # before the worker exists
+        guarded = guard_remote_access()  # before the worker exists
         # Start-up steps: a bar when run on a terminal, log lines otherwise.
         steps = Progress(f"node {self.name} starting", total=3, unit="steps", logger=log,
                          every=0)
@@ -158,7 +157,7 @@ class StorageNode:
                          self.staging.size, f", read through hugepage buffers (arena pages: "
                          f"{self.arena.page_kind})" if self.tier.bounce else "")
             _native.allow_remote_reads(self.arena.base, self.arena.size)
-            guard_watch = loop.create_task(self._watch_guard())
+            guard_watch = loop.create_task(watch_guard(self.name))
             self._start_am_inbox()
             steps.update(1, note="arena mapped")
             self._token = read_token(cfg.token_file)
@@ -501,27 +500,6 @@ class StorageNode:
         except Exception as exc:  # the next pull reports a broken endpoint itself
             log.debug("node %s: progressing the reader worker: %s", self.name, exc)
 
-    async def _watch_guard(self) -> None:
-        """Log each burst of remote accesses the guard refused (native/guard.h):
-        one line per check that saw new ones, with the last in words."""
-        seen, accepted = (0, 0, 0), 0
-        while True:
-            await asyncio.sleep(GUARD_CHECK)
-            g = _native.refused_remote_access()
-            if g["tcp_puts_accepted"] != accepted:
-                accepted = g["tcp_puts_accepted"]
-                log.debug("node %s: %d TCP puts landed in slots receiving inserts so far",
-                          self.name, accepted)
-            now = (g["software_writes"], g["reads"], g["tcp_puts"])
-            if now == seen:
-                continue
-            new = [a - b for a, b in zip(now, seen)]
-            seen = now
-            log.warning("node %s refused remote access: %d software put(s) or atomic(s), %d "
-                        "read(s) outside the arena, %d TCP connection(s) ended for a put "
-                        "outside an insert%s; the node serves on", self.name, *new,
-                        f" (last: {g['last_tcp_put']})" if new[2] else "")
-
     def _start_am_inbox(self) -> None:
         """Take writers' inserts as UCX active messages on the reader worker,
         where UCX emulates RMA in software (storage/pulls.py says why)."""
@@ -565,12 +543,6 @@ class StorageNode:
 
         return asyncio.get_running_loop().create_task(watch())
 
-    def _release_held_frees(self) -> None:
-        """Apply the control plane's frees whose registrations are all done."""
-        oldest = min(self._registering, default=None)
-        while self._held_frees and (oldest is None or self._held_frees[0][0] < oldest):
-            self._apply_free(self._held_frees.pop(0)[1])
-
     def _apply_free(self, fields: dict) -> None:
         try:
             self._free(fields["table"], fields["offsets"], live_only=True)
@@ -580,14 +552,9 @@ class StorageNode:
     async def _on_push(self, op: str, fields: dict) -> None:
         if op == "free":
             # A free may name items of a registration whose reply came in but
-            # whose insert has not committed its slots yet (the reply and the
-            # free arrive together; the insert resumes after this runs): such
-            # a free would find nothing LIVE, and the slots would stay taken
-            # for good. So it waits for the registrations in flight now.
-            if self._registering:
-                self._held_frees.append((max(self._registering), fields))
-            else:
-                self._apply_free(fields)
+            # whose insert has not committed its slots yet: it waits for the
+            # registrations in flight now (storage/held_frees.py).
+            self._frees.free(fields)
         elif op == "retire":
             # Evicted items a learner holds a lease on: their reads must fail
             # the header check from now on (control/retirements.py).
@@ -668,15 +635,12 @@ class StorageNode:
         offsets = await self._allocate(table, slot_size, k)
         wait = f.get("timeout", 60.0)  # a rate limiter (or a control-plane restart) may hold it
         deadline = time.monotonic() + wait
-        self._registrations += 1
-        registration = self._registrations
-        self._registering.add(registration)
+        registration = self._frees.begin()
         try:
             return await self._store(peer, f, node_id, table, keys, k, item_bytes, lengths,
                                      source, offsets, deadline, t0)
         finally:
-            self._registering.discard(registration)
-            self._release_held_frees()
+            self._frees.end(registration)
 
     async def _store(self, peer, f: dict, node_id: int, table: str, keys, k: int,
                      item_bytes: int, lengths, source, offsets, deadline: float,
@@ -996,42 +960,6 @@ class StorageNode:
                 f"the insert of {k} items waited its timeout and was not stored. Restart the "
                 "control plane (with --restore to keep the store's contents)"
             ) from None
-
-
-def _guard_remote_access() -> dict[str, str]:
-    """Make this process refuse UCX puts from peers (native/guard.h); returns
-    the UCX options the node's runtime needs for it.
-
-    Over TCP a put is a write to whatever address the peer names: UCP's
-    software put (endpoints with peer-failure handling) is dropped by its
-    handler; the TCP transport's own put (endpoints without) ends the
-    peer's connection unless it lands in a slot the node is receiving an
-    insert into. Where that cannot be installed, the node stops advertising
-    TCP puts (UCX_TCP_PUT_ENABLE=n: stock UCX peers then use the software
-    put) and says so. Same-host transports that write memory directly
-    (cma: process_vm_writev) are left out of the node's UCX_TLS, so that a
-    peer's UCX never puts through them.
-
-    UCX_ADAPTIVE_PROGRESS=n: with adaptive progress UCX deactivates a
-    transport when its last endpoint goes, and over TCP the node then never
-    woke for a new reader again once a reader without peer-failure handling
-    had been its only one and left. Both are tested in
-    tests/integration/test_remote_writes.py."""
-    options = {"ADAPTIVE_PROGRESS": "n", "TLS": without_direct_writes(ucx_tls())}
-    why = _native.refuse_remote_writes()
-    if why:
-        log.warning("cannot refuse UCX software puts (%s): a peer's put over TCP could fault "
-                    "or corrupt this node", why)
-    why = _native.refuse_tcp_puts()
-    if why:
-        options["TCP_PUT_ENABLE"] = "n"
-        log.warning("cannot guard UCX's TCP transport against puts (%s): this node does not "
-                    "advertise TCP puts, so stock UCX peers do not use them, but a modified "
-                    "peer could still write into it; run UCX 1.19-1.22 for the guard", why)
-    return options
-
-
-GUARD_CHECK = 1.0  # s between looks at the remote-access guard's counters
 
 
 def _lengths(lengths: np.ndarray) -> str:
