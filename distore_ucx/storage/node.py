@@ -3,8 +3,8 @@
 Owns one arena registered with UCX for remote READ. Writers send insert
 descriptors over the control channel; the node pulls each batch one-sided
 from the writer's staging buffer straight into slots, or receives it as UCX
-active messages into them (storage/pulls.py, on a pull thread, off the
-event loop), reports them to the control plane in one
+active messages into them (storage/pulls.py, storage/puller.py: on a pull
+thread, off the event loop), reports them to the control plane in one
 message per batch and acknowledges the writer only once the control plane
 has them (an acknowledged insert is sampleable). A batch that cannot be
 read or registered frees its slots before the error reply.
@@ -44,15 +44,12 @@ from ..errors import (
     StagingFull,
     StorageFull,
     Timeout,
-    from_native,
 )
 from ..progress import Progress
-from ..protocol import AM_INSERT_ID
 from ..roles import write_ready
 from ..slot_format import COLD, is_cold, stride_of
 from ..spec import SLOT_HEADER
 from ..transport import UcxRuntime
-from ..transport.capabilities import query
 from ..transport.local_map import LocalMapServer
 from ..transport.rpc import AsyncClient, parse_address, serve
 from ..transport.runtime import host_id
@@ -60,21 +57,14 @@ from .arena import Arena, granted_page_kind, page_advice, page_size_label
 from .guard import guard_remote_access, watch_guard
 from .heartbeat import Heartbeat
 from .held_frees import HeldFrees
-from .pulls import am_inserts
+from .puller import Puller
 from .slots import ALLOCATED
 from .tier import DiskTier, StagingArea, bounce_reads
 
 log = logging.getLogger(__name__)
 
 RESEND_BATCH = 1 << 16  # items per items_restored message after a re-join
-PULL_TIMEOUT = 30.0  # s for reading one insert batch from a writer
-# Insert messages no descriptor claimed within this long are released.
-AM_MESSAGE_TTL = 2 * PULL_TIMEOUT
 WRITER_CHECK = 0.05  # s between checks that a writer whose batch is pulled is still there
-COPY_HELPERS = 1  # threads besides the copying one for same-host batch copies
-# Same-host batches up to this size are copied on the event loop (a few ms
-# at most); larger ones on the pull thread, so that the loop is never held long.
-INLINE_COPY_BYTES = 16 << 20
 DEMOTE_BATCH = 64  # items demoted at least at once when the arena is full
 STAGE_WAIT = 5.0  # s a sample's cold items may wait for room in the staging area
 # s without an event-loop tick after which the heartbeat thread stops beating
@@ -105,8 +95,9 @@ class StorageNode:
         self.local_map: LocalMapServer | None = None  # same-host learners map the arena
         self.tier: DiskTier | None = None  # the disk tier (--disk), storage/tier.py
         self.staging: StagingArea | None = None  # where sampled cold items are read to
+        self.puller: Puller | None = None  # reads writers' batches (storage/puller.py)
+        self._disk_thread: ThreadPoolExecutor | None = None  # disk batches, made on first use
         self._slot_sizes: dict[str, int] = {}  # table -> slot size, as inserts said
-        self.am_inbox = None  # writers' inserts by UCX active message (storage/pulls.py)
         self.inserted = 0
         self.stats = metrics.NodeStats()  # read at scrape time (metrics.py)
         self._stop = asyncio.Event()
@@ -116,6 +107,8 @@ class StorageNode:
         # until those in flight when they came are done (_on_push).
         self._frees = HeldFrees(self._apply_free)
         self._joined = asyncio.Event()  # registered with a live control plane
+        self._staged = asyncio.Event()  # set when staged extents come back
+        self._demoting = asyncio.Lock()  # one demotion at a time
         self._token: bytes | None = None
         self._where: tuple[str, int] = ("", 0)  # host, port writers reach us at
         self._interval = 0.5  # heartbeat interval the control plane asked for
@@ -140,6 +133,7 @@ class StorageNode:
             steps.write(f"mapping and registering a {cfg.arena_bytes / 2**30:.1f} GiB arena")
             self.arena = Arena(runtime, cfg.arena_bytes, cfg.hugepages, self.name,
                                write_protect=cfg.write_protect, reserve=cfg.staging_bytes)
+            self.puller = Puller(runtime, self.name)
             if cfg.disk:
                 self.tier = DiskTier(cfg.disk, cfg.disk_bytes, self.name, self.arena.arena_id)
                 self.staging = StagingArea(cfg.staging_bytes)
@@ -149,8 +143,6 @@ class StorageNode:
                 # perf/tier_bandwidth.py).
                 self.tier.bounce = self.tier.direct and bounce_reads(
                     self.arena.page_kind == "hugetlb")
-                self._staged = asyncio.Event()  # set when staged extents come back
-                self._demoting = asyncio.Lock()  # one demotion at a time
                 log.info("node %s: disk tier %s, %d bytes%s; %d arena bytes for staging cold "
                          "items%s", self.name, cfg.disk, self.tier.size,
                          "" if self.tier.direct else " (no O_DIRECT there)",
@@ -158,7 +150,7 @@ class StorageNode:
                          f"{self.arena.page_kind})" if self.tier.bounce else "")
             _native.allow_remote_reads(self.arena.base, self.arena.size)
             guard_watch = loop.create_task(watch_guard(self.name))
-            self._start_am_inbox()
+            self.puller.start_am_inbox()
             steps.update(1, note="arena mapped")
             self._token = read_token(cfg.token_file)
             self._start_local_map()
@@ -195,6 +187,7 @@ class StorageNode:
                                               metrics_server.port})
                 code = await self._serve()
             finally:
+                # Closed in reverse order of creation, all before the runtime.
                 self._leaving = True  # inserts still in flight fail as "shutting down"
                 guard_watch.cancel()
                 if beat is not None:
@@ -207,11 +200,10 @@ class StorageNode:
                 if self.control is not None:
                     await self.control.close()
                 if self.tier is not None:
-                    if getattr(self, "_disk_thread", None) is not None:
+                    if self._disk_thread is not None:
                         self._disk_thread.shutdown(wait=True)
                     self.tier.close()
-                if self.am_inbox is not None:
-                    await self._stop_am_inbox()
+                await self.puller.close()  # its threads read through the runtime
                 del self.arena  # unmap before the runtime closes
                 self.arena = None
         log.info("node %s stopped", self.name)
@@ -319,7 +311,7 @@ class StorageNode:
                    else {}),
                 **({"disk_size": self.tier.size} if self.tier is not None else {}),
                 **({"insert_address": bytes(self.runtime.reader_worker.address)}
-                   if self.am_inbox is not None else {}),
+                   if self.puller.am_inbox is not None else {}),
             )
             self.node_id = reply["node_id"]
             self.store_id = reply.get("store_id")
@@ -378,7 +370,7 @@ class StorageNode:
                 self.arena.share_fd, self.arena.size, self.arena.arena_id,
                 self.arena.page_kind, self._token, self.name,
                 high_water=lambda: self.arena.high_water if self.arena else 0,
-                on_staging=self._sources().offer).start()
+                on_staging=self.puller.sources().offer).start()
         except OSError as exc:
             log.warning("node %s: cannot offer its arena to same-host learners (%s); they "
                         "read over UCX", self.name, exc)
@@ -459,12 +451,7 @@ class StorageNode:
         # but the heartbeat thread stops when these ticks stop (_beat).
         while True:
             self._loop_seen = time.monotonic()
-            tick = getattr(self, "_reader_tick", None)
-            if getattr(self, "_pull_thread", None) is not None and (tick is None or tick.done()):
-                # Writers' connection set-ups and closes that arrived between
-                # pulls, handled on the thread that owns the reader worker
-                # (one at a time: none piles up behind a pull that waits).
-                self._reader_tick = self._pull_thread.submit(self._progress_reader)
+            self.puller.progress_between_pulls()
             await asyncio.sleep(interval)
 
     def _beat(self) -> dict | None:
@@ -487,37 +474,6 @@ class StorageNode:
         self._loop_wedged = False
         return {"node_id": node_id, "used_bytes": arena.used_bytes}
 
-    def _progress_reader(self) -> None:
-        try:
-            self.runtime.progress_reader()
-            if self.am_inbox is not None:
-                # Messages of batches whose descriptor never came (the writer
-                # died between the two) go back to their senders.
-                expired = self.am_inbox.expire(AM_MESSAGE_TTL)
-                if expired:
-                    log.warning("node %s: released %d insert messages that no descriptor "
-                                "claimed within %g s", self.name, expired, AM_MESSAGE_TTL)
-        except Exception as exc:  # the next pull reports a broken endpoint itself
-            log.debug("node %s: progressing the reader worker: %s", self.name, exc)
-
-    def _start_am_inbox(self) -> None:
-        """Take writers' inserts as UCX active messages on the reader worker,
-        where UCX emulates RMA in software (storage/pulls.py says why)."""
-        why_not = am_inserts(query(self.runtime.context).rdma)
-        if why_not:
-            log.info("node %s: writers' batches are read with one-sided gets (%s)", self.name,
-                     why_not)
-            return
-        self.am_inbox = _native.AmInbox(self.runtime.reader_worker, AM_INSERT_ID)
-        log.info("node %s: writers' batches come as UCX active messages (rendezvous "
-                 "scheme %s), received straight into slots", self.name,
-                 self.runtime.config.get("RNDV_SCHEME") or "UCX's default")
-
-    async def _stop_am_inbox(self) -> None:
-        # Closing it ends a pull under way (its items fail; the writer resends).
-        inbox, self.am_inbox = self.am_inbox, None
-        await asyncio.get_running_loop().run_in_executor(None, inbox.close)
-
     def _watch_writer(self, peer, token: int | None, k: int):
         """While batch `token` is pulled: if the writer's connection hangs up
         (it died), discard the batch, so that the pull ends at once instead
@@ -535,7 +491,7 @@ class StorageNode:
         async def watch():
             while not poller.poll(0):
                 await asyncio.sleep(WRITER_CHECK)
-            inbox = self.am_inbox
+            inbox = self.puller.am_inbox
             if inbox is not None:
                 log.warning("node %s: the writer at %s left with an insert of %d items in "
                             "flight; its slots are freed", self.name, peer.address, k)
@@ -575,9 +531,9 @@ class StorageNode:
                 return await self._insert(peer, f)
             except BaseException:
                 token = f.get("am_token")
-                if token and self.am_inbox is not None:
+                if token and self.puller.am_inbox is not None:
                     # The batch's messages, now and when they come, go back.
-                    self.am_inbox.discard(token, len(f["keys"]))
+                    self.puller.am_inbox.discard(token, len(f["keys"]))
                 raise
         if op == "node_info":
             return {
@@ -622,11 +578,11 @@ class StorageNode:
                 f"insert into {f['table']!r}: {k} items of lengths {_lengths(lengths)} for "
                 f"items of {item_bytes} bytes in {slot_size}-byte slots"
             )
-        if f.get("am_token") and self.am_inbox is None:
+        if f.get("am_token") and self.puller.am_inbox is None:
             raise InvalidRequest(
                 f"storage node {self.name} does not take inserts as UCX active messages "
                 "(it did not offer an insert_address): is the writer of another version?")
-        source = self._sources().get(peer, f)
+        source = self.puller.sources().get(peer, f)
         if not peer.state.get("watched"):
             peer.state["watched"] = True
             asyncio.get_running_loop().create_task(self._forget_writer(peer))
@@ -651,8 +607,8 @@ class StorageNode:
             gens = self.arena.next_generations(k)
             watch = self._watch_writer(peer, f.get("am_token"), k)
             try:
-                await self._pull(source, offsets, keys, gens, f["offsets"], lengths,
-                                 f.get("am_token"))
+                await self.puller.pull(self.arena, source, offsets, keys, gens, f["offsets"],
+                                       lengths, f.get("am_token"))
             finally:
                 if watch is not None:
                     watch.cancel()
@@ -879,74 +835,14 @@ class StorageNode:
 
     def _disk(self) -> ThreadPoolExecutor:
         # Disk batches, off the loop; the native call fans each out to its own threads.
-        if getattr(self, "_disk_thread", None) is None:
+        if self._disk_thread is None:
             self._disk_thread = ThreadPoolExecutor(2, thread_name_prefix="disk")
         return self._disk_thread
-
-    async def _pull(self, source, offsets, keys, gens, src_offsets, lengths,
-                    token: int | None = None) -> None:
-        """Read the batch into its slots on the pull thread (the event loop
-        keeps serving), or here for a mapped batch of at most
-        INLINE_COPY_BYTES; raise if any item could not be read."""
-        loop = asyncio.get_running_loop()
-        addresses = np.uint64(source.base) + src_offsets
-        if source.mapping is not None and int(lengths.sum()) <= INLINE_COPY_BYTES:
-            # A copy out of a mapping cannot wait on anyone: done here, it
-            # saves two thread hand-offs per batch, which cost the node CPU
-            # per GB on small items.
-            self.arena.pull_mapped(source, offsets, keys, gens, addresses, lengths,
-                                   self._copy_pool())
-            return
-        if token:
-            job = loop.run_in_executor(self._puller(), self.arena.pull_am, self.am_inbox, token,
-                                       offsets, keys, gens, lengths, PULL_TIMEOUT)
-        elif source.mapping is not None:
-            job = loop.run_in_executor(self._puller(), self.arena.pull_mapped, source, offsets,
-                                       keys, gens, addresses, lengths, self._copy_pool())
-        else:
-            job = loop.run_in_executor(self._puller(), self.arena.pull, source, offsets, keys,
-                                       gens, addresses, lengths, PULL_TIMEOUT)
-        try:
-            statuses = await asyncio.shield(job)
-        except asyncio.CancelledError:
-            # The slots are freed by the caller: never while the thread writes them.
-            await asyncio.wait([job])
-            raise
-        bad = np.flatnonzero(statuses)
-        if bad.size:
-            status = int(statuses[bad[0]])
-            raise from_native(
-                status, _native.status_name(status),
-                f"storage node {self.name} could not read {bad.size} of {len(statuses)} "
-                f"items from {source.name} (via {source.via}); none of the batch was stored",
-                source.name,
-            )
-
-    def _sources(self):
-        """Writers' staging buffers this node reads (storage/pulls.py), made on
-        first use; these helpers keep their state out of start-up code."""
-        from .pulls import Sources
-
-        if getattr(self, "_pull_sources", None) is None:
-            self._pull_sources = Sources(self.runtime, self.name)
-        return self._pull_sources
-
-    def _puller(self) -> ThreadPoolExecutor:
-        # One thread: pulls of one node run one after another, off the loop.
-        if getattr(self, "_pull_thread", None) is None:
-            self._pull_thread = ThreadPoolExecutor(1, thread_name_prefix="pull")
-        return self._pull_thread
-
-    def _copy_pool(self):
-        """Helper threads for large same-host batch copies (made on first use)."""
-        if getattr(self, "_pool", None) is None:
-            self._pool = _native.CopyPool(COPY_HELPERS)
-        return self._pool
 
     async def _forget_writer(self, peer) -> None:
         """Drop a writer's cached endpoint and remote keys when its connection closes."""
         await peer.closed.wait()
-        self._sources().drop(peer)
+        self.puller.sources().drop(peer)
 
     async def _until_joined(self, deadline: float, k: int) -> None:
         """Wait until we are registered with a control plane, or raise Timeout."""
