@@ -1,0 +1,163 @@
+"""The storage node's pull thread: how writers' batches are read into slots.
+
+One thread reads insert batches into their slots, one after another, off
+the event loop (a small batch from a mapped staging buffer is copied on the
+loop instead), and between pulls progresses the reader worker, which only
+that thread touches. Beside it: the helper threads for large same-host
+copies, the writers' staging buffers (storage/pulls.py `Sources`) and,
+where writers send inserts as UCX active messages, the inbox that receives
+them. The thread, the helpers and the sources are made on first use.
+`close` ends the inbox and then the thread, before the node's UCX runtime
+closes. Thread safety: used from the node's event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from concurrent.futures import Future, ThreadPoolExecutor
+
+import numpy as np
+
+from .._native_loader import _native
+from ..errors import ConnectionFailed, from_native
+from ..protocol import AM_INSERT_ID
+from ..transport.capabilities import query
+from .pulls import Sources, am_inserts
+
+log = logging.getLogger(__name__)
+
+PULL_TIMEOUT = 30.0  # s for reading one insert batch from a writer
+# Insert messages no descriptor claimed within this long are released.
+AM_MESSAGE_TTL = 2 * PULL_TIMEOUT
+COPY_HELPERS = 1  # threads besides the copying one for same-host batch copies
+# Same-host batches up to this size are copied on the event loop (a few ms
+# at most); larger ones on the pull thread, so that the loop is never held long.
+INLINE_COPY_BYTES = 16 << 20
+
+
+class Puller:
+    """Reads writers' insert batches into a node's slots (see the module).
+
+    >>> puller = Puller(runtime, "node a")
+    >>> puller.start_am_inbox()
+    >>> await puller.pull(arena, source, offsets, keys, gens, src_offsets, lengths)
+    >>> await puller.close()
+    """
+
+    def __init__(self, runtime, name: str):
+        self.runtime = runtime
+        self.name = name
+        self.am_inbox = None  # writers' inserts by UCX active message (storage/pulls.py)
+        self._thread: ThreadPoolExecutor | None = None  # the pull thread
+        self._copy_helpers = None  # _native.CopyPool for large same-host copies
+        self._sources: Sources | None = None
+        self._tick: Future | None = None  # the reader worker's progress between pulls
+        self._closed = False
+
+    def start_am_inbox(self) -> None:
+        """Take writers' inserts as UCX active messages on the reader worker,
+        where UCX emulates RMA in software (storage/pulls.py says why)."""
+        why_not = am_inserts(query(self.runtime.context).rdma)
+        if why_not:
+            log.info("node %s: writers' batches are read with one-sided gets (%s)", self.name,
+                     why_not)
+            return
+        self.am_inbox = _native.AmInbox(self.runtime.reader_worker, AM_INSERT_ID)
+        log.info("node %s: writers' batches come as UCX active messages (rendezvous "
+                 "scheme %s), received straight into slots", self.name,
+                 self.runtime.config.get("RNDV_SCHEME") or "UCX's default")
+
+    def sources(self) -> Sources:
+        """Writers' staging buffers this node reads (storage/pulls.py), made on
+        first use."""
+        if self._sources is None:
+            self._sources = Sources(self.runtime, self.name)
+        return self._sources
+
+    async def pull(self, arena, source, offsets, keys, gens, src_offsets, lengths,
+                   token: int | None = None) -> None:
+        """Read the batch into its slots of `arena` on the pull thread (the
+        event loop keeps serving), or here for a mapped batch of at most
+        INLINE_COPY_BYTES; raise if any item could not be read."""
+        loop = asyncio.get_running_loop()
+        addresses = np.uint64(source.base) + src_offsets
+        if source.mapping is not None and int(lengths.sum()) <= INLINE_COPY_BYTES:
+            # A copy out of a mapping cannot wait on anyone: done here, it
+            # saves two thread hand-offs per batch, which cost the node CPU
+            # per GB on small items.
+            arena.pull_mapped(source, offsets, keys, gens, addresses, lengths,
+                              self._copy_pool())
+            return
+        if token:
+            job = loop.run_in_executor(self._pull_thread(), arena.pull_am, self.am_inbox, token,
+                                       offsets, keys, gens, lengths, PULL_TIMEOUT)
+        elif source.mapping is not None:
+            job = loop.run_in_executor(self._pull_thread(), arena.pull_mapped, source, offsets,
+                                       keys, gens, addresses, lengths, self._copy_pool())
+        else:
+            job = loop.run_in_executor(self._pull_thread(), arena.pull, source, offsets, keys,
+                                       gens, addresses, lengths, PULL_TIMEOUT)
+        try:
+            statuses = await asyncio.shield(job)
+        except asyncio.CancelledError:
+            # The slots are freed by the caller: never while the thread writes them.
+            await asyncio.wait([job])
+            raise
+        bad = np.flatnonzero(statuses)
+        if bad.size:
+            status = int(statuses[bad[0]])
+            raise from_native(
+                status, _native.status_name(status),
+                f"storage node {self.name} could not read {bad.size} of {len(statuses)} "
+                f"items from {source.name} (via {source.via}); none of the batch was stored",
+                source.name,
+            )
+
+    def progress_between_pulls(self) -> None:
+        """Have the pull thread, once there is one, handle writers' connection
+        set-ups and closes that arrived between pulls on the reader worker
+        (one at a time: none piles up behind a pull that waits)."""
+        if self._thread is not None and not self._closed and (
+                self._tick is None or self._tick.done()):
+            self._tick = self._thread.submit(self._progress_reader)
+
+    async def close(self) -> None:
+        """End the inbox (a pull under way fails; the writer resends), then
+        the pull thread, after the pulls already handed to it: both before
+        the node's UCX runtime closes. Later pulls raise ConnectionFailed."""
+        self._closed = True
+        loop = asyncio.get_running_loop()
+        if self.am_inbox is not None:
+            inbox, self.am_inbox = self.am_inbox, None
+            await loop.run_in_executor(None, inbox.close)
+        if self._thread is not None:
+            await loop.run_in_executor(None, self._thread.shutdown)
+        self._copy_helpers = None
+
+    def _pull_thread(self) -> ThreadPoolExecutor:
+        # One thread: pulls of one node run one after another, off the loop.
+        if self._closed:
+            raise ConnectionFailed(f"storage node {self.name} is shutting down")
+        if self._thread is None:
+            self._thread = ThreadPoolExecutor(1, thread_name_prefix="pull")
+        return self._thread
+
+    def _copy_pool(self):
+        """Helper threads for large same-host batch copies (made on first use)."""
+        if self._copy_helpers is None:
+            self._copy_helpers = _native.CopyPool(COPY_HELPERS)
+        return self._copy_helpers
+
+    def _progress_reader(self) -> None:
+        try:
+            self.runtime.progress_reader()
+            if self.am_inbox is not None:
+                # Messages of batches whose descriptor never came (the writer
+                # died between the two) go back to their senders.
+                expired = self.am_inbox.expire(AM_MESSAGE_TTL)
+                if expired:
+                    log.warning("node %s: released %d insert messages that no descriptor "
+                                "claimed within %g s", self.name, expired, AM_MESSAGE_TTL)
+        except Exception as exc:  # the next pull reports a broken endpoint itself
+            log.debug("node %s: progressing the reader worker: %s", self.name, exc)
