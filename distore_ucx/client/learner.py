@@ -33,8 +33,6 @@ import logging
 import os
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 
@@ -51,11 +49,13 @@ from ..errors import (
 from ..protocol import ITEM_LOCATION
 from ..spec import SLOT_HEADER
 from ..transport import capabilities
+from .batch import Batch
 from .device import Device, choose_path, resolve_framework
 from .lifecycle import ensure_open, mark_closed
 from .peers import PeerDirectory
 from .prefetch import Prefetcher, Stopped
 from .ring import Ring
+from .weights import importance_weights
 
 log = logging.getLogger(__name__)
 
@@ -84,41 +84,6 @@ COLD_DEPTH = 2
 PREFETCH_POLL = 0.5
 
 
-@dataclass
-class Batch:
-    """A sampled batch.
-
-    data: {field: array [n, ...]} (or one array for an unnamed spec), views
-    into the learner's buffer; keys: uint64 [n]; probabilities: float64 [n],
-    each item's probability when it was sampled; table_size: the table's
-    size at sampling time; weights: importance weights
-    (P(i) / P_min)^-beta when the learner was given `beta`, else None, where
-    P_min is the smallest probability of any item in the table when the
-    batch was drawn: the same as (N * P(i))^-beta / max_j (N * P(j))^-beta
-    over the whole table, TorchRL's and the PER paper's normalisation (the
-    table's least likely item weighs 1; weights never depend on the batch).
-    """
-
-    data: Any
-    keys: np.ndarray
-    probabilities: np.ndarray
-    table_size: int
-    weights: np.ndarray | None = None
-
-    def clone(self) -> Batch:
-        """A copy that stays valid after the learner reuses its buffer (on the
-        same device, in the same framework)."""
-        if isinstance(self.data, dict):
-            data = {k: _copy(v) for k, v in self.data.items()}
-        else:
-            data = _copy(self.data)
-        weights = None if self.weights is None else self.weights.copy()
-        return Batch(data, self.keys.copy(), self.probabilities.copy(), self.table_size, weights)
-
-    def __len__(self) -> int:
-        return len(self.keys)
-
-
 def _sample_ahead(asked: int | None, batch_size: int, consuming: bool,
                   slot_bytes: int = 0) -> int:
     """Batches per control-plane request (see Learner's `sample_ahead`);
@@ -139,21 +104,6 @@ def _sample_ahead(asked: int | None, batch_size: int, consuming: bool,
             f"sample_ahead={asked} with batch_size={batch_size}: it must be at least 1 and ask "
             f"for at most {MAX_SAMPLE_AHEAD_ITEMS} items per request (1 turns it off)")
     return asked
-
-
-def _importance_weights(probs: np.ndarray, min_probs: np.ndarray, beta: float) -> np.ndarray:
-    """(P(i) / P_min)^-beta, P_min the table's smallest probability when each
-    item was drawn (see Batch.weights). A reply without it (an older control
-    plane) falls back to the batch's own largest weight."""
-    if (min_probs > 0).all():
-        return (probs / min_probs) ** -beta
-    w = probs ** -beta
-    return w / w.max()
-
-
-def _copy(x):
-    # numpy and CuPy arrays copy(); torch tensors clone().
-    return x.clone() if hasattr(x, "clone") else x.copy()
 
 
 class Learner:
@@ -426,7 +376,7 @@ class Learner:
         self._read_at = time.monotonic()
         weights = None
         if self.beta is not None:
-            weights = _importance_weights(probs, min_probs, self.beta)
+            weights = importance_weights(probs, min_probs, self.beta)
         return slot, Batch(None, keys, probs, table_size, weights)
 
     def _read_rows(self, reply: dict, rows: np.ndarray, dest, slot: int, keys: np.ndarray,
@@ -546,7 +496,7 @@ class Learner:
                                            self._locs[slot], wait)
         self._ring.fill(slot, self.batch_size)
         if batch.weights is not None:
-            batch.weights = _importance_weights(batch.probabilities, min_probs, self.beta)
+            batch.weights = importance_weights(batch.probabilities, min_probs, self.beta)
         return batch
 
     def update_priorities(self, keys, priorities) -> dict:
