@@ -38,7 +38,7 @@ import numpy as np
 
 from .. import metrics
 from .._native_loader import _native
-from ..config import local_map_default, sample_ahead_from_env
+from ..config import local_map_default
 from ..errors import (
     ConfigError,
     ConnectionFailed,
@@ -55,55 +55,19 @@ from .lifecycle import ensure_open, mark_closed
 from .peers import PeerDirectory
 from .prefetch import Prefetcher, Stopped
 from .ring import Ring
+from .sample_stream import SampleStream, resolve_sample_ahead
 from .weights import importance_weights
+
+# Names other modules import from here (the learner was one module before).
+from .sample_stream import SAMPLE_AHEAD_BYTES  # noqa: F401  isort: skip
+from .sample_stream import resolve_sample_ahead as _sample_ahead  # noqa: F401  isort: skip
 
 log = logging.getLogger(__name__)
 
 MAX_RESAMPLES = 20
-# Sampling ahead (see Learner): items one control-plane request asks for at
-# most by default, and whatever the caller asks.
-SAMPLE_AHEAD_ITEMS = 128
-MAX_SAMPLE_AHEAD_ITEMS = 4096
-# ... and at most this many bytes of items by default: a request's items stay
-# leased until its last batch is read, and an item evicted while leased keeps
-# its slot until then (10 MB items, batches of 4: 6 batches ahead, not 8).
-SAMPLE_AHEAD_BYTES = 256 << 20
-# A learner samples ahead only while sample() is called back to back: gaps
-# between one batch read and the next call shorter than this, twice running.
-# A training step between samples is longer; then a request asks one batch,
-# leases live one step, and priority updates show a batch later, as before.
-AHEAD_GAP = 0.001
-# Sample requests a learner keeps in flight while its replies carry cold
-# items (read from a node's disk tier while the control plane holds the
-# reply): the node then has the next request before it has finished the
-# current one, and the disk never waits for the learner's round trip. Each
-# adds one batch to the staging space a learner holds (docs/operations.md).
-COLD_DEPTH = 2
 # The prefetch thread asks the control plane in slices this long, so that
 # close() never waits long for a thread blocked on an empty table.
 PREFETCH_POLL = 0.5
-
-
-def _sample_ahead(asked: int | None, batch_size: int, consuming: bool,
-                  slot_bytes: int = 0) -> int:
-    """Batches per control-plane request (see Learner's `sample_ahead`);
-    `slot_bytes` (an item's slot) bounds the default by SAMPLE_AHEAD_BYTES."""
-    if consuming:
-        if asked not in (None, 1):
-            raise ConfigError(
-                f"sample_ahead={asked}: this table's sampling uses items up (max_times_sampled, "
-                "a queue or a rate limiter), so batches cannot be sampled ahead; leave it out")
-        return 1
-    if asked is None:
-        asked = sample_ahead_from_env()
-        if asked is None:
-            by_bytes = SAMPLE_AHEAD_BYTES // max(1, batch_size * slot_bytes)
-            return max(1, min(8, SAMPLE_AHEAD_ITEMS // batch_size, by_bytes))
-    if asked < 1 or asked * batch_size > MAX_SAMPLE_AHEAD_ITEMS:
-        raise ConfigError(
-            f"sample_ahead={asked} with batch_size={batch_size}: it must be at least 1 and ask "
-            f"for at most {MAX_SAMPLE_AHEAD_ITEMS} items per request (1 turns it off)")
-    return asked
 
 
 class Learner:
@@ -191,8 +155,9 @@ class Learner:
             raise ConfigError(f"sample_ahead={sample_ahead} samples ahead, which pipeline=False "
                               "rules out: leave one of them out")
         self.pipeline = pipeline
-        self.sample_ahead = _sample_ahead(sample_ahead, batch_size,
-                                          self._consuming or not pipeline, self.spec.slot_size)
+        self.sample_ahead = resolve_sample_ahead(sample_ahead, batch_size,
+                                                 self._consuming or not pipeline,
+                                                 self.spec.slot_size)
         self.priority_updates_missing = 0
         self._read = SLOT_HEADER + self.spec.item_bytes
         runtime = client.runtime
@@ -210,28 +175,10 @@ class Learner:
                      "are read over UCX", table)
             local_map = False
         self._rpc = client.connection()
-        self._session = self._rpc.session  # a new one means a new control-plane connection
-        self._done_leases: list[int] = []  # leases of batches already read
-        # Replies received but not yet used (a resample had to wait behind
-        # them); the requests still in flight are self._rpc.in_flight.
-        self._received: list[dict] = []
-        # Sample requests kept in flight ahead of the batch being read: one,
-        # or COLD_DEPTH while replies carry cold items (set in _next_reply).
-        self._depth = 1
-        # Batches of a reply sampled ahead, not yet read; the last one carries
-        # the reply's lease (released once every batch of it has been read).
-        self._ahead: list[dict] = []
-        self._fast = 0  # back-to-back samples in a row (see AHEAD_GAP), up to 2
-        self._read_at: float | None = None  # when the last batch was read
-        self.requests = 0  # sample requests sent to the control plane
-        # The first batch's locations are asked for first (without waiting for
-        # data): the control plane answers while the ring, the endpoints and
-        # the mappings are made below, so the first sample() finds the reply
-        # waiting. Not where sampling uses items up (see _consuming).
-        self._early = False
-        if pipeline and not self._consuming:
-            self._prefetch(0.0)
-            self._early = True
+        # Requests and replies of the control connection: pipelining, sampling
+        # ahead, cold depth and leases (the first request goes out now).
+        self._stream = SampleStream(self._rpc, table, batch_size, self.sample_ahead,
+                                    pipeline and not self._consuming)
         self._next = 0
         self._prefetcher: Prefetcher | None = None
         self._held: int | None = None  # ring slot of the batch the caller holds (GPU fences)
@@ -269,6 +216,11 @@ class Learner:
         read-only mapping of its arena), "cma" (same host, process_vm_readv)
         or "ucx:<transports>"."""
         return self._peers.paths
+
+    @property
+    def requests(self) -> int:
+        """Sample requests sent to the control plane."""
+        return self._stream.requests
 
     def sample(self, timeout: float | None = None) -> Batch:
         """The next batch; waits up to `timeout` s for the table to have items.
@@ -353,9 +305,7 @@ class Learner:
 
     def _sample(self, wait: float) -> tuple[int, Batch]:
         """Sample and read one batch into the next ring slot: (slot, batch)."""
-        now = time.monotonic()
-        if self._read_at is not None:
-            self._fast = min(self._fast + 1, 2) if now - self._read_at < AHEAD_GAP else 0
+        self._stream.starting()
         slot = self._next
         self._next = (self._next + 1) % len(self._ring)
         dest = self._ring.acquire(slot)
@@ -365,15 +315,15 @@ class Learner:
         locs = self._locs[slot] = np.empty(n, ITEM_LOCATION)  # re-checked at hand-out
         # each row's reply's smallest probability (the weights' P_min)
         min_probs = self._min_probs[slot] = np.empty(n, np.float64)
-        reply = self._next_reply(wait)
-        if self.pipeline and not self._consuming and not self._ahead:
-            self._top_up(wait)  # the last batch of a reply: ask for the next ones
-        if self._rpc.session != self._session:
-            self._new_session()
+        reply, renewed = self._stream.next(wait)
+        if renewed:
+            # A new control-plane connection (it restarted, or the link
+            # broke): a control plane that started afresh numbers nodes anew.
+            self._peers.forget_all("the control-plane connection is new")
         table_size = self._read_rows(reply, np.arange(n), dest, slot, keys, probs, min_probs,
                                      locs, wait)
         self._ring.fill(slot, n)
-        self._read_at = time.monotonic()
+        self._stream.read()
         weights = None
         if self.beta is not None:
             weights = importance_weights(probs, min_probs, self.beta)
@@ -404,18 +354,18 @@ class Learner:
             # The rows read so far are in dest: their leases, and the staged
             # copies of cold items under them, go back with the resample, so
             # a run of unreadable items never fills a node's staging area.
-            self._done_leases.extend(leases)
+            self._stream.release_later(leases)
             leases = []
             if attempt:
                 time.sleep(min(0.05 * attempt, 0.5))  # let the control plane drop a dead node
-            reply = self._resample(len(rows), wait)
+            reply = self._stream.resample(len(rows), wait)
         else:
-            self._done_leases.extend(leases)
+            self._stream.release_later(leases)
             raise ConnectionFailed(
                 f"table {self.table!r}: {len(rows)} of {n} items still unreadable after "
                 f"{MAX_RESAMPLES} resamples; storage nodes may be failing (see distore status)"
             )
-        self._done_leases.extend(leases)  # read: released with the next request
+        self._stream.release_later(leases)  # read: released with the next request
         return table_size
 
     def _retired_rows(self, slot: int) -> np.ndarray:
@@ -491,7 +441,7 @@ class Learner:
         dest = self._ring.acquire(slot)
         self.resampled += len(rows)
         min_probs = self._min_probs[slot]
-        batch.table_size = self._read_rows(self._resample(len(rows), wait), rows, dest, slot,
+        batch.table_size = self._read_rows(self._stream.resample(len(rows), wait), rows, dest, slot,
                                            batch.keys, batch.probabilities, min_probs,
                                            self._locs[slot], wait)
         self._ring.fill(slot, self.batch_size)
@@ -522,97 +472,6 @@ class Learner:
         )
         self.priority_updates_missing += reply["missing"]
         return {"updated": reply["updated"], "missing": reply["missing"]}
-
-    # -- control-plane requests (one connection, replies in order) --------
-    def _sample_fields(self, n: int, wait: float) -> dict:
-        self.requests += 1
-        release, self._done_leases = self._done_leases, []
-        fields = {"table": self.table, "n": n, "release": release, "timeout": wait}
-        if n > self.batch_size:  # sampled ahead: the answer may hold fewer batches
-            fields["batch"] = self.batch_size
-        return fields
-
-    def _next_reply(self, wait: float) -> dict:
-        """The next batch's reply: one sampled ahead, or a new reply split
-        into `sample_ahead` batches."""
-        if not self._ahead:
-            reply = self._new_reply(wait)
-            self._depth = COLD_DEPTH if reply.get("staged", 0) else 1
-            self._ahead = self._split(reply)
-        return self._ahead.pop(0)
-
-    def _split(self, reply: dict) -> list[dict]:
-        """A reply of k x batch_size items as k one-batch replies, in order;
-        only the last carries the lease (every batch of it must be read
-        before it is released)."""
-        items = reply["items"]
-        n = len(items) // ITEM_LOCATION.itemsize
-        if n <= self.batch_size:
-            return [reply]
-        probs = np.frombuffer(reply["probabilities"], np.float64)
-        b, rec = self.batch_size, ITEM_LOCATION.itemsize
-        parts = [dict(reply, lease=None, items=items[i * rec:(i + b) * rec],
-                      probabilities=probs[i:i + b]) for i in range(0, n, b)]
-        parts[-1]["lease"] = reply["lease"]
-        return parts
-
-    def _new_reply(self, wait: float) -> dict:
-        if self._received:
-            return self._received.pop(0)
-        while self._rpc.in_flight:
-            early, self._early = self._early, False
-            try:
-                return self._rpc.receive(wait + 10.0)
-            except ConnectionFailed as exc:
-                # The control plane went away with our requests (in_flight is
-                # now 0), or answered this one with a failure (a node left
-                # while it staged cold items) and the next is on its way:
-                # take the next, or ask again (the call waits for it to come
-                # back, up to the timeout).
-                log.warning("table %r: %s; asking again", self.table, exc)
-            except (NoData, RateLimiterTimeout):
-                if not early:
-                    raise
-                # The request made at creation does not wait for data: this
-                # one does, up to the caller's timeout.
-        return self._rpc.call("sample", reply_timeout=wait + 10.0,
-                              **self._sample_fields(self._ask, wait))
-
-    @property
-    def _ask(self) -> int:
-        """Items one sample request asks for: sample_ahead batches while
-        samples come back to back, else one."""
-        return self.batch_size * (self.sample_ahead if self._fast >= 2 else 1)
-
-    def _prefetch(self, wait: float) -> None:
-        self._rpc.send("sample", **self._sample_fields(self._ask, wait))
-
-    def _top_up(self, wait: float) -> None:
-        """Send sample requests until `_depth` are in flight or received
-        but unused. Cold items are read from disk by their node while the
-        control plane holds the reply; with two requests in flight the node
-        has the next batch's request before it has finished the current
-        one's, so the disk does not wait for the learner's round trip."""
-        while self._rpc.in_flight + len(self._received) < self._depth:
-            self._prefetch(wait)
-
-    def _resample(self, n: int, wait: float) -> dict:
-        while self._rpc.in_flight:  # their replies come first: keep them for the next batches
-            try:
-                self._received.append(self._rpc.receive(wait + 10.0))
-            except ConnectionFailed as exc:  # the rest went with the connection
-                log.warning("table %r: %s; asking again", self.table, exc)
-        return self._rpc.call("sample", reply_timeout=wait + 10.0, **self._sample_fields(n, wait))
-
-    def _new_session(self) -> None:
-        """A new control-plane connection (it restarted, or the link broke):
-        leases of the old one are gone, and a control plane that started
-        afresh numbers nodes anew, so look every node up again."""
-        self._session = self._rpc.session
-        self._done_leases = []
-        self._ahead = []  # sampled under the old connection: its leases are gone
-        self._received = []
-        self._peers.forget_all("the control-plane connection is new")
 
     def _gather(self, reply: dict, rows: np.ndarray, dest, slot: int) -> np.ndarray:
         """Read the sampled items into `rows` of dest; mask of rows that are good.
@@ -691,25 +550,7 @@ class Learner:
         # stopped a local cluster) gives up now rather than after `timeout` s.
         self._rpc.stop_reconnecting()
         self._stop_prefetch()
-        try:
-            if not self._rpc.connected:
-                # Lost with the control plane: its leases are gone or will
-                # expire; do not wait for it to come back just to say so.
-                self._received, self._done_leases, self._ahead = [], [], []
-            self._done_leases.extend(r["lease"] for r in self._ahead if r["lease"] is not None)
-            self._ahead = []
-            while self._rpc.in_flight:
-                try:
-                    self._received.append(self._rpc.receive(self.timeout + 10.0))
-                except (NoData, RateLimiterTimeout):
-                    pass  # that request was answered without a lease
-            self._done_leases.extend(r["lease"] for r in self._received)
-            self._received = []
-            if self._done_leases:
-                self._rpc.call("release", leases=self._done_leases)
-        except DistoreError:
-            pass  # the leases will expire
-        self._done_leases = []
+        self._stream.release_all(self.timeout)
         self._headers = None
         self._check_keys = {}
         self._peers.close()
