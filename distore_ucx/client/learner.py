@@ -41,7 +41,6 @@ from .._native_loader import _native
 from ..config import local_map_default
 from ..errors import (
     ConfigError,
-    ConnectionFailed,
     DistoreError,
     NoData,
     RateLimiterTimeout,
@@ -51,6 +50,7 @@ from ..spec import SLOT_HEADER
 from ..transport import capabilities
 from .batch import Batch
 from .device import Device, choose_path, resolve_framework
+from .gather import Gather
 from .lifecycle import ensure_open, mark_closed
 from .peers import PeerDirectory
 from .prefetch import Prefetcher, Stopped
@@ -64,7 +64,6 @@ from .sample_stream import resolve_sample_ahead as _sample_ahead  # noqa: F401  
 
 log = logging.getLogger(__name__)
 
-MAX_RESAMPLES = 20
 # The prefetch thread asks the control plane in slices this long, so that
 # close() never waits long for a thread blocked on an empty table.
 PREFETCH_POLL = 0.5
@@ -188,8 +187,6 @@ class Learner:
         self._header_layout = None  # their layout: headers only (made with _headers)
         self._check_keys: dict = {}  # node id -> (address, remote key) for those re-reads
         self._rows = np.arange(batch_size, dtype=np.uint64)  # rows of a ring slot's arrays
-        self.resampled = 0
-        self.torn = 0  # items whose slot was rewritten while copied (resampled)
         self.stats = metrics.LearnerStats()  # ds.metrics.registry() reads it
         self._ring = self._peers = None
         try:
@@ -205,6 +202,8 @@ class Learner:
                 if part is not None:
                     part.close()
             raise
+        self._gather = Gather(runtime, self._ring, self._peers, self._copy_pool, self._stream,
+                              self.stats, self._read)
         metrics.track("learner", self)
         log.info("learner on table %r: device=%s, path=%s, framework=%s, prefetch=%d, "
                  "UCX %s, UCX_TLS=%s", table, self.device, self.path, self.framework, prefetch,
@@ -221,6 +220,17 @@ class Learner:
     def requests(self) -> int:
         """Sample requests sent to the control plane."""
         return self._stream.requests
+
+    @property
+    def resampled(self) -> int:
+        """Items dropped (slot reused, node gone, evicted since read ahead)
+        and sampled again."""
+        return self._gather.resampled
+
+    @property
+    def torn(self) -> int:
+        """Items whose slot was rewritten while copied (resampled)."""
+        return self._gather.torn
 
     def sample(self, timeout: float | None = None) -> Batch:
         """The next batch; waits up to `timeout` s for the table to have items.
@@ -320,53 +330,14 @@ class Learner:
             # A new control-plane connection (it restarted, or the link
             # broke): a control plane that started afresh numbers nodes anew.
             self._peers.forget_all("the control-plane connection is new")
-        table_size = self._read_rows(reply, np.arange(n), dest, slot, keys, probs, min_probs,
-                                     locs, wait)
+        table_size = self._gather.read_rows(reply, np.arange(n), dest, slot, keys, probs,
+                                            min_probs, locs, wait, self.transfer_timeout)
         self._ring.fill(slot, n)
         self._stream.read()
         weights = None
         if self.beta is not None:
             weights = importance_weights(probs, min_probs, self.beta)
         return slot, Batch(None, keys, probs, table_size, weights)
-
-    def _read_rows(self, reply: dict, rows: np.ndarray, dest, slot: int, keys: np.ndarray,
-                   probs: np.ndarray, min_probs: np.ndarray, locs: np.ndarray,
-                   wait: float) -> int:
-        """Read `reply`'s items into `rows` of ring slot `slot`, resampling
-        those that fail their header check; fills keys, probabilities and
-        locations of those rows. Returns the table size of the last reply."""
-        n = len(rows)
-        leases = []
-        for attempt in range(MAX_RESAMPLES):
-            if reply["lease"] is not None:  # None: not the last batch of a reply
-                leases.append(reply["lease"])
-            table_size = reply["table_size"]
-            got = self._gather(reply, rows, dest, slot)
-            items = np.frombuffer(reply["items"], ITEM_LOCATION)
-            keys[rows[got]] = items["key"][got]
-            locs[rows[got]] = items[got]
-            probs[rows[got]] = np.frombuffer(reply["probabilities"], np.float64)[got]
-            min_probs[rows[got]] = reply.get("min_probability", 0.0)
-            rows = rows[~got]
-            if len(rows) == 0:
-                break
-            self.resampled += len(rows)
-            # The rows read so far are in dest: their leases, and the staged
-            # copies of cold items under them, go back with the resample, so
-            # a run of unreadable items never fills a node's staging area.
-            self._stream.release_later(leases)
-            leases = []
-            if attempt:
-                time.sleep(min(0.05 * attempt, 0.5))  # let the control plane drop a dead node
-            reply = self._stream.resample(len(rows), wait)
-        else:
-            self._stream.release_later(leases)
-            raise ConnectionFailed(
-                f"table {self.table!r}: {len(rows)} of {n} items still unreadable after "
-                f"{MAX_RESAMPLES} resamples; storage nodes may be failing (see distore status)"
-            )
-        self._stream.release_later(leases)  # read: released with the next request
-        return table_size
 
     def _retired_rows(self, slot: int) -> np.ndarray:
         """Rows of the batch in ring slot `slot` whose items left the table
@@ -439,11 +410,10 @@ class Learner:
         """On the prefetch thread: resample `rows` of a batch it read ahead
         (their items were evicted since) into the same ring slot."""
         dest = self._ring.acquire(slot)
-        self.resampled += len(rows)
         min_probs = self._min_probs[slot]
-        batch.table_size = self._read_rows(self._stream.resample(len(rows), wait), rows, dest, slot,
-                                           batch.keys, batch.probabilities, min_probs,
-                                           self._locs[slot], wait)
+        batch.table_size = self._gather.reread_rows(rows, dest, slot, batch.keys,
+                                                    batch.probabilities, min_probs,
+                                                    self._locs[slot], wait, self.transfer_timeout)
         self._ring.fill(slot, self.batch_size)
         if batch.weights is not None:
             batch.weights = importance_weights(batch.probabilities, min_probs, self.beta)
@@ -472,70 +442,6 @@ class Learner:
         )
         self.priority_updates_missing += reply["missing"]
         return {"updated": reply["updated"], "missing": reply["missing"]}
-
-    def _gather(self, reply: dict, rows: np.ndarray, dest, slot: int) -> np.ndarray:
-        """Read the sampled items into `rows` of dest; mask of rows that are good.
-
-        Items of mapped (same-host) nodes are copied and checked in one native
-        call that takes the control plane's records as they came; the rest
-        are read with UCX in another; both land each item's header in the
-        ring slot's header array and each field in that field's dense array,
-        and check every slot's header against the (key, generation) the
-        control plane gave."""
-        t0 = time.perf_counter()  # metrics: one gather
-        peers = self._peers
-        peers.sweep()  # a same-host node that died: unmap it now
-        raw = reply["items"]
-        dest_rows = self._rows[rows]
-        statuses = _native.mapped_gather_located(
-            peers.mappings, peers.map_lut, raw, dest_rows, self._ring.reads, dest,
-            self._copy_pool)
-        rest = statuses == _native.STATUS_NOT_MAPPED
-        unmapped = int(np.count_nonzero(rest))
-        if unmapped < len(rows):
-            self.stats.fetched("mapped", len(rows) - unmapped, (len(rows) - unmapped) * self._read)
-        if unmapped:
-            statuses[rest] = self._gather_unmapped(np.frombuffer(raw, ITEM_LOCATION)[rest],
-                                                   dest_rows[rest], rows[rest], dest, slot)
-        good = statuses == 0
-        if not good.all():
-            self.torn += int(np.count_nonzero(statuses == _native.STATUS_TORN))
-            failed = ((statuses != 0) & (statuses != _native.STATUS_TORN)
-                      & (statuses != _native.STATUS_STALE))
-            if failed.any():
-                nodes = np.frombuffer(raw, ITEM_LOCATION)["node"]
-                for node_id in np.unique(nodes[failed]):  # once per failed node
-                    peers.forget(int(node_id), "reads from it failed")
-        self.stats.gather.observe(time.perf_counter() - t0)
-        return good
-
-    def _gather_unmapped(self, items: np.ndarray, dest_rows: np.ndarray, rows: np.ndarray,
-                         dest, slot: int) -> np.ndarray:
-        """Statuses of items whose nodes are not mapped: nodes met for the
-        first time are looked up (and mapped, if they can be), the rest read
-        with one UCX gather and their headers checked."""
-        peers = self._peers
-        nodes = items["node"]
-        for node_id in np.flatnonzero(np.bincount(nodes)):  # once per node, not per item
-            peers.check(int(node_id))  # known ones cost a dict look-up
-        statuses = _native.mapped_gather_located(  # a node just met may be mapped now
-            peers.mappings, peers.map_lut, items.tobytes(), dest_rows, self._ring.reads, dest,
-            self._copy_pool)
-        index = peers.key_lut[nodes]
-        u = (statuses == _native.STATUS_NOT_MAPPED) & (index >= 0)
-        statuses[statuses == _native.STATUS_NOT_MAPPED] = _native.STATUS_UNREACHABLE  # gone
-        if u.any():
-            k = int(u.sum())
-            got = _native.gather_dense(
-                self._runtime.reader_worker, peers.rkeys, index[u].astype(np.uint32),
-                peers.base_lut[nodes[u]] + items["offset"][u], dest_rows[u], self._ring.reads,
-                dest, self._ring.staging(), self.transfer_timeout,
-            )
-            self.stats.fetched("ucx", k, k * self._read)
-            header = self._ring.headers(slot)[rows[u]]  # (k, 2): key, generation
-            same = (header[:, 0] == items["key"][u]) & (header[:, 1] == items["generation"][u])
-            statuses[u] = np.where((got == 0) & ~same, _native.STATUS_STALE, got)
-        return statuses
 
     def _stop_prefetch(self) -> None:
         if self._prefetcher is not None:
