@@ -1,14 +1,16 @@
 """Learner: samples batches straight into a registered buffer, one-sided.
 
-For each batch the learner asks the control plane for n items (one round
-trip, which also releases the previous batch's lease), then makes one native
-call that posts a UCX get for every item, from every storage node, into one
-destination buffer. Each slot's header (key, generation) comes in the same
-read and is checked: an item whose slot was reused, or whose node failed
-mid-read, is dropped and resampled, never returned. The next batch's
-request is sent before the current batch is read; while replies carry cold
-items (read from a node's disk tier first) two are kept in flight, so the
-node reads one batch while the other's reads complete (COLD_DEPTH).
+For each batch the learner takes the next reply of its sample stream
+(client/sample_stream.py): n items from the control plane in one round
+trip, which also releases the previous batch's lease; the next batch's
+request is sent before the current batch is read, and while replies carry
+cold items (read from a node's disk tier first) two are kept in flight.
+It then reads the items into one destination buffer (client/gather.py):
+same-host arenas it has mapped in one native call, the rest with one UCX
+get per item, from every storage node, in another. Each slot's header
+(key, generation) comes in the same read and is checked: an item whose
+slot was reused, or whose node failed mid-read, is dropped and resampled,
+never returned.
 
 Batches land on the learner's device (client/device.py: "cpu" or
 "cuda:N"; numpy, torch or CuPy) through a ring of `prefetch + 1`
@@ -16,15 +18,15 @@ destination buffers mapped once (client/ring.py). `batch.data` holds views
 into one ring slot: a batch from `sample()` stays valid until `prefetch + 1`
 more batches have been sampled; a batch from iterating the learner stays
 valid until the next one is taken (the background thread then refills its
-slot). `batch.clone()` keeps a copy.
+slot). `batch.clone()` keeps a copy (client/batch.py).
 
 Iterating (`for batch in learner`) keeps `prefetch` batches in flight on a
 background thread (client/prefetch.py) that then does all of this
 learner's sampling: the control connection and the UCX gather are used
 from one thread only. A batch it read ahead has its slot headers read again
-when handed out: rows whose items were evicted since (their nodes mark the
-slots before the evicting insert is acknowledged) are resampled in place
-by the thread first, so no batch handed out holds an item evicted before.
+when handed out (client/recheck.py): rows whose items were evicted since
+are resampled in place by the thread first, so no batch handed out holds
+an item evicted before.
 """
 
 from __future__ import annotations
@@ -39,12 +41,7 @@ import numpy as np
 from .. import metrics
 from .._native_loader import _native
 from ..config import local_map_default
-from ..errors import (
-    ConfigError,
-    DistoreError,
-    NoData,
-    RateLimiterTimeout,
-)
+from ..errors import ConfigError, DistoreError, NoData, RateLimiterTimeout
 from ..protocol import ITEM_LOCATION
 from ..spec import SLOT_HEADER
 from ..transport import capabilities
@@ -54,6 +51,7 @@ from .gather import Gather
 from .lifecycle import ensure_open, mark_closed
 from .peers import PeerDirectory
 from .prefetch import Prefetcher, Stopped
+from .recheck import HeaderRecheck
 from .ring import Ring
 from .sample_stream import SampleStream, resolve_sample_ahead
 from .weights import importance_weights
@@ -183,10 +181,6 @@ class Learner:
         self._held: int | None = None  # ring slot of the batch the caller holds (GPU fences)
         self._locs: list = [None] * (prefetch + 1)  # per ring slot: its items' locations
         self._min_probs: list = [None] * (prefetch + 1)  # per ring slot: each row's P_min
-        self._headers = None  # where batches fetched ahead have their headers re-read
-        self._header_layout = None  # their layout: headers only (made with _headers)
-        self._check_keys: dict = {}  # node id -> (address, remote key) for those re-reads
-        self._rows = np.arange(batch_size, dtype=np.uint64)  # rows of a ring slot's arrays
         self.stats = metrics.LearnerStats()  # ds.metrics.registry() reads it
         self._ring = self._peers = None
         try:
@@ -204,6 +198,7 @@ class Learner:
             raise
         self._gather = Gather(runtime, self._ring, self._peers, self._copy_pool, self._stream,
                               self.stats, self._read)
+        self._recheck = HeaderRecheck(client, runtime, self._peers)
         metrics.track("learner", self)
         log.info("learner on table %r: device=%s, path=%s, framework=%s, prefetch=%d, "
                  "UCX %s, UCX_TLS=%s", table, self.device, self.path, self.framework, prefetch,
@@ -285,7 +280,7 @@ class Learner:
         except BaseException:
             self._stop_prefetch()  # the thread has ended; the next iteration restarts it
             raise
-        stale = self._retired_rows(slot)
+        stale = self._recheck.retired_rows(self._locs[slot], self.transfer_timeout)
         if len(stale):
             # Items evicted after the thread read them (their slots are
             # marked): never handed out, resampled in place by the thread.
@@ -339,73 +334,6 @@ class Learner:
             weights = importance_weights(probs, min_probs, self.beta)
         return slot, Batch(None, keys, probs, table_size, weights)
 
-    def _retired_rows(self, slot: int) -> np.ndarray:
-        """Rows of the batch in ring slot `slot` whose items left the table
-        since they were read (evicted while this learner held them: their
-        node marked the slots, control/retirements.py), found by reading
-        every slot header again in place: one native call for mapped nodes,
-        one small UCX gather for the rest. A header that cannot be read
-        counts as retired (the row is resampled). Runs on the consumer's
-        thread while the prefetch thread reads the next batches: it only
-        reads the peers' current tables (replaced, never changed in place)."""
-        locs = self._locs[slot]
-        n = len(locs)
-        if self._headers is None:
-            self._headers = self._runtime.map_region(n * 16)
-            # headers only: row r's [key, generation] at r * 16, no fields
-            self._header_layout = _native.BatchLayout(n, 0, np.zeros(0, np.uint64),
-                                                      np.zeros(0, np.uint64),
-                                                      np.zeros(0, np.uint64))
-        peers = self._peers
-        mappings, map_lut = peers.mappings, peers.map_lut
-        rkeys, key_lut, base_lut = peers.rkeys, peers.key_lut, peers.base_lut
-        rows16 = np.arange(n, dtype=np.uint64) * np.uint64(16)
-        statuses = _native.mapped_gather_located(mappings, map_lut, locs.tobytes(),
-                                                 self._rows[:n], self._header_layout,
-                                                 self._headers, None)
-        rest = np.flatnonzero(statuses == _native.STATUS_NOT_MAPPED)
-        if len(rest):
-            statuses[rest] = _native.STATUS_UNREACHABLE  # unless read below
-            header = self._headers.view().view(np.uint64).reshape(n, 2)
-            for node_id in np.unique(locs["node"][rest]).tolist():
-                u = rest[locs["node"][rest] == node_id]
-                worker, key = self._check_key(node_id, rkeys, key_lut)
-                if key is None:
-                    continue
-                got = _native.gather(
-                    worker, [key], np.zeros(len(u), np.uint32),
-                    base_lut[node_id] + locs["offset"][u], np.full(len(u), 16, np.uint64),
-                    self._headers, rows16[u], self.transfer_timeout)
-                same = ((header[u, 0] == locs["key"][u])
-                        & (header[u, 1] == locs["generation"][u]))
-                statuses[u] = np.where((got == 0) & ~same, _native.STATUS_STALE, got)
-                if (got != 0).any():
-                    self._check_keys.pop(node_id, None)  # made again next time
-        return np.flatnonzero(statuses != 0)
-
-    def _check_key(self, node_id: int, rkeys: list, key_lut: np.ndarray):
-        """(worker, remote key) to re-read a node's headers from the consumer's
-        thread. A same-host node read with process_vm_readv: its key, on the
-        reader worker (no round trip). Over UCX: a key of our own on the main
-        worker's endpoint, whose connection carries no batch reads, so the
-        16-byte reads do not wait behind the prefetch thread's (over TCP the
-        node answers each connection in order). (None, None): unknown node."""
-        peer = self._peers.get(node_id)
-        if peer is None or node_id >= len(key_lut) or key_lut[node_id] < 0:
-            return None, None
-        if peer.path == "cma":
-            return self._runtime.reader_worker, rkeys[key_lut[node_id]]
-        key = self._check_keys.get(node_id)
-        if key is None or key[0] != peer.worker_address:
-            desc = next((d for d in self._client.nodes() if d["node_id"] == node_id), None)
-            if desc is None or desc["worker_address"] != peer.worker_address:
-                return None, None
-            ep = self._runtime.endpoint(peer.worker_address, peer.name)
-            key = (peer.worker_address, _native.RemoteKey(
-                ep, desc["rkey"], desc["arena_base"], desc["arena_size"], peer.name))
-            self._check_keys[node_id] = key
-        return self._runtime.worker, key[1]
-
     def _repair(self, slot: int, batch: Batch, rows: np.ndarray, wait: float) -> Batch:
         """On the prefetch thread: resample `rows` of a batch it read ahead
         (their items were evicted since) into the same ring slot."""
@@ -457,8 +385,7 @@ class Learner:
         self._rpc.stop_reconnecting()
         self._stop_prefetch()
         self._stream.release_all(self.timeout)
-        self._headers = None
-        self._check_keys = {}
+        self._recheck.close()
         self._peers.close()
         self._ring.close()
         self._rpc.close()
