@@ -116,11 +116,11 @@ def test_a_table_that_never_left_dram_samples_ahead_beside_a_cold_one(make_clust
             if i % 8 == 7:
                 check(batch, key_to_idx)
         asked = client.table_info(name)["samples"]
-        ahead = learner._rpc.in_flight + len(learner._received)  # requests asked ahead
+        ahead = learner._rpc.in_flight + len(learner._stream.received)  # requests asked ahead
         if name == "hot":  # 4 batches a request once sampling back to back
             assert learner.requests <= 15 and asked >= 40 * 4 and ahead <= 1
         else:  # one a request, and two asked ahead: the node reads one while
-            # the other's reads finish (learner.COLD_DEPTH)
+            # the other's reads finish (sample_stream.COLD_DEPTH)
             assert learner.requests >= 40 and asked <= 42 * 4 and ahead == 2
         learner.close()
         # Closing released every lease, those of the requests asked ahead

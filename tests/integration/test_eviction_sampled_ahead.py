@@ -44,7 +44,7 @@ def test_sampled_ahead_then_evicted_is_never_returned(make_cluster, tls):
         # Back to back: the learner's requests then ask for 4 batches ahead.
         for batch in [learner.sample().clone() for _ in range(6)]:
             check(batch, set())
-        assert learner._ahead, "the learner did not sample ahead"
+        assert learner._stream.ahead, "the learner did not sample ahead"
         fill(client, 100, 5)  # evicts items 0, 1, 2 (Fifo), some of them leased
         for _ in range(20):
             check(learner.sample(), {0, 1, 2})

@@ -1,0 +1,52 @@
+"""A sampled batch: what `Learner.sample()` hands out.
+
+Its data are views into one slot of the learner's ring (client/ring.py),
+valid until the slot comes round again; `clone()` keeps a copy.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+
+@dataclass
+class Batch:
+    """A sampled batch.
+
+    data: {field: array [n, ...]} (or one array for an unnamed spec), views
+    into the learner's buffer; keys: uint64 [n]; probabilities: float64 [n],
+    each item's probability when it was sampled; table_size: the table's
+    size at sampling time; weights: importance weights
+    (P(i) / P_min)^-beta when the learner was given `beta`, else None, where
+    P_min is the smallest probability of any item in the table when the
+    batch was drawn: the same as (N * P(i))^-beta / max_j (N * P(j))^-beta
+    over the whole table, TorchRL's and the PER paper's normalisation (the
+    table's least likely item weighs 1; weights never depend on the batch).
+    """
+
+    data: Any
+    keys: np.ndarray
+    probabilities: np.ndarray
+    table_size: int
+    weights: np.ndarray | None = None
+
+    def clone(self) -> Batch:
+        """A copy that stays valid after the learner reuses its buffer (on the
+        same device, in the same framework)."""
+        if isinstance(self.data, dict):
+            data = {k: _copy(v) for k, v in self.data.items()}
+        else:
+            data = _copy(self.data)
+        weights = None if self.weights is None else self.weights.copy()
+        return Batch(data, self.keys.copy(), self.probabilities.copy(), self.table_size, weights)
+
+    def __len__(self) -> int:
+        return len(self.keys)
+
+
+def _copy(x):
+    # numpy and CuPy arrays copy(); torch tensors clone().
+    return x.clone() if hasattr(x, "clone") else x.copy()

@@ -1,0 +1,166 @@
+"""Reading a sampled batch's items into a ring slot: the gather.
+
+The control plane answers a sample request with one record per item (node,
+offset, key, generation: protocol.ITEM_LOCATION). Each item is read by the
+path its node is reached by (client/peers.py): items of mapped (same-host)
+nodes are copied from the node's arena with plain loads, in one native call
+that takes the records as they came (`_native.mapped_gather_located`); the
+rest are read with one UCX gather (`_native.gather_dense`), one get per
+item into the ring's host staging area, then scattered. Both land each
+item in the dense layout of the ring slot (client/ring.py): its slot header
+in the slot's (n, 2) header array and each field in that field's own
+[n, ...] array. Every header read is checked against the (key, generation)
+the control plane gave; a row that fails (slot reused, torn while copied,
+node gone) is never used: it is resampled (a new request of the learner's
+sample stream) and read again, up to MAX_RESAMPLES times.
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from .._native_loader import _native
+from ..errors import ConnectionFailed
+from ..protocol import ITEM_LOCATION
+
+MAX_RESAMPLES = 20
+
+
+class Gather:
+    """Reads batches into the slots of `ring` from the nodes of `peers`
+    (a PeerDirectory), copying mapped nodes' items on `copy_pool`, asking
+    `stream` (a SampleStream) for new items in place of rows that fail;
+    counts what it read in `stats` (metrics.LearnerStats). Used from one
+    thread at a time (the prefetch thread, while the learner is iterated).
+
+    `resampled`: items dropped (slot reused, node gone) and sampled again;
+    `torn`: items whose slot was rewritten while they were copied.
+    """
+
+    def __init__(self, runtime, ring, peers, copy_pool, stream, stats, item_read: int):
+        self._runtime = runtime
+        self._ring = ring
+        self._peers = peers
+        self._copy_pool = copy_pool
+        self._stream = stream
+        self._stats = stats
+        self._read = item_read  # bytes read per item: slot header and item
+        self._rows = np.arange(ring.batch_size, dtype=np.uint64)  # rows of a ring slot's arrays
+        self.resampled = 0
+        self.torn = 0
+
+    def read_rows(self, reply: dict, rows: np.ndarray, dest, slot: int, keys: np.ndarray,
+                  probs: np.ndarray, min_probs: np.ndarray, locs: np.ndarray, wait: float,
+                  timeout: float) -> int:
+        """Read `reply`'s items into `rows` of ring slot `slot`, resampling
+        those that fail their header check; fills keys, probabilities and
+        locations of those rows. Returns the table size of the last reply."""
+        n = len(rows)
+        leases = []
+        for attempt in range(MAX_RESAMPLES):
+            if reply["lease"] is not None:  # None: not the last batch of a reply
+                leases.append(reply["lease"])
+            table_size = reply["table_size"]
+            got = self.read(reply, rows, dest, slot, timeout)
+            items = np.frombuffer(reply["items"], ITEM_LOCATION)
+            keys[rows[got]] = items["key"][got]
+            locs[rows[got]] = items[got]
+            probs[rows[got]] = np.frombuffer(reply["probabilities"], np.float64)[got]
+            min_probs[rows[got]] = reply.get("min_probability", 0.0)
+            rows = rows[~got]
+            if len(rows) == 0:
+                break
+            self.resampled += len(rows)
+            # The rows read so far are in dest: their leases, and the staged
+            # copies of cold items under them, go back with the resample, so
+            # a run of unreadable items never fills a node's staging area.
+            self._stream.release_later(leases)
+            leases = []
+            if attempt:
+                time.sleep(min(0.05 * attempt, 0.5))  # let the control plane drop a dead node
+            reply = self._stream.resample(len(rows), wait)
+        else:
+            self._stream.release_later(leases)
+            raise ConnectionFailed(
+                f"table {self._stream.table!r}: {len(rows)} of {n} items still unreadable after "
+                f"{MAX_RESAMPLES} resamples; storage nodes may be failing (see distore status)"
+            )
+        self._stream.release_later(leases)  # read: released with the next request
+        return table_size
+
+    def reread_rows(self, rows: np.ndarray, dest, slot: int, keys: np.ndarray,
+                    probs: np.ndarray, min_probs: np.ndarray, locs: np.ndarray, wait: float,
+                    timeout: float) -> int:
+        """Resample `rows` of a batch already read (their items were evicted
+        since) and read the new items into the same rows; see read_rows."""
+        self.resampled += len(rows)
+        return self.read_rows(self._stream.resample(len(rows), wait), rows, dest, slot, keys,
+                              probs, min_probs, locs, wait, timeout)
+
+    def read(self, reply: dict, rows: np.ndarray, dest, slot: int,
+             timeout: float) -> np.ndarray:
+        """Read the sampled items into `rows` of dest; mask of rows that are good.
+
+        Items of mapped (same-host) nodes are copied and checked in one native
+        call that takes the control plane's records as they came; the rest
+        are read with UCX in another (each get given `timeout` s); both land
+        each item's header in the ring slot's header array and each field in
+        that field's dense array, and check every slot's header against the
+        (key, generation) the control plane gave. Nodes whose reads failed
+        are forgotten (looked up again when next met)."""
+        t0 = time.perf_counter()  # metrics: one gather
+        peers = self._peers
+        peers.sweep()  # a same-host node that died: unmap it now
+        raw = reply["items"]
+        dest_rows = self._rows[rows]
+        statuses = _native.mapped_gather_located(
+            peers.mappings, peers.map_lut, raw, dest_rows, self._ring.reads, dest,
+            self._copy_pool)
+        rest = statuses == _native.STATUS_NOT_MAPPED
+        unmapped = int(np.count_nonzero(rest))
+        if unmapped < len(rows):
+            self._stats.fetched("mapped", len(rows) - unmapped, (len(rows) - unmapped) * self._read)
+        if unmapped:
+            statuses[rest] = self._unmapped(np.frombuffer(raw, ITEM_LOCATION)[rest],
+                                            dest_rows[rest], rows[rest], dest, slot, timeout)
+        good = statuses == 0
+        if not good.all():
+            self.torn += int(np.count_nonzero(statuses == _native.STATUS_TORN))
+            failed = ((statuses != 0) & (statuses != _native.STATUS_TORN)
+                      & (statuses != _native.STATUS_STALE))
+            if failed.any():
+                nodes = np.frombuffer(raw, ITEM_LOCATION)["node"]
+                for node_id in np.unique(nodes[failed]):  # once per failed node
+                    peers.forget(int(node_id), "reads from it failed")
+        self._stats.gather.observe(time.perf_counter() - t0)
+        return good
+
+    def _unmapped(self, items: np.ndarray, dest_rows: np.ndarray, rows: np.ndarray,
+                  dest, slot: int, timeout: float) -> np.ndarray:
+        """Statuses of items whose nodes are not mapped: nodes met for the
+        first time are looked up (and mapped, if they can be), the rest read
+        with one UCX gather and their headers checked."""
+        peers = self._peers
+        nodes = items["node"]
+        for node_id in np.flatnonzero(np.bincount(nodes)):  # once per node, not per item
+            peers.check(int(node_id))  # known ones cost a dict look-up
+        statuses = _native.mapped_gather_located(  # a node just met may be mapped now
+            peers.mappings, peers.map_lut, items.tobytes(), dest_rows, self._ring.reads, dest,
+            self._copy_pool)
+        index = peers.key_lut[nodes]
+        u = (statuses == _native.STATUS_NOT_MAPPED) & (index >= 0)
+        statuses[statuses == _native.STATUS_NOT_MAPPED] = _native.STATUS_UNREACHABLE  # gone
+        if u.any():
+            k = int(u.sum())
+            got = _native.gather_dense(
+                self._runtime.reader_worker, peers.rkeys, index[u].astype(np.uint32),
+                peers.base_lut[nodes[u]] + items["offset"][u], dest_rows[u], self._ring.reads,
+                dest, self._ring.staging(), timeout,
+            )
+            self._stats.fetched("ucx", k, k * self._read)
+            header = self._ring.headers(slot)[rows[u]]  # (k, 2): key, generation
+            same = (header[:, 0] == items["key"][u]) & (header[:, 1] == items["generation"][u])
+            statuses[u] = np.where((got == 0) & ~same, _native.STATUS_STALE, got)
+        return statuses
