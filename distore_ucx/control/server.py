@@ -23,9 +23,7 @@ from ..errors import (
     ConfigError,
     InvalidRequest,
     LimitExceeded,
-    NoData,
     NodeGone,
-    RateLimiterTimeout,
     TableExists,
     TableNotFound,
 )
@@ -34,6 +32,7 @@ from ..slot_format import stride_of
 from ..table_definition import TableDefinition
 from ..transport.rpc import Peer, serve
 from . import checkpoint
+from .admission import Admission
 from .checkpoint import KEY_BITS, IdState, Image
 from .leases import Leases
 from .membership import GONE, Membership
@@ -71,7 +70,7 @@ class ControlPlane:
         self.demotions = Demotions()  # full nodes' demotion candidates, one scan for many
         self.retirements = Retirements(self.members)  # evicted leased slots being marked
         self.room = Room(np.random.default_rng(config.seed))  # full arenas: what to evict
-        self._changed: dict[str, asyncio.Event] = {}  # set when a table's counts change
+        self.admission = Admission()  # calls a rate limiter holds (control/admission.py)
         self._seed = itertools.count(config.seed) if config.seed is not None else None
         self._stop = asyncio.Event()
         self._restoring: Restore | None = None  # nodes may re-send their items meanwhile
@@ -280,56 +279,6 @@ class ControlPlane:
             )
         return table
 
-    def _touch(self, table: Table) -> None:
-        """Wake every call waiting on this table's rate limiter."""
-        event = self._changed.pop(table.name, None)
-        if event is not None:
-            event.set()
-
-    async def _wait(self, table: Table, ready, what: str, n: int, timeout: float) -> None:
-        """Wait until ready() holds, or raise RateLimiterTimeout (NoData when too few items)."""
-        deadline = time.monotonic() + timeout
-        if ready():
-            return
-        stats = table.stats  # metrics: one hold per held call
-        stats.holds[what] += 1
-        stats.waiting[what] += 1
-        try:
-            await self._hold(table, ready, what, n, timeout, deadline)
-        except RateLimiterTimeout:  # NoData too
-            stats.timeouts[what] += 1
-            raise
-        finally:
-            stats.waiting[what] -= 1
-
-    async def _hold(self, table: Table, ready, what: str, n: int, timeout: float,
-                    deadline: float) -> None:
-        while not ready():
-            left = deadline - time.monotonic()
-            if left <= 0:
-                state = table.limiter_state()
-                counts = (
-                    f"size {table.size}, inserts {table.inserts}, samples {table.samples}, "
-                    f"diff {state['diff']:g} (allowed {state['min_diff']:g}..{state['max_diff']:g})"
-                )
-                if what == "sample" and table.size < max(1, state["min_size_to_sample"]):
-                    raise NoData(
-                        f"table {table.name!r} has no items to sample yet ({counts}; needs "
-                        f"{state['min_size_to_sample']}); insert and flush first, or wait longer"
-                    )
-                raise RateLimiterTimeout(
-                    f"table {table.name!r}: the {state['kind']} rate limiter held "
-                    f"{'an' if what == 'insert' else 'a'} {what} of {n} "
-                    f"items for {timeout:g} s ({counts}). "
-                    + ("Sample more, or insert more slowly."
-                       if what == "insert" else "Insert more, or sample more slowly.")
-                )
-            event = self._changed.setdefault(table.name, asyncio.Event())
-            try:
-                await asyncio.wait_for(event.wait(), left)
-            except asyncio.TimeoutError:
-                pass
-
     def _free(self, table: str, freed: Freed) -> None:
         """Tell the owning nodes to reuse these slots (dead nodes are skipped)."""
         if len(freed.nodes) == 0:
@@ -361,7 +310,7 @@ class ControlPlane:
             table = self.tables.get(lease.table)
             if table is not None:
                 self._free(table.name, table.unlease(lease.recs))
-                self._touch(table)
+                self.admission.touch(table)
 
     # -- requests --------------------------------------------------------
     async def handle(self, peer: Peer, op: str, f: dict):
@@ -412,7 +361,7 @@ class ControlPlane:
         table, freed, counts = self._restoring.items(self.tables, node_id, f)
         self._free(f["table"], freed)
         if table is not None:
-            self._touch(table)
+            self.admission.touch(table)
         return counts
 
     def op_items_resent(self, peer: Peer, f: dict) -> dict:
@@ -583,13 +532,7 @@ class ControlPlane:
         n = len(f["keys"])
         if (f["priorities"] < 0).any():
             raise InvalidRequest("priorities must be >= 0")
-        if not table.rate_limiter.admits_insert_batch(n):
-            raise ConfigError(
-                f"table {table.name!r}: its {table.rate_limiter.kind} rate limiter can never "
-                f"admit a batch of {n} inserts at once; send smaller batches "
-                "(client.writer(max_items=...))"
-            )
-        await self._wait(table, lambda: table.can_insert(n), "insert", n, f.get("timeout", 60.0))
+        await self.admission.insert(table, n, f.get("timeout", 60.0))
         self._check_placed(node_id, f)
         if "used_bytes" in f:
             self.members.nodes[node_id].used_bytes = f["used_bytes"]
@@ -610,7 +553,7 @@ class ControlPlane:
         # Items of this batch evicted at once are freed too: the node holds
         # a free until the registrations in flight when it came are committed.
         self._free(table.name, freed)
-        self._touch(table)
+        self.admission.touch(table)
         # Evicted items a learner sampled ahead: their nodes mark the slots
         # retired before the insert is acknowledged (control/retirements.py).
         await self.retirements.mark(table.name, retired)
@@ -672,7 +615,7 @@ class ControlPlane:
                 "read batches (a learner releases each batch with its next request; close "
                 "idle learners), or raise --max-leased-items"
             )
-        await self._wait(table, lambda: table.can_sample(n), "sample", n, f.get("timeout", 0.0))
+        await self.admission.sample(table, n, f.get("timeout", 0.0))
         if self.leases.held(peer) + n > limit:
             # Samples of one connection run concurrently (a learner keeps two
             # in flight for cold items): another may have been granted while
@@ -694,7 +637,7 @@ class ControlPlane:
         if away and not table.max_times_sampled:
             recs, probs, freed = self._route_around(table, recs, probs, freed, away)
         self._free(table.name, freed)
-        self._touch(table)
+        self.admission.touch(table)
         lease = self.leases.grant(table.name, recs, peer)
         items = table.locations(recs)  # protocol.ITEM_LOCATION records
         table.stats.decision.observe(time.perf_counter() - t0)
@@ -775,7 +718,7 @@ class ControlPlane:
         recs = self.room.pick(table, node_id, f["n"])
         freed = table.evict(recs)  # unleased: every slot is freed
         if len(recs):
-            self._touch(table)
+            self.admission.touch(table)
             log.debug("table %r: %d items evicted to make room on node %d", table.name,
                       len(recs), node_id)
         s = table.store
@@ -791,7 +734,7 @@ class ControlPlane:
             raise InvalidRequest("priorities must be >= 0")
         table = self._table(f["table"])
         updated = table.update_priorities(f["keys"], f["priorities"])
-        self._touch(table)
+        self.admission.touch(table)
         return {"updated": updated, "missing": len(f["keys"]) - updated}
 
     def op_release(self, peer: Peer, f: dict) -> dict:
