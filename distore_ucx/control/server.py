@@ -17,7 +17,7 @@ import time
 import numpy as np
 
 from .. import metrics
-from ..config import ControlConfig, read_token
+from ..config import ControlConfig
 from ..errors import (
     CheckpointError,
     ConfigError,
@@ -30,10 +30,11 @@ from ..errors import (
 from ..roles import write_ready
 from ..slot_format import stride_of
 from ..table_definition import TableDefinition
-from ..transport.rpc import Peer, serve
+from ..transport.rpc import Peer
 from . import checkpoint
 from .admission import Admission
 from .checkpoint import KEY_BITS, IdState, Image
+from .dispatch import Dispatcher
 from .leases import Leases
 from .membership import GONE, Membership
 from .restore import Restore
@@ -80,6 +81,7 @@ class ControlPlane:
         self.stats = metrics.ControlStats()  # read at scrape time (metrics.py)
         self.metrics_server: metrics.MetricsServer | None = None
         self.port = None
+        self.dispatch = Dispatcher(self)  # op -> the handler that serves it
 
     # -- lifecycle -------------------------------------------------------
     async def run(self, ready_file: str | None = None) -> int:
@@ -170,16 +172,7 @@ class ControlPlane:
 
     async def start(self):
         """Start serving and the housekeeping task; returns the server."""
-        server = await serve(
-            self.config.host, self.config.port, self.handle, self._on_close,
-            concurrent=frozenset({"items_added"}),  # may wait on a rate limiter
-            # A learner keeps two samples in flight while they draw cold
-            # items: the second one's node reads while the first one's does.
-            ordered=frozenset({"sample"}),
-            token=read_token(self.config.token_file),
-            max_frame=self.config.max_frame, max_pending=self.config.max_pending,
-            role="control plane",
-        )
+        server = await self.dispatch.serve(self.config, self._on_close)
         self.port = server.sockets[0].getsockname()[1]
         loop = asyncio.get_running_loop()
         self._tasks = [loop.create_task(self._housekeeping())]
@@ -314,13 +307,8 @@ class ControlPlane:
 
     # -- requests --------------------------------------------------------
     async def handle(self, peer: Peer, op: str, f: dict):
-        """Answer one request (the dispatcher given to rpc.serve)."""
-        method = getattr(self, "op_" + op, None)
-        if method is None:
-            raise InvalidRequest(f"the control plane does not serve {op!r}: is the peer a "
-                                 "distore-ucx client or node of the same version?")
-        result = method(peer, f)
-        return await result if asyncio.iscoroutine(result) else result
+        """Answer one request, as the server does (dispatch.py)."""
+        return await self.dispatch.handle(peer, op, f)
 
     def op_register_node(self, peer: Peer, f: dict) -> dict:
         """A node joins, or re-joins after losing us with its former id.
