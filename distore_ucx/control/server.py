@@ -24,24 +24,22 @@ from ..errors import (
     InvalidRequest,
     LimitExceeded,
     NodeGone,
-    TableExists,
-    TableNotFound,
 )
 from ..roles import write_ready
-from ..slot_format import stride_of
-from ..table_definition import TableDefinition
 from ..transport.rpc import Peer
 from . import checkpoint
 from .admission import Admission
+from .catalog import Catalog
 from .checkpoint import KEY_BITS, IdState, Image
 from .dispatch import Dispatcher
 from .leases import Leases
 from .membership import GONE, Membership
+from .reclaim import Reclaim
 from .restore import Restore
 from .retirements import Retirements
-from .room import Room, fits
+from .room import Room
 from .tables import Freed, Table
-from .tiers import COLD, Demotions, Tiers, apply_moves, cold_items
+from .tiers import COLD, Demotions, Tiers, apply_moves
 
 log = logging.getLogger(__name__)
 
@@ -59,7 +57,6 @@ class ControlPlane:
 
     def __init__(self, config: ControlConfig):
         self.config = config
-        self.tables: dict[str, Table] = {}
         # Writer, node and lease ids never repeat across restarts (keys are
         # built from writer ids); with a checkpoint file they are persisted.
         self.ids = IdState(config.checkpoint + ".ids" if config.checkpoint else None)
@@ -72,7 +69,13 @@ class ControlPlane:
         self.retirements = Retirements(self.members)  # evicted leased slots being marked
         self.room = Room(np.random.default_rng(config.seed))  # full arenas: what to evict
         self.admission = Admission()  # calls a rate limiter holds (control/admission.py)
-        self._seed = itertools.count(config.seed) if config.seed is not None else None
+        # New and restored tables' sampler seeds (None: random).
+        seeds = itertools.count(config.seed) if config.seed is not None else None
+        self.catalog = Catalog(self.members, self.admission, seeds)
+        self.tables: dict[str, Table] = self.catalog.tables
+        # Slots freed on their nodes; leases released or expired.
+        self.reclaim = Reclaim(self.tables, self.leases, self.members, self.tiers,
+                               self.admission)
         self._stop = asyncio.Event()
         self._restoring: Restore | None = None  # nodes may re-send their items meanwhile
         self._refused_stores: set[str] = set()  # nodes of another store, refused (logged once)
@@ -81,7 +84,7 @@ class ControlPlane:
         self.stats = metrics.ControlStats()  # read at scrape time (metrics.py)
         self.metrics_server: metrics.MetricsServer | None = None
         self.port = None
-        self.dispatch = Dispatcher(self)  # op -> the handler that serves it
+        self.dispatch = Dispatcher(self, self.catalog, self.reclaim)  # op -> its handler
 
     # -- lifecycle -------------------------------------------------------
     async def run(self, ready_file: str | None = None) -> int:
@@ -91,7 +94,7 @@ class ControlPlane:
             loop.add_signal_handler(sig, self._stop.set)
         if self.config.restore:
             self._restoring = Restore(self.config.checkpoint, self.config.restore_grace)
-            self.tables.update(self._restoring.load(self._seed, self.ids.next_node_id))
+            self.tables.update(self._restoring.load(self.catalog.seeds, self.ids.next_node_id))
         server = await self.start()
         self._create_configured_tables()
         if ready_file:
@@ -168,7 +171,7 @@ class ControlPlane:
     def _create_configured_tables(self) -> None:
         """Create the tables named in the configuration ([[tables]] in distore.toml)."""
         for definition in self.config.tables:
-            self.create_table(definition)
+            self.catalog.create(definition)
 
     async def start(self):
         """Start serving and the housekeeping task; returns the server."""
@@ -211,10 +214,7 @@ class ControlPlane:
             if self._restoring is not None:
                 self._restoring.report(self.tables, now)
                 self._end_restore(now)
-            expired = self.leases.expired(now)
-            if expired:
-                log.warning("%d leases expired unreleased (learner gone?)", len(expired))
-                self._release(expired)
+            self.reclaim.expire(now)
 
     def _end_restore(self, now: float) -> None:
         """End the restore once it is over (every node it waits for is done,
@@ -262,49 +262,6 @@ class ControlPlane:
                 node.peer.close()
         return dropped
 
-    # -- helpers ---------------------------------------------------------
-    def _table(self, name: str) -> Table:
-        table = self.tables.get(name)
-        if table is None:
-            raise TableNotFound(
-                f"no table {name!r} on this control plane (tables: {sorted(self.tables)}); "
-                "create it with client.create_table"
-            )
-        return table
-
-    def _free(self, table: str, freed: Freed) -> None:
-        """Tell the owning nodes to reuse these slots (dead nodes are skipped)."""
-        if len(freed.nodes) == 0:
-            return
-        for node_id in np.unique(freed.nodes):
-            node = self.members.nodes.get(int(node_id))
-            if node is None or not node.alive:
-                continue
-            node.peer.push("free", table=table, offsets=freed.offsets[freed.nodes == node_id])
-
-    def _release_owned(self, peer: Peer, lease_ids) -> int:
-        """Release `peer`'s leases among `lease_ids`; returns how many ids named
-        another connection's lease (refused: logged once per connection)."""
-        mine, refused = self.leases.take(lease_ids, peer)
-        self._release(mine)
-        if refused:
-            peer.state["leases_refused"] = peer.state.get("leases_refused", 0) + refused
-            if not peer.state.get("refusal_logged"):
-                peer.state["refusal_logged"] = True
-                log.warning("%s tried to release %d lease(s) another connection holds; refused "
-                            "(a buggy or hostile client; further refusals from it are only "
-                            "counted, see `distore status --json`)", peer.address, refused)
-        return refused
-
-    def _release(self, leases) -> None:
-        for lease in leases:
-            if lease.staged:
-                self.tiers.unstage(lease.staged)
-            table = self.tables.get(lease.table)
-            if table is not None:
-                self._free(table.name, table.unlease(lease.recs))
-                self.admission.touch(table)
-
     # -- requests --------------------------------------------------------
     async def handle(self, peer: Peer, op: str, f: dict):
         """Answer one request, as the server does (dispatch.py)."""
@@ -347,7 +304,7 @@ class ControlPlane:
             raise InvalidRequest("this control plane is not restoring; a node re-sends its items "
                                  "only when register_node's reply asks for them")
         table, freed, counts = self._restoring.items(self.tables, node_id, f)
-        self._free(f["table"], freed)
+        self.reclaim.free(f["table"], freed)
         if table is not None:
             self.admission.touch(table)
         return counts
@@ -419,80 +376,6 @@ class ControlPlane:
         mine.add(wid)
         return {"writer_id": wid, "key_bits": KEY_BITS}
 
-    def op_create_table(self, peer: Peer, f: dict) -> dict:
-        return self.create_table(TableDefinition.from_wire(f))
-
-    def create_table(self, definition: TableDefinition) -> dict:
-        """Create a table (or return the existing one of the same definition)."""
-        name = definition.name
-        existing = self.tables.get(name)
-        if existing is not None:
-            if existing.definition != definition:
-                differ = "; ".join(existing.definition.differences(definition))
-                raise TableExists(
-                    f"table {name!r} exists with another definition ({differ}): create it "
-                    "with the same definition to reuse it, or use another name"
-                )
-            return existing.info()
-        seed = next(self._seed) if self._seed is not None else None
-        table = Table(definition, seed)
-        spec = table.spec
-        warnings = self._check_fit(name, spec.slot_size, table.capacity)
-        self.tables[name] = table
-        log.info("table %r created: capacity %d, %d-byte items, sampler %s, remover %s, %s",
-                 name, table.capacity, spec.item_bytes, table.sampler.kind, table.remover.kind,
-                 table.rate_limiter.kind)
-        for text in warnings:
-            log.warning("%s", text)
-        return {**table.info(), "warnings": warnings}
-
-    def _check_fit(self, name: str, slot_size: int, capacity: int) -> list[str]:
-        """Refuse a table whose items fit no live node's arena; warnings when
-        its capacity cannot fit in the live nodes' arenas (nodes may join later)."""
-        nodes = self.members.alive()
-        if not nodes:
-            return []
-        if slot_size > max(n.arena_size for n in nodes):
-            arenas = [n.arena_size for n in nodes]
-            raise ConfigError(
-                f"table {name!r}: one item takes {slot_size} bytes in an arena (header and "
-                f"padding included) but the largest storage node's arena is {max(arenas)} "
-                "bytes: no item could ever be stored. Start storage nodes with a larger "
-                "--arena, or make the items smaller"
-            )
-        # A node's disk tier holds items too (in 4 KiB-rounded slots).
-        arenas = [n.arena_size + n.disk_size // stride_of(slot_size) * slot_size for n in nodes]
-        room = sum(a // slot_size for a in arenas)  # slots, if this table had every arena
-        need = capacity * slot_size
-        where = "arenas and disk tiers" if any(n.disk_size for n in nodes) else "arenas"
-        if capacity > room:
-            return [(f"table {name!r}: capacity {capacity} x {slot_size}-byte slots = {need} "
-                     f"bytes, but the {where} of the {len(nodes)} live storage "
-                     f"node(s) hold at most "
-                     f"{room} such items ({sum(arenas)} bytes): once they are full, an "
-                     "insert evicts the table's own items by its remover, so it holds about "
-                     f"{room} items (table_info's 'fits'). Lower the capacity, or start more "
-                     "storage nodes, larger arenas or disk tiers (--disk)")]
-        others = {t.name: t.capacity * t.spec.slot_size for t in self.tables.values()}
-        # Only the table that tips the sum over is warned about (once was enough
-        # for tables that did not fit alone).
-        if need + sum(others.values()) > sum(arenas) >= sum(others.values()):
-            return [(f"table {name!r}: capacity {capacity} x {slot_size}-byte slots = {need} "
-                     f"bytes fits the live nodes' {where} ({sum(arenas)} bytes) alone, but not "
-                     f"together with the other tables' capacities "
-                     f"({', '.join(f'{k}: {v} bytes' for k, v in others.items())}): tables "
-                     "share arenas first come, first served; a table with no room evicts its "
-                     "own items, and one that holds none on a full node gets StorageFull")]
-        return []
-
-    def op_table_info(self, peer: Peer, f: dict) -> dict:
-        table = self._table(f["name"])
-        return {**table.info(), "cold": cold_items(table),
-                "fits": fits(table, list(self.tables.values()), self.members.alive())}
-
-    def op_list_tables(self, peer: Peer, f: dict) -> dict:
-        return {"tables": [t.info() for t in self.tables.values()]}
-
     def op_nodes(self, peer: Peer, f: dict) -> dict:
         """LIVE nodes: where writers place inserts and learners read from
         (unresponsive ones are routed around)."""
@@ -516,7 +399,7 @@ class ControlPlane:
             raise InvalidRequest(f"items_added for node {node_id} from a connection that is not it")
         self.members.heard(node_id)
         self._check_placed(node_id, f)
-        table = self._table(f["table"])
+        table = self.catalog.table(f["table"])
         n = len(f["keys"])
         if (f["priorities"] < 0).any():
             raise InvalidRequest("priorities must be >= 0")
@@ -540,7 +423,7 @@ class ControlPlane:
         retired = table.retired_leased
         # Items of this batch evicted at once are freed too: the node holds
         # a free until the registrations in flight when it came are committed.
-        self._free(table.name, freed)
+        self.reclaim.free(table.name, freed)
         self.admission.touch(table)
         # Evicted items a learner sampled ahead: their nodes mark the slots
         # retired before the insert is acknowledged (control/retirements.py).
@@ -574,8 +457,8 @@ class ControlPlane:
         earlier batches) is handled first; ids of another connection's
         leases are refused and counted in the reply's `refused`, not failed:
         the sample itself is still answered."""
-        refused = self._release_owned(peer, f["release"]) if "release" in f else 0
-        table = self._table(f["table"])
+        refused = self.reclaim.release_owned(peer, f["release"]) if "release" in f else 0
+        table = self.catalog.table(f["table"])
         n = f["n"]
         held, limit = self.leases.held(peer), self.config.max_leased_items
         batch = f.get("batch", n)
@@ -624,7 +507,7 @@ class ControlPlane:
         # drawing again would use up items nobody receives.
         if away and not table.max_times_sampled:
             recs, probs, freed = self._route_around(table, recs, probs, freed, away)
-        self._free(table.name, freed)
+        self.reclaim.free(table.name, freed)
         self.admission.touch(table)
         lease = self.leases.grant(table.name, recs, peer)
         items = table.locations(recs)  # protocol.ITEM_LOCATION records
@@ -665,7 +548,7 @@ class ControlPlane:
             items = await self.tiers.stage(table, recs, items, lease)
         except BaseException:
             if self.leases.get(lid) is not None:
-                self._release(self.leases.take([lid], lease.owner)[0])
+                self.reclaim.release(self.leases.take([lid], lease.owner)[0])
             else:
                 self.tiers.unstage(lease.staged)
             raise
@@ -683,13 +566,13 @@ class ControlPlane:
     def op_demote(self, peer: Peer, f: dict) -> dict:
         """A node whose arena is full: which of its items of a table to move to disk."""
         node_id = self._node_of(peer, f, "demote")
-        keys, offsets, gens = self.demotions.pick(self._table(f["table"]), node_id, f["n"])
+        keys, offsets, gens = self.demotions.pick(self.catalog.table(f["table"]), node_id, f["n"])
         return {"keys": keys, "offsets": offsets, "generations": gens}
 
     def op_items_moved(self, peer: Peer, f: dict) -> dict:
         """A node copied items to another tier: move the records still there."""
         node_id = self._node_of(peer, f, "items_moved")
-        taken = apply_moves(self._table(f["table"]), node_id, f["keys"], f["offsets"],
+        taken = apply_moves(self.catalog.table(f["table"]), node_id, f["keys"], f["offsets"],
                             f["generations"], f["new_offsets"], f["new_generations"])
         return {"taken": taken.astype(np.uint8)}
 
@@ -702,7 +585,7 @@ class ControlPlane:
         up to n of that table's items stored there, by its remover
         (control/room.py); the node frees the slots it is told."""
         node_id = self._node_of(peer, f, "evict")
-        table = self._table(f["table"])
+        table = self.catalog.table(f["table"])
         recs = self.room.pick(table, node_id, f["n"])
         freed = table.evict(recs)  # unleased: every slot is freed
         if len(recs):
@@ -717,21 +600,6 @@ class ControlPlane:
         """A node marked the slots of a `retire` push."""
         self.retirements.retired(self._node_of(peer, f, "retired"), f["request"])
 
-    def op_update_priorities(self, peer: Peer, f: dict) -> dict:
-        if (f["priorities"] < 0).any():
-            raise InvalidRequest("priorities must be >= 0")
-        table = self._table(f["table"])
-        updated = table.update_priorities(f["keys"], f["priorities"])
-        self.admission.touch(table)
-        return {"updated": updated, "missing": len(f["keys"]) - updated}
-
-    def op_release(self, peer: Peer, f: dict) -> dict:
-        """Release this connection's leases. Ids of another connection's leases
-        are refused: they are counted in `refused` (and logged once per
-        connection) rather than failing the request, because a learner whose
-        connection was re-made may legitimately send ids its old connection
-        owned; those leases expire."""
-        return {"refused": self._release_owned(peer, f["leases"])}
 
 
 def main(config: ControlConfig, ready_file: str | None = None) -> int:
