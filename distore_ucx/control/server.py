@@ -23,7 +23,6 @@ from ..errors import (
     ConfigError,
     InvalidRequest,
     LimitExceeded,
-    NodeGone,
 )
 from ..roles import write_ready
 from ..transport.rpc import Peer
@@ -32,14 +31,16 @@ from .admission import Admission
 from .catalog import Catalog
 from .checkpoint import KEY_BITS, IdState, Image
 from .dispatch import Dispatcher
+from .inserts import Inserts
 from .leases import Leases
 from .membership import GONE, Membership
 from .reclaim import Reclaim
 from .restore import Restore
 from .retirements import Retirements
 from .room import Room
-from .tables import Freed, Table
-from .tiers import COLD, Demotions, Tiers, apply_moves
+from .sampling import Sampling
+from .tables import Table
+from .tiers import Demotions, Tiers, apply_moves
 
 log = logging.getLogger(__name__)
 
@@ -47,9 +48,6 @@ log = logging.getLogger(__name__)
 # whose 2**24 keys are used takes another id (register_writer `previous`),
 # so the 2**40 ids last centuries even at 26k registrations a second.
 MAX_WRITERS = 1 << (64 - KEY_BITS)
-# Rounds of drawing again the items of a sample that lie on unresponsive
-# nodes; what is left after them is resampled by the learner.
-ROUTE_AROUND_ROUNDS = 32
 
 
 class ControlPlane:
@@ -84,7 +82,12 @@ class ControlPlane:
         self.stats = metrics.ControlStats()  # read at scrape time (metrics.py)
         self.metrics_server: metrics.MetricsServer | None = None
         self.port = None
-        self.dispatch = Dispatcher(self, self.catalog, self.reclaim)  # op -> its handler
+        self.sampling = Sampling(config, self.catalog, self.leases, self.members, self.tiers,
+                                 self.admission, self.reclaim)
+        self.inserts = Inserts(self.catalog, self.members, self.admission, self.retirements,
+                               self.reclaim)
+        self.dispatch = Dispatcher(self, self.catalog, self.reclaim, self.sampling,
+                                   self.inserts)  # op -> its handler
 
     # -- lifecycle -------------------------------------------------------
     async def run(self, ready_file: str | None = None) -> int:
@@ -392,169 +395,6 @@ class ControlPlane:
             "checkpoint": self.last_checkpoint,
             "restoring_s": None if restoring is None else max(0.0, restoring - time.monotonic()),
         }
-
-    async def op_items_added(self, peer: Peer, f: dict) -> dict:
-        node_id = f["node_id"]
-        if peer.state.get("node_id") != node_id:
-            raise InvalidRequest(f"items_added for node {node_id} from a connection that is not it")
-        self.members.heard(node_id)
-        self._check_placed(node_id, f)
-        table = self.catalog.table(f["table"])
-        n = len(f["keys"])
-        if (f["priorities"] < 0).any():
-            raise InvalidRequest("priorities must be >= 0")
-        await self.admission.insert(table, n, f.get("timeout", 60.0))
-        self._check_placed(node_id, f)
-        if "used_bytes" in f:
-            self.members.nodes[node_id].used_bytes = f["used_bytes"]
-        keys, offsets = f["keys"], f["offsets"]
-        gens, prios = f["generations"], f["priorities"]
-        # A writer resends a batch whose node became unresponsive: if both
-        # copies reach the table, the second is refused here (its slots are
-        # freed by its node), so a key is never stored twice.
-        twice = table.core.lookup(np.ascontiguousarray(keys, np.uint64)) >= 0
-        if twice.any():
-            log.info("table %r: %d keys of a batch from node %d are in the table already (a "
-                     "batch resent after its node became unresponsive); not stored twice",
-                     table.name, int(twice.sum()), node_id)
-            new = ~twice
-            keys, offsets, gens, prios = keys[new], offsets[new], gens[new], prios[new]
-        freed = table.add(node_id, keys, offsets, gens, prios)
-        retired = table.retired_leased
-        # Items of this batch evicted at once are freed too: the node holds
-        # a free until the registrations in flight when it came are committed.
-        self.reclaim.free(table.name, freed)
-        self.admission.touch(table)
-        # Evicted items a learner sampled ahead: their nodes mark the slots
-        # retired before the insert is acknowledged (control/retirements.py).
-        await self.retirements.mark(table.name, retired)
-        reply = {"evicted": int(len(freed.nodes) + len(retired))}
-        if twice.any():
-            reply["duplicate_offsets"] = f["offsets"][twice]
-        return reply
-
-    def _check_placed(self, node_id: int, f: dict) -> None:
-        """Refuse an insert from a node that is not LIVE, or one placed there
-        before it was last unresponsive (`epoch`: the writer resent it
-        elsewhere). NodeGone is a ConnectionFailed: the writer resends."""
-        node = self.members.nodes.get(node_id)
-        if node is None or not node.live:
-            state = "gone" if node is None else node.state
-            raise NodeGone(f"storage node {node_id} is {state} (no heartbeat); its insert "
-                           "was not registered and the writer resends the batch")
-        if "epoch" in f and f["epoch"] != node.epoch:
-            raise NodeGone(f"storage node {node_id} was unresponsive after this insert was "
-                           "placed there (the writer may have resent it elsewhere); not "
-                           "registered, the writer resends the batch")
-
-    async def op_sample(self, peer: Peer, f: dict) -> dict:
-        """Sample n items under a lease owned by this connection.
-
-        With `batch` (n is several batches of that size, sampled ahead by a
-        learner) the answer may hold fewer whole batches: as many as
-        control.max_sample and the connection's lease limit allow, one for a
-        table that has had items on a disk tier. `release` (lease ids of
-        earlier batches) is handled first; ids of another connection's
-        leases are refused and counted in the reply's `refused`, not failed:
-        the sample itself is still answered."""
-        refused = self.reclaim.release_owned(peer, f["release"]) if "release" in f else 0
-        table = self.catalog.table(f["table"])
-        n = f["n"]
-        held, limit = self.leases.held(peer), self.config.max_leased_items
-        batch = f.get("batch", n)
-        if batch < n and n % batch == 0:
-            # Sampled ahead (several batches asked at once): answer fewer
-            # whole batches rather than refuse. Cold items must fit the
-            # nodes' staging areas, sized for a learner holding three
-            # batches, so one batch for a table that may hold cold items. A
-            # table that never left DRAM samples ahead, disk tiers or not
-            # (perf/tier_bandwidth.py --hot measures what that is worth).
-            if table.may_hold_cold:
-                n = batch
-            fit = min(self.config.max_sample, limit - held) // batch * batch
-            n = max(batch, min(n, fit))
-        if n > self.config.max_sample:
-            raise LimitExceeded(
-                f"table {table.name!r}: a sample of {n} items is more than one request may ask "
-                f"for (control.max_sample = {self.config.max_sample}); sample smaller "
-                "batches, or raise --max-sample"
-            )
-        if held + n > limit:
-            raise LimitExceeded(
-                f"table {table.name!r}: this connection holds leases on {held} items and asks "
-                f"for {n} more, over its limit (control.max_leased_items = {limit}). Release "
-                "read batches (a learner releases each batch with its next request; close "
-                "idle learners), or raise --max-leased-items"
-            )
-        await self.admission.sample(table, n, f.get("timeout", 0.0))
-        if self.leases.held(peer) + n > limit:
-            # Samples of one connection run concurrently (a learner keeps two
-            # in flight for cold items): another may have been granted while
-            # this one waited. Checked again with no await before the grant,
-            # so pipelining can never take more than the limit.
-            raise LimitExceeded(
-                f"table {table.name!r}: this connection holds leases on "
-                f"{self.leases.held(peer)} items and asks for {n} more, over its limit "
-                f"(control.max_leased_items = {limit}). Keep fewer samples in flight, "
-                "release read batches, or raise --max-leased-items"
-            )
-        t0 = time.perf_counter()  # metrics: the decision, without the wait
-        size = table.size  # the size the probabilities refer to
-        min_probability = table.min_probability  # ... and the smallest of them (weights)
-        recs, probs, freed = table.sample(n)
-        away = self.members.away()
-        # Not for tables with max_times_sampled: a draw is a use there, and
-        # drawing again would use up items nobody receives.
-        if away and not table.max_times_sampled:
-            recs, probs, freed = self._route_around(table, recs, probs, freed, away)
-        self.reclaim.free(table.name, freed)
-        self.admission.touch(table)
-        lease = self.leases.grant(table.name, recs, peer)
-        items = table.locations(recs)  # protocol.ITEM_LOCATION records
-        table.stats.decision.observe(time.perf_counter() - t0)
-        staged = int(np.count_nonzero(items["offset"] >= COLD))
-        if staged:
-            items = await self._stage_cold(table, recs, items, lease)
-        return {
-            "lease": lease,
-            "refused": refused,
-            "table_size": size,
-            "items": items,
-            "probabilities": probs,
-            "min_probability": min_probability,
-            "staged": staged,  # cold items read from disk for it (learners ask further ahead)
-        }
-
-    def _route_around(self, table: Table, recs, probs, freed: Freed, away: list[int]):
-        """Draw again the items of a sample that lie on unresponsive nodes (as
-        a learner resamples items it cannot read), a few rounds at most:
-        their reads would wait for a node that does not answer."""
-        nodes = np.asarray(away, np.uint32)
-        for _ in range(ROUTE_AROUND_ROUNDS):
-            bad = np.flatnonzero(np.isin(table.store.node[recs], nodes))
-            if len(bad) == 0:
-                break
-            freed = freed + table.unlease(recs[bad])
-            again, p, more = table.sample(len(bad))
-            recs[bad], probs[bad] = again, p
-            freed = freed + more
-        return recs, probs, freed
-
-    async def _stage_cold(self, table: Table, recs, items, lid: int):
-        """Locations of a sample whose cold items their nodes staged
-        (control/tiers.py); on failure the sample's lease is released."""
-        lease = self.leases.get(lid)
-        try:
-            items = await self.tiers.stage(table, recs, items, lease)
-        except BaseException:
-            if self.leases.get(lid) is not None:
-                self.reclaim.release(self.leases.take([lid], lease.owner)[0])
-            else:
-                self.tiers.unstage(lease.staged)
-            raise
-        if self.leases.get(lid) is None:  # expired while the nodes read
-            self.tiers.unstage(lease.staged)
-        return items
 
     # -- the disk tier (control/tiers.py) ----------------------------------
     def _node_of(self, peer: Peer, f: dict, op: str) -> int:

@@ -178,7 +178,7 @@ class Table:
         # Set once any item of this table has been on a disk tier (demoted or
         # restored cold); never cleared. Its samples then ask one batch per
         # request: nodes' staging areas are sized for three batches of cold
-        # items per learner (control/server.py op_sample).
+        # items per learner (control/sampling.py).
         self.may_hold_cold = False
         # Leased items the last add() evicted: the caller has their slots
         # marked retired before it acknowledges the insert.
