@@ -33,9 +33,10 @@ from .checkpoint import KEY_BITS, IdState, Image
 from .dispatch import Dispatcher
 from .inserts import Inserts
 from .leases import Leases
-from .membership import GONE, Membership
+from .membership import Membership
+from .nodes import Nodes
 from .reclaim import Reclaim
-from .restore import Restore
+from .restore import Restore, Restoring
 from .retirements import Retirements
 from .room import Room
 from .sampling import Sampling
@@ -74,12 +75,14 @@ class ControlPlane:
         # Slots freed on their nodes; leases released or expired.
         self.reclaim = Reclaim(self.tables, self.leases, self.members, self.tiers,
                                self.admission)
+        self.stats = metrics.ControlStats()  # read at scrape time (metrics.py)
+        # A restore from the checkpoint in progress (nodes re-send their items).
+        self.restoring = Restoring(self.tables, self.members, self.reclaim, self.admission)
+        self.nodes = Nodes(config, self.ids, self.members, self.tables, self.demotions,
+                           self.restoring, self.stats)  # joining, heartbeats, leaving
         self._stop = asyncio.Event()
-        self._restoring: Restore | None = None  # nodes may re-send their items meanwhile
-        self._refused_stores: set[str] = set()  # nodes of another store, refused (logged once)
         self._checkpointing: asyncio.Lock | None = None
         self.last_checkpoint: dict | None = None
-        self.stats = metrics.ControlStats()  # read at scrape time (metrics.py)
         self.metrics_server: metrics.MetricsServer | None = None
         self.port = None
         self.sampling = Sampling(config, self.catalog, self.leases, self.members, self.tiers,
@@ -87,7 +90,12 @@ class ControlPlane:
         self.inserts = Inserts(self.catalog, self.members, self.admission, self.retirements,
                                self.reclaim)
         self.dispatch = Dispatcher(self, self.catalog, self.reclaim, self.sampling,
-                                   self.inserts)  # op -> its handler
+                                   self.inserts, self.nodes, self.restoring)  # op -> its handler
+
+    @property
+    def _restoring(self) -> Restore | None:
+        """The restore in progress (metrics.control_snapshot reads it)."""
+        return self.restoring.current
 
     # -- lifecycle -------------------------------------------------------
     async def run(self, ready_file: str | None = None) -> int:
@@ -96,8 +104,8 @@ class ControlPlane:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self._stop.set)
         if self.config.restore:
-            self._restoring = Restore(self.config.checkpoint, self.config.restore_grace)
-            self.tables.update(self._restoring.load(self.catalog.seeds, self.ids.next_node_id))
+            self.restoring.begin(self.config.checkpoint, self.config.restore_grace,
+                                 self.catalog.seeds, self.ids.next_node_id)
         server = await self.start()
         self._create_configured_tables()
         if ready_file:
@@ -139,8 +147,9 @@ class ControlPlane:
             # The nodes a restore from it waits for: members, and those a
             # restore in progress still waits for (they may hold its items).
             nodes = {n.node_id: n.name for n in self.members.nodes.values() if n.alive}
-            if self._restoring is not None and self._restoring.absent is not None:
-                nodes.update(self._restoring.absent)
+            restore = self.restoring.current
+            if restore is not None and restore.absent is not None:
+                nodes.update(restore.absent)
             image = Image([t.image() for t in self.tables.values()],
                           incarnation=self.ids.incarnation, store_id=self.ids.store_id,
                           nodes=nodes, next_node_id=self.ids.next_node_id)
@@ -178,7 +187,7 @@ class ControlPlane:
 
     async def start(self):
         """Start serving and the housekeeping task; returns the server."""
-        server = await self.dispatch.serve(self.config, self._on_close)
+        server = await self.dispatch.serve(self.config, self.nodes.on_close)
         self.port = server.sockets[0].getsockname()[1]
         loop = asyncio.get_running_loop()
         self._tasks = [loop.create_task(self._housekeeping())]
@@ -208,150 +217,18 @@ class ControlPlane:
                     "the control plane's event loop stalled for %.2f s; that time is not "
                     "counted against the nodes' heartbeats (a busy host, or a long "
                     "operation such as a checkpoint of a large table)", stalled)
-            for node in self.members.silent(now):
-                self._node_unresponsive(node, now)
-            for node in self.members.expired(now):
-                self._node_died(node.node_id, f"no heartbeat for {now - node.last_seen:.1f} s, "
-                                f"longer than the grace (control.unresponsive_grace = "
-                                f"{self.members.grace:g} s)")
-            if self._restoring is not None:
-                self._restoring.report(self.tables, now)
-                self._end_restore(now)
+            self.nodes.check(now)
+            self.restoring.tick(now)
             self.reclaim.expire(now)
-
-    def _end_restore(self, now: float) -> None:
-        """End the restore once it is over (every node it waits for is done,
-        or its grace has run out)."""
-        if self._restoring is not None and self._restoring.over(now):
-            self._restoring, restore = None, self._restoring
-            restore.end(self.tables)
-
-    def _on_close(self, peer: Peer) -> None:
-        # The connection's leases are not released here: reads it posted may
-        # still be in flight over UCX. They expire after lease_timeout.
-        node_id = peer.state.get("node_id")
-        if node_id is not None and self.members.is_alive(node_id):
-            self._node_died(node_id, "its control connection closed")
-
-    def _node_unresponsive(self, node, now: float) -> None:
-        """A node missed its heartbeats: route around it (no inserts placed
-        there, its items left out of sample replies) but keep its items for
-        the grace; a heartbeat makes it live again (op_heartbeat)."""
-        self.members.unresponsive(node, now)
-        self.stats.membership["unresponsive"] += 1
-        log.warning("node %d (%s) unresponsive: no heartbeat for %.1f s; clients route around "
-                    "it, its items stay for %g s (control.unresponsive_grace)", node.node_id,
-                    node.name, now - node.last_seen, self.members.grace)
-
-    def _node_died(self, node_id: int, why: str, left: bool = False) -> int:
-        """Take a node out of the store, however it went (silent past the
-        grace, connection closed, or `left`: deregistered on shutdown): its
-        items leave sampling at once (not counted as deletes), and a gone
-        node's connection is closed. Returns how many items left."""
-        node = self.members.nodes[node_id]
-        node.state = GONE
-        if self._restoring is not None:
-            self._restoring.gone(node_id)  # housekeeping ends the restore if it was the last
-        self.stats.membership["left" if left else "dropped"] += 1
-        dropped = sum(t.drop_node(node_id) for t in self.tables.values())
-        self.demotions.forget(node_id=node_id)
-        if left:
-            log.info("node %d (%s) left: %d items removed from sampling", node_id, node.name,
-                     dropped)
-        else:
-            log.warning("node %d (%s) dropped: %s; %d items removed from sampling",
-                        node_id, node.name, why, dropped)
-            if node.peer is not None:
-                node.peer.close()
-        return dropped
 
     # -- requests --------------------------------------------------------
     async def handle(self, peer: Peer, op: str, f: dict):
         """Answer one request, as the server does (dispatch.py)."""
         return await self.dispatch.handle(peer, op, f)
 
-    def op_register_node(self, peer: Peer, f: dict) -> dict:
-        """A node joins, or re-joins after losing us with its former id.
-
-        `restore` in the reply tells it whether to re-send the items it holds
-        (this control plane is restoring) or to discard them (it starts
-        afresh, or dropped the node and forgot them)."""
-        fields = dict(f)
-        wanted = fields.pop("node_id", None)
-        store = fields.pop("store_id", None)
-        if store is not None and store != self.ids.store_id and self._restoring is not None:
-            why = (f"storage node {f['name']!r} holds items of store {store}, but this control "
-                   f"plane restores store {self.ids.store_id} ({self.config.checkpoint}): "
-                   "refused, its items kept. Restart the node's own control plane (its "
-                   "--checkpoint), or restart the node empty to join this store")
-            if why not in self._refused_stores:  # one line per node and store, not per retry
-                self._refused_stores.add(why)
-                log.error("%s", why)
-            raise CheckpointError(why)
-        node = self.members.register(peer, fields, wanted)
-        self.stats.membership["rejoined" if wanted == node.node_id else "joined"] += 1
-        if self._restoring is not None:
-            # A node with a former id re-sends its items, then says so (items_resent).
-            self._restoring.joined(node.node_id, node.name, resends=wanted is not None)
-        return {"node_id": node.node_id, "heartbeat_interval": self.config.heartbeat_interval,
-                "restore": self._restoring is not None, "store_id": self.ids.store_id,
-                "items_resent": self._restoring is not None}
-
-    def op_items_restored(self, peer: Peer, f: dict) -> dict:
-        """Items a re-registered node still holds (sent only while restoring)."""
-        node_id = f["node_id"]
-        if peer.state.get("node_id") != node_id or not self.members.is_alive(node_id):
-            raise InvalidRequest(
-                f"items_restored for node {node_id} from a connection that is not it")
-        if self._restoring is None:
-            raise InvalidRequest("this control plane is not restoring; a node re-sends its items "
-                                 "only when register_node's reply asks for them")
-        table, freed, counts = self._restoring.items(self.tables, node_id, f)
-        self.reclaim.free(f["table"], freed)
-        if table is not None:
-            self.admission.touch(table)
-        return counts
-
-    def op_items_resent(self, peer: Peer, f: dict) -> dict:
-        """A re-joined node has re-sent every item it holds: the restore ends
-        as soon as every node it waits for has."""
-        node_id = f["node_id"]
-        if peer.state.get("node_id") != node_id:
-            raise InvalidRequest(f"items_resent for node {node_id} from a connection that is "
-                                 "not it")
-        if self._restoring is not None:  # else it ended already (its grace ran out)
-            self._restoring.sent(node_id)
-            self._end_restore(time.monotonic())
-        return {}
-
     async def op_checkpoint(self, peer: Peer, f: dict) -> dict:
         """Write a checkpoint now (`distore checkpoint`)."""
         return await self.checkpoint("on demand")
-
-    def op_heartbeat(self, peer: Peer, f: dict) -> dict:
-        """A node's heartbeat (on a connection of its own: storage/heartbeat.py);
-        an unresponsive node that beats again is live again, with its items."""
-        node = self.members.heartbeat(f["node_id"], f["used_bytes"])
-        if node is not None:
-            self.stats.membership["resumed"] += 1
-            log.warning("node %d (%s) answers again after %.1f s unresponsive; it resumes with "
-                        "its items", node.node_id, node.name, time.monotonic() - node.since)
-        node = self.members.nodes.get(f["node_id"])
-        return {"state": node.state if node is not None else GONE}
-
-    def op_deregister_node(self, peer: Peer, f: dict) -> dict:
-        """A node shutting down: drop its items from sampling now, not at its timeout."""
-        node_id = f["node_id"]
-        if peer.state.get("node_id") != node_id:
-            raise InvalidRequest(
-                f"deregister_node for node {node_id} from a connection that is not it"
-            )
-        if self.members.is_alive(node_id):
-            self._node_died(node_id, "it left", left=True)
-        # Slots of this node that learners hold leases on: reads that may be in flight.
-        leased = sum(int(np.count_nonzero((t.store.node == node_id) & (t.store.leases > 0)))
-                     for t in self.tables.values())
-        return {"leased": leased}
 
     def op_register_writer(self, peer: Peer, f: dict) -> dict:
         """A writer id never handed out before; at most control.max_writer_ids
@@ -379,13 +256,10 @@ class ControlPlane:
         mine.add(wid)
         return {"writer_id": wid, "key_bits": KEY_BITS}
 
-    def op_nodes(self, peer: Peer, f: dict) -> dict:
-        """LIVE nodes: where writers place inserts and learners read from
-        (unresponsive ones are routed around)."""
-        return {"nodes": [n.describe() for n in self.members.live()]}
-
     def op_status(self, peer: Peer, f: dict) -> dict:
-        restoring = None if self._restoring is None else self._restoring.until
+        """The whole store's state, for `distore status`."""
+        restore = self.restoring.current
+        restoring = None if restore is None else restore.until
         return {
             "nodes": [n.describe(with_keys=False) for n in self.members.nodes.values()],
             "tables": [t.info() for t in self.tables.values()],
