@@ -3,6 +3,11 @@
 Holds tables, leases and node membership; answers writers, learners and
 storage nodes on the control channel. It never touches payload bytes. All
 state lives in one asyncio thread, so handlers need no locks.
+
+`ControlPlane` builds the pieces (one module of this package per concept,
+see __init__.py) and runs the process: start and stop, housekeeping a few
+times a second, checkpoints, and the plane-wide requests (`status`,
+`checkpoint`); dispatch.py routes every other request to its module.
 """
 
 from __future__ import annotations
@@ -18,18 +23,14 @@ import numpy as np
 
 from .. import metrics
 from ..config import ControlConfig
-from ..errors import (
-    CheckpointError,
-    ConfigError,
-    InvalidRequest,
-    LimitExceeded,
-)
+from ..errors import CheckpointError
 from ..roles import write_ready
 from ..transport.rpc import Peer
 from . import checkpoint
 from .admission import Admission
+from .arenas import Arenas
 from .catalog import Catalog
-from .checkpoint import KEY_BITS, IdState, Image
+from .checkpoint import IdState, Image
 from .dispatch import Dispatcher
 from .inserts import Inserts
 from .leases import Leases
@@ -41,14 +42,10 @@ from .retirements import Retirements
 from .room import Room
 from .sampling import Sampling
 from .tables import Table
-from .tiers import Demotions, Tiers, apply_moves
+from .tiers import Demotions, Tiers
+from .writers import Writers
 
 log = logging.getLogger(__name__)
-
-# A key is writer_id << KEY_BITS | the writer's sequence number. A writer
-# whose 2**24 keys are used takes another id (register_writer `previous`),
-# so the 2**40 ids last centuries even at 26k registrations a second.
-MAX_WRITERS = 1 << (64 - KEY_BITS)
 
 
 class ControlPlane:
@@ -56,6 +53,8 @@ class ControlPlane:
 
     def __init__(self, config: ControlConfig):
         self.config = config
+        # New and restored tables' sampler seeds (None: random).
+        seeds = itertools.count(config.seed) if config.seed is not None else None
         # Writer, node and lease ids never repeat across restarts (keys are
         # built from writer ids); with a checkpoint file they are persisted.
         self.ids = IdState(config.checkpoint + ".ids" if config.checkpoint else None)
@@ -68,34 +67,41 @@ class ControlPlane:
         self.retirements = Retirements(self.members)  # evicted leased slots being marked
         self.room = Room(np.random.default_rng(config.seed))  # full arenas: what to evict
         self.admission = Admission()  # calls a rate limiter holds (control/admission.py)
-        # New and restored tables' sampler seeds (None: random).
-        seeds = itertools.count(config.seed) if config.seed is not None else None
+        self.stats = metrics.ControlStats()  # read at scrape time (metrics.py)
         self.catalog = Catalog(self.members, self.admission, seeds)
         self.tables: dict[str, Table] = self.catalog.tables
         # Slots freed on their nodes; leases released or expired.
         self.reclaim = Reclaim(self.tables, self.leases, self.members, self.tiers,
                                self.admission)
-        self.stats = metrics.ControlStats()  # read at scrape time (metrics.py)
         # A restore from the checkpoint in progress (nodes re-send their items).
         self.restoring = Restoring(self.tables, self.members, self.reclaim, self.admission)
         self.nodes = Nodes(config, self.ids, self.members, self.tables, self.demotions,
                            self.restoring, self.stats)  # joining, heartbeats, leaving
+        self.sampling = Sampling(config, self.catalog, self.leases, self.members, self.tiers,
+                                 self.admission, self.reclaim)
+        self.inserts = Inserts(self.catalog, self.members, self.admission, self.retirements,
+                               self.reclaim)
+        # Nodes' requests about their slots: eviction, demotion, staging.
+        self.arenas = Arenas(self.catalog, self.members, self.tiers, self.demotions, self.room,
+                             self.retirements, self.admission)
+        # Operation -> the handler that serves it.
+        self.dispatch = Dispatcher(self, self.catalog, self.sampling, self.inserts,
+                                   self.reclaim, self.nodes, self.arenas, self.restoring,
+                                   Writers(config, self.ids))
         self._stop = asyncio.Event()
         self._checkpointing: asyncio.Lock | None = None
         self.last_checkpoint: dict | None = None
         self.metrics_server: metrics.MetricsServer | None = None
         self.port = None
-        self.sampling = Sampling(config, self.catalog, self.leases, self.members, self.tiers,
-                                 self.admission, self.reclaim)
-        self.inserts = Inserts(self.catalog, self.members, self.admission, self.retirements,
-                               self.reclaim)
-        self.dispatch = Dispatcher(self, self.catalog, self.reclaim, self.sampling,
-                                   self.inserts, self.nodes, self.restoring)  # op -> its handler
 
     @property
     def _restoring(self) -> Restore | None:
         """The restore in progress (metrics.control_snapshot reads it)."""
         return self.restoring.current
+
+    async def handle(self, peer: Peer, op: str, f: dict):
+        """Answer one request, as the server does (dispatch.py)."""
+        return await self.dispatch.handle(peer, op, f)
 
     # -- lifecycle -------------------------------------------------------
     async def run(self, ready_file: str | None = None) -> int:
@@ -202,7 +208,7 @@ class ControlPlane:
 
     async def _housekeeping(self) -> None:
         """Mark silent nodes unresponsive, drop those silent past the grace,
-        and expire leases, a few times a second."""
+        end a restore that is over, and expire leases, a few times a second."""
         period = min(self.config.heartbeat_interval, self.config.heartbeat_timeout / 4)
         last = time.monotonic()
         while True:
@@ -221,40 +227,10 @@ class ControlPlane:
             self.restoring.tick(now)
             self.reclaim.expire(now)
 
-    # -- requests --------------------------------------------------------
-    async def handle(self, peer: Peer, op: str, f: dict):
-        """Answer one request, as the server does (dispatch.py)."""
-        return await self.dispatch.handle(peer, op, f)
-
+    # -- plane-wide requests ---------------------------------------------
     async def op_checkpoint(self, peer: Peer, f: dict) -> dict:
         """Write a checkpoint now (`distore checkpoint`)."""
         return await self.checkpoint("on demand")
-
-    def op_register_writer(self, peer: Peer, f: dict) -> dict:
-        """A writer id never handed out before; at most control.max_writer_ids
-        writers per connection. Ids are not reused (keys `writer_id << 24 |
-        seq` of a closed writer may still be in tables, in nodes' slots and in
-        checkpoints) but cannot run out: there are 2**40, and a writer whose
-        2**24 keys are used asks for the next with `previous`, which this
-        connection's count does not see again."""
-        limit = self.config.max_writer_ids
-        mine = peer.state.setdefault("writer_ids", set()) if peer is not None else set()
-        previous = f.get("previous")
-        if previous not in mine:  # a new writer (or one whose connection was made again)
-            previous = None
-        if previous is None and len(mine) >= limit:
-            raise LimitExceeded(
-                f"this connection registered {len(mine)} writers, the most one connection may "
-                f"(control.max_writer_ids = {limit}): reuse a writer instead of making one per "
-                "batch, connect again (ds.connect) for more, or raise --max-writer-ids"
-            )
-        wid = self.ids.writer_id()
-        if wid >= MAX_WRITERS:  # 2**40 ids: not in this universe's lifetime
-            raise ConfigError(f"this control plane handed out all {MAX_WRITERS} writer ids; "
-                              "start a new store (a new --checkpoint path)")
-        mine.discard(previous)
-        mine.add(wid)
-        return {"writer_id": wid, "key_bits": KEY_BITS}
 
     def op_status(self, peer: Peer, f: dict) -> dict:
         """The whole store's state, for `distore status`."""
@@ -269,51 +245,6 @@ class ControlPlane:
             "checkpoint": self.last_checkpoint,
             "restoring_s": None if restoring is None else max(0.0, restoring - time.monotonic()),
         }
-
-    # -- the disk tier (control/tiers.py) ----------------------------------
-    def _node_of(self, peer: Peer, f: dict, op: str) -> int:
-        node_id = f["node_id"]
-        if peer.state.get("node_id") != node_id or not self.members.is_alive(node_id):
-            raise InvalidRequest(f"{op} for node {node_id} from a connection that is not it")
-        return node_id
-
-    def op_demote(self, peer: Peer, f: dict) -> dict:
-        """A node whose arena is full: which of its items of a table to move to disk."""
-        node_id = self._node_of(peer, f, "demote")
-        keys, offsets, gens = self.demotions.pick(self.catalog.table(f["table"]), node_id, f["n"])
-        return {"keys": keys, "offsets": offsets, "generations": gens}
-
-    def op_items_moved(self, peer: Peer, f: dict) -> dict:
-        """A node copied items to another tier: move the records still there."""
-        node_id = self._node_of(peer, f, "items_moved")
-        taken = apply_moves(self.catalog.table(f["table"]), node_id, f["keys"], f["offsets"],
-                            f["generations"], f["new_offsets"], f["new_generations"])
-        return {"taken": taken.astype(np.uint8)}
-
-    def op_staged(self, peer: Peer, f: dict) -> None:
-        """A node staged (or could not stage) a sample's cold items."""
-        self.tiers.staged(self._node_of(peer, f, "staged"), f)
-
-    def op_evict(self, peer: Peer, f: dict) -> dict:
-        """A node whose arena has no room for an insert into a table: evict
-        up to n of that table's items stored there, by its remover
-        (control/room.py); the node frees the slots it is told."""
-        node_id = self._node_of(peer, f, "evict")
-        table = self.catalog.table(f["table"])
-        recs = self.room.pick(table, node_id, f["n"])
-        freed = table.evict(recs)  # unleased: every slot is freed
-        if len(recs):
-            self.admission.touch(table)
-            log.debug("table %r: %d items evicted to make room on node %d", table.name,
-                      len(recs), node_id)
-        s = table.store
-        leased = int(np.count_nonzero((s.node == node_id) & (s.leases > 0)))
-        return {"offsets": freed.offsets, "leased": leased}
-
-    def op_retired(self, peer: Peer, f: dict) -> None:
-        """A node marked the slots of a `retire` push."""
-        self.retirements.retired(self._node_of(peer, f, "retired"), f["request"])
-
 
 
 def main(config: ControlConfig, ready_file: str | None = None) -> int:
