@@ -4,8 +4,11 @@ A limiter tracks diff = inserts * samples_per_insert - samples. An insert
 may proceed while the table is below `min_size_to_sample` or while the diff
 after it stays <= max_diff; a sample may proceed once the table holds at
 least `min_size_to_sample` items and the diff after it stays >= min_diff.
-Blocked calls wait (up to their timeout) and then raise
-RateLimiterTimeout with the current counts.
+
+This module only decides. A call that may not proceed yet waits on the
+control plane (control/admission.py holds it, up to its timeout, until the
+table's counts change), and then raises RateLimiterTimeout with the
+current counts.
 """
 
 from __future__ import annotations

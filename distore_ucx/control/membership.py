@@ -28,6 +28,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..errors import InvalidRequest
+
 log = logging.getLogger(__name__)
 
 LIVE, UNRESPONSIVE, GONE = "live", "unresponsive", "gone"
@@ -187,5 +189,14 @@ class Membership:
         return [n for n in self.nodes.values() if n.live]
 
     def is_alive(self, node_id: int) -> bool:
+        """Is `node_id` a member (LIVE or UNRESPONSIVE)?"""
         node = self.nodes.get(node_id)
         return node is not None and node.alive
+
+    def sender(self, peer, f: dict, op: str) -> int:
+        """The node id request `op` names (`f["node_id"]`), which must be a
+        member registered on this connection; InvalidRequest otherwise."""
+        node_id = f["node_id"]
+        if peer.state.get("node_id") != node_id or not self.is_alive(node_id):
+            raise InvalidRequest(f"{op} for node {node_id} from a connection that is not it")
+        return node_id

@@ -1,13 +1,14 @@
 """A control plane's restore from its checkpoint: which tables come back,
 which items the re-joining storage nodes re-send, and when it ends.
 
-The request server only routes: `register_node`'s reply says whether a
-node should re-send its items, `items_restored` hands them here and
-`items_resent` says a node has sent them all. The restore ends once every
-node that may hold items of the checkpoint (those it names, and any that
-joined after it) has re-sent them or is gone, and at the latest after
-`restore_grace` seconds (nodes that never come back). What comes back and
-what is dropped is described in docs/semantics.md.
+`register_node`'s reply says whether a node should re-send its items
+(control/nodes.py); `items_restored` hands them here and `items_resent`
+says a node has sent them all (`Restoring`, which holds the restore in
+progress). The restore ends once every node that may hold items of the
+checkpoint (those it names, and any that joined after it) has re-sent them
+or is gone, and at the latest after `restore_grace` seconds (nodes that
+never come back). What comes back and what is dropped is described in
+docs/semantics.md.
 """
 
 from __future__ import annotations
@@ -21,7 +22,11 @@ import numpy as np
 
 from ..errors import CheckpointError, DistoreError, InvalidRequest
 from ..progress import Progress
+from ..transport.rpc import Peer
 from . import checkpoint
+from .admission import Admission
+from .membership import Membership
+from .reclaim import Reclaim
 from .tables import Freed, Table
 
 log = logging.getLogger(__name__)
@@ -193,4 +198,61 @@ class Restore:
             f"{t.name} {t.size} items" for t in tables.values()) or "no tables")
 
 
-__all__ = ["Restore"]
+class Restoring:
+    """The restore in progress (None when there is none) and the requests
+    of nodes re-sending their items; one per control plane."""
+
+    def __init__(self, tables: dict[str, Table], members: Membership, reclaim: Reclaim,
+                 admission: Admission):
+        self.tables = tables
+        self.members = members
+        self.reclaim = reclaim
+        self.admission = admission
+        self.current: Restore | None = None
+
+    def begin(self, path: str, grace: float, seeds: Iterator[int] | None,
+              next_node_id: int) -> None:
+        """Start restoring the checkpoint at `path`: its tables join ours,
+        empty until nodes re-send their items (`Restore.load`)."""
+        self.current = Restore(path, grace)
+        self.tables.update(self.current.load(seeds, next_node_id))
+
+    def tick(self, now: float) -> None:
+        """Report progress, and end the restore if it is over (housekeeping)."""
+        if self.current is not None:
+            self.current.report(self.tables, now)
+            self.end_if_over(now)
+
+    def end_if_over(self, now: float) -> None:
+        """End the restore once it is over (every node it waits for is done,
+        or its grace has run out)."""
+        if self.current is not None and self.current.over(now):
+            self.current, restore = None, self.current
+            restore.end(self.tables)
+
+    def op_items_restored(self, peer: Peer, f: dict) -> dict:
+        """Items a re-registered node still holds (sent only while restoring)."""
+        node_id = self.members.sender(peer, f, "items_restored")
+        if self.current is None:
+            raise InvalidRequest("this control plane is not restoring; a node re-sends its items "
+                                 "only when register_node's reply asks for them")
+        table, freed, counts = self.current.items(self.tables, node_id, f)
+        self.reclaim.free(f["table"], freed)
+        if table is not None:
+            self.admission.touch(table)
+        return counts
+
+    def op_items_resent(self, peer: Peer, f: dict) -> dict:
+        """A re-joined node has re-sent every item it holds: the restore ends
+        as soon as every node it waits for has."""
+        node_id = f["node_id"]
+        if peer.state.get("node_id") != node_id:
+            raise InvalidRequest(f"items_resent for node {node_id} from a connection that is "
+                                 "not it")
+        if self.current is not None:  # else it ended already (its grace ran out)
+            self.current.sent(node_id)
+            self.end_if_over(time.monotonic())
+        return {}
+
+
+__all__ = ["Restore", "Restoring"]

@@ -3,6 +3,11 @@
 Holds tables, leases and node membership; answers writers, learners and
 storage nodes on the control channel. It never touches payload bytes. All
 state lives in one asyncio thread, so handlers need no locks.
+
+`ControlPlane` builds the pieces (one module of this package per concept,
+see __init__.py) and runs the process: start and stop, housekeeping a few
+times a second, checkpoints, and the plane-wide requests (`status`,
+`checkpoint`); dispatch.py routes every other request to its module.
 """
 
 from __future__ import annotations
@@ -17,41 +22,30 @@ import time
 import numpy as np
 
 from .. import metrics
-from ..config import ControlConfig, read_token
-from ..errors import (
-    CheckpointError,
-    ConfigError,
-    InvalidRequest,
-    LimitExceeded,
-    NoData,
-    NodeGone,
-    RateLimiterTimeout,
-    TableExists,
-    TableNotFound,
-)
+from ..config import ControlConfig
+from ..errors import CheckpointError
 from ..roles import write_ready
-from ..slot_format import stride_of
-from ..table_definition import TableDefinition
-from ..transport.rpc import Peer, serve
+from ..transport.rpc import Peer
 from . import checkpoint
-from .checkpoint import KEY_BITS, IdState, Image
+from .admission import Admission
+from .arenas import Arenas
+from .catalog import Catalog
+from .checkpoint import IdState, Image
+from .dispatch import Dispatcher
+from .inserts import Inserts
 from .leases import Leases
-from .membership import GONE, Membership
-from .restore import Restore
+from .membership import Membership
+from .nodes import Nodes
+from .reclaim import Reclaim
+from .restore import Restore, Restoring
 from .retirements import Retirements
-from .room import Room, fits
-from .tables import Freed, Table
-from .tiers import COLD, Demotions, Tiers, apply_moves, cold_items
+from .room import Room
+from .sampling import Sampling
+from .tables import Table
+from .tiers import Demotions, Tiers
+from .writers import Writers
 
 log = logging.getLogger(__name__)
-
-# A key is writer_id << KEY_BITS | the writer's sequence number. A writer
-# whose 2**24 keys are used takes another id (register_writer `previous`),
-# so the 2**40 ids last centuries even at 26k registrations a second.
-MAX_WRITERS = 1 << (64 - KEY_BITS)
-# Rounds of drawing again the items of a sample that lie on unresponsive
-# nodes; what is left after them is resampled by the learner.
-ROUTE_AROUND_ROUNDS = 32
 
 
 class ControlPlane:
@@ -59,7 +53,8 @@ class ControlPlane:
 
     def __init__(self, config: ControlConfig):
         self.config = config
-        self.tables: dict[str, Table] = {}
+        # New and restored tables' sampler seeds (None: random).
+        seeds = itertools.count(config.seed) if config.seed is not None else None
         # Writer, node and lease ids never repeat across restarts (keys are
         # built from writer ids); with a checkpoint file they are persisted.
         self.ids = IdState(config.checkpoint + ".ids" if config.checkpoint else None)
@@ -71,16 +66,42 @@ class ControlPlane:
         self.demotions = Demotions()  # full nodes' demotion candidates, one scan for many
         self.retirements = Retirements(self.members)  # evicted leased slots being marked
         self.room = Room(np.random.default_rng(config.seed))  # full arenas: what to evict
-        self._changed: dict[str, asyncio.Event] = {}  # set when a table's counts change
-        self._seed = itertools.count(config.seed) if config.seed is not None else None
+        self.admission = Admission()  # calls a rate limiter holds (control/admission.py)
+        self.stats = metrics.ControlStats()  # read at scrape time (metrics.py)
+        self.catalog = Catalog(self.members, self.admission, seeds)
+        self.tables: dict[str, Table] = self.catalog.tables
+        # Slots freed on their nodes; leases released or expired.
+        self.reclaim = Reclaim(self.tables, self.leases, self.members, self.tiers,
+                               self.admission)
+        # A restore from the checkpoint in progress (nodes re-send their items).
+        self.restoring = Restoring(self.tables, self.members, self.reclaim, self.admission)
+        self.nodes = Nodes(config, self.ids, self.members, self.tables, self.demotions,
+                           self.restoring, self.stats)  # joining, heartbeats, leaving
+        self.sampling = Sampling(config, self.catalog, self.leases, self.members, self.tiers,
+                                 self.admission, self.reclaim)
+        self.inserts = Inserts(self.catalog, self.members, self.admission, self.retirements,
+                               self.reclaim)
+        # Nodes' requests about their slots: eviction, demotion, staging.
+        self.arenas = Arenas(self.catalog, self.members, self.tiers, self.demotions, self.room,
+                             self.retirements, self.admission)
+        # Operation -> the handler that serves it.
+        self.dispatch = Dispatcher(self, self.catalog, self.sampling, self.inserts,
+                                   self.reclaim, self.nodes, self.arenas, self.restoring,
+                                   Writers(config, self.ids))
         self._stop = asyncio.Event()
-        self._restoring: Restore | None = None  # nodes may re-send their items meanwhile
-        self._refused_stores: set[str] = set()  # nodes of another store, refused (logged once)
         self._checkpointing: asyncio.Lock | None = None
         self.last_checkpoint: dict | None = None
-        self.stats = metrics.ControlStats()  # read at scrape time (metrics.py)
         self.metrics_server: metrics.MetricsServer | None = None
         self.port = None
+
+    @property
+    def _restoring(self) -> Restore | None:
+        """The restore in progress (metrics.control_snapshot reads it)."""
+        return self.restoring.current
+
+    async def handle(self, peer: Peer, op: str, f: dict):
+        """Answer one request, as the server does (dispatch.py)."""
+        return await self.dispatch.handle(peer, op, f)
 
     # -- lifecycle -------------------------------------------------------
     async def run(self, ready_file: str | None = None) -> int:
@@ -89,8 +110,8 @@ class ControlPlane:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self._stop.set)
         if self.config.restore:
-            self._restoring = Restore(self.config.checkpoint, self.config.restore_grace)
-            self.tables.update(self._restoring.load(self._seed, self.ids.next_node_id))
+            self.restoring.begin(self.config.checkpoint, self.config.restore_grace,
+                                 self.catalog.seeds, self.ids.next_node_id)
         server = await self.start()
         try:
             self._create_configured_tables()
@@ -134,8 +155,9 @@ class ControlPlane:
             # The nodes a restore from it waits for: members, and those a
             # restore in progress still waits for (they may hold its items).
             nodes = {n.node_id: n.name for n in self.members.nodes.values() if n.alive}
-            if self._restoring is not None and self._restoring.absent is not None:
-                nodes.update(self._restoring.absent)
+            restore = self.restoring.current
+            if restore is not None and restore.absent is not None:
+                nodes.update(restore.absent)
             image = Image([t.image() for t in self.tables.values()],
                           incarnation=self.ids.incarnation, store_id=self.ids.store_id,
                           nodes=nodes, next_node_id=self.ids.next_node_id)
@@ -169,20 +191,11 @@ class ControlPlane:
     def _create_configured_tables(self) -> None:
         """Create the tables named in the configuration ([[tables]] in distore.toml)."""
         for definition in self.config.tables:
-            self.create_table(definition)
+            self.catalog.create(definition)
 
     async def start(self):
         """Start serving and the housekeeping task; returns the server."""
-        server = await serve(
-            self.config.host, self.config.port, self.handle, self._on_close,
-            concurrent=frozenset({"items_added"}),  # may wait on a rate limiter
-            # A learner keeps two samples in flight while they draw cold
-            # items: the second one's node reads while the first one's does.
-            ordered=frozenset({"sample"}),
-            token=read_token(self.config.token_file),
-            max_frame=self.config.max_frame, max_pending=self.config.max_pending,
-            role="control plane",
-        )
+        server = await self.dispatch.serve(self.config, self.nodes.on_close)
         self.port = server.sockets[0].getsockname()[1]
         loop = asyncio.get_running_loop()
         self._tasks = [loop.create_task(self._housekeeping())]
@@ -197,7 +210,7 @@ class ControlPlane:
 
     async def _housekeeping(self) -> None:
         """Mark silent nodes unresponsive, drop those silent past the grace,
-        and expire leases, a few times a second."""
+        end a restore that is over, and expire leases, a few times a second."""
         period = min(self.config.heartbeat_interval, self.config.heartbeat_timeout / 4)
         last = time.monotonic()
         while True:
@@ -212,359 +225,19 @@ class ControlPlane:
                     "the control plane's event loop stalled for %.2f s; that time is not "
                     "counted against the nodes' heartbeats (a busy host, or a long "
                     "operation such as a checkpoint of a large table)", stalled)
-            for node in self.members.silent(now):
-                self._node_unresponsive(node, now)
-            for node in self.members.expired(now):
-                self._node_died(node.node_id, f"no heartbeat for {now - node.last_seen:.1f} s, "
-                                f"longer than the grace (control.unresponsive_grace = "
-                                f"{self.members.grace:g} s)")
-            if self._restoring is not None:
-                self._restoring.report(self.tables, now)
-                self._end_restore(now)
-            expired = self.leases.expired(now)
-            if expired:
-                log.warning("%d leases expired unreleased (learner gone?)", len(expired))
-                self._release(expired)
+            self.nodes.check(now)
+            self.restoring.tick(now)
+            self.reclaim.expire(now)
 
-    def _end_restore(self, now: float) -> None:
-        """End the restore once it is over (every node it waits for is done,
-        or its grace has run out)."""
-        if self._restoring is not None and self._restoring.over(now):
-            self._restoring, restore = None, self._restoring
-            restore.end(self.tables)
-
-    def _on_close(self, peer: Peer) -> None:
-        # The connection's leases are not released here: reads it posted may
-        # still be in flight over UCX. They expire after lease_timeout.
-        node_id = peer.state.get("node_id")
-        if node_id is not None and self.members.is_alive(node_id):
-            self._node_died(node_id, "its control connection closed")
-
-    def _node_unresponsive(self, node, now: float) -> None:
-        """A node missed its heartbeats: route around it (no inserts placed
-        there, its items left out of sample replies) but keep its items for
-        the grace; a heartbeat makes it live again (op_heartbeat)."""
-        self.members.unresponsive(node, now)
-        self.stats.membership["unresponsive"] += 1
-        log.warning("node %d (%s) unresponsive: no heartbeat for %.1f s; clients route around "
-                    "it, its items stay for %g s (control.unresponsive_grace)", node.node_id,
-                    node.name, now - node.last_seen, self.members.grace)
-
-    def _node_died(self, node_id: int, why: str, left: bool = False) -> int:
-        """Take a node out of the store, however it went (silent past the
-        grace, connection closed, or `left`: deregistered on shutdown): its
-        items leave sampling at once (not counted as deletes), and a gone
-        node's connection is closed. Returns how many items left."""
-        node = self.members.nodes[node_id]
-        node.state = GONE
-        if self._restoring is not None:
-            self._restoring.gone(node_id)  # housekeeping ends the restore if it was the last
-        self.stats.membership["left" if left else "dropped"] += 1
-        dropped = sum(t.drop_node(node_id) for t in self.tables.values())
-        self.demotions.forget(node_id=node_id)
-        if left:
-            log.info("node %d (%s) left: %d items removed from sampling", node_id, node.name,
-                     dropped)
-        else:
-            log.warning("node %d (%s) dropped: %s; %d items removed from sampling",
-                        node_id, node.name, why, dropped)
-            if node.peer is not None:
-                node.peer.close()
-        return dropped
-
-    # -- helpers ---------------------------------------------------------
-    def _table(self, name: str) -> Table:
-        table = self.tables.get(name)
-        if table is None:
-            raise TableNotFound(
-                f"no table {name!r} on this control plane (tables: {sorted(self.tables)}); "
-                "create it with client.create_table"
-            )
-        return table
-
-    def _touch(self, table: Table) -> None:
-        """Wake every call waiting on this table's rate limiter."""
-        event = self._changed.pop(table.name, None)
-        if event is not None:
-            event.set()
-
-    async def _wait(self, table: Table, ready, what: str, n: int, timeout: float) -> None:
-        """Wait until ready() holds, or raise RateLimiterTimeout (NoData when too few items)."""
-        deadline = time.monotonic() + timeout
-        if ready():
-            return
-        stats = table.stats  # metrics: one hold per held call
-        stats.holds[what] += 1
-        stats.waiting[what] += 1
-        try:
-            await self._hold(table, ready, what, n, timeout, deadline)
-        except RateLimiterTimeout:  # NoData too
-            stats.timeouts[what] += 1
-            raise
-        finally:
-            stats.waiting[what] -= 1
-
-    async def _hold(self, table: Table, ready, what: str, n: int, timeout: float,
-                    deadline: float) -> None:
-        while not ready():
-            left = deadline - time.monotonic()
-            if left <= 0:
-                state = table.limiter_state()
-                counts = (
-                    f"size {table.size}, inserts {table.inserts}, samples {table.samples}, "
-                    f"diff {state['diff']:g} (allowed {state['min_diff']:g}..{state['max_diff']:g})"
-                )
-                if what == "sample" and table.size < max(1, state["min_size_to_sample"]):
-                    raise NoData(
-                        f"table {table.name!r} has no items to sample yet ({counts}; needs "
-                        f"{state['min_size_to_sample']}); insert and flush first, or wait longer"
-                    )
-                raise RateLimiterTimeout(
-                    f"table {table.name!r}: the {state['kind']} rate limiter held "
-                    f"{'an' if what == 'insert' else 'a'} {what} of {n} "
-                    f"items for {timeout:g} s ({counts}). "
-                    + ("Sample more, or insert more slowly."
-                       if what == "insert" else "Insert more, or sample more slowly.")
-                )
-            event = self._changed.setdefault(table.name, asyncio.Event())
-            try:
-                await asyncio.wait_for(event.wait(), left)
-            except asyncio.TimeoutError:
-                pass
-
-    def _free(self, table: str, freed: Freed) -> None:
-        """Tell the owning nodes to reuse these slots (dead nodes are skipped)."""
-        if len(freed.nodes) == 0:
-            return
-        for node_id in np.unique(freed.nodes):
-            node = self.members.nodes.get(int(node_id))
-            if node is None or not node.alive:
-                continue
-            node.peer.push("free", table=table, offsets=freed.offsets[freed.nodes == node_id])
-
-    def _release_owned(self, peer: Peer, lease_ids) -> int:
-        """Release `peer`'s leases among `lease_ids`; returns how many ids named
-        another connection's lease (refused: logged once per connection)."""
-        mine, refused = self.leases.take(lease_ids, peer)
-        self._release(mine)
-        if refused:
-            peer.state["leases_refused"] = peer.state.get("leases_refused", 0) + refused
-            if not peer.state.get("refusal_logged"):
-                peer.state["refusal_logged"] = True
-                log.warning("%s tried to release %d lease(s) another connection holds; refused "
-                            "(a buggy or hostile client; further refusals from it are only "
-                            "counted, see `distore status --json`)", peer.address, refused)
-        return refused
-
-    def _release(self, leases) -> None:
-        for lease in leases:
-            if lease.staged:
-                self.tiers.unstage(lease.staged)
-            table = self.tables.get(lease.table)
-            if table is not None:
-                self._free(table.name, table.unlease(lease.recs))
-                self._touch(table)
-
-    # -- requests --------------------------------------------------------
-    async def handle(self, peer: Peer, op: str, f: dict):
-        """Answer one request (the dispatcher given to rpc.serve)."""
-        method = getattr(self, "op_" + op, None)
-        if method is None:
-            raise InvalidRequest(f"the control plane does not serve {op!r}: is the peer a "
-                                 "distore-ucx client or node of the same version?")
-        result = method(peer, f)
-        return await result if asyncio.iscoroutine(result) else result
-
-    def op_register_node(self, peer: Peer, f: dict) -> dict:
-        """A node joins, or re-joins after losing us with its former id.
-
-        `restore` in the reply tells it whether to re-send the items it holds
-        (this control plane is restoring) or to discard them (it starts
-        afresh, or dropped the node and forgot them)."""
-        fields = dict(f)
-        wanted = fields.pop("node_id", None)
-        store = fields.pop("store_id", None)
-        if store is not None and store != self.ids.store_id and self._restoring is not None:
-            why = (f"storage node {f['name']!r} holds items of store {store}, but this control "
-                   f"plane restores store {self.ids.store_id} ({self.config.checkpoint}): "
-                   "refused, its items kept. Restart the node's own control plane (its "
-                   "--checkpoint), or restart the node empty to join this store")
-            if why not in self._refused_stores:  # one line per node and store, not per retry
-                self._refused_stores.add(why)
-                log.error("%s", why)
-            raise CheckpointError(why)
-        node = self.members.register(peer, fields, wanted)
-        self.stats.membership["rejoined" if wanted == node.node_id else "joined"] += 1
-        if self._restoring is not None:
-            # A node with a former id re-sends its items, then says so (items_resent).
-            self._restoring.joined(node.node_id, node.name, resends=wanted is not None)
-        return {"node_id": node.node_id, "heartbeat_interval": self.config.heartbeat_interval,
-                "restore": self._restoring is not None, "store_id": self.ids.store_id,
-                "items_resent": self._restoring is not None}
-
-    def op_items_restored(self, peer: Peer, f: dict) -> dict:
-        """Items a re-registered node still holds (sent only while restoring)."""
-        node_id = f["node_id"]
-        if peer.state.get("node_id") != node_id or not self.members.is_alive(node_id):
-            raise InvalidRequest(
-                f"items_restored for node {node_id} from a connection that is not it")
-        if self._restoring is None:
-            raise InvalidRequest("this control plane is not restoring; a node re-sends its items "
-                                 "only when register_node's reply asks for them")
-        table, freed, counts = self._restoring.items(self.tables, node_id, f)
-        self._free(f["table"], freed)
-        if table is not None:
-            self._touch(table)
-        return counts
-
-    def op_items_resent(self, peer: Peer, f: dict) -> dict:
-        """A re-joined node has re-sent every item it holds: the restore ends
-        as soon as every node it waits for has."""
-        node_id = f["node_id"]
-        if peer.state.get("node_id") != node_id:
-            raise InvalidRequest(f"items_resent for node {node_id} from a connection that is "
-                                 "not it")
-        if self._restoring is not None:  # else it ended already (its grace ran out)
-            self._restoring.sent(node_id)
-            self._end_restore(time.monotonic())
-        return {}
-
+    # -- plane-wide requests ---------------------------------------------
     async def op_checkpoint(self, peer: Peer, f: dict) -> dict:
         """Write a checkpoint now (`distore checkpoint`)."""
         return await self.checkpoint("on demand")
 
-    def op_heartbeat(self, peer: Peer, f: dict) -> dict:
-        """A node's heartbeat (on a connection of its own: storage/heartbeat.py);
-        an unresponsive node that beats again is live again, with its items."""
-        node = self.members.heartbeat(f["node_id"], f["used_bytes"])
-        if node is not None:
-            self.stats.membership["resumed"] += 1
-            log.warning("node %d (%s) answers again after %.1f s unresponsive; it resumes with "
-                        "its items", node.node_id, node.name, time.monotonic() - node.since)
-        node = self.members.nodes.get(f["node_id"])
-        return {"state": node.state if node is not None else GONE}
-
-    def op_deregister_node(self, peer: Peer, f: dict) -> dict:
-        """A node shutting down: drop its items from sampling now, not at its timeout."""
-        node_id = f["node_id"]
-        if peer.state.get("node_id") != node_id:
-            raise InvalidRequest(
-                f"deregister_node for node {node_id} from a connection that is not it"
-            )
-        if self.members.is_alive(node_id):
-            self._node_died(node_id, "it left", left=True)
-        # Slots of this node that learners hold leases on: reads that may be in flight.
-        leased = sum(int(np.count_nonzero((t.store.node == node_id) & (t.store.leases > 0)))
-                     for t in self.tables.values())
-        return {"leased": leased}
-
-    def op_register_writer(self, peer: Peer, f: dict) -> dict:
-        """A writer id never handed out before; at most control.max_writer_ids
-        writers per connection. Ids are not reused (keys `writer_id << 24 |
-        seq` of a closed writer may still be in tables, in nodes' slots and in
-        checkpoints) but cannot run out: there are 2**40, and a writer whose
-        2**24 keys are used asks for the next with `previous`, which this
-        connection's count does not see again."""
-        limit = self.config.max_writer_ids
-        mine = peer.state.setdefault("writer_ids", set()) if peer is not None else set()
-        previous = f.get("previous")
-        if previous not in mine:  # a new writer (or one whose connection was made again)
-            previous = None
-        if previous is None and len(mine) >= limit:
-            raise LimitExceeded(
-                f"this connection registered {len(mine)} writers, the most one connection may "
-                f"(control.max_writer_ids = {limit}): reuse a writer instead of making one per "
-                "batch, connect again (ds.connect) for more, or raise --max-writer-ids"
-            )
-        wid = self.ids.writer_id()
-        if wid >= MAX_WRITERS:  # 2**40 ids: not in this universe's lifetime
-            raise ConfigError(f"this control plane handed out all {MAX_WRITERS} writer ids; "
-                              "start a new store (a new --checkpoint path)")
-        mine.discard(previous)
-        mine.add(wid)
-        return {"writer_id": wid, "key_bits": KEY_BITS}
-
-    def op_create_table(self, peer: Peer, f: dict) -> dict:
-        return self.create_table(TableDefinition.from_wire(f))
-
-    def create_table(self, definition: TableDefinition) -> dict:
-        """Create a table (or return the existing one of the same definition)."""
-        name = definition.name
-        existing = self.tables.get(name)
-        if existing is not None:
-            if existing.definition != definition:
-                differ = "; ".join(existing.definition.differences(definition))
-                raise TableExists(
-                    f"table {name!r} exists with another definition ({differ}): create it "
-                    "with the same definition to reuse it, or use another name"
-                )
-            return existing.info()
-        seed = next(self._seed) if self._seed is not None else None
-        table = Table(definition, seed)
-        spec = table.spec
-        warnings = self._check_fit(name, spec.slot_size, table.capacity)
-        self.tables[name] = table
-        log.info("table %r created: capacity %d, %d-byte items, sampler %s, remover %s, %s",
-                 name, table.capacity, spec.item_bytes, table.sampler.kind, table.remover.kind,
-                 table.rate_limiter.kind)
-        for text in warnings:
-            log.warning("%s", text)
-        return {**table.info(), "warnings": warnings}
-
-    def _check_fit(self, name: str, slot_size: int, capacity: int) -> list[str]:
-        """Refuse a table whose items fit no live node's arena; warnings when
-        its capacity cannot fit in the live nodes' arenas (nodes may join later)."""
-        nodes = self.members.alive()
-        if not nodes:
-            return []
-        if slot_size > max(n.arena_size for n in nodes):
-            arenas = [n.arena_size for n in nodes]
-            raise ConfigError(
-                f"table {name!r}: one item takes {slot_size} bytes in an arena (header and "
-                f"padding included) but the largest storage node's arena is {max(arenas)} "
-                "bytes: no item could ever be stored. Start storage nodes with a larger "
-                "--arena, or make the items smaller"
-            )
-        # A node's disk tier holds items too (in 4 KiB-rounded slots).
-        arenas = [n.arena_size + n.disk_size // stride_of(slot_size) * slot_size for n in nodes]
-        room = sum(a // slot_size for a in arenas)  # slots, if this table had every arena
-        need = capacity * slot_size
-        where = "arenas and disk tiers" if any(n.disk_size for n in nodes) else "arenas"
-        if capacity > room:
-            return [(f"table {name!r}: capacity {capacity} x {slot_size}-byte slots = {need} "
-                     f"bytes, but the {where} of the {len(nodes)} live storage "
-                     f"node(s) hold at most "
-                     f"{room} such items ({sum(arenas)} bytes): once they are full, an "
-                     "insert evicts the table's own items by its remover, so it holds about "
-                     f"{room} items (table_info's 'fits'). Lower the capacity, or start more "
-                     "storage nodes, larger arenas or disk tiers (--disk)")]
-        others = {t.name: t.capacity * t.spec.slot_size for t in self.tables.values()}
-        # Only the table that tips the sum over is warned about (once was enough
-        # for tables that did not fit alone).
-        if need + sum(others.values()) > sum(arenas) >= sum(others.values()):
-            return [(f"table {name!r}: capacity {capacity} x {slot_size}-byte slots = {need} "
-                     f"bytes fits the live nodes' {where} ({sum(arenas)} bytes) alone, but not "
-                     f"together with the other tables' capacities "
-                     f"({', '.join(f'{k}: {v} bytes' for k, v in others.items())}): tables "
-                     "share arenas first come, first served; a table with no room evicts its "
-                     "own items, and one that holds none on a full node gets StorageFull")]
-        return []
-
-    def op_table_info(self, peer: Peer, f: dict) -> dict:
-        table = self._table(f["name"])
-        return {**table.info(), "cold": cold_items(table),
-                "fits": fits(table, list(self.tables.values()), self.members.alive())}
-
-    def op_list_tables(self, peer: Peer, f: dict) -> dict:
-        return {"tables": [t.info() for t in self.tables.values()]}
-
-    def op_nodes(self, peer: Peer, f: dict) -> dict:
-        """LIVE nodes: where writers place inserts and learners read from
-        (unresponsive ones are routed around)."""
-        return {"nodes": [n.describe() for n in self.members.live()]}
-
     def op_status(self, peer: Peer, f: dict) -> dict:
-        restoring = None if self._restoring is None else self._restoring.until
+        """The whole store's state, for `distore status`."""
+        restore = self.restoring.current
+        restoring = None if restore is None else restore.until
         return {
             "nodes": [n.describe(with_keys=False) for n in self.members.nodes.values()],
             "tables": [t.info() for t in self.tables.values()],
@@ -574,235 +247,6 @@ class ControlPlane:
             "checkpoint": self.last_checkpoint,
             "restoring_s": None if restoring is None else max(0.0, restoring - time.monotonic()),
         }
-
-    async def op_items_added(self, peer: Peer, f: dict) -> dict:
-        node_id = f["node_id"]
-        if peer.state.get("node_id") != node_id:
-            raise InvalidRequest(f"items_added for node {node_id} from a connection that is not it")
-        self.members.heard(node_id)
-        self._check_placed(node_id, f)
-        table = self._table(f["table"])
-        n = len(f["keys"])
-        if (f["priorities"] < 0).any():
-            raise InvalidRequest("priorities must be >= 0")
-        if not table.rate_limiter.admits_insert_batch(n):
-            raise ConfigError(
-                f"table {table.name!r}: its {table.rate_limiter.kind} rate limiter can never "
-                f"admit a batch of {n} inserts at once; send smaller batches "
-                "(client.writer(max_items=...))"
-            )
-        await self._wait(table, lambda: table.can_insert(n), "insert", n, f.get("timeout", 60.0))
-        self._check_placed(node_id, f)
-        if "used_bytes" in f:
-            self.members.nodes[node_id].used_bytes = f["used_bytes"]
-        keys, offsets = f["keys"], f["offsets"]
-        gens, prios = f["generations"], f["priorities"]
-        # A writer resends a batch whose node became unresponsive: if both
-        # copies reach the table, the second is refused here (its slots are
-        # freed by its node), so a key is never stored twice.
-        twice = table.core.lookup(np.ascontiguousarray(keys, np.uint64)) >= 0
-        if twice.any():
-            log.info("table %r: %d keys of a batch from node %d are in the table already (a "
-                     "batch resent after its node became unresponsive); not stored twice",
-                     table.name, int(twice.sum()), node_id)
-            new = ~twice
-            keys, offsets, gens, prios = keys[new], offsets[new], gens[new], prios[new]
-        freed = table.add(node_id, keys, offsets, gens, prios)
-        retired = table.retired_leased
-        # Items of this batch evicted at once are freed too: the node holds
-        # a free until the registrations in flight when it came are committed.
-        self._free(table.name, freed)
-        self._touch(table)
-        # Evicted items a learner sampled ahead: their nodes mark the slots
-        # retired before the insert is acknowledged (control/retirements.py).
-        await self.retirements.mark(table.name, retired)
-        reply = {"evicted": int(len(freed.nodes) + len(retired))}
-        if twice.any():
-            reply["duplicate_offsets"] = f["offsets"][twice]
-        return reply
-
-    def _check_placed(self, node_id: int, f: dict) -> None:
-        """Refuse an insert from a node that is not LIVE, or one placed there
-        before it was last unresponsive (`epoch`: the writer resent it
-        elsewhere). NodeGone is a ConnectionFailed: the writer resends."""
-        node = self.members.nodes.get(node_id)
-        if node is None or not node.live:
-            state = "gone" if node is None else node.state
-            raise NodeGone(f"storage node {node_id} is {state} (no heartbeat); its insert "
-                           "was not registered and the writer resends the batch")
-        if "epoch" in f and f["epoch"] != node.epoch:
-            raise NodeGone(f"storage node {node_id} was unresponsive after this insert was "
-                           "placed there (the writer may have resent it elsewhere); not "
-                           "registered, the writer resends the batch")
-
-    async def op_sample(self, peer: Peer, f: dict) -> dict:
-        """Sample n items under a lease owned by this connection.
-
-        With `batch` (n is several batches of that size, sampled ahead by a
-        learner) the answer may hold fewer whole batches: as many as
-        control.max_sample and the connection's lease limit allow, one for a
-        table that has had items on a disk tier. `release` (lease ids of
-        earlier batches) is handled first; ids of another connection's
-        leases are refused and counted in the reply's `refused`, not failed:
-        the sample itself is still answered."""
-        refused = self._release_owned(peer, f["release"]) if "release" in f else 0
-        table = self._table(f["table"])
-        n = f["n"]
-        held, limit = self.leases.held(peer), self.config.max_leased_items
-        batch = f.get("batch", n)
-        if batch < n and n % batch == 0:
-            # Sampled ahead (several batches asked at once): answer fewer
-            # whole batches rather than refuse. Cold items must fit the
-            # nodes' staging areas, sized for a learner holding three
-            # batches, so one batch for a table that may hold cold items. A
-            # table that never left DRAM samples ahead, disk tiers or not
-            # (perf/tier_bandwidth.py --hot measures what that is worth).
-            if table.may_hold_cold:
-                n = batch
-            fit = min(self.config.max_sample, limit - held) // batch * batch
-            n = max(batch, min(n, fit))
-        if n > self.config.max_sample:
-            raise LimitExceeded(
-                f"table {table.name!r}: a sample of {n} items is more than one request may ask "
-                f"for (control.max_sample = {self.config.max_sample}); sample smaller "
-                "batches, or raise --max-sample"
-            )
-        if held + n > limit:
-            raise LimitExceeded(
-                f"table {table.name!r}: this connection holds leases on {held} items and asks "
-                f"for {n} more, over its limit (control.max_leased_items = {limit}). Release "
-                "read batches (a learner releases each batch with its next request; close "
-                "idle learners), or raise --max-leased-items"
-            )
-        await self._wait(table, lambda: table.can_sample(n), "sample", n, f.get("timeout", 0.0))
-        if self.leases.held(peer) + n > limit:
-            # Samples of one connection run concurrently (a learner keeps two
-            # in flight for cold items): another may have been granted while
-            # this one waited. Checked again with no await before the grant,
-            # so pipelining can never take more than the limit.
-            raise LimitExceeded(
-                f"table {table.name!r}: this connection holds leases on "
-                f"{self.leases.held(peer)} items and asks for {n} more, over its limit "
-                f"(control.max_leased_items = {limit}). Keep fewer samples in flight, "
-                "release read batches, or raise --max-leased-items"
-            )
-        t0 = time.perf_counter()  # metrics: the decision, without the wait
-        size = table.size  # the size the probabilities refer to
-        min_probability = table.min_probability  # ... and the smallest of them (weights)
-        recs, probs, freed = table.sample(n)
-        away = self.members.away()
-        # Not for tables with max_times_sampled: a draw is a use there, and
-        # drawing again would use up items nobody receives.
-        if away and not table.max_times_sampled:
-            recs, probs, freed = self._route_around(table, recs, probs, freed, away)
-        self._free(table.name, freed)
-        self._touch(table)
-        lease = self.leases.grant(table.name, recs, peer)
-        items = table.locations(recs)  # protocol.ITEM_LOCATION records
-        table.stats.decision.observe(time.perf_counter() - t0)
-        staged = int(np.count_nonzero(items["offset"] >= COLD))
-        if staged:
-            items = await self._stage_cold(table, recs, items, lease)
-        return {
-            "lease": lease,
-            "refused": refused,
-            "table_size": size,
-            "items": items,
-            "probabilities": probs,
-            "min_probability": min_probability,
-            "staged": staged,  # cold items read from disk for it (learners ask further ahead)
-        }
-
-    def _route_around(self, table: Table, recs, probs, freed: Freed, away: list[int]):
-        """Draw again the items of a sample that lie on unresponsive nodes (as
-        a learner resamples items it cannot read), a few rounds at most:
-        their reads would wait for a node that does not answer."""
-        nodes = np.asarray(away, np.uint32)
-        for _ in range(ROUTE_AROUND_ROUNDS):
-            bad = np.flatnonzero(np.isin(table.store.node[recs], nodes))
-            if len(bad) == 0:
-                break
-            freed = freed + table.unlease(recs[bad])
-            again, p, more = table.sample(len(bad))
-            recs[bad], probs[bad] = again, p
-            freed = freed + more
-        return recs, probs, freed
-
-    async def _stage_cold(self, table: Table, recs, items, lid: int):
-        """Locations of a sample whose cold items their nodes staged
-        (control/tiers.py); on failure the sample's lease is released."""
-        lease = self.leases.get(lid)
-        try:
-            items = await self.tiers.stage(table, recs, items, lease)
-        except BaseException:
-            if self.leases.get(lid) is not None:
-                self._release(self.leases.take([lid], lease.owner)[0])
-            else:
-                self.tiers.unstage(lease.staged)
-            raise
-        if self.leases.get(lid) is None:  # expired while the nodes read
-            self.tiers.unstage(lease.staged)
-        return items
-
-    # -- the disk tier (control/tiers.py) ----------------------------------
-    def _node_of(self, peer: Peer, f: dict, op: str) -> int:
-        node_id = f["node_id"]
-        if peer.state.get("node_id") != node_id or not self.members.is_alive(node_id):
-            raise InvalidRequest(f"{op} for node {node_id} from a connection that is not it")
-        return node_id
-
-    def op_demote(self, peer: Peer, f: dict) -> dict:
-        """A node whose arena is full: which of its items of a table to move to disk."""
-        node_id = self._node_of(peer, f, "demote")
-        keys, offsets, gens = self.demotions.pick(self._table(f["table"]), node_id, f["n"])
-        return {"keys": keys, "offsets": offsets, "generations": gens}
-
-    def op_items_moved(self, peer: Peer, f: dict) -> dict:
-        """A node copied items to another tier: move the records still there."""
-        node_id = self._node_of(peer, f, "items_moved")
-        taken = apply_moves(self._table(f["table"]), node_id, f["keys"], f["offsets"],
-                            f["generations"], f["new_offsets"], f["new_generations"])
-        return {"taken": taken.astype(np.uint8)}
-
-    def op_staged(self, peer: Peer, f: dict) -> None:
-        """A node staged (or could not stage) a sample's cold items."""
-        self.tiers.staged(self._node_of(peer, f, "staged"), f)
-
-    def op_evict(self, peer: Peer, f: dict) -> dict:
-        """A node whose arena has no room for an insert into a table: evict
-        up to n of that table's items stored there, by its remover
-        (control/room.py); the node frees the slots it is told."""
-        node_id = self._node_of(peer, f, "evict")
-        table = self._table(f["table"])
-        recs = self.room.pick(table, node_id, f["n"])
-        freed = table.evict(recs)  # unleased: every slot is freed
-        if len(recs):
-            self._touch(table)
-            log.debug("table %r: %d items evicted to make room on node %d", table.name,
-                      len(recs), node_id)
-        s = table.store
-        leased = int(np.count_nonzero((s.node == node_id) & (s.leases > 0)))
-        return {"offsets": freed.offsets, "leased": leased}
-
-    def op_retired(self, peer: Peer, f: dict) -> None:
-        """A node marked the slots of a `retire` push."""
-        self.retirements.retired(self._node_of(peer, f, "retired"), f["request"])
-
-    def op_update_priorities(self, peer: Peer, f: dict) -> dict:
-        if (f["priorities"] < 0).any():
-            raise InvalidRequest("priorities must be >= 0")
-        table = self._table(f["table"])
-        updated = table.update_priorities(f["keys"], f["priorities"])
-        self._touch(table)
-        return {"updated": updated, "missing": len(f["keys"]) - updated}
-
-    def op_release(self, peer: Peer, f: dict) -> dict:
-        """Release this connection's leases. Ids of another connection's leases
-        are refused: they are counted in `refused` (and logged once per
-        connection) rather than failing the request, because a learner whose
-        connection was re-made may legitimately send ids its old connection
-        owned; those leases expire."""
-        return {"refused": self._release_owned(peer, f["leases"])}
 
 
 def main(config: ControlConfig, ready_file: str | None = None) -> int:

@@ -69,9 +69,14 @@ def plane(nodes: int = 1):
     return cp, peers, found
 
 
+def request(cp, peer, op: str, f: dict):
+    """Answer one request as the control plane's server does."""
+    return asyncio.run(cp.handle(peer, op, f))
+
+
 def added(cp, peer, node, keys, offsets, **extra) -> dict:
     n = len(keys)
-    return asyncio.run(cp.op_items_added(peer, dict(
+    return asyncio.run(cp.handle(peer, "items_added", dict(
         node_id=node.node_id, table="t", keys=np.array(keys, np.uint64),
         offsets=np.array(offsets, np.uint64), generations=np.ones(n, np.uint64),
         priorities=np.ones(n, np.float64), **extra)))
@@ -92,7 +97,7 @@ def test_inserts_placed_before_a_node_was_unresponsive_are_refused():
     cp.members.unresponsive(node)
     with pytest.raises(NodeGone):  # while unresponsive: the writer resends
         added(cp, peer, node, [2], [64])
-    cp.op_heartbeat(None, {"node_id": node.node_id, "used_bytes": 64})
+    request(cp, None, "heartbeat", {"node_id": node.node_id, "used_bytes": 64})
     assert node.state == LIVE
     with pytest.raises(NodeGone):  # placed in epoch 0: maybe resent elsewhere
         added(cp, peer, node, [3], [128], epoch=0)
@@ -106,12 +111,12 @@ def test_samples_leave_out_items_of_unresponsive_nodes_and_they_stay():
     added(cp, pb, b, range(100, 200), np.arange(100) * 64)
     cp.members.unresponsive(a)
     for _ in range(20):
-        reply = asyncio.run(cp.op_sample(pb, {"table": "t", "n": 64}))
+        reply = request(cp, pb, "sample", {"table": "t", "n": 64})
         assert set(reply["items"]["node"].tolist()) == {b.node_id}
-        cp.op_release(pb, {"leases": [reply["lease"]]})
+        request(cp, pb, "release", {"leases": [reply["lease"]]})
     assert cp.tables["t"].size == 200 and cp.tables["t"].leased() == 0
-    cp.op_heartbeat(None, {"node_id": a.node_id, "used_bytes": 0})
-    reply = asyncio.run(cp.op_sample(pb, {"table": "t", "n": 256}))
+    request(cp, None, "heartbeat", {"node_id": a.node_id, "used_bytes": 0})
+    reply = request(cp, pb, "sample", {"table": "t", "n": 256})
     assert set(reply["items"]["node"].tolist()) == {a.node_id, b.node_id}
 
 
@@ -147,9 +152,9 @@ def test_items_with_a_use_limit_are_not_used_up_by_routing_around():
     cp.members.unresponsive(a)
     got = 0
     for _ in range(2):
-        reply = asyncio.run(cp.op_sample(pb, {"table": "t", "n": 64}))
+        reply = request(cp, pb, "sample", {"table": "t", "n": 64})
         got += len(reply["items"])
-        cp.op_release(pb, {"leases": [reply["lease"]]})
+        request(cp, pb, "release", {"leases": [reply["lease"]]})
     assert cp.tables["t"].size == 200 - got
 
 
