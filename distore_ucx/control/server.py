@@ -37,7 +37,7 @@ from .leases import Leases
 from .membership import Membership
 from .nodes import Nodes
 from .reclaim import Reclaim
-from .restore import Restore, Restoring
+from .restore import Restoring
 from .retirements import Retirements
 from .room import Room
 from .sampling import Sampling
@@ -93,11 +93,6 @@ class ControlPlane:
         self.last_checkpoint: dict | None = None
         self.metrics_server: metrics.MetricsServer | None = None
         self.port = None
-
-    @property
-    def _restoring(self) -> Restore | None:
-        """The restore in progress (metrics.control_snapshot reads it)."""
-        return self.restoring.current
 
     async def handle(self, peer: Peer, op: str, f: dict):
         """Answer one request, as the server does (dispatch.py)."""
@@ -204,7 +199,8 @@ class ControlPlane:
         log.info("control plane listening on %s:%d", self.config.host, self.port)
         self.metrics_server = metrics.serve_process(
             self.config.metrics_port, self.config.metrics_host, loop, self,
-            lambda plane: metrics.control_snapshot(plane, restoring=plane._restoring is not None),
+            lambda plane: metrics.control_snapshot(
+                plane, restoring=plane.restoring.current is not None),
             metrics.control_families, "control plane", self.config.metrics_optional)
         return server
 
