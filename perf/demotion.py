@@ -1,7 +1,7 @@
 """Demotion picks: how fast the control plane names the items a full node moves to disk.
 
 A node whose arena is full asks the control plane for ``--n`` items at a time
-(64, as storage/node.py does). For each table size in ``--items`` and each
+(64, as storage/room.py does). For each table size in ``--items`` and each
 sampler (prioritized, uniform) this builds a real control-plane ``Table`` of
 8-byte items spread over 2 nodes (no processes, no network) and times, in
 the same run:

@@ -77,7 +77,7 @@ def recording_ns(loops: int) -> dict:
 
     def control(n):
         st = metrics.TableStats()
-        for _ in range(n):  # server.py op_sample
+        for _ in range(n):  # control/sampling.py op_sample
             t0 = time.perf_counter()
             st.decision.observe(time.perf_counter() - t0)
 

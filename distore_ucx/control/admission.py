@@ -10,7 +10,7 @@ an eviction, a priority update) calls `touch`, which wakes the calls held on
 that table to check again.
 
 Each held call is counted in the table's stats (holds, waiting, timeouts),
-read at scrape time (metrics.py).
+read at scrape time (metrics/families.py).
 """
 
 from __future__ import annotations

@@ -67,7 +67,7 @@ class ControlPlane:
         self.retirements = Retirements(self.members)  # evicted leased slots being marked
         self.room = Room(np.random.default_rng(config.seed))  # full arenas: what to evict
         self.admission = Admission()  # calls a rate limiter holds (control/admission.py)
-        self.stats = metrics.ControlStats()  # read at scrape time (metrics.py)
+        self.stats = metrics.ControlStats()  # read at scrape time (metrics/families.py)
         self.catalog = Catalog(self.members, self.admission, seeds)
         self.tables: dict[str, Table] = self.catalog.tables
         # Slots freed on their nodes; leases released or expired.

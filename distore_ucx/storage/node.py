@@ -90,7 +90,7 @@ class StorageNode(ControlSession, InsertServer, RoomForInserts, ColdStaging):
         self._disk_thread: ThreadPoolExecutor | None = None  # disk batches, made on first use
         self._slot_sizes: dict[str, int] = {}  # table -> slot size, as inserts said
         self.inserted = 0
-        self.stats = metrics.NodeStats()  # read at scrape time (metrics.py)
+        self.stats = metrics.NodeStats()  # read at scrape time (metrics/families.py)
         self._stop = asyncio.Event()
         self._now = asyncio.Event()  # a second SIGTERM: skip the drain
         self._leaving = False
