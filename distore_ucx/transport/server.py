@@ -125,7 +125,6 @@ async def serve(
         if sock is not None:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         peer = Peer(reader, writer)
-        peer.state["authenticated"] = False
         addr = writer.get_extra_info("peername")
         host = addr[0] if addr else "?"
         if not admission.admit(peer, host):
@@ -143,7 +142,7 @@ async def serve(
                 ok = False
             if not ok:
                 return
-            peer.state["authenticated"] = True
+            peer.state.authenticated = True
             admission.authenticated(peer, host)
             while True:
                 if len(peer.tasks) >= max_pending:
