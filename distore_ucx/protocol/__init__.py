@@ -1,0 +1,70 @@
+"""Every control message, declared once: fields, types, limits, version.
+
+Frames on the control channel (TCP) are an 8-byte header (body length,
+metadata length; little-endian uint32), a msgpack map, and optionally a raw
+binary payload, which is never copied into or out of msgpack (no message
+declares one now: an insert is a descriptor, the node pulls the items over
+UCX). A request is ``{"v": VERSION, "op": name, "id": n, ...fields}``;
+its reply is ``{"id": n, "ok": True, ...}`` or ``{"id": n, "ok": False,
+"error": code, "message": text}``, where code is one of ``ERRORS`` below.
+A push (``id`` 0) gets no reply.
+Arrays travel as raw little-endian bytes of a declared dtype. Encoding,
+decoding and validation live here and nowhere else; the payload bytes of
+items never pass through the control plane.
+
+The package's modules, one concept each: `framing` (frames and the
+version), `fields` (how a field is declared and checked), `requests` (every
+request's fields), `replies` (replies), `error_codes` (the error
+vocabulary), `greeting` (a server's hello and the answer to its challenge).
+Import their names from here.
+"""
+
+from __future__ import annotations
+
+from .error_codes import ERRORS, ProtocolError, error_code, error_reply, remote_error
+from .fields import ITEM_LOCATION, MAX_ITEMS, MAX_NAME, MAX_SAMPLE, F
+from .framing import (
+    AM_INSERT_ID,
+    HEADER,
+    HEADER_SIZE,
+    MAX_FRAME,
+    PAYLOAD,
+    VERSION,
+    decode,
+    encode,
+    read_header,
+)
+from .greeting import AUTH_CONTEXT, auth_mac, check_hello, hello, hello_role
+from .replies import reply
+from .requests import MESSAGES, request, validate_request
+
+__all__ = [
+    "AM_INSERT_ID",
+    "AUTH_CONTEXT",
+    "ERRORS",
+    "HEADER",
+    "HEADER_SIZE",
+    "ITEM_LOCATION",
+    "MAX_FRAME",
+    "MAX_ITEMS",
+    "MAX_NAME",
+    "MAX_SAMPLE",
+    "MESSAGES",
+    "PAYLOAD",
+    "VERSION",
+    "F",
+    "ProtocolError",
+    "auth_mac",
+    "check_hello",
+    "decode",
+    "encode",
+    "error_code",
+    "error_reply",
+    "hello",
+    "hello_role",
+    "read_header",
+    "remote_error",
+    "reply",
+    "request",
+    "validate_request",
+]
