@@ -1,13 +1,11 @@
 """Every control message, declared once: fields, types, limits, version.
 
 Frames on the control channel (TCP) are an 8-byte header (body length,
-metadata length; little-endian uint32), a msgpack map, and optionally a raw
-binary payload, which is never copied into or out of msgpack (no message
-declares one now: an insert is a descriptor, the node pulls the items over
-UCX). A request is ``{"v": VERSION, "op": name, "id": n, ...fields}``;
-its reply is ``{"id": n, "ok": True, ...}`` or ``{"id": n, "ok": False,
-"error": code, "message": text}``, where code is one of ``ERRORS`` below.
-A push (``id`` 0) gets no reply.
+metadata length; little-endian uint32) and a msgpack map (an insert is a
+descriptor: the node pulls the items over UCX). A request is ``{"v":
+VERSION, "op": name, "id": n, ...fields}``; its reply is ``{"id": n, "ok":
+True, ...}`` or ``{"id": n, "ok": False, "error": code, "message": text}``,
+where code is one of ``ERRORS``. A push (``id`` 0) gets no reply.
 Arrays travel as raw little-endian bytes of a declared dtype. Encoding,
 decoding and validation live here and nowhere else; the payload bytes of
 items never pass through the control plane.
@@ -28,7 +26,6 @@ from .framing import (
     HEADER,
     HEADER_SIZE,
     MAX_FRAME,
-    PAYLOAD,
     VERSION,
     decode,
     encode,
@@ -50,7 +47,6 @@ __all__ = [
     "MAX_NAME",
     "MAX_SAMPLE",
     "MESSAGES",
-    "PAYLOAD",
     "VERSION",
     "F",
     "ProtocolError",

@@ -1,8 +1,10 @@
-"""Frames on the control channel: header, msgpack metadata, raw payload.
+"""Frames on the control channel: a header, then a msgpack map.
 
 A frame is an 8-byte header (body length, metadata length; little-endian
-uint32), a msgpack map, and optionally a raw binary payload, which is never
-copied into or out of msgpack.
+uint32) and a body whose first `metadata length` bytes are the msgpack map.
+Every frame sent has the two lengths equal: the header leaves room for a
+raw payload after the map, which no message carries; a receiver ignores
+bytes there.
 """
 
 from __future__ import annotations
@@ -19,7 +21,6 @@ __all__ = [
     "HEADER",
     "HEADER_SIZE",
     "MAX_FRAME",
-    "PAYLOAD",
     "VERSION",
     "decode",
     "encode",
@@ -35,27 +36,15 @@ MAX_FRAME = 1 << 30  # 1 GiB: any one frame
 AM_INSERT_ID = 0x4453  # the UCX active message id of insert messages ("DS")
 HEADER = struct.Struct("<II")  # body length, metadata length
 HEADER_SIZE = HEADER.size
-PAYLOAD = "payload"  # the one field that travels raw, after the metadata
 
 
 def encode(msg: dict[str, Any]) -> list:
-    """One frame as a list of buffers: header, msgpack metadata, raw payload.
-
-    A ``payload`` field (bytes or a contiguous array) is sent as is, after
-    the metadata; the receiver finds it in the decoded message.
-    """
-    payload = msg.get(PAYLOAD)
-    if payload is not None and not isinstance(payload, str):
-        msg = {k: v for k, v in msg.items() if k != PAYLOAD}
-        payload = memoryview(payload).cast("B")
-    else:
-        payload = None
+    """One frame as a list of buffers: the header and the msgpack metadata."""
     meta = msgpack.packb(msg, use_bin_type=True)
-    n = len(meta) + (payload.nbytes if payload is not None else 0)
+    n = len(meta)
     if n > MAX_FRAME:
         raise ProtocolError(f"message of {n} bytes exceeds the {MAX_FRAME}-byte limit")
-    head = HEADER.pack(n, len(meta))
-    return [head, meta] if payload is None else [head, meta, payload]
+    return [HEADER.pack(n, n), meta]
 
 
 def read_header(header: bytes) -> tuple[int, int]:
@@ -69,7 +58,8 @@ def read_header(header: bytes) -> tuple[int, int]:
 
 
 def decode(body: bytes, meta_len: int | None = None) -> dict[str, Any]:
-    """Decode a frame body into a message map (not yet validated)."""
+    """Decode a frame body into a message map (not yet validated); bytes after
+    its first `meta_len` are not read."""
     meta_len = len(body) if meta_len is None else meta_len
     view = memoryview(body)
     try:
@@ -81,8 +71,4 @@ def decode(body: bytes, meta_len: int | None = None) -> dict[str, Any]:
     mid = msg.get("id")
     if not isinstance(mid, int) or isinstance(mid, bool) or not 0 <= mid < 2**63:
         raise ProtocolError("message id missing or not a non-negative integer")
-    if PAYLOAD in msg:
-        raise ProtocolError("the payload travels after the metadata, not inside it")
-    if meta_len < len(body):
-        msg[PAYLOAD] = view[meta_len:]
     return msg

@@ -9,7 +9,7 @@ import numpy as np
 
 from .error_codes import ProtocolError
 from .fields import _NAME, ARRAY_DTYPES, MAX_ITEMS, MAX_SAMPLE, F, check
-from .framing import PAYLOAD, VERSION
+from .framing import VERSION
 
 __all__ = [
     "MESSAGES",
@@ -211,7 +211,7 @@ def request(op: str, mid: int, **fields: Any) -> dict[str, Any]:
     """Build a request map (arrays given as numpy are turned into bytes)."""
     msg: dict[str, Any] = {"v": VERSION, "op": op, "id": mid}
     for k, v in fields.items():
-        msg[k] = v.tobytes() if isinstance(v, np.ndarray) and k != PAYLOAD else v
+        msg[k] = v.tobytes() if isinstance(v, np.ndarray) else v
     return msg
 
 

@@ -22,7 +22,7 @@ from typing import Any
 from .. import errors, protocol
 from . import auth
 from .address import parse_address
-from .frames import recv_exact
+from .frames import recv_frame, send_frame
 
 __all__ = ["PROBE_AFTER", "Client"]
 
@@ -220,11 +220,9 @@ class Client:
 
     def _send(self, op: str, fields: dict[str, Any]) -> int:
         mid = next(self._ids)
-        frame = protocol.encode(protocol.request(op, mid, **fields))
+        msg = protocol.request(op, mid, **fields)
         try:
-            self._sock.sendall(frame[0] + frame[1])
-            if len(frame) == 3:  # a payload goes as is, never copied into one buffer
-                self._sock.sendall(frame[2])
+            send_frame(self._sock, msg)
         except OSError as exc:
             self._drop()
             raise errors.ConnectionFailed(
@@ -237,8 +235,7 @@ class Client:
             raise RuntimeError("no request outstanding")
         self._sock.settimeout(self.timeout if timeout is None else timeout)
         try:
-            n, meta = protocol.read_header(self._recv_exact(protocol.HEADER_SIZE))
-            msg = protocol.decode(self._recv_exact(n), meta)
+            msg = recv_frame(self._sock)
         except TimeoutError:
             self._drop()
             waited = self.timeout if timeout is None else timeout
@@ -261,9 +258,6 @@ class Client:
         if not msg.get("ok"):
             raise protocol.remote_error(msg, self.name)
         return msg
-
-    def _recv_exact(self, n: int) -> bytes:
-        return recv_exact(self._sock, n)
 
     def _drop(self) -> None:
         """Close a failed connection; the next request may make a new one."""

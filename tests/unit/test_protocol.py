@@ -62,14 +62,15 @@ def test_invalid_requests_are_rejected(msg, message):
         protocol.validate_request(msg)
 
 
-def test_payload_travels_raw_after_the_metadata():
-    rows = np.arange(24, dtype=np.uint8).reshape(4, 6)
-    msg = protocol.request("node_info", 5, payload=rows)
-    parts = protocol.encode(msg)
-    assert len(parts) == 3 and bytes(parts[2]) == rows.tobytes()
-    assert bytes(roundtrip(msg)["payload"]) == rows.tobytes()
-    with pytest.raises(ProtocolError, match="after the metadata"):
-        protocol.decode(msgpack.packb({"id": 1, "payload": b"x"}))
+def test_a_frame_is_a_header_and_its_metadata_only():
+    parts = protocol.encode(protocol.request("node_info", 5))
+    assert len(parts) == 2
+    n, meta = protocol.read_header(parts[0])
+    assert n == meta == len(parts[1])
+    # The header leaves room for bytes after the map; no message has any, and
+    # a receiver does not read them.
+    body = bytes(parts[1]) + b"extra"
+    assert protocol.decode(body, meta) == {"v": V, "op": "node_info", "id": 5}
 
 
 def test_an_insert_is_a_descriptor_not_the_bytes():
@@ -80,7 +81,7 @@ def test_an_insert_is_a_descriptor_not_the_bytes():
                   "worker_address": b"w" * 40, "rkey": b"DSRK" + b"k" * 20, "base": 1 << 40,
                   "size": 1 << 20, "pid": 1234, "host_id": "h", "timeout": 2.0}
     op, got = protocol.validate_request(roundtrip(protocol.request("insert", 5, **fields)))
-    assert op == "insert" and "payload" not in got
+    assert op == "insert"
     assert np.array_equal(got["offsets"], keys * np.uint64(6)) and got["base"] == 1 << 40
     short = dict(fields, lengths=np.full(3, 6, np.uint64))
     with pytest.raises(ProtocolError, match="lengths"):
