@@ -20,7 +20,7 @@ Import their names from here.
 from __future__ import annotations
 
 from .error_codes import ERRORS, ProtocolError, error_code, error_reply, remote_error
-from .fields import ITEM_LOCATION, MAX_ITEMS, MAX_NAME, MAX_SAMPLE, F
+from .fields import ITEM_LOCATION, MAX_ITEMS, MAX_NAME, MAX_NODE_ID, MAX_SAMPLE, F
 from .framing import (
     AM_INSERT_ID,
     HEADER,
@@ -45,6 +45,7 @@ __all__ = [
     "MAX_FRAME",
     "MAX_ITEMS",
     "MAX_NAME",
+    "MAX_NODE_ID",
     "MAX_SAMPLE",
     "MESSAGES",
     "VERSION",

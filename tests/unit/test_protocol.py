@@ -110,3 +110,53 @@ def test_every_declared_operation_has_only_known_kinds():
     kinds = {"int", "float", "str", "bytes", "bool", "list", "dict", "u64[]", "u32[]", "f64[]"}
     for op, fields in protocol.MESSAGES.items():
         assert all(f.kind in kinds for f in fields), op
+
+
+# -- fields several messages carry have one bound --------------------------
+
+# Names that stand for different things in different messages, each bounded
+# for its own: `n` items to demote or evict (MAX_ITEMS) or to sample
+# (MAX_SAMPLE); `extents` a list of starts (staged) or an array (unstage).
+TWO_MEANINGS = {"n", "extents"}
+
+
+def bounds_by_name(declarations):
+    """field name -> {(kind, lo, hi, max_len): [where it is declared so]}."""
+    seen: dict[str, dict[tuple, list[str]]] = {}
+    for op, fields in declarations:
+        for f in fields:
+            seen.setdefault(f.name, {}).setdefault(
+                (f.kind, f.lo, f.hi, f.max_len), []).append(op)
+    return seen
+
+
+def test_a_field_carried_by_several_requests_has_one_bound():
+    differ = {name: ways for name, ways in bounds_by_name(protocol.MESSAGES.items()).items()
+              if len(ways) > 1 and name not in TWO_MEANINGS}
+    assert not differ, differ
+
+
+@pytest.mark.parametrize("op, extra", [
+    ("heartbeat", {"used_bytes": 0}),
+    ("deregister_node", {}),
+    ("items_resent", {}),
+    ("retired", {"request": 1}),
+])
+def test_node_ids_are_one_to_max_node_id_in_every_message(op, extra):
+    def check(node_id):
+        return protocol.validate_request({"v": V, "op": op, "id": 1, "node_id": node_id,
+                                          **extra})
+    for ok in (1, protocol.MAX_NODE_ID):
+        assert check(ok)[1]["node_id"] == ok
+    for bad in (0, protocol.MAX_NODE_ID + 1, -1):
+        with pytest.raises(ProtocolError, match="node_id"):
+            check(bad)
+
+
+def test_the_node_id_an_insert_names_is_bounded_as_every_other():
+    f = {f.name: f for f in protocol.MESSAGES["insert"]}["node_id"]
+    reg = {f.name: f for f in protocol.MESSAGES["register_node"]}["node_id"]
+    assert not f.required and not reg.required
+    assert (f.lo, f.hi) == (reg.lo, reg.hi) == (1, protocol.MAX_NODE_ID)
+    # A sampled item's node is a uint32 of ITEM_LOCATION: every node id fits.
+    assert np.iinfo(protocol.ITEM_LOCATION["node"]).max == protocol.MAX_NODE_ID
