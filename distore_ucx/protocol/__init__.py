@@ -11,10 +11,12 @@ decoding and validation live here and nowhere else; the payload bytes of
 items never pass through the control plane.
 
 The package's modules, one concept each: `framing` (frames and the
-version), `fields` (how a field is declared and checked), `requests` (every
-request's fields), `replies` (replies), `error_codes` (the error
-vocabulary), `greeting` (a server's hello and the answer to its challenge).
-Import their names from here.
+version), `fields` (how a field is declared and checked, and the fields
+several messages share), `requests` (every request's fields), `replies`
+(every reply, typed, and `parse_reply`), `records` (how a typed reply is
+declared and parsed), `error_codes` (the error vocabulary), `greeting` (a
+server's hello and the answer to its challenge). Import their names from
+here.
 """
 
 from __future__ import annotations
@@ -32,13 +34,42 @@ from .framing import (
     read_header,
 )
 from .greeting import AUTH_CONTEXT, auth_mac, check_hello, hello, hello_role
-from .replies import reply
+from .records import Record
+from .replies import (
+    REPLIES,
+    CheckpointReply,
+    CreateTableReply,
+    DemoteReply,
+    DeregisterNodeReply,
+    EmptyReply,
+    EvictReply,
+    HeartbeatReply,
+    InsertReply,
+    ItemsAddedReply,
+    ItemsMovedReply,
+    ItemsRestoredReply,
+    NodeDescription,
+    NodeInfoReply,
+    NodesReply,
+    RegisterNodeReply,
+    RegisterWriterReply,
+    ReleaseReply,
+    SampleReply,
+    StatusReply,
+    TableInfo,
+    TableInfoReply,
+    TablesReply,
+    UpdatePrioritiesReply,
+    parse_reply,
+    reply,
+)
 from .requests import MESSAGES, request, validate_request
 
 __all__ = [
     "AM_INSERT_ID",
     "AUTH_CONTEXT",
     "ERRORS",
+    "F",
     "HEADER",
     "HEADER_SIZE",
     "ITEM_LOCATION",
@@ -48,9 +79,33 @@ __all__ = [
     "MAX_NODE_ID",
     "MAX_SAMPLE",
     "MESSAGES",
+    "REPLIES",
     "VERSION",
-    "F",
+    "CheckpointReply",
+    "CreateTableReply",
+    "DemoteReply",
+    "DeregisterNodeReply",
+    "EmptyReply",
+    "EvictReply",
+    "HeartbeatReply",
+    "InsertReply",
+    "ItemsAddedReply",
+    "ItemsMovedReply",
+    "ItemsRestoredReply",
+    "NodeDescription",
+    "NodeInfoReply",
+    "NodesReply",
     "ProtocolError",
+    "Record",
+    "RegisterNodeReply",
+    "RegisterWriterReply",
+    "ReleaseReply",
+    "SampleReply",
+    "StatusReply",
+    "TableInfo",
+    "TableInfoReply",
+    "TablesReply",
+    "UpdatePrioritiesReply",
     "auth_mac",
     "check_hello",
     "decode",
@@ -59,6 +114,7 @@ __all__ = [
     "error_reply",
     "hello",
     "hello_role",
+    "parse_reply",
     "read_header",
     "remote_error",
     "reply",

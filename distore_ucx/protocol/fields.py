@@ -26,8 +26,10 @@ __all__ = [
     "F",
     "GENERATIONS",
     "HOST_ID",
+    "ITEM_BYTES",
     "ITEM_LOCATION",
     "KEYS",
+    "LEASE",
     "LOCAL_SOCKET",
     "MAX_ITEMS",
     "MAX_NAME",
@@ -36,6 +38,7 @@ __all__ = [
     "MAX_TIMES_SAMPLED",
     "NAME",
     "NODE_ID",
+    "NODE_STATE",
     "OFFSETS",
     "PAGE_KIND",
     "PID",
@@ -73,7 +76,10 @@ class F:
     """One field of a message: name, kind and bounds.
 
     kind: "int", "float", "str", "bytes", "bool", "list", "dict", or an
-    array kind "u64[]", "u32[]", "f64[]" (raw bytes of that dtype).
+    array kind "u64[]", "u32[]", "u8[]", "f64[]" (raw bytes of that dtype)
+    or "locations" (raw ITEM_LOCATION records). In replies a field may
+    also be `nullable` (None is a value), and a list or dict may hold
+    records of a declared reply type (`of`, protocol/replies.py).
     """
 
     name: str
@@ -82,6 +88,8 @@ class F:
     lo: float | None = None
     hi: float | None = None
     max_len: int | None = None
+    nullable: bool = False
+    of: type | None = None
 
     def optional(self) -> F:
         """This field, where a message may leave it out."""
@@ -92,7 +100,8 @@ class F:
         return replace(self, name=name)
 
 
-ARRAY_DTYPES = {"u64[]": np.uint64, "u32[]": np.uint32, "f64[]": np.float64}
+ARRAY_DTYPES = {"u64[]": np.uint64, "u32[]": np.uint32, "u8[]": np.uint8, "f64[]": np.float64,
+                "locations": ITEM_LOCATION}
 
 # -- fields several messages carry, each declared once ------------------------
 # Names: of tables, and of storage nodes (1-128 printable characters).
@@ -114,10 +123,13 @@ ARENA_ID = F("arena_id", "int", lo=0, hi=2**63 - 1)
 PAGE_KIND = F("page_kind", "str", max_len=16)
 LOCAL_SOCKET = F("local_socket", "str", max_len=100)
 SLOT_SIZE = F("slot_size", "int", lo=1, hi=1 << 34)
+ITEM_BYTES = SLOT_SIZE.named("item_bytes")
 TIMEOUT = F("timeout", "float", lo=0, hi=86400)  # seconds a request may wait
 EPOCH = F("epoch", "int", lo=0, hi=2**63 - 1)  # a node's, as its node list entry says
 REQUEST = F("request", "int", lo=1, hi=2**63 - 1)  # a stage or retire push's number
 WRITER_ID = F("writer_id", "int", lo=1, hi=2**64 - 1)
+LEASE = F("lease", "int", lo=1, hi=2**62)  # a lease's id (control/leases.py)
+NODE_STATE = F("state", "str", max_len=16)  # "live", "unresponsive" or "gone"
 # A table's definition, as create_table sends it and table_info returns it.
 CAPACITY = F("capacity", "int", lo=1, hi=2**40)
 SPEC = F("spec", "list", max_len=256)

@@ -17,6 +17,7 @@ from .fields import (
     EPOCH,
     GENERATIONS,
     HOST_ID,
+    ITEM_BYTES,
     KEYS,
     LOCAL_SOCKET,
     MAX_ITEMS,
@@ -184,7 +185,7 @@ MESSAGES: dict[str, tuple[F, ...]] = {
     "insert": (  # a descriptor: the node pulls the items from the writer's staging buffer
         TABLE,
         SLOT_SIZE,
-        SLOT_SIZE.named("item_bytes"),
+        ITEM_BYTES,
         KEYS,
         PRIORITIES,
         OFFSETS,  # of each item in the staging buffer
