@@ -1,6 +1,6 @@
 """Reading and writing whole control-channel frames, with a length limit.
 
-A frame is protocol.py's header, metadata and optional payload. The reader
+A frame is a header and msgpack metadata (protocol/framing.py). The reader
 checks the announced length against a caller's limit *before* reading the
 body, so a peer that announces more than it may send is refused without a
 byte of its body being buffered. Used by the RPC layer (transport/rpc.py)
@@ -73,11 +73,6 @@ def recv_frame(sock: socket.socket, limit: int = protocol.MAX_FRAME,
 
 
 def send_frame(sock: socket.socket, msg: dict[str, Any]) -> None:
-    """Encode and send one message on a blocking socket (OSError on failure).
-
-    A payload is sent as its own buffer, never copied into the metadata's.
-    """
-    frame = protocol.encode(msg)
-    sock.sendall(frame[0] + frame[1])
-    if len(frame) == 3:
-        sock.sendall(frame[2])
+    """Encode and send one message on a blocking socket (OSError on failure)."""
+    head, meta = protocol.encode(msg)
+    sock.sendall(head + meta)

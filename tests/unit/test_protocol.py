@@ -62,14 +62,15 @@ def test_invalid_requests_are_rejected(msg, message):
         protocol.validate_request(msg)
 
 
-def test_payload_travels_raw_after_the_metadata():
-    rows = np.arange(24, dtype=np.uint8).reshape(4, 6)
-    msg = protocol.request("node_info", 5, payload=rows)
-    parts = protocol.encode(msg)
-    assert len(parts) == 3 and bytes(parts[2]) == rows.tobytes()
-    assert bytes(roundtrip(msg)["payload"]) == rows.tobytes()
-    with pytest.raises(ProtocolError, match="after the metadata"):
-        protocol.decode(msgpack.packb({"id": 1, "payload": b"x"}))
+def test_a_frame_is_a_header_and_its_metadata_only():
+    parts = protocol.encode(protocol.request("node_info", 5))
+    assert len(parts) == 2
+    n, meta = protocol.read_header(parts[0])
+    assert n == meta == len(parts[1])
+    # The header leaves room for bytes after the map; no message has any, and
+    # a receiver does not read them.
+    body = bytes(parts[1]) + b"extra"
+    assert protocol.decode(body, meta) == {"v": V, "op": "node_info", "id": 5}
 
 
 def test_an_insert_is_a_descriptor_not_the_bytes():
@@ -80,7 +81,7 @@ def test_an_insert_is_a_descriptor_not_the_bytes():
                   "worker_address": b"w" * 40, "rkey": b"DSRK" + b"k" * 20, "base": 1 << 40,
                   "size": 1 << 20, "pid": 1234, "host_id": "h", "timeout": 2.0}
     op, got = protocol.validate_request(roundtrip(protocol.request("insert", 5, **fields)))
-    assert op == "insert" and "payload" not in got
+    assert op == "insert"
     assert np.array_equal(got["offsets"], keys * np.uint64(6)) and got["base"] == 1 << 40
     short = dict(fields, lengths=np.full(3, 6, np.uint64))
     with pytest.raises(ProtocolError, match="lengths"):
@@ -109,3 +110,53 @@ def test_every_declared_operation_has_only_known_kinds():
     kinds = {"int", "float", "str", "bytes", "bool", "list", "dict", "u64[]", "u32[]", "f64[]"}
     for op, fields in protocol.MESSAGES.items():
         assert all(f.kind in kinds for f in fields), op
+
+
+# -- fields several messages carry have one bound --------------------------
+
+# Names that stand for different things in different messages, each bounded
+# for its own: `n` items to demote or evict (MAX_ITEMS) or to sample
+# (MAX_SAMPLE); `extents` a list of starts (staged) or an array (unstage).
+TWO_MEANINGS = {"n", "extents"}
+
+
+def bounds_by_name(declarations):
+    """field name -> {(kind, lo, hi, max_len): [where it is declared so]}."""
+    seen: dict[str, dict[tuple, list[str]]] = {}
+    for op, fields in declarations:
+        for f in fields:
+            seen.setdefault(f.name, {}).setdefault(
+                (f.kind, f.lo, f.hi, f.max_len), []).append(op)
+    return seen
+
+
+def test_a_field_carried_by_several_requests_has_one_bound():
+    differ = {name: ways for name, ways in bounds_by_name(protocol.MESSAGES.items()).items()
+              if len(ways) > 1 and name not in TWO_MEANINGS}
+    assert not differ, differ
+
+
+@pytest.mark.parametrize("op, extra", [
+    ("heartbeat", {"used_bytes": 0}),
+    ("deregister_node", {}),
+    ("items_resent", {}),
+    ("retired", {"request": 1}),
+])
+def test_node_ids_are_one_to_max_node_id_in_every_message(op, extra):
+    def check(node_id):
+        return protocol.validate_request({"v": V, "op": op, "id": 1, "node_id": node_id,
+                                          **extra})
+    for ok in (1, protocol.MAX_NODE_ID):
+        assert check(ok)[1]["node_id"] == ok
+    for bad in (0, protocol.MAX_NODE_ID + 1, -1):
+        with pytest.raises(ProtocolError, match="node_id"):
+            check(bad)
+
+
+def test_the_node_id_an_insert_names_is_bounded_as_every_other():
+    f = {f.name: f for f in protocol.MESSAGES["insert"]}["node_id"]
+    reg = {f.name: f for f in protocol.MESSAGES["register_node"]}["node_id"]
+    assert not f.required and not reg.required
+    assert (f.lo, f.hi) == (reg.lo, reg.hi) == (1, protocol.MAX_NODE_ID)
+    # A sampled item's node is a uint32 of ITEM_LOCATION: every node id fits.
+    assert np.iinfo(protocol.ITEM_LOCATION["node"]).max == protocol.MAX_NODE_ID

@@ -1,0 +1,181 @@
+"""How a message's fields are declared and checked: kinds, bounds, limits.
+
+`F` declares one field; `check` checks a value against it. The fields that
+several messages carry (a node id, a table name, a slot size, ...) are
+declared here once, with their bounds, and every message that carries one
+names it (`NODE_ID`, `NODE_ID.optional()`, `NAME.named("table")`), so a
+field never has two bounds.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Any
+
+import numpy as np
+
+from .error_codes import ProtocolError
+
+__all__ = [
+    "ARENA_ID",
+    "ARRAY_DTYPES",
+    "BASE",
+    "CAPACITY",
+    "DISK_SIZE",
+    "EPOCH",
+    "F",
+    "GENERATIONS",
+    "HOST_ID",
+    "ITEM_BYTES",
+    "ITEM_LOCATION",
+    "KEYS",
+    "LEASE",
+    "LOCAL_SOCKET",
+    "MAX_ITEMS",
+    "MAX_NAME",
+    "MAX_NODE_ID",
+    "MAX_SAMPLE",
+    "MAX_TIMES_SAMPLED",
+    "NAME",
+    "NODE_ID",
+    "NODE_STATE",
+    "OFFSETS",
+    "PAGE_KIND",
+    "PID",
+    "PRIORITIES",
+    "REQUEST",
+    "RKEY",
+    "SELECTOR",
+    "SIZE",
+    "SLOT_SIZE",
+    "SPEC",
+    "STORE_ID",
+    "TABLE",
+    "TIMEOUT",
+    "USED_BYTES",
+    "WORKER_ADDRESS",
+    "WRITER_ID",
+    "check",
+]
+
+MAX_NAME = 128
+MAX_ITEMS = 1 << 24  # per message
+MAX_SAMPLE = 1 << 16  # items in one sample request
+MAX_NODE_ID = 2**32 - 1  # node ids are uint32 in ITEM_LOCATION; the first is 1
+
+
+# Where a sampled item is, as the sample reply's "items" field carries it:
+# one 32-byte record per item, little-endian.
+ITEM_LOCATION = np.dtype(
+    [("node", "<u4"), ("pad", "<u4"), ("offset", "<u8"), ("generation", "<u8"), ("key", "<u8")]
+)
+
+
+@dataclass(frozen=True)
+class F:
+    """One field of a message: name, kind and bounds.
+
+    kind: "int", "float", "str", "bytes", "bool", "list", "dict", or an
+    array kind "u64[]", "u32[]", "u8[]", "f64[]" (raw bytes of that dtype)
+    or "locations" (raw ITEM_LOCATION records). In replies a field may
+    also be `nullable` (None is a value), and a list or dict may hold
+    records of a declared reply type (`of`, protocol/replies.py).
+    """
+
+    name: str
+    kind: str
+    required: bool = True
+    lo: float | None = None
+    hi: float | None = None
+    max_len: int | None = None
+    nullable: bool = False
+    of: type | None = None
+
+    def optional(self) -> F:
+        """This field, where a message may leave it out."""
+        return replace(self, required=False)
+
+    def named(self, name: str) -> F:
+        """A field of another name that holds the same kind of value, bounded alike."""
+        return replace(self, name=name)
+
+
+ARRAY_DTYPES = {"u64[]": np.uint64, "u32[]": np.uint32, "u8[]": np.uint8, "f64[]": np.float64,
+                "locations": ITEM_LOCATION}
+
+# -- fields several messages carry, each declared once ------------------------
+# Names: of tables, and of storage nodes (1-128 printable characters).
+NAME = F("name", "str", max_len=MAX_NAME)
+TABLE = NAME.named("table")
+NODE_ID = F("node_id", "int", lo=1, hi=MAX_NODE_ID)
+STORE_ID = F("store_id", "str", max_len=64)
+HOST_ID = F("host_id", "str", max_len=128)
+PID = F("pid", "int", lo=1, hi=2**31)
+# A UCX worker's address or a packed remote key.
+WORKER_ADDRESS = F("worker_address", "bytes", max_len=1 << 16)
+RKEY = WORKER_ADDRESS.named("rkey")
+# A region of another process's memory: its address and size.
+BASE = F("base", "int", lo=0, hi=2**64 - 1)
+SIZE = F("size", "int", lo=1, hi=2**64 - 1)
+USED_BYTES = F("used_bytes", "int", lo=0)
+DISK_SIZE = F("disk_size", "int", lo=0, hi=2**62)  # bytes of a node's disk tier
+ARENA_ID = F("arena_id", "int", lo=0, hi=2**63 - 1)
+PAGE_KIND = F("page_kind", "str", max_len=16)
+LOCAL_SOCKET = F("local_socket", "str", max_len=100)
+SLOT_SIZE = F("slot_size", "int", lo=1, hi=1 << 34)
+ITEM_BYTES = SLOT_SIZE.named("item_bytes")
+TIMEOUT = F("timeout", "float", lo=0, hi=86400)  # seconds a request may wait
+EPOCH = F("epoch", "int", lo=0, hi=2**63 - 1)  # a node's, as its node list entry says
+REQUEST = F("request", "int", lo=1, hi=2**63 - 1)  # a stage or retire push's number
+WRITER_ID = F("writer_id", "int", lo=1, hi=2**64 - 1)
+LEASE = F("lease", "int", lo=1, hi=2**62)  # a lease's id (control/leases.py)
+NODE_STATE = F("state", "str", max_len=16)  # "live", "unresponsive" or "gone"
+# A table's definition, as create_table sends it and table_info returns it.
+CAPACITY = F("capacity", "int", lo=1, hi=2**40)
+SPEC = F("spec", "list", max_len=256)
+SELECTOR = F("sampler", "dict", max_len=8)
+MAX_TIMES_SAMPLED = F("max_times_sampled", "int", lo=0, hi=2**31 - 1)
+# Per-item arrays: all arrays of one message have the same length.
+KEYS = F("keys", "u64[]")
+OFFSETS = F("offsets", "u64[]")
+GENERATIONS = F("generations", "u64[]")
+PRIORITIES = F("priorities", "f64[]")
+
+
+def check(op: str, f: F, v: Any) -> Any:
+    """`v` as field `f` of message `op` holds it (arrays as numpy); ProtocolError if invalid."""
+    where = f"{op}.{f.name}"
+    if f.kind in ARRAY_DTYPES:
+        if not isinstance(v, bytes):
+            raise ProtocolError(f"{where}: expected bytes of {f.kind}")
+        dt = np.dtype(ARRAY_DTYPES[f.kind])
+        if len(v) % dt.itemsize:
+            raise ProtocolError(f"{where}: {len(v)} bytes is not a whole number of {f.kind}")
+        if len(v) // dt.itemsize > MAX_ITEMS:
+            raise ProtocolError(f"{where}: more than {MAX_ITEMS} items")
+        arr = np.frombuffer(v, dtype=dt.newbyteorder("<"))
+        if f.kind == "f64[]" and not np.isfinite(arr).all():
+            raise ProtocolError(f"{where}: values must be finite")
+        return arr
+    types = {
+        "int": int,
+        "float": (int, float),
+        "str": str,
+        "bytes": (bytes, memoryview),
+        "bool": bool,
+        "list": list,
+        "dict": dict,
+    }[f.kind]
+    if not isinstance(v, types) or (f.kind in ("int", "float") and isinstance(v, bool)):
+        raise ProtocolError(f"{where}: expected {f.kind}, got {type(v).__name__}")
+    if f.lo is not None and v < f.lo or f.hi is not None and v > f.hi:
+        raise ProtocolError(f"{where}: {v} outside [{f.lo}, {f.hi}]")
+    if f.max_len is not None and len(v) > f.max_len:
+        raise ProtocolError(f"{where}: longer than {f.max_len}")
+    if f.kind == "str" and f.max_len == MAX_NAME and not _valid_name(v):
+        raise ProtocolError(f"{where}: {v!r} is not a valid name (1-128 printable characters)")
+    return v
+
+
+def _valid_name(s: str) -> bool:
+    return 0 < len(s) <= MAX_NAME and s.isprintable()
