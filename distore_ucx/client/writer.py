@@ -73,7 +73,7 @@ from ..protocol import AM_INSERT_ID
 from ..transport import rpc
 from ..transport.local_map import TICKET_BYTES, send_staging
 from ..transport.runtime import close_at_exit, host_id
-from .lifecycle import check_insert, ensure_open
+from .lifecycle import ensure_open
 
 log = logging.getLogger(__name__)
 
@@ -130,6 +130,26 @@ class _Batch:
         ib = self.spec.item_bytes
         return self.buffer.view[self.n * ib : (self.n + k) * ib].reshape(k, ib)
 
+    def put(self, arrays: list, keys: np.ndarray, priorities: np.ndarray, lo: int, k: int
+            ) -> None:
+        """Stage items lo..lo+k of `arrays` (the spec's `arrays` of a call),
+        with their keys and priorities, in the next k free rows."""
+        self.spec.pack_into(self.rows(k), arrays, lo, lo + k)
+        self.keys[self.n : self.n + k] = keys[lo : lo + k]
+        self.priorities[self.n : self.n + k] = priorities[lo : lo + k]
+        self.n += k
+
+    def put_one(self, layout: _Layout, parts, key: int, priority: float) -> None:
+        """Stage one item given as its fields' arrays (_Layout.parts) in the
+        next free row: one slice copy per field, no other numpy work."""
+        row = self.n * layout.item_bytes
+        view = self.buffer.view[row : row + layout.item_bytes]
+        for (_, _, _, offset, nbytes), a in zip(layout.fields, parts):
+            view[offset : offset + nbytes] = a.reshape(-1).view(np.uint8)
+        self.keys[self.n] = key
+        self.priorities[self.n] = priority
+        self.n += 1
+
     def all_keys(self) -> np.ndarray:
         return self.keys[: self.n].copy()
 
@@ -145,6 +165,30 @@ class _Layout:
         self.unnamed = spec.unnamed
         self.fields = [(f.name, f.shape, f.dtype, f.offset, f.nbytes) for f in spec.fields]
         self.dense = sum(f[4] for f in self.fields) == self.item_bytes
+
+    def parts(self, data, priority) -> tuple | list | None:
+        """`data`'s arrays in field order when it is the common call: one item
+        given as numpy arrays of the spec's shapes and dtypes, with a float
+        priority that is finite and non-negative. None for any other call
+        (the general path takes it, and says what is wrong with it)."""
+        if not self.dense or type(priority) not in (float, int):
+            return None
+        if not 0.0 <= priority < math.inf:  # NaN fails too
+            return None
+        if self.unnamed:
+            name, shape, dtype, _, _ = self.fields[0]
+            if type(data) is not np.ndarray or data.shape != shape or data.dtype != dtype:
+                return None
+            return (data,)
+        if type(data) is not dict or len(data) != len(self.fields):
+            return None
+        parts = []
+        for name, shape, dtype, _, _ in self.fields:
+            a = data.get(name)
+            if type(a) is not np.ndarray or a.shape != shape or a.dtype != dtype:
+                return None
+            parts.append(a)
+        return parts
 
 
 class Writer:
@@ -263,81 +307,62 @@ class Writer:
         across the control plane. Raises (see the module docstring) when a
         batch of this writer could not be stored.
         """
-        keys = self._insert_one(table, data, priority)
-        if keys is not None:
-            return keys
-        check_insert(self, table, data, priority)
-        spec = self._client.spec(table)
-        n, arrays = spec.arrays(data)
-        prio = np.broadcast_to(np.asarray(priority, dtype=np.float64), (n,))
-        if not np.isfinite(prio).all() or (prio < 0).any():
-            raise ValueError("priorities must be finite and non-negative")
-        self._keys_for(n)
-        keys = self._key_base + np.uint64(self._seq) + np.arange(n, dtype=np.uint64)
+        # The common call, one item given as numpy arrays of the spec's shapes
+        # and dtypes with a float priority, is staged with no per-call numpy
+        # work beyond one slice copy per field; any other goes through the
+        # spec and the checks of _checked.
+        layout = self._layouts.get(table)
+        if layout is None and not self._closed:
+            layout = self._layouts[table] = _Layout(self._client.spec(table))
+        parts = None if layout is None else layout.parts(data, priority)
+        if parts is not None:
+            ensure_open(self, "writer")
+            spec, n = layout.spec, 1
+        else:
+            spec, n, arrays, priorities = self._checked(table, data, priority)
+        if self._seq + n > self._key_count:
+            self._keys_for(n)
+        first = self._key_base_int + self._seq
+        keys = np.array((first,), np.uint64) if n == 1 else (
+            self._key_base + np.uint64(self._seq) + np.arange(n, dtype=np.uint64))
         self._seq += n
         done = 0
         try:
             while done < n:
                 batch = self._batch(table, spec)
-                k = min(n - done, batch.capacity - batch.n)
-                spec.pack_into(batch.rows(k), arrays, done, done + k)
-                batch.keys[batch.n : batch.n + k] = keys[done : done + k]
-                batch.priorities[batch.n : batch.n + k] = prio[done : done + k]
-                batch.n += k
-                done += k
+                if parts is not None:
+                    batch.put_one(layout, parts, first, priority)
+                    done = 1
+                else:
+                    k = min(n - done, batch.capacity - batch.n)
+                    batch.put(arrays, keys, priorities, done, k)
+                    done += k
                 if batch.n == batch.capacity or time.monotonic() > batch.send_by:
                     self._send(self._open.pop(table), set())
         except _Failed as failed:
             failed.raise_with(keys[done:])
         return keys
 
-    def _insert_one(self, table: str, data, priority) -> np.ndarray | None:
-        """The common call, one item given as numpy arrays of the spec's
-        shapes and dtypes with a float priority: staged with no per-call
-        numpy work beyond one slice copy per field. Returns None, having
-        changed nothing, for any other call (the general path takes it)."""
-        layout = self._layouts.get(table)
-        if layout is None:
-            if self._closed:
-                return None
-            layout = self._layouts[table] = _Layout(self._client.spec(table))
-        if not layout.dense or type(priority) not in (float, int):
-            return None
-        if not 0.0 <= priority < math.inf:  # NaN fails too
-            return None
-        if layout.unnamed:
-            name, shape, dtype, _, _ = layout.fields[0]
-            if type(data) is not np.ndarray or data.shape != shape or data.dtype != dtype:
-                return None
-            parts = (data,)
-        else:
-            if type(data) is not dict or len(data) != len(layout.fields):
-                return None
-            parts = []
-            for name, shape, dtype, _, _ in layout.fields:
-                a = data.get(name)
-                if type(a) is not np.ndarray or a.shape != shape or a.dtype != dtype:
-                    return None
-                parts.append(a)
+    def _checked(self, table: str, data, priority) -> tuple:
+        """What insert checks on its general path, in this order: the writer
+        is open, a per-item priority list has one value per item, the items
+        fit the table's spec, and priorities are finite and non-negative.
+        Returns the spec, the item count, the items' arrays and priorities."""
         ensure_open(self, "writer")
-        if self._seq >= self._key_count:
-            self._keys_for(1)
-        key = self._key_base_int + self._seq
-        self._seq += 1
-        try:
-            batch = self._batch(table, layout.spec)
-            row = batch.n * layout.item_bytes
-            view = batch.buffer.view[row : row + layout.item_bytes]
-            for (_, _, _, offset, nbytes), a in zip(layout.fields, parts):
-                view[offset : offset + nbytes] = a.reshape(-1).view(np.uint8)
-            batch.keys[batch.n] = key
-            batch.priorities[batch.n] = priority
-            batch.n += 1
-            if batch.n == batch.capacity or time.monotonic() > batch.send_by:
-                self._send(self._open.pop(table), set())
-        except _Failed as failed:
-            failed.raise_with(None)
-        return np.array((key,), np.uint64)
+        prio = np.asarray(priority)
+        if prio.ndim != 0:
+            n = self._client.spec(table).count(data)
+            if prio.shape != (n,) and prio.size != 1:
+                raise ValueError(
+                    f"table {table!r}: {prio.size} priorities (shape {prio.shape}) for {n} "
+                    "items: give one priority per item, or one scalar for all"
+                )
+        spec = self._client.spec(table)
+        n, arrays = spec.arrays(data)
+        prio = np.broadcast_to(np.asarray(priority, dtype=np.float64), (n,))
+        if not np.isfinite(prio).all() or (prio < 0).any():
+            raise ValueError("priorities must be finite and non-negative")
+        return spec, n, arrays, prio
 
     def flush(self) -> None:
         """Send everything buffered and wait until every item is stored."""
