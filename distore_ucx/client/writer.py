@@ -53,7 +53,6 @@ import threading
 import time
 import weakref
 from collections import deque
-from dataclasses import dataclass
 
 import numpy as np
 
@@ -64,131 +63,27 @@ from ..errors import (
     AuthenticationFailed,
     ConfigError,
     ConnectionFailed,
-    RateLimiterTimeout,
     StorageFull,
     Timeout,
     UcxError,
 )
 from ..protocol import AM_INSERT_ID
 from ..transport import rpc
-from ..transport.local_map import TICKET_BYTES, send_staging
+from ..transport.local_map import send_staging
 from ..transport.runtime import close_at_exit, host_id
 from .lifecycle import ensure_open
+from .writer_failures import Failed, deadlock_hint
+from .writer_keys import KeyRange
+from .writer_staging import Batch, OneItemLayout, StagingBuffer, StagingPool
 
 log = logging.getLogger(__name__)
 
-_PAGE = 1 << 12
 
-
-class _Buffer:
-    """One staging buffer: memory registered once, read-only to peers."""
-
-    def __init__(self, runtime, index: int, size: int):
-        self.index = index
-        self._runtime = runtime
-        self._map(size)
-
-    def _map(self, size: int) -> None:
-        size = -(-size // _PAGE) * _PAGE
-        self.region = _native.MemoryRegion.write_protected(self._runtime.context, size)
-        self.view = self.region.view()  # the writable alias
-        self.rkey = self.region.pack_rkey()
-        self.base = self.region.address  # what the node reads
-        self.size = self.region.size
-        # The sealed memfd behind it (-1 if the kernel cannot seal it), handed
-        # to same-host nodes under a random ticket; a new region, a new ticket.
-        self.fd = self.region.share_fd
-        self.ticket = secrets.token_bytes(TICKET_BYTES)
-
-    def grow(self, size: int) -> None:
-        """Make room for at least `size` bytes (an item larger than batch_bytes)."""
-        if size > self.size:
-            self.view = self.region = None
-            self._map(size)
-
-
-@dataclass
-class _Batch:
-    """Items of one table staged in one buffer."""
-
-    table: str
-    spec: object
-    buffer: _Buffer
-    capacity: int  # items that fit
-    n: int = 0
-    keys: np.ndarray = None  # uint64[capacity], the first n in use
-    priorities: np.ndarray = None  # float64[capacity]
-    sent: float = 0.0  # perf_counter when sent (metrics: time to acknowledgement)
-    send_by: float = math.inf  # time.monotonic() past which it goes at the next insert
-
-    def __post_init__(self):
-        self.keys = np.empty(self.capacity, np.uint64)
-        self.priorities = np.empty(self.capacity, np.float64)
-
-    def rows(self, k: int) -> np.ndarray:
-        """The next k free rows of the buffer, as an (k, item_bytes) uint8 view."""
-        ib = self.spec.item_bytes
-        return self.buffer.view[self.n * ib : (self.n + k) * ib].reshape(k, ib)
-
-    def put(self, arrays: list, keys: np.ndarray, priorities: np.ndarray, lo: int, k: int
-            ) -> None:
-        """Stage items lo..lo+k of `arrays` (the spec's `arrays` of a call),
-        with their keys and priorities, in the next k free rows."""
-        self.spec.pack_into(self.rows(k), arrays, lo, lo + k)
-        self.keys[self.n : self.n + k] = keys[lo : lo + k]
-        self.priorities[self.n : self.n + k] = priorities[lo : lo + k]
-        self.n += k
-
-    def put_one(self, layout: _Layout, parts, key: int, priority: float) -> None:
-        """Stage one item given as its fields' arrays (_Layout.parts) in the
-        next free row: one slice copy per field, no other numpy work."""
-        row = self.n * layout.item_bytes
-        view = self.buffer.view[row : row + layout.item_bytes]
-        for (_, _, _, offset, nbytes), a in zip(layout.fields, parts):
-            view[offset : offset + nbytes] = a.reshape(-1).view(np.uint8)
-        self.keys[self.n] = key
-        self.priorities[self.n] = priority
-        self.n += 1
-
-    def all_keys(self) -> np.ndarray:
-        return self.keys[: self.n].copy()
-
-
-class _Layout:
-    """What a one-item insert of a table needs, computed once: each field's
-    name, shape, dtype and byte range in the item. Only for items without
-    padding between fields (the general path zeroes padding)."""
-
-    def __init__(self, spec):
-        self.spec = spec
-        self.item_bytes = spec.item_bytes
-        self.unnamed = spec.unnamed
-        self.fields = [(f.name, f.shape, f.dtype, f.offset, f.nbytes) for f in spec.fields]
-        self.dense = sum(f[4] for f in self.fields) == self.item_bytes
-
-    def parts(self, data, priority) -> tuple | list | None:
-        """`data`'s arrays in field order when it is the common call: one item
-        given as numpy arrays of the spec's shapes and dtypes, with a float
-        priority that is finite and non-negative. None for any other call
-        (the general path takes it, and says what is wrong with it)."""
-        if not self.dense or type(priority) not in (float, int):
-            return None
-        if not 0.0 <= priority < math.inf:  # NaN fails too
-            return None
-        if self.unnamed:
-            name, shape, dtype, _, _ = self.fields[0]
-            if type(data) is not np.ndarray or data.shape != shape or data.dtype != dtype:
-                return None
-            return (data,)
-        if type(data) is not dict or len(data) != len(self.fields):
-            return None
-        parts = []
-        for name, shape, dtype, _, _ in self.fields:
-            a = data.get(name)
-            if type(a) is not np.ndarray or a.shape != shape or a.dtype != dtype:
-                return None
-            parts.append(a)
-        return parts
+def _kept_by(part: str, name: str, doc: str) -> property:
+    """A Writer attribute that one of its parts keeps and reads (set it on
+    the writer and the part sees it)."""
+    return property(lambda self: getattr(getattr(self, part), name),
+                    lambda self, value: setattr(getattr(self, part), name, value), doc=doc)
 
 
 class Writer:
@@ -197,6 +92,12 @@ class Writer:
     >>> keys = writer.insert("replay", {"obs": obs, "action": a, "reward": r}, priority=1.0)
     >>> writer.flush()
     """
+
+    writer_id = _kept_by("_keys", "writer_id", "This writer's id (the high bits of its keys).")
+    batch_bytes = _kept_by("_pool", "batch_bytes", "Bytes of one staging buffer.")
+    max_items = _kept_by("_pool", "max_items", "Most items in one batch.")
+    max_in_flight = _kept_by("_pool", "max_in_flight", "Staging buffers (batches in flight).")
+    max_delay = _kept_by("_pool", "max_delay", "Seconds before a batch goes at the next insert.")
 
     def __init__(
         self,
@@ -224,20 +125,16 @@ class Writer:
             raise ConfigError(f"max_delay must be a number of seconds >= 0 (or None), "
                               f"got {max_delay!r}")
         self._client = client
-        self.batch_bytes = batch_bytes
-        self.max_items = max_items
-        self.max_in_flight = max_in_flight
-        self.max_delay = math.inf if max_delay is None else float(max_delay)
         self.timeout = timeout
-        self._take_keys(client.call("register_writer"))
-        self._layouts: dict[str, _Layout] = {}  # per table, for one-item inserts
+        self._keys = KeyRange(client)
+        self._layouts: dict[str, OneItemLayout] = {}  # per table, for one-item inserts
         self._runtime = client.runtime
+        self._pool = StagingPool(self._runtime, batch_bytes, max_items, max_in_flight,
+                                 math.inf if max_delay is None else float(max_delay))
+        self._open = self._pool.open  # one batch being filled per table
         self._me = {"worker_address": self._runtime.address, "pid": os.getpid(),
                     "host_id": host_id()}
-        self._buffers: list[_Buffer] = []
-        self._free: list[_Buffer] = []
-        self._open: dict[str, _Batch] = {}  # one batch being filled per table
-        self._in_flight: deque[tuple[rpc.Client, _Batch, int, set[int]]] = deque()
+        self._in_flight: deque[tuple[rpc.Client, Batch, int, set[int]]] = deque()
         # Keyed by node id, address and buffer: a control plane that restarted
         # afresh may give a known address another id, or a known id another node.
         self._conns: dict[tuple[int, str, int], rpc.Client] = {}
@@ -261,24 +158,6 @@ class Writer:
         self._closed = False
         _track_open(self)
 
-    def _take_keys(self, reply: dict) -> None:
-        """Keys from a register_writer reply: `writer_id << key_bits | seq`
-        for seq below 2**key_bits."""
-        self.writer_id = reply["writer_id"]
-        self._key_base = np.uint64(self.writer_id << reply["key_bits"])
-        self._key_base_int = self.writer_id << reply["key_bits"]
-        self._key_count = 1 << reply["key_bits"]
-        self._seq = 0
-
-    def _keys_for(self, n: int) -> None:
-        """Make room for n more keys: a writer id's keys used up, take the
-        next id (one request per 2**24 items)."""
-        if self._seq + n <= self._key_count:
-            return
-        if n > self._key_count:
-            raise ValueError(f"insert at most {self._key_count} items in one call, got {n}")
-        self._take_keys(self._client.call("register_writer", previous=self.writer_id))
-
     def next_keys(self, n: int = 1) -> np.ndarray:
         """The keys the next `n` items this writer inserts will get (uint64), so
         that items can carry their own key (for checks end to end). Keys are
@@ -290,8 +169,8 @@ class Writer:
         """
         if n < 0:
             raise ValueError(f"next_keys: n must be >= 0, got {n}")
-        self._keys_for(n)
-        return self._key_base + np.uint64(self._seq) + np.arange(n, dtype=np.uint64)
+        self._keys.make_room(n)
+        return self._keys.peek(n)
 
     @property
     def paths(self) -> dict[int, str]:
@@ -313,19 +192,19 @@ class Writer:
         # spec and the checks of _checked.
         layout = self._layouts.get(table)
         if layout is None and not self._closed:
-            layout = self._layouts[table] = _Layout(self._client.spec(table))
+            layout = self._layouts[table] = OneItemLayout(self._client.spec(table))
         parts = None if layout is None else layout.parts(data, priority)
         if parts is not None:
             ensure_open(self, "writer")
             spec, n = layout.spec, 1
         else:
             spec, n, arrays, priorities = self._checked(table, data, priority)
-        if self._seq + n > self._key_count:
-            self._keys_for(n)
-        first = self._key_base_int + self._seq
-        keys = np.array((first,), np.uint64) if n == 1 else (
-            self._key_base + np.uint64(self._seq) + np.arange(n, dtype=np.uint64))
-        self._seq += n
+        given = self._keys  # the next n keys become the items'
+        if given.seq + n > given.count:
+            given.make_room(n)
+        first = given.base + given.seq
+        keys = np.array((first,), np.uint64) if n == 1 else given.peek(n)
+        given.seq += n
         done = 0
         try:
             while done < n:
@@ -339,7 +218,7 @@ class Writer:
                     done += k
                 if batch.n == batch.capacity or time.monotonic() > batch.send_by:
                     self._send(self._open.pop(table), set())
-        except _Failed as failed:
+        except Failed as failed:
             failed.raise_with(keys[done:])
         return keys
 
@@ -372,7 +251,7 @@ class Writer:
                 self._send(self._open.pop(table), set())
             while self._in_flight:
                 self._complete_oldest()
-        except _Failed as failed:
+        except Failed as failed:
             failed.raise_with(None)
 
     def close(self) -> None:
@@ -386,10 +265,8 @@ class Writer:
             for conn in self._conns.values():
                 conn.close()
             self._conns.clear()
-            self._open.clear()
             self._in_flight.clear()
-            self._free.clear()
-            self._buffers.clear()
+            self._pool.clear()
 
     def __enter__(self) -> Writer:
         return self
@@ -422,32 +299,20 @@ class Writer:
                 log.info("writer %d (%s): flushed its last %d items", self.writer_id, why, held)
 
     # -- internals -------------------------------------------------------
-    def _batch(self, table: str, spec) -> _Batch:
-        """The open batch of `table`, with room for at least one item."""
+    def _batch(self, table: str, spec) -> Batch:
+        """The open batch of `table`, with room for at least one item; waits
+        for acknowledgements when every staging buffer holds a batch."""
         batch = self._open.get(table)
         if batch is not None:
             return batch
-        buf = self._buffer()
-        buf.grow(spec.item_bytes)
-        capacity = min(self.max_items, max(1, min(self.batch_bytes, buf.size) // spec.item_bytes))
-        batch = _Batch(table, spec, buf, capacity, send_by=time.monotonic() + self.max_delay)
-        self._open[table] = batch
-        return batch
-
-    def _buffer(self) -> _Buffer:
-        """A staging buffer no batch uses; waits for acknowledgements if need be."""
-        while not self._free:
-            if len(self._buffers) < self.max_in_flight:
-                buf = _Buffer(self._runtime, len(self._buffers), self.batch_bytes)
-                self._buffers.append(buf)
-                return buf
+        while (buf := self._pool.spare()) is None:
             if self._in_flight:
                 self._complete_oldest()
             else:  # every buffer holds another table's open batch: send one
                 self._send(self._open.pop(next(iter(self._open))), set())
-        return self._free.pop()
+        return self._pool.open_batch(table, spec, buf)
 
-    def _send(self, batch: _Batch, exclude: set[int], full: StorageFull | None = None) -> None:
+    def _send(self, batch: Batch, exclude: set[int], full: StorageFull | None = None) -> None:
         """Send `batch` to a node not in `exclude`. `full`: a node's StorageFull
         that made us try another; raised (it says what holds the space) when
         no other node is left."""
@@ -544,24 +409,24 @@ class Writer:
                     "off) while it held an insert"
                 )
 
-    def _stored(self, batch: _Batch, node_id: int, reply: dict) -> None:
+    def _stored(self, batch: Batch, node_id: int, reply: dict) -> None:
         self.inserted += batch.n
         st = self.stats  # metrics: once per batch
         st.batches, st.items = st.batches + 1, st.items + batch.n
         st.bytes += batch.n * batch.spec.item_bytes
         st.latency.observe(time.perf_counter() - batch.sent)
-        self._free.append(batch.buffer)
+        self._pool.release(batch.buffer)
         via = reply.get("via", "?")
         if self._paths.get(node_id) != via:
             self._paths[node_id] = via
             log.info("writer %d: storage node %d reads inserts via %s", self.writer_id,
                      node_id, via)
 
-    def _settle(self, exc: Exception, failed: _Batch) -> _Failed:
+    def _settle(self, exc: Exception, failed: Batch) -> Failed:
         """After `failed` could not be stored: wait for every other batch in
         flight, drop the open ones, and describe what was and was not stored."""
         stored, unstored = [], [failed.all_keys()]
-        self._free.append(failed.buffer)
+        self._pool.release(failed.buffer)
         while self._in_flight:
             conn, batch, node_id, _ = self._in_flight.popleft()
             try:
@@ -569,41 +434,19 @@ class Writer:
                 reply = conn.receive(self.timeout + 15.0)
             except Exception:
                 unstored.append(batch.all_keys())
-                self._free.append(batch.buffer)
+                self._pool.release(batch.buffer)
                 continue
             stored.append(batch.all_keys())
             self._stored(batch, node_id, reply)
         for batch in self._open.values():
             if batch.n:
                 unstored.append(batch.all_keys())
-            self._free.append(batch.buffer)
+            self._pool.release(batch.buffer)
         self._open.clear()
-        hint = self._deadlock_hint(exc, failed.table, failed.n)
-        return _Failed(exc, stored, unstored, hint)
+        hint = deadlock_hint(self._client, exc, failed.table, failed.n)
+        return Failed(exc, stored, unstored, hint)
 
-    def _deadlock_hint(self, exc: Exception, table: str, n: int) -> str:
-        """When the table admits no more inserts until it is sampled, say that
-        a process that both inserts and samples on one thread waits forever."""
-        if not isinstance(exc, RateLimiterTimeout):
-            return ""
-        try:
-            info = self._client.table_info(table)
-        except Exception:  # the hint is a courtesy; the error stands without it
-            return ""
-        state = info.get("rate_limiter_state")
-        if not state:
-            return ""
-        if (info["size"] + n <= state["min_size_to_sample"]
-                or state["diff"] + n * state["samples_per_insert"] <= state["max_diff"]):
-            return ""  # it was not waiting for samples
-        return (
-            f" Table {table!r} takes no more inserts until it is sampled (samples so far: "
-            f"{info['samples']}). If the process that samples it is this one (inserting and "
-            "sampling from one thread), it deadlocks: sample from another thread or process, "
-            "flush in smaller steps between samples, or loosen the rate limiter."
-        )
-
-    def _staging(self, node: dict, buf: _Buffer) -> bytes | None:
+    def _staging(self, node: dict, buf: StagingBuffer) -> bytes | None:
         """The ticket under which `node` holds `buf` mapped, handing it over
         first if need be; None when the node reads it otherwise (another
         host, mapping off or refused: it then uses process_vm_readv or UCX)."""
@@ -631,7 +474,7 @@ class Writer:
         self._handed[key] = buf.ticket
         return buf.ticket
 
-    def _send_messages(self, node: dict, batch: _Batch, offsets: np.ndarray,
+    def _send_messages(self, node: dict, batch: Batch, offsets: np.ndarray,
                        lengths: np.ndarray) -> int | None:
         """Post the batch's items to `node` as UCX active messages (one native
         call) and return the batch token its descriptor must name; None when
@@ -801,28 +644,3 @@ CONNECT_TIMEOUT = 2.0
 # Seconds before handing a node that failed to take a staging buffer another one.
 NO_MAP_RETRY = 30.0
 
-
-class _Failed(Exception):
-    """Internal: a batch failed and the writer has settled; carries the counts
-    until the public call adds the keys it had not staged yet and re-raises
-    the original error."""
-
-    def __init__(self, exc: Exception, stored: list, unstored: list, hint: str):
-        super().__init__(str(exc))
-        self.exc, self.stored, self.unstored, self.hint = exc, stored, unstored, hint
-
-    def raise_with(self, more: np.ndarray | None):
-        """Raise the original error, its message and attributes completed."""
-        exc = self.exc
-        unstored = self.unstored + ([more] if more is not None and len(more) else [])
-        empty = np.empty(0, np.uint64)
-        exc.stored_keys = np.concatenate(self.stored) if self.stored else empty
-        exc.unstored_keys = np.concatenate(unstored) if unstored else empty
-        exc.not_stored = len(exc.unstored_keys)
-        text = exc.args[0] if exc.args else str(exc)
-        exc.args = (
-            (f"{text} [{len(exc.stored_keys)} other items in flight were stored (.stored_keys) "
-             f"and the writer holds nothing now; .unstored_keys: {exc.not_stored} items not "
-             f"stored]{self.hint}"),
-        )
-        raise exc
