@@ -44,11 +44,8 @@ insertion order, at some cost in insert rate.
 
 from __future__ import annotations
 
-import itertools
 import logging
 import math
-import os
-import secrets
 import threading
 import time
 import weakref
@@ -57,24 +54,17 @@ from collections import deque
 import numpy as np
 
 from .. import metrics
-from .._native_loader import _native
 from ..config import am_inserts_enabled, am_min_item_bytes, local_map_default
-from ..errors import (
-    AuthenticationFailed,
-    ConfigError,
-    ConnectionFailed,
-    StorageFull,
-    Timeout,
-    UcxError,
-)
-from ..protocol import AM_INSERT_ID
+from ..errors import ConfigError, ConnectionFailed, StorageFull
 from ..transport import rpc
-from ..transport.local_map import send_staging
-from ..transport.runtime import close_at_exit, host_id
+from ..transport.runtime import close_at_exit
 from .lifecycle import ensure_open
+from .placement import Placement
+from .writer_connections import Connections, node_state
 from .writer_failures import Failed, deadlock_hint
 from .writer_keys import KeyRange
-from .writer_staging import Batch, OneItemLayout, StagingBuffer, StagingPool
+from .writer_send import Sender
+from .writer_staging import Batch, OneItemLayout, StagingPool
 
 log = logging.getLogger(__name__)
 
@@ -98,6 +88,7 @@ class Writer:
     max_items = _kept_by("_pool", "max_items", "Most items in one batch.")
     max_in_flight = _kept_by("_pool", "max_in_flight", "Staging buffers (batches in flight).")
     max_delay = _kept_by("_pool", "max_delay", "Seconds before a batch goes at the next insert.")
+    local_map = _kept_by("_sender", "local_map", "Whether same-host nodes map staging buffers.")
 
     def __init__(
         self,
@@ -132,26 +123,14 @@ class Writer:
         self._pool = StagingPool(self._runtime, batch_bytes, max_items, max_in_flight,
                                  math.inf if max_delay is None else float(max_delay))
         self._open = self._pool.open  # one batch being filled per table
-        self._me = {"worker_address": self._runtime.address, "pid": os.getpid(),
-                    "host_id": host_id()}
         self._in_flight: deque[tuple[rpc.Client, Batch, int, set[int]]] = deque()
-        # Keyed by node id, address and buffer: a control plane that restarted
-        # afresh may give a known address another id, or a known id another node.
-        self._conns: dict[tuple[int, str, int], rpc.Client] = {}
-        self._nodes: list[dict] = []
-        self._listed = -math.inf  # when _nodes was read (monotonic)
-        self._rr = itertools.count()
-        self._sent: dict[int, int] = {}  # bytes sent to each node (placement)
-        self._since_listed: dict[int, int] = {}  # bytes sent to each node since _listed
-        self._full: dict[int, float] = {}  # node id -> until when it is passed over (full)
-        self._paths: dict[int, str] = {}  # how each node reads our buffers (logged once)
-        self.local_map = local_map_default() if local_map is None else bool(local_map)
+        connections = Connections(client)
+        self._placement = Placement(client, connections)
+        local_map = local_map_default() if local_map is None else bool(local_map)
         # Nodes that offer it get items of at least this many bytes as UCX
         # active messages (storage/pulls.py); None: never.
-        self._am_min_item = am_min_item_bytes() if am_inserts_enabled() else None
-        self._handed: dict[tuple[int, str, int], bytes] = {}  # connection -> ticket handed
-        # Nodes that could not map our buffers: until when they read them otherwise.
-        self._no_map: dict[int, float] = {}
+        am_min_item = am_min_item_bytes() if am_inserts_enabled() else None
+        self._sender = Sender(client, connections, self._keys, local_map, am_min_item)
         self.inserted = 0
         self.stats = metrics.WriterStats()  # ds.metrics.registry() reads it
         metrics.track("writer", self)
@@ -177,7 +156,7 @@ class Writer:
         """How each storage node read this writer's batches, by node id
         (e.g. 'cma (same host)' or 'ucx (UCX_TLS=tcp)'): the nodes the
         writer lists now (one that left, or is unresponsive, is not named)."""
-        return dict(self._paths)
+        return dict(self._placement.paths)
 
     def insert(self, table: str, data, priority=1.0) -> np.ndarray:
         """Insert one item or a batch (leading dimension); returns the new keys.
@@ -262,9 +241,7 @@ class Writer:
             self.flush()
         finally:
             self._closed = True
-            for conn in self._conns.values():
-                conn.close()
-            self._conns.clear()
+            self._placement.connections.close()
             self._in_flight.clear()
             self._pool.clear()
 
@@ -316,53 +293,24 @@ class Writer:
         """Send `batch` to a node not in `exclude`. `full`: a node's StorageFull
         that made us try another; raised (it says what holds the space) when
         no other node is left."""
-        keys = batch.keys[: batch.n]
-        prios = batch.priorities[: batch.n]
-        ib = batch.spec.item_bytes
+        nbytes = batch.n * batch.spec.item_bytes
         while True:
             try:
-                node, conn = self._next_node(exclude, batch.buffer.index, batch.n * ib)
+                node, conn = self._placement.choose(exclude, batch.buffer.index, nbytes,
+                                                    self.timeout)
             except StorageFull as exc:
                 raise self._settle(full or exc, batch) from None
             node_id = node["node_id"]
-            staging = self._staging(node, batch.buffer)
-            offsets = np.arange(batch.n, dtype=np.uint64) * np.uint64(ib)
-            lengths = np.full(batch.n, ib, np.uint64)
-            extra = {"staging": staging} if staging else {}
-            if "epoch" in node:  # registered only if the node stays live meanwhile
-                extra["epoch"] = node["epoch"]
             try:
-                # Items as UCX active messages first, the descriptor naming
-                # them second: a message the node never claims goes back to us.
-                token = None if staging else self._send_messages(node, batch, offsets, lengths)
-                if token is not None:
-                    extra["am_token"] = token
-                conn.send(
-                    "insert",
-                    table=batch.table,
-                    slot_size=batch.spec.slot_size,
-                    item_bytes=ib,
-                    keys=keys,
-                    priorities=prios,
-                    offsets=offsets,
-                    lengths=lengths,
-                    rkey=batch.buffer.rkey,
-                    base=batch.buffer.base,
-                    size=batch.buffer.size,
-                    timeout=float(self.timeout),
-                    node_id=node_id,
-                    **self._me,
-                    **extra,
-                )
+                self._sender.send(node, conn, batch, self.timeout)
             except ConnectionFailed as exc:
                 log.warning("storage node %d unreachable (%s); trying another", node_id, exc)
-                self._drop(node_id)
+                self._placement.drop(node_id)
                 exclude.add(node_id)
                 continue
             batch.sent = time.perf_counter()
             self._in_flight.append((conn, batch, node_id, exclude))
-            self._sent[node_id] = self._sent.get(node_id, 0) + batch.n * ib
-            self._since_listed[node_id] = self._since_listed.get(node_id, 0) + batch.n * ib
+            self._placement.sent(node_id, nbytes)
             return
 
     def _complete_oldest(self) -> None:
@@ -374,13 +322,13 @@ class Writer:
             # The node died (or is leaving); the control plane drops whatever
             # it had stored, and our buffer still holds the batch.
             log.warning("lost storage node %d during an insert (%s); resending", node_id, exc)
-            self._drop(node_id)
+            self._placement.drop(node_id)
             self._send(batch, exclude | {node_id})  # acknowledged later, like the rest
             return
         except StorageFull as exc:
             # This node has no room (for this table's slots): another may.
             log.info("storage node %d is full (%s); trying another", node_id, exc)
-            self._full[node_id] = time.monotonic() + FULL_PASS_OVER
+            self._placement.full(node_id)
             self._send(batch, exclude | {node_id}, exc)
             return
         except Exception as exc:
@@ -402,7 +350,7 @@ class Writer:
             # it does not know yet is a node that has not re-joined a
             # restarted control plane: it will, under the same id, and
             # register the batch; resending it would store it twice.
-            state = self._node_state(node_id)  # "live" while the control plane is away
+            state = node_state(self._client, node_id)  # "live" while the control plane is away
             if state != "live":
                 raise ConnectionFailed(
                     f"storage node {node_id} is {state} (no heartbeat: stopped, hung or cut "
@@ -417,8 +365,9 @@ class Writer:
         st.latency.observe(time.perf_counter() - batch.sent)
         self._pool.release(batch.buffer)
         via = reply.get("via", "?")
-        if self._paths.get(node_id) != via:
-            self._paths[node_id] = via
+        paths = self._placement.paths
+        if paths.get(node_id) != via:
+            paths[node_id] = via
             log.info("writer %d: storage node %d reads inserts via %s", self.writer_id,
                      node_id, via)
 
@@ -446,161 +395,6 @@ class Writer:
         hint = deadlock_hint(self._client, exc, failed.table, failed.n)
         return Failed(exc, stored, unstored, hint)
 
-    def _staging(self, node: dict, buf: StagingBuffer) -> bytes | None:
-        """The ticket under which `node` holds `buf` mapped, handing it over
-        first if need be; None when the node reads it otherwise (another
-        host, mapping off or refused: it then uses process_vm_readv or UCX)."""
-        node_id = node["node_id"]
-        if (not self.local_map or buf.fd < 0 or not node.get("local_socket")
-                or self._no_map.get(node_id, 0.0) > time.monotonic()
-                or node.get("host_id") != self._me["host_id"]):
-            return None
-        key = (node_id, node["address"], buf.index)
-        if self._handed.get(key) == buf.ticket:
-            return buf.ticket
-        try:
-            send_staging(node["local_socket"], buf.fd, buf.size, buf.ticket,
-                         self._client.token, node.get("pid", 0),
-                         f"storage node {node['node_id']} ({node['name']})", CONNECT_TIMEOUT)
-        except ConnectionFailed as exc:
-            # Refused, or no answer within CONNECT_TIMEOUT (a node too busy to
-            # accept, or stopped): it reads this writer's batches another way
-            # for a while (a stopped one is then given up on as any hung
-            # node is), and mapping is tried again after that.
-            self._no_map[node_id] = time.monotonic() + NO_MAP_RETRY
-            log.warning("writer %d: %s; that node reads this writer's batches another way "
-                        "for %g s", self.writer_id, exc, NO_MAP_RETRY)
-            return None
-        self._handed[key] = buf.ticket
-        return buf.ticket
-
-    def _send_messages(self, node: dict, batch: Batch, offsets: np.ndarray,
-                       lengths: np.ndarray) -> int | None:
-        """Post the batch's items to `node` as UCX active messages (one native
-        call) and return the batch token its descriptor must name; None when
-        the node reads our buffer itself (it offers no insert worker, the
-        items are smaller than DISTORE_AM_MIN_ITEM, or it is on this host
-        and reads us through shared memory)."""
-        address = node.get("insert_address")
-        if not address or self._am_min_item is None or batch.spec.item_bytes < self._am_min_item:
-            return None
-        if node.get("host_id") == self._me["host_id"] and self._runtime.shared_memory:
-            return None  # the node reads this process's memory (cma)
-        name = f"storage node {node['node_id']} ({node['name']})"
-        ep = self._runtime.endpoint(address, name, detect_failures=False)
-        token = secrets.randbits(64) | 1
-        try:
-            _native.am_send(ep, batch.buffer.region, AM_INSERT_ID, token, offsets, lengths)
-        except UcxError as exc:
-            self._runtime.drop_endpoint(address)
-            raise ConnectionFailed(f"{name}: sending an insert batch failed: {exc}") from exc
-        return token
-
-    def _next_node(self, exclude: set[int], buffer: int, nbytes: int = 0
-                   ) -> tuple[dict, rpc.Client]:
-        """Where the next batch (of `nbytes`) goes, and the connection to it.
-
-        The node list is read again every LIST_EVERY s (new nodes join,
-        unresponsive ones are not listed, free space changes) and whenever
-        every listed node is excluded. Nodes with room for the batch (their
-        free bytes as their heartbeats last said, less what this writer sent
-        them since) and not full lately come first; among them, the one this
-        writer has sent the fewest bytes to (round robin by batch would send
-        every first chunk of a split insert to one node). With no such node,
-        the one with the most room."""
-        now = time.monotonic()
-        if now - self._listed >= LIST_EVERY or all(n["node_id"] in exclude for n in self._nodes):
-            self._nodes = self._client.nodes()
-            self._listed, self._since_listed = now, {}
-            listed = {n["node_id"] for n in self._nodes}
-            for gone in [i for i in self._paths if i not in listed]:
-                del self._paths[gone]  # `paths` names the nodes in use, not ones that left
-        nodes = [n for n in self._nodes if n["node_id"] not in exclude]
-        if not nodes:
-            raise StorageFull(
-                "no live storage node with room to insert into"
-                + (f" (tried nodes {sorted(exclude)}: full, unreachable or unresponsive)"
-                   if exclude else "")
-                + ": start storage nodes (distore node --control ...), give them larger "
-                "arenas or disk tiers, or lower the tables' capacities"
-            )
-        roomy = [n for n in nodes if self._room(n) >= nbytes
-                 and self._full.get(n["node_id"], 0.0) <= now]
-        if roomy:
-            node = min(roomy, key=lambda n: (self._sent.get(n["node_id"], 0), next(self._rr)))
-        else:
-            node = max(nodes, key=self._room)
-        key = (node["node_id"], node["address"], buffer)
-        conn = self._conns.get(key)
-        if conn is None:
-            conn = self._connect(node)
-            if conn is None:
-                # A node that died or stopped since we listed the nodes: try
-                # another (the batch keeps its buffer; it is never lost here).
-                exclude.add(node["node_id"])
-                return self._next_node(exclude, buffer, nbytes)
-            self._conns[key] = conn
-        return node, conn
-
-    def _connect(self, node: dict) -> rpc.Client | None:
-        """A connection to `node`, or None (logged) once the control plane no
-        longer lists it as live, or after `timeout`. A busy node accepts or
-        greets late (its listen queue full: the connect itself times out),
-        and is waited for; a stopped one accepts (the kernel does) but never
-        greets, and a dead one refuses: both are given up on as soon as the
-        control plane says so."""
-        node_id = node["node_id"]
-        deadline = time.monotonic() + self.timeout
-        delay = 0.05
-        while True:
-            try:
-                conn = rpc.Client(node["address"], CONNECT_TIMEOUT,
-                                  name=f"storage node {node['name']}", token=self._client.token)
-                conn.timeout = self.timeout
-                return conn
-            except AuthenticationFailed as exc:
-                log.warning("storage node %d refused this writer (%s); trying another",
-                            node_id, exc)
-                return None
-            except (ConnectionFailed, Timeout) as exc:
-                failure = exc
-            state = self._node_state(node_id)
-            if state != "live" or time.monotonic() >= deadline:
-                log.warning("storage node %d unreachable (%s; it is %s); trying another",
-                            node_id, failure, state)
-                if state == "gone":
-                    self._drop(node_id)
-                return None
-            if isinstance(failure, ConnectionFailed):  # refused or reset: not a spin
-                time.sleep(delay)
-                delay = min(2 * delay, 0.5)
-
-    def _node_state(self, node_id: int) -> str:
-        """The control plane's word on a node: live, unresponsive or gone
-        ("live" when it is away, or does not know the id yet: a restarted
-        control plane the node has not re-joined)."""
-        try:
-            nodes = self._client.status()["nodes"]
-        except ConnectionFailed:
-            return "live"
-        for n in nodes:
-            if n["node_id"] == node_id:
-                return n.get("state", "live" if n["alive"] else "gone")
-        return "live"
-
-    def _room(self, node: dict) -> int:
-        """Bytes `node` may still take: its arena and disk tier less what its
-        heartbeats said it used, less what this writer sent it since."""
-        total = node.get("arena_size", 0) + node.get("disk_size", 0)
-        return (total - node.get("used_bytes", 0)
-                - self._since_listed.get(node["node_id"], 0))
-
-    def _drop(self, node_id: int) -> None:
-        self._paths.pop(node_id, None)
-        for key in [k for k in self._conns if k[0] == node_id]:
-            self._conns.pop(key).close()
-            self._handed.pop(key, None)  # a new connection claims its buffer anew
-        self._nodes = [n for n in self._nodes if n["node_id"] != node_id]
 
 
 # Writers not closed yet; at interpreter exit each is flushed and closed
@@ -633,14 +427,3 @@ def _close_writers_at_exit() -> None:
 # While a node's reply takes longer than this, the writer checks every this
 # often that the control plane still lists the node.
 HUNG_CHECK = 0.5
-# Seconds between readings of the node list (placement by free space).
-LIST_EVERY = 1.0
-# A node that answered StorageFull is passed over this long while others have room.
-FULL_PASS_OVER = 1.0
-# Seconds a node has to greet a new connection before the writer asks the
-# control plane whether it is still live (a stopped one never greets), and
-# to take a staging buffer before it reads batches another way.
-CONNECT_TIMEOUT = 2.0
-# Seconds before handing a node that failed to take a staging buffer another one.
-NO_MAP_RETRY = 30.0
-
