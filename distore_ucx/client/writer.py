@@ -40,6 +40,13 @@ Order: a table's FIFO order is the order in which the control plane
 registers batches. With `max_in_flight` > 1, two batches of one writer may
 be registered in either order; `max_in_flight=1` keeps a writer's items in
 insertion order, at some cost in insert rate.
+
+The writer's parts, one concept each: its keys (writer_keys.py), staging
+memory and batches (writer_staging.py), batches in flight and their
+settling (writer_in_flight.py, writer_failures.py), the choice of node
+(placement.py), connections to nodes (writer_connections.py) and how a
+batch is sent (writer_send.py). This module holds the public API, the
+checks of its input and the flush of writers left open.
 """
 
 from __future__ import annotations
@@ -49,22 +56,21 @@ import math
 import threading
 import time
 import weakref
-from collections import deque
 
 import numpy as np
 
 from .. import metrics
 from ..config import am_inserts_enabled, am_min_item_bytes, local_map_default
-from ..errors import ConfigError, ConnectionFailed, StorageFull
-from ..transport import rpc
+from ..errors import ConfigError
 from ..transport.runtime import close_at_exit
 from .lifecycle import ensure_open
 from .placement import Placement
-from .writer_connections import Connections, node_state
-from .writer_failures import Failed, deadlock_hint
+from .writer_connections import Connections
+from .writer_failures import Failed
+from .writer_in_flight import InFlight
 from .writer_keys import KeyRange
 from .writer_send import Sender
-from .writer_staging import Batch, OneItemLayout, StagingPool
+from .writer_staging import OneItemLayout, StagingPool
 
 log = logging.getLogger(__name__)
 
@@ -88,6 +94,9 @@ class Writer:
     max_items = _kept_by("_pool", "max_items", "Most items in one batch.")
     max_in_flight = _kept_by("_pool", "max_in_flight", "Staging buffers (batches in flight).")
     max_delay = _kept_by("_pool", "max_delay", "Seconds before a batch goes at the next insert.")
+    timeout = _kept_by("_flight", "timeout", "Seconds a batch may wait (rate limiter, node).")
+    inserted = _kept_by("_flight", "inserted", "Items stored and acknowledged.")
+    stats = _kept_by("_flight", "stats", "metrics.WriterStats (ds.metrics.registry() reads it).")
     local_map = _kept_by("_sender", "local_map", "Whether same-host nodes map staging buffers.")
 
     def __init__(
@@ -116,14 +125,11 @@ class Writer:
             raise ConfigError(f"max_delay must be a number of seconds >= 0 (or None), "
                               f"got {max_delay!r}")
         self._client = client
-        self.timeout = timeout
         self._keys = KeyRange(client)
         self._layouts: dict[str, OneItemLayout] = {}  # per table, for one-item inserts
-        self._runtime = client.runtime
-        self._pool = StagingPool(self._runtime, batch_bytes, max_items, max_in_flight,
+        self._pool = StagingPool(client.runtime, batch_bytes, max_items, max_in_flight,
                                  math.inf if max_delay is None else float(max_delay))
         self._open = self._pool.open  # one batch being filled per table
-        self._in_flight: deque[tuple[rpc.Client, Batch, int, set[int]]] = deque()
         connections = Connections(client)
         self._placement = Placement(client, connections)
         local_map = local_map_default() if local_map is None else bool(local_map)
@@ -131,8 +137,8 @@ class Writer:
         # active messages (storage/pulls.py); None: never.
         am_min_item = am_min_item_bytes() if am_inserts_enabled() else None
         self._sender = Sender(client, connections, self._keys, local_map, am_min_item)
-        self.inserted = 0
-        self.stats = metrics.WriterStats()  # ds.metrics.registry() reads it
+        self._flight = InFlight(client, self._pool, self._placement, self._sender, self._keys,
+                                timeout)
         metrics.track("writer", self)
         self._closed = False
         _track_open(self)
@@ -187,7 +193,9 @@ class Writer:
         done = 0
         try:
             while done < n:
-                batch = self._batch(table, spec)
+                batch = self._open.get(table)
+                if batch is None:
+                    batch = self._flight.open_batch(table, spec)
                 if parts is not None:
                     batch.put_one(layout, parts, first, priority)
                     done = 1
@@ -196,7 +204,7 @@ class Writer:
                     batch.put(arrays, keys, priorities, done, k)
                     done += k
                 if batch.n == batch.capacity or time.monotonic() > batch.send_by:
-                    self._send(self._open.pop(table), set())
+                    self._flight.send(self._open.pop(table), set())
         except Failed as failed:
             failed.raise_with(keys[done:])
         return keys
@@ -227,9 +235,8 @@ class Writer:
         ensure_open(self, "writer")
         try:
             for table in list(self._open):
-                self._send(self._open.pop(table), set())
-            while self._in_flight:
-                self._complete_oldest()
+                self._flight.send(self._open.pop(table), set())
+            self._flight.wait_all()
         except Failed as failed:
             failed.raise_with(None)
 
@@ -242,7 +249,7 @@ class Writer:
         finally:
             self._closed = True
             self._placement.connections.close()
-            self._in_flight.clear()
+            self._flight.queue.clear()
             self._pool.clear()
 
     def __enter__(self) -> Writer:
@@ -264,7 +271,7 @@ class Writer:
         if self._closed:
             return
         held = sum(b.n for b in self._open.values()) + sum(b.n for _, b, _, _ in
-                                                             self._in_flight)
+                                                             self._flight.queue)
         try:
             self.close()
         except BaseException as exc:  # nobody to raise to: say it
@@ -274,127 +281,6 @@ class Writer:
         else:
             if held:
                 log.info("writer %d (%s): flushed its last %d items", self.writer_id, why, held)
-
-    # -- internals -------------------------------------------------------
-    def _batch(self, table: str, spec) -> Batch:
-        """The open batch of `table`, with room for at least one item; waits
-        for acknowledgements when every staging buffer holds a batch."""
-        batch = self._open.get(table)
-        if batch is not None:
-            return batch
-        while (buf := self._pool.spare()) is None:
-            if self._in_flight:
-                self._complete_oldest()
-            else:  # every buffer holds another table's open batch: send one
-                self._send(self._open.pop(next(iter(self._open))), set())
-        return self._pool.open_batch(table, spec, buf)
-
-    def _send(self, batch: Batch, exclude: set[int], full: StorageFull | None = None) -> None:
-        """Send `batch` to a node not in `exclude`. `full`: a node's StorageFull
-        that made us try another; raised (it says what holds the space) when
-        no other node is left."""
-        nbytes = batch.n * batch.spec.item_bytes
-        while True:
-            try:
-                node, conn = self._placement.choose(exclude, batch.buffer.index, nbytes,
-                                                    self.timeout)
-            except StorageFull as exc:
-                raise self._settle(full or exc, batch) from None
-            node_id = node["node_id"]
-            try:
-                self._sender.send(node, conn, batch, self.timeout)
-            except ConnectionFailed as exc:
-                log.warning("storage node %d unreachable (%s); trying another", node_id, exc)
-                self._placement.drop(node_id)
-                exclude.add(node_id)
-                continue
-            batch.sent = time.perf_counter()
-            self._in_flight.append((conn, batch, node_id, exclude))
-            self._placement.sent(node_id, nbytes)
-            return
-
-    def _complete_oldest(self) -> None:
-        conn, batch, node_id, exclude = self._in_flight.popleft()
-        try:
-            self._wait_for_node(conn, node_id)
-            reply = conn.receive(self.timeout + 15.0)  # the node's own deadline comes first
-        except ConnectionFailed as exc:
-            # The node died (or is leaving); the control plane drops whatever
-            # it had stored, and our buffer still holds the batch.
-            log.warning("lost storage node %d during an insert (%s); resending", node_id, exc)
-            self._placement.drop(node_id)
-            self._send(batch, exclude | {node_id})  # acknowledged later, like the rest
-            return
-        except StorageFull as exc:
-            # This node has no room (for this table's slots): another may.
-            log.info("storage node %d is full (%s); trying another", node_id, exc)
-            self._placement.full(node_id)
-            self._send(batch, exclude | {node_id}, exc)
-            return
-        except Exception as exc:
-            raise self._settle(exc, batch) from None
-        self._stored(batch, node_id, reply)
-
-    def _wait_for_node(self, conn: rpc.Client, node_id: int) -> None:
-        """Wait for a node's reply; while it takes more than HUNG_CHECK s, ask
-        the control plane every HUNG_CHECK s whether the node is still live.
-        A node it marked unresponsive or gone (stopped, hung, cut off) fails
-        like a lost one (the batch goes to another node) instead of holding
-        the writer for the whole timeout."""
-        deadline = time.monotonic() + self.timeout + 15.0
-        while not conn.wait_readable(HUNG_CHECK) and time.monotonic() < deadline:
-            # Only a node this control plane knows as unresponsive or gone is
-            # given up on: it can no longer register the batch (the control
-            # plane refuses inserts placed before a node's latest unresponsive
-            # spell, and a key it holds already is not stored twice). An id
-            # it does not know yet is a node that has not re-joined a
-            # restarted control plane: it will, under the same id, and
-            # register the batch; resending it would store it twice.
-            state = node_state(self._client, node_id)  # "live" while the control plane is away
-            if state != "live":
-                raise ConnectionFailed(
-                    f"storage node {node_id} is {state} (no heartbeat: stopped, hung or cut "
-                    "off) while it held an insert"
-                )
-
-    def _stored(self, batch: Batch, node_id: int, reply: dict) -> None:
-        self.inserted += batch.n
-        st = self.stats  # metrics: once per batch
-        st.batches, st.items = st.batches + 1, st.items + batch.n
-        st.bytes += batch.n * batch.spec.item_bytes
-        st.latency.observe(time.perf_counter() - batch.sent)
-        self._pool.release(batch.buffer)
-        via = reply.get("via", "?")
-        paths = self._placement.paths
-        if paths.get(node_id) != via:
-            paths[node_id] = via
-            log.info("writer %d: storage node %d reads inserts via %s", self.writer_id,
-                     node_id, via)
-
-    def _settle(self, exc: Exception, failed: Batch) -> Failed:
-        """After `failed` could not be stored: wait for every other batch in
-        flight, drop the open ones, and describe what was and was not stored."""
-        stored, unstored = [], [failed.all_keys()]
-        self._pool.release(failed.buffer)
-        while self._in_flight:
-            conn, batch, node_id, _ = self._in_flight.popleft()
-            try:
-                self._wait_for_node(conn, node_id)
-                reply = conn.receive(self.timeout + 15.0)
-            except Exception:
-                unstored.append(batch.all_keys())
-                self._pool.release(batch.buffer)
-                continue
-            stored.append(batch.all_keys())
-            self._stored(batch, node_id, reply)
-        for batch in self._open.values():
-            if batch.n:
-                unstored.append(batch.all_keys())
-            self._pool.release(batch.buffer)
-        self._open.clear()
-        hint = deadlock_hint(self._client, exc, failed.table, failed.n)
-        return Failed(exc, stored, unstored, hint)
-
 
 
 # Writers not closed yet; at interpreter exit each is flushed and closed
@@ -422,8 +308,3 @@ def _close_writers_at_exit() -> None:
         writers = list(_OPEN)
     for writer in writers:
         writer._close_unattended("still open at interpreter exit")
-
-
-# While a node's reply takes longer than this, the writer checks every this
-# often that the control plane still lists the node.
-HUNG_CHECK = 0.5
