@@ -9,8 +9,6 @@ from __future__ import annotations
 import weakref
 from typing import Any
 
-import numpy as np
-
 from ..errors import Closed
 
 # Learners closed so far (they keep no flag of their own); see ensure_open.
@@ -41,19 +39,4 @@ _REOPEN = {
 }
 
 
-def check_insert(writer: Any, table: str, data: Any, priority: Any) -> None:
-    """What Writer.insert checks before packing: the writer is open, and a
-    per-item priority list has one value per item."""
-    ensure_open(writer, "writer")
-    prio = np.asarray(priority)
-    if prio.ndim == 0:
-        return
-    n = writer._client.spec(table).count(data)
-    if prio.shape != (n,) and prio.size != 1:
-        raise ValueError(
-            f"table {table!r}: {prio.size} priorities (shape {prio.shape}) for {n} items: "
-            "give one priority per item, or one scalar for all"
-        )
-
-
-__all__ = ["check_insert", "ensure_open", "mark_closed"]
+__all__ = ["ensure_open", "mark_closed"]

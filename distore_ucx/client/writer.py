@@ -40,111 +40,46 @@ Order: a table's FIFO order is the order in which the control plane
 registers batches. With `max_in_flight` > 1, two batches of one writer may
 be registered in either order; `max_in_flight=1` keeps a writer's items in
 insertion order, at some cost in insert rate.
+
+The writer's parts, one concept each: its keys (writer_keys.py), staging
+memory and batches (writer_staging.py), batches in flight and their
+settling (writer_in_flight.py, writer_failures.py), the choice of node
+(placement.py), connections to nodes (writer_connections.py) and how a
+batch is sent (writer_send.py). This module holds the public API, the
+checks of its input and the flush of writers left open.
 """
 
 from __future__ import annotations
 
-import itertools
 import logging
 import math
-import os
-import secrets
 import threading
 import time
 import weakref
-from collections import deque
-from dataclasses import dataclass
 
 import numpy as np
 
 from .. import metrics
-from .._native_loader import _native
 from ..config import am_inserts_enabled, am_min_item_bytes, local_map_default
-from ..errors import (
-    AuthenticationFailed,
-    ConfigError,
-    ConnectionFailed,
-    RateLimiterTimeout,
-    StorageFull,
-    Timeout,
-    UcxError,
-)
-from ..protocol import AM_INSERT_ID
-from ..transport import rpc
-from ..transport.local_map import TICKET_BYTES, send_staging
-from ..transport.runtime import close_at_exit, host_id
-from .lifecycle import check_insert, ensure_open
+from ..errors import ConfigError
+from ..transport.runtime import close_at_exit
+from .lifecycle import ensure_open
+from .placement import Placement
+from .writer_connections import Connections
+from .writer_failures import Failed
+from .writer_in_flight import InFlight
+from .writer_keys import KeyRange
+from .writer_send import Sender
+from .writer_staging import OneItemLayout, StagingPool
 
 log = logging.getLogger(__name__)
 
-_PAGE = 1 << 12
 
-
-class _Buffer:
-    """One staging buffer: memory registered once, read-only to peers."""
-
-    def __init__(self, runtime, index: int, size: int):
-        self.index = index
-        self._runtime = runtime
-        self._map(size)
-
-    def _map(self, size: int) -> None:
-        size = -(-size // _PAGE) * _PAGE
-        self.region = _native.MemoryRegion.write_protected(self._runtime.context, size)
-        self.view = self.region.view()  # the writable alias
-        self.rkey = self.region.pack_rkey()
-        self.base = self.region.address  # what the node reads
-        self.size = self.region.size
-        # The sealed memfd behind it (-1 if the kernel cannot seal it), handed
-        # to same-host nodes under a random ticket; a new region, a new ticket.
-        self.fd = self.region.share_fd
-        self.ticket = secrets.token_bytes(TICKET_BYTES)
-
-    def grow(self, size: int) -> None:
-        """Make room for at least `size` bytes (an item larger than batch_bytes)."""
-        if size > self.size:
-            self.view = self.region = None
-            self._map(size)
-
-
-@dataclass
-class _Batch:
-    """Items of one table staged in one buffer."""
-
-    table: str
-    spec: object
-    buffer: _Buffer
-    capacity: int  # items that fit
-    n: int = 0
-    keys: np.ndarray = None  # uint64[capacity], the first n in use
-    priorities: np.ndarray = None  # float64[capacity]
-    sent: float = 0.0  # perf_counter when sent (metrics: time to acknowledgement)
-    send_by: float = math.inf  # time.monotonic() past which it goes at the next insert
-
-    def __post_init__(self):
-        self.keys = np.empty(self.capacity, np.uint64)
-        self.priorities = np.empty(self.capacity, np.float64)
-
-    def rows(self, k: int) -> np.ndarray:
-        """The next k free rows of the buffer, as an (k, item_bytes) uint8 view."""
-        ib = self.spec.item_bytes
-        return self.buffer.view[self.n * ib : (self.n + k) * ib].reshape(k, ib)
-
-    def all_keys(self) -> np.ndarray:
-        return self.keys[: self.n].copy()
-
-
-class _Layout:
-    """What a one-item insert of a table needs, computed once: each field's
-    name, shape, dtype and byte range in the item. Only for items without
-    padding between fields (the general path zeroes padding)."""
-
-    def __init__(self, spec):
-        self.spec = spec
-        self.item_bytes = spec.item_bytes
-        self.unnamed = spec.unnamed
-        self.fields = [(f.name, f.shape, f.dtype, f.offset, f.nbytes) for f in spec.fields]
-        self.dense = sum(f[4] for f in self.fields) == self.item_bytes
+def _kept_by(part: str, name: str, doc: str) -> property:
+    """A Writer attribute that one of its parts keeps and reads (set it on
+    the writer and the part sees it)."""
+    return property(lambda self: getattr(getattr(self, part), name),
+                    lambda self, value: setattr(getattr(self, part), name, value), doc=doc)
 
 
 class Writer:
@@ -153,6 +88,16 @@ class Writer:
     >>> keys = writer.insert("replay", {"obs": obs, "action": a, "reward": r}, priority=1.0)
     >>> writer.flush()
     """
+
+    writer_id = _kept_by("_keys", "writer_id", "This writer's id (the high bits of its keys).")
+    batch_bytes = _kept_by("_pool", "batch_bytes", "Bytes of one staging buffer.")
+    max_items = _kept_by("_pool", "max_items", "Most items in one batch.")
+    max_in_flight = _kept_by("_pool", "max_in_flight", "Staging buffers (batches in flight).")
+    max_delay = _kept_by("_pool", "max_delay", "Seconds before a batch goes at the next insert.")
+    timeout = _kept_by("_flight", "timeout", "Seconds a batch may wait (rate limiter, node).")
+    inserted = _kept_by("_flight", "inserted", "Items stored and acknowledged.")
+    stats = _kept_by("_flight", "stats", "metrics.WriterStats (ds.metrics.registry() reads it).")
+    local_map = _kept_by("_sender", "local_map", "Whether same-host nodes map staging buffers.")
 
     def __init__(
         self,
@@ -180,60 +125,23 @@ class Writer:
             raise ConfigError(f"max_delay must be a number of seconds >= 0 (or None), "
                               f"got {max_delay!r}")
         self._client = client
-        self.batch_bytes = batch_bytes
-        self.max_items = max_items
-        self.max_in_flight = max_in_flight
-        self.max_delay = math.inf if max_delay is None else float(max_delay)
-        self.timeout = timeout
-        self._take_keys(client.call("register_writer"))
-        self._layouts: dict[str, _Layout] = {}  # per table, for one-item inserts
-        self._runtime = client.runtime
-        self._me = {"worker_address": self._runtime.address, "pid": os.getpid(),
-                    "host_id": host_id()}
-        self._buffers: list[_Buffer] = []
-        self._free: list[_Buffer] = []
-        self._open: dict[str, _Batch] = {}  # one batch being filled per table
-        self._in_flight: deque[tuple[rpc.Client, _Batch, int, set[int]]] = deque()
-        # Keyed by node id, address and buffer: a control plane that restarted
-        # afresh may give a known address another id, or a known id another node.
-        self._conns: dict[tuple[int, str, int], rpc.Client] = {}
-        self._nodes: list[dict] = []
-        self._listed = -math.inf  # when _nodes was read (monotonic)
-        self._rr = itertools.count()
-        self._sent: dict[int, int] = {}  # bytes sent to each node (placement)
-        self._since_listed: dict[int, int] = {}  # bytes sent to each node since _listed
-        self._full: dict[int, float] = {}  # node id -> until when it is passed over (full)
-        self._paths: dict[int, str] = {}  # how each node reads our buffers (logged once)
-        self.local_map = local_map_default() if local_map is None else bool(local_map)
+        self._keys = KeyRange(client)
+        self._layouts: dict[str, OneItemLayout] = {}  # per table, for one-item inserts
+        self._pool = StagingPool(client.runtime, batch_bytes, max_items, max_in_flight,
+                                 math.inf if max_delay is None else float(max_delay))
+        self._open = self._pool.open  # one batch being filled per table
+        connections = Connections(client)
+        self._placement = Placement(client, connections)
+        local_map = local_map_default() if local_map is None else bool(local_map)
         # Nodes that offer it get items of at least this many bytes as UCX
         # active messages (storage/pulls.py); None: never.
-        self._am_min_item = am_min_item_bytes() if am_inserts_enabled() else None
-        self._handed: dict[tuple[int, str, int], bytes] = {}  # connection -> ticket handed
-        # Nodes that could not map our buffers: until when they read them otherwise.
-        self._no_map: dict[int, float] = {}
-        self.inserted = 0
-        self.stats = metrics.WriterStats()  # ds.metrics.registry() reads it
+        am_min_item = am_min_item_bytes() if am_inserts_enabled() else None
+        self._sender = Sender(client, connections, self._keys, local_map, am_min_item)
+        self._flight = InFlight(client, self._pool, self._placement, self._sender, self._keys,
+                                timeout)
         metrics.track("writer", self)
         self._closed = False
         _track_open(self)
-
-    def _take_keys(self, reply: dict) -> None:
-        """Keys from a register_writer reply: `writer_id << key_bits | seq`
-        for seq below 2**key_bits."""
-        self.writer_id = reply["writer_id"]
-        self._key_base = np.uint64(self.writer_id << reply["key_bits"])
-        self._key_base_int = self.writer_id << reply["key_bits"]
-        self._key_count = 1 << reply["key_bits"]
-        self._seq = 0
-
-    def _keys_for(self, n: int) -> None:
-        """Make room for n more keys: a writer id's keys used up, take the
-        next id (one request per 2**24 items)."""
-        if self._seq + n <= self._key_count:
-            return
-        if n > self._key_count:
-            raise ValueError(f"insert at most {self._key_count} items in one call, got {n}")
-        self._take_keys(self._client.call("register_writer", previous=self.writer_id))
 
     def next_keys(self, n: int = 1) -> np.ndarray:
         """The keys the next `n` items this writer inserts will get (uint64), so
@@ -246,15 +154,15 @@ class Writer:
         """
         if n < 0:
             raise ValueError(f"next_keys: n must be >= 0, got {n}")
-        self._keys_for(n)
-        return self._key_base + np.uint64(self._seq) + np.arange(n, dtype=np.uint64)
+        self._keys.make_room(n)
+        return self._keys.peek(n)
 
     @property
     def paths(self) -> dict[int, str]:
         """How each storage node read this writer's batches, by node id
         (e.g. 'cma (same host)' or 'ucx (UCX_TLS=tcp)'): the nodes the
         writer lists now (one that left, or is unresponsive, is not named)."""
-        return dict(self._paths)
+        return dict(self._placement.paths)
 
     def insert(self, table: str, data, priority=1.0) -> np.ndarray:
         """Insert one item or a batch (leading dimension); returns the new keys.
@@ -263,91 +171,73 @@ class Writer:
         across the control plane. Raises (see the module docstring) when a
         batch of this writer could not be stored.
         """
-        keys = self._insert_one(table, data, priority)
-        if keys is not None:
-            return keys
-        check_insert(self, table, data, priority)
+        # The common call, one item given as numpy arrays of the spec's shapes
+        # and dtypes with a float priority, is staged with no per-call numpy
+        # work beyond one slice copy per field; any other goes through the
+        # spec and the checks of _checked.
+        layout = self._layouts.get(table)
+        if layout is None and not self._closed:
+            layout = self._layouts[table] = OneItemLayout(self._client.spec(table))
+        parts = None if layout is None else layout.parts(data, priority)
+        if parts is not None:
+            ensure_open(self, "writer")
+            spec, n = layout.spec, 1
+        else:
+            spec, n, arrays, priorities = self._checked(table, data, priority)
+        given = self._keys  # the next n keys become the items'
+        if given.seq + n > given.count:
+            given.make_room(n)
+        first = given.base + given.seq
+        keys = np.array((first,), np.uint64) if n == 1 else given.peek(n)
+        given.seq += n
+        done = 0
+        try:
+            while done < n:
+                batch = self._open.get(table)
+                if batch is None:
+                    batch = self._flight.open_batch(table, spec)
+                if parts is not None:
+                    batch.put_one(layout, parts, first, priority)
+                    done = 1
+                else:
+                    k = min(n - done, batch.capacity - batch.n)
+                    batch.put(arrays, keys, priorities, done, k)
+                    done += k
+                if batch.n == batch.capacity or time.monotonic() > batch.send_by:
+                    self._flight.send(self._open.pop(table), set())
+        except Failed as failed:
+            failed.raise_with(keys[done:])
+        return keys
+
+    def _checked(self, table: str, data, priority) -> tuple:
+        """What insert checks on its general path, in this order: the writer
+        is open, a per-item priority list has one value per item, the items
+        fit the table's spec, and priorities are finite and non-negative.
+        Returns the spec, the item count, the items' arrays and priorities."""
+        ensure_open(self, "writer")
+        prio = np.asarray(priority)
+        if prio.ndim != 0:
+            n = self._client.spec(table).count(data)
+            if prio.shape != (n,) and prio.size != 1:
+                raise ValueError(
+                    f"table {table!r}: {prio.size} priorities (shape {prio.shape}) for {n} "
+                    "items: give one priority per item, or one scalar for all"
+                )
         spec = self._client.spec(table)
         n, arrays = spec.arrays(data)
         prio = np.broadcast_to(np.asarray(priority, dtype=np.float64), (n,))
         if not np.isfinite(prio).all() or (prio < 0).any():
             raise ValueError("priorities must be finite and non-negative")
-        self._keys_for(n)
-        keys = self._key_base + np.uint64(self._seq) + np.arange(n, dtype=np.uint64)
-        self._seq += n
-        done = 0
-        try:
-            while done < n:
-                batch = self._batch(table, spec)
-                k = min(n - done, batch.capacity - batch.n)
-                spec.pack_into(batch.rows(k), arrays, done, done + k)
-                batch.keys[batch.n : batch.n + k] = keys[done : done + k]
-                batch.priorities[batch.n : batch.n + k] = prio[done : done + k]
-                batch.n += k
-                done += k
-                if batch.n == batch.capacity or time.monotonic() > batch.send_by:
-                    self._send(self._open.pop(table), set())
-        except _Failed as failed:
-            failed.raise_with(keys[done:])
-        return keys
-
-    def _insert_one(self, table: str, data, priority) -> np.ndarray | None:
-        """The common call, one item given as numpy arrays of the spec's
-        shapes and dtypes with a float priority: staged with no per-call
-        numpy work beyond one slice copy per field. Returns None, having
-        changed nothing, for any other call (the general path takes it)."""
-        layout = self._layouts.get(table)
-        if layout is None:
-            if self._closed:
-                return None
-            layout = self._layouts[table] = _Layout(self._client.spec(table))
-        if not layout.dense or type(priority) not in (float, int):
-            return None
-        if not 0.0 <= priority < math.inf:  # NaN fails too
-            return None
-        if layout.unnamed:
-            name, shape, dtype, _, _ = layout.fields[0]
-            if type(data) is not np.ndarray or data.shape != shape or data.dtype != dtype:
-                return None
-            parts = (data,)
-        else:
-            if type(data) is not dict or len(data) != len(layout.fields):
-                return None
-            parts = []
-            for name, shape, dtype, _, _ in layout.fields:
-                a = data.get(name)
-                if type(a) is not np.ndarray or a.shape != shape or a.dtype != dtype:
-                    return None
-                parts.append(a)
-        ensure_open(self, "writer")
-        if self._seq >= self._key_count:
-            self._keys_for(1)
-        key = self._key_base_int + self._seq
-        self._seq += 1
-        try:
-            batch = self._batch(table, layout.spec)
-            row = batch.n * layout.item_bytes
-            view = batch.buffer.view[row : row + layout.item_bytes]
-            for (_, _, _, offset, nbytes), a in zip(layout.fields, parts):
-                view[offset : offset + nbytes] = a.reshape(-1).view(np.uint8)
-            batch.keys[batch.n] = key
-            batch.priorities[batch.n] = priority
-            batch.n += 1
-            if batch.n == batch.capacity or time.monotonic() > batch.send_by:
-                self._send(self._open.pop(table), set())
-        except _Failed as failed:
-            failed.raise_with(None)
-        return np.array((key,), np.uint64)
+        return spec, n, arrays, prio
 
     def flush(self) -> None:
         """Send everything buffered and wait until every item is stored."""
         ensure_open(self, "writer")
         try:
             for table in list(self._open):
-                self._send(self._open.pop(table), set())
-            while self._in_flight:
-                self._complete_oldest()
-        except _Failed as failed:
+                self._flight.send(self._open.pop(table), set())
+            self._flight.wait_all()
+        except Failed as failed:
             failed.raise_with(None)
 
     def close(self) -> None:
@@ -358,13 +248,9 @@ class Writer:
             self.flush()
         finally:
             self._closed = True
-            for conn in self._conns.values():
-                conn.close()
-            self._conns.clear()
-            self._open.clear()
-            self._in_flight.clear()
-            self._free.clear()
-            self._buffers.clear()
+            self._placement.connections.close()
+            self._flight.queue.clear()
+            self._pool.clear()
 
     def __enter__(self) -> Writer:
         return self
@@ -385,7 +271,7 @@ class Writer:
         if self._closed:
             return
         held = sum(b.n for b in self._open.values()) + sum(b.n for _, b, _, _ in
-                                                             self._in_flight)
+                                                             self._flight.queue)
         try:
             self.close()
         except BaseException as exc:  # nobody to raise to: say it
@@ -395,344 +281,6 @@ class Writer:
         else:
             if held:
                 log.info("writer %d (%s): flushed its last %d items", self.writer_id, why, held)
-
-    # -- internals -------------------------------------------------------
-    def _batch(self, table: str, spec) -> _Batch:
-        """The open batch of `table`, with room for at least one item."""
-        batch = self._open.get(table)
-        if batch is not None:
-            return batch
-        buf = self._buffer()
-        buf.grow(spec.item_bytes)
-        capacity = min(self.max_items, max(1, min(self.batch_bytes, buf.size) // spec.item_bytes))
-        batch = _Batch(table, spec, buf, capacity, send_by=time.monotonic() + self.max_delay)
-        self._open[table] = batch
-        return batch
-
-    def _buffer(self) -> _Buffer:
-        """A staging buffer no batch uses; waits for acknowledgements if need be."""
-        while not self._free:
-            if len(self._buffers) < self.max_in_flight:
-                buf = _Buffer(self._runtime, len(self._buffers), self.batch_bytes)
-                self._buffers.append(buf)
-                return buf
-            if self._in_flight:
-                self._complete_oldest()
-            else:  # every buffer holds another table's open batch: send one
-                self._send(self._open.pop(next(iter(self._open))), set())
-        return self._free.pop()
-
-    def _send(self, batch: _Batch, exclude: set[int], full: StorageFull | None = None) -> None:
-        """Send `batch` to a node not in `exclude`. `full`: a node's StorageFull
-        that made us try another; raised (it says what holds the space) when
-        no other node is left."""
-        keys = batch.keys[: batch.n]
-        prios = batch.priorities[: batch.n]
-        ib = batch.spec.item_bytes
-        while True:
-            try:
-                node, conn = self._next_node(exclude, batch.buffer.index, batch.n * ib)
-            except StorageFull as exc:
-                raise self._settle(full or exc, batch) from None
-            node_id = node["node_id"]
-            staging = self._staging(node, batch.buffer)
-            offsets = np.arange(batch.n, dtype=np.uint64) * np.uint64(ib)
-            lengths = np.full(batch.n, ib, np.uint64)
-            extra = {"staging": staging} if staging else {}
-            if "epoch" in node:  # registered only if the node stays live meanwhile
-                extra["epoch"] = node["epoch"]
-            try:
-                # Items as UCX active messages first, the descriptor naming
-                # them second: a message the node never claims goes back to us.
-                token = None if staging else self._send_messages(node, batch, offsets, lengths)
-                if token is not None:
-                    extra["am_token"] = token
-                conn.send(
-                    "insert",
-                    table=batch.table,
-                    slot_size=batch.spec.slot_size,
-                    item_bytes=ib,
-                    keys=keys,
-                    priorities=prios,
-                    offsets=offsets,
-                    lengths=lengths,
-                    rkey=batch.buffer.rkey,
-                    base=batch.buffer.base,
-                    size=batch.buffer.size,
-                    timeout=float(self.timeout),
-                    node_id=node_id,
-                    **self._me,
-                    **extra,
-                )
-            except ConnectionFailed as exc:
-                log.warning("storage node %d unreachable (%s); trying another", node_id, exc)
-                self._drop(node_id)
-                exclude.add(node_id)
-                continue
-            batch.sent = time.perf_counter()
-            self._in_flight.append((conn, batch, node_id, exclude))
-            self._sent[node_id] = self._sent.get(node_id, 0) + batch.n * ib
-            self._since_listed[node_id] = self._since_listed.get(node_id, 0) + batch.n * ib
-            return
-
-    def _complete_oldest(self) -> None:
-        conn, batch, node_id, exclude = self._in_flight.popleft()
-        try:
-            self._wait_for_node(conn, node_id)
-            reply = conn.receive(self.timeout + 15.0)  # the node's own deadline comes first
-        except ConnectionFailed as exc:
-            # The node died (or is leaving); the control plane drops whatever
-            # it had stored, and our buffer still holds the batch.
-            log.warning("lost storage node %d during an insert (%s); resending", node_id, exc)
-            self._drop(node_id)
-            self._send(batch, exclude | {node_id})  # acknowledged later, like the rest
-            return
-        except StorageFull as exc:
-            # This node has no room (for this table's slots): another may.
-            log.info("storage node %d is full (%s); trying another", node_id, exc)
-            self._full[node_id] = time.monotonic() + FULL_PASS_OVER
-            self._send(batch, exclude | {node_id}, exc)
-            return
-        except Exception as exc:
-            raise self._settle(exc, batch) from None
-        self._stored(batch, node_id, reply)
-
-    def _wait_for_node(self, conn: rpc.Client, node_id: int) -> None:
-        """Wait for a node's reply; while it takes more than HUNG_CHECK s, ask
-        the control plane every HUNG_CHECK s whether the node is still live.
-        A node it marked unresponsive or gone (stopped, hung, cut off) fails
-        like a lost one (the batch goes to another node) instead of holding
-        the writer for the whole timeout."""
-        deadline = time.monotonic() + self.timeout + 15.0
-        while not conn.wait_readable(HUNG_CHECK) and time.monotonic() < deadline:
-            # Only a node this control plane knows as unresponsive or gone is
-            # given up on: it can no longer register the batch (the control
-            # plane refuses inserts placed before a node's latest unresponsive
-            # spell, and a key it holds already is not stored twice). An id
-            # it does not know yet is a node that has not re-joined a
-            # restarted control plane: it will, under the same id, and
-            # register the batch; resending it would store it twice.
-            state = self._node_state(node_id)  # "live" while the control plane is away
-            if state != "live":
-                raise ConnectionFailed(
-                    f"storage node {node_id} is {state} (no heartbeat: stopped, hung or cut "
-                    "off) while it held an insert"
-                )
-
-    def _stored(self, batch: _Batch, node_id: int, reply: dict) -> None:
-        self.inserted += batch.n
-        st = self.stats  # metrics: once per batch
-        st.batches, st.items = st.batches + 1, st.items + batch.n
-        st.bytes += batch.n * batch.spec.item_bytes
-        st.latency.observe(time.perf_counter() - batch.sent)
-        self._free.append(batch.buffer)
-        via = reply.get("via", "?")
-        if self._paths.get(node_id) != via:
-            self._paths[node_id] = via
-            log.info("writer %d: storage node %d reads inserts via %s", self.writer_id,
-                     node_id, via)
-
-    def _settle(self, exc: Exception, failed: _Batch) -> _Failed:
-        """After `failed` could not be stored: wait for every other batch in
-        flight, drop the open ones, and describe what was and was not stored."""
-        stored, unstored = [], [failed.all_keys()]
-        self._free.append(failed.buffer)
-        while self._in_flight:
-            conn, batch, node_id, _ = self._in_flight.popleft()
-            try:
-                self._wait_for_node(conn, node_id)
-                reply = conn.receive(self.timeout + 15.0)
-            except Exception:
-                unstored.append(batch.all_keys())
-                self._free.append(batch.buffer)
-                continue
-            stored.append(batch.all_keys())
-            self._stored(batch, node_id, reply)
-        for batch in self._open.values():
-            if batch.n:
-                unstored.append(batch.all_keys())
-            self._free.append(batch.buffer)
-        self._open.clear()
-        hint = self._deadlock_hint(exc, failed.table, failed.n)
-        return _Failed(exc, stored, unstored, hint)
-
-    def _deadlock_hint(self, exc: Exception, table: str, n: int) -> str:
-        """When the table admits no more inserts until it is sampled, say that
-        a process that both inserts and samples on one thread waits forever."""
-        if not isinstance(exc, RateLimiterTimeout):
-            return ""
-        try:
-            info = self._client.table_info(table)
-        except Exception:  # the hint is a courtesy; the error stands without it
-            return ""
-        state = info.get("rate_limiter_state")
-        if not state:
-            return ""
-        if (info["size"] + n <= state["min_size_to_sample"]
-                or state["diff"] + n * state["samples_per_insert"] <= state["max_diff"]):
-            return ""  # it was not waiting for samples
-        return (
-            f" Table {table!r} takes no more inserts until it is sampled (samples so far: "
-            f"{info['samples']}). If the process that samples it is this one (inserting and "
-            "sampling from one thread), it deadlocks: sample from another thread or process, "
-            "flush in smaller steps between samples, or loosen the rate limiter."
-        )
-
-    def _staging(self, node: dict, buf: _Buffer) -> bytes | None:
-        """The ticket under which `node` holds `buf` mapped, handing it over
-        first if need be; None when the node reads it otherwise (another
-        host, mapping off or refused: it then uses process_vm_readv or UCX)."""
-        node_id = node["node_id"]
-        if (not self.local_map or buf.fd < 0 or not node.get("local_socket")
-                or self._no_map.get(node_id, 0.0) > time.monotonic()
-                or node.get("host_id") != self._me["host_id"]):
-            return None
-        key = (node_id, node["address"], buf.index)
-        if self._handed.get(key) == buf.ticket:
-            return buf.ticket
-        try:
-            send_staging(node["local_socket"], buf.fd, buf.size, buf.ticket,
-                         self._client.token, node.get("pid", 0),
-                         f"storage node {node['node_id']} ({node['name']})", CONNECT_TIMEOUT)
-        except ConnectionFailed as exc:
-            # Refused, or no answer within CONNECT_TIMEOUT (a node too busy to
-            # accept, or stopped): it reads this writer's batches another way
-            # for a while (a stopped one is then given up on as any hung
-            # node is), and mapping is tried again after that.
-            self._no_map[node_id] = time.monotonic() + NO_MAP_RETRY
-            log.warning("writer %d: %s; that node reads this writer's batches another way "
-                        "for %g s", self.writer_id, exc, NO_MAP_RETRY)
-            return None
-        self._handed[key] = buf.ticket
-        return buf.ticket
-
-    def _send_messages(self, node: dict, batch: _Batch, offsets: np.ndarray,
-                       lengths: np.ndarray) -> int | None:
-        """Post the batch's items to `node` as UCX active messages (one native
-        call) and return the batch token its descriptor must name; None when
-        the node reads our buffer itself (it offers no insert worker, the
-        items are smaller than DISTORE_AM_MIN_ITEM, or it is on this host
-        and reads us through shared memory)."""
-        address = node.get("insert_address")
-        if not address or self._am_min_item is None or batch.spec.item_bytes < self._am_min_item:
-            return None
-        if node.get("host_id") == self._me["host_id"] and self._runtime.shared_memory:
-            return None  # the node reads this process's memory (cma)
-        name = f"storage node {node['node_id']} ({node['name']})"
-        ep = self._runtime.endpoint(address, name, detect_failures=False)
-        token = secrets.randbits(64) | 1
-        try:
-            _native.am_send(ep, batch.buffer.region, AM_INSERT_ID, token, offsets, lengths)
-        except UcxError as exc:
-            self._runtime.drop_endpoint(address)
-            raise ConnectionFailed(f"{name}: sending an insert batch failed: {exc}") from exc
-        return token
-
-    def _next_node(self, exclude: set[int], buffer: int, nbytes: int = 0
-                   ) -> tuple[dict, rpc.Client]:
-        """Where the next batch (of `nbytes`) goes, and the connection to it.
-
-        The node list is read again every LIST_EVERY s (new nodes join,
-        unresponsive ones are not listed, free space changes) and whenever
-        every listed node is excluded. Nodes with room for the batch (their
-        free bytes as their heartbeats last said, less what this writer sent
-        them since) and not full lately come first; among them, the one this
-        writer has sent the fewest bytes to (round robin by batch would send
-        every first chunk of a split insert to one node). With no such node,
-        the one with the most room."""
-        now = time.monotonic()
-        if now - self._listed >= LIST_EVERY or all(n["node_id"] in exclude for n in self._nodes):
-            self._nodes = self._client.nodes()
-            self._listed, self._since_listed = now, {}
-            listed = {n["node_id"] for n in self._nodes}
-            for gone in [i for i in self._paths if i not in listed]:
-                del self._paths[gone]  # `paths` names the nodes in use, not ones that left
-        nodes = [n for n in self._nodes if n["node_id"] not in exclude]
-        if not nodes:
-            raise StorageFull(
-                "no live storage node with room to insert into"
-                + (f" (tried nodes {sorted(exclude)}: full, unreachable or unresponsive)"
-                   if exclude else "")
-                + ": start storage nodes (distore node --control ...), give them larger "
-                "arenas or disk tiers, or lower the tables' capacities"
-            )
-        roomy = [n for n in nodes if self._room(n) >= nbytes
-                 and self._full.get(n["node_id"], 0.0) <= now]
-        if roomy:
-            node = min(roomy, key=lambda n: (self._sent.get(n["node_id"], 0), next(self._rr)))
-        else:
-            node = max(nodes, key=self._room)
-        key = (node["node_id"], node["address"], buffer)
-        conn = self._conns.get(key)
-        if conn is None:
-            conn = self._connect(node)
-            if conn is None:
-                # A node that died or stopped since we listed the nodes: try
-                # another (the batch keeps its buffer; it is never lost here).
-                exclude.add(node["node_id"])
-                return self._next_node(exclude, buffer, nbytes)
-            self._conns[key] = conn
-        return node, conn
-
-    def _connect(self, node: dict) -> rpc.Client | None:
-        """A connection to `node`, or None (logged) once the control plane no
-        longer lists it as live, or after `timeout`. A busy node accepts or
-        greets late (its listen queue full: the connect itself times out),
-        and is waited for; a stopped one accepts (the kernel does) but never
-        greets, and a dead one refuses: both are given up on as soon as the
-        control plane says so."""
-        node_id = node["node_id"]
-        deadline = time.monotonic() + self.timeout
-        delay = 0.05
-        while True:
-            try:
-                conn = rpc.Client(node["address"], CONNECT_TIMEOUT,
-                                  name=f"storage node {node['name']}", token=self._client.token)
-                conn.timeout = self.timeout
-                return conn
-            except AuthenticationFailed as exc:
-                log.warning("storage node %d refused this writer (%s); trying another",
-                            node_id, exc)
-                return None
-            except (ConnectionFailed, Timeout) as exc:
-                failure = exc
-            state = self._node_state(node_id)
-            if state != "live" or time.monotonic() >= deadline:
-                log.warning("storage node %d unreachable (%s; it is %s); trying another",
-                            node_id, failure, state)
-                if state == "gone":
-                    self._drop(node_id)
-                return None
-            if isinstance(failure, ConnectionFailed):  # refused or reset: not a spin
-                time.sleep(delay)
-                delay = min(2 * delay, 0.5)
-
-    def _node_state(self, node_id: int) -> str:
-        """The control plane's word on a node: live, unresponsive or gone
-        ("live" when it is away, or does not know the id yet: a restarted
-        control plane the node has not re-joined)."""
-        try:
-            nodes = self._client.status()["nodes"]
-        except ConnectionFailed:
-            return "live"
-        for n in nodes:
-            if n["node_id"] == node_id:
-                return n.get("state", "live" if n["alive"] else "gone")
-        return "live"
-
-    def _room(self, node: dict) -> int:
-        """Bytes `node` may still take: its arena and disk tier less what its
-        heartbeats said it used, less what this writer sent it since."""
-        total = node.get("arena_size", 0) + node.get("disk_size", 0)
-        return (total - node.get("used_bytes", 0)
-                - self._since_listed.get(node["node_id"], 0))
-
-    def _drop(self, node_id: int) -> None:
-        self._paths.pop(node_id, None)
-        for key in [k for k in self._conns if k[0] == node_id]:
-            self._conns.pop(key).close()
-            self._handed.pop(key, None)  # a new connection claims its buffer anew
-        self._nodes = [n for n in self._nodes if n["node_id"] != node_id]
 
 
 # Writers not closed yet; at interpreter exit each is flushed and closed
@@ -760,44 +308,3 @@ def _close_writers_at_exit() -> None:
         writers = list(_OPEN)
     for writer in writers:
         writer._close_unattended("still open at interpreter exit")
-
-
-# While a node's reply takes longer than this, the writer checks every this
-# often that the control plane still lists the node.
-HUNG_CHECK = 0.5
-# Seconds between readings of the node list (placement by free space).
-LIST_EVERY = 1.0
-# A node that answered StorageFull is passed over this long while others have room.
-FULL_PASS_OVER = 1.0
-# Seconds a node has to greet a new connection before the writer asks the
-# control plane whether it is still live (a stopped one never greets), and
-# to take a staging buffer before it reads batches another way.
-CONNECT_TIMEOUT = 2.0
-# Seconds before handing a node that failed to take a staging buffer another one.
-NO_MAP_RETRY = 30.0
-
-
-class _Failed(Exception):
-    """Internal: a batch failed and the writer has settled; carries the counts
-    until the public call adds the keys it had not staged yet and re-raises
-    the original error."""
-
-    def __init__(self, exc: Exception, stored: list, unstored: list, hint: str):
-        super().__init__(str(exc))
-        self.exc, self.stored, self.unstored, self.hint = exc, stored, unstored, hint
-
-    def raise_with(self, more: np.ndarray | None):
-        """Raise the original error, its message and attributes completed."""
-        exc = self.exc
-        unstored = self.unstored + ([more] if more is not None and len(more) else [])
-        empty = np.empty(0, np.uint64)
-        exc.stored_keys = np.concatenate(self.stored) if self.stored else empty
-        exc.unstored_keys = np.concatenate(unstored) if unstored else empty
-        exc.not_stored = len(exc.unstored_keys)
-        text = exc.args[0] if exc.args else str(exc)
-        exc.args = (
-            (f"{text} [{len(exc.stored_keys)} other items in flight were stored (.stored_keys) "
-             f"and the writer holds nothing now; .unstored_keys: {exc.not_stored} items not "
-             f"stored]{self.hint}"),
-        )
-        raise exc

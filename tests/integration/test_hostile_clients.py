@@ -294,7 +294,7 @@ def test_writer_ids_cannot_run_out(tmp_path):
                 first = w.writer_id
                 insert(w, "t", 5)
                 for _ in range(2):  # as if 2**24 items had gone in
-                    w._seq = w._key_count - 2
+                    w._keys.seq = w._keys.count - 2
                     insert(w, "t", 5)
                 assert w.writer_id > first  # a new id; the connection's one allowance kept
             assert client.table_info("t")["size"] == 45  # no key given twice

@@ -462,7 +462,7 @@ def test_batches_in_flight_to_a_node_that_dies_are_resent_once(make_cluster, tls
                         rate_limiter=ds.Queue(20_000))
     writer = client.writer(batch_bytes=32 * ITEM, max_in_flight=4)
     first = writer.insert("t", items(np.arange(2000)))
-    in_flight = [b.all_keys() for _, b, _, _ in writer._in_flight]
+    in_flight = [b.all_keys() for _, b, _, _ in writer._flight.queue]
     assert in_flight  # batches were on their way when the node died
     cluster.kill_node(0)  # SIGKILL
     second = writer.insert("t", items(np.arange(2000, 4000)))

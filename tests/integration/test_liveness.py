@@ -16,7 +16,7 @@ import pytest
 from helpers import check_keyed, keyed_items, keyed_spec, wait_for
 
 import distore_ucx as ds
-from distore_ucx.client import writer as writer_module
+from distore_ucx.client import placement
 
 WIDTH = 256
 SPEC = keyed_spec(WIDTH)
@@ -225,7 +225,7 @@ def test_a_full_nodes_storage_full_is_retried_on_another_node(make_cluster, tls,
     # The writer's node list predates the second node (it is read again only
     # every LIST_EVERY s, made long here): the full node's StorageFull reply
     # must send the batch elsewhere, the list read again, not fail.
-    monkeypatch.setattr(writer_module, "LIST_EVERY", 3600.0, raising=False)
+    monkeypatch.setattr(placement, "LIST_EVERY", 3600.0)
     cluster = make_cluster(nodes=1, arena_bytes=1 << 20)
     with ds.connect(cluster.address) as client:
         client.create_table("t", capacity=100_000, spec=SPEC)

@@ -92,7 +92,7 @@ def test_memory_stays_flat_while_writers_outrun_the_store(tcp_cluster):
         deepest = 0
         while not stop.is_set():
             w.insert("t", batch)
-            deepest = max(deepest, len(w._in_flight))
+            deepest = max(deepest, len(w._flight.queue))
         w.close()
         most_in_flight.append(deepest)
         return w.inserted

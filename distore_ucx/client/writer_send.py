@@ -1,0 +1,149 @@
+"""Sending a batch to a storage node: the descriptor, and how the items travel.
+
+The writer sends the node a small descriptor over its connection (keys,
+priorities, the staging buffer's remote key, address and item offsets); the
+node then reads the items itself, straight into its arena slots
+(storage/pulls.py), and acknowledges. How it reads them is the batch's path:
+
+- same host, mapping on: the writer hands the node the buffer's sealed memfd
+  once, under a random ticket (transport/local_map.py); the descriptor names
+  the ticket and the node copies with plain loads from a read-only mapping;
+- same host otherwise: process_vm_readv (cma), or a UCX get;
+- another host: UCX gets; or, to a node that takes them
+  (DISTORE_AM_INSERTS=1, no RDMA), items of at least DISTORE_AM_MIN_ITEM
+  bytes go as UCX active messages with rendezvous, posted just before the
+  descriptor, which names them by a random batch token; the node receives
+  each into its slot.
+
+Thread safety: none (a writer is used by one thread).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import secrets
+import time
+
+import numpy as np
+
+from .._native_loader import _native
+from ..errors import ConnectionFailed, UcxError
+from ..protocol import AM_INSERT_ID
+from ..transport import rpc
+from ..transport.local_map import send_staging
+from ..transport.runtime import host_id
+from .writer_connections import CONNECT_TIMEOUT, Connections
+from .writer_keys import KeyRange
+from .writer_staging import Batch, StagingBuffer
+
+log = logging.getLogger(__name__)
+
+# Seconds before handing a node that failed to take a staging buffer another one.
+NO_MAP_RETRY = 30.0
+
+
+class Sender:
+    """Sends a writer's batches' descriptors, and their items where they go
+    as active messages."""
+
+    def __init__(self, client, connections: Connections, keys: KeyRange, local_map: bool,
+                 am_min_item: int | None):
+        """`local_map`: hand same-host nodes the staging buffers' memfds;
+        `am_min_item`: the least item size sent as active messages to nodes
+        that offer them (None: never)."""
+        self._client = client
+        self._connections = connections
+        self._keys = keys
+        self._runtime = client.runtime
+        self.me = {"worker_address": self._runtime.address, "pid": os.getpid(),
+                   "host_id": host_id()}
+        self.local_map = local_map
+        self._am_min_item = am_min_item
+        # Nodes that could not map our buffers: until when they read them otherwise.
+        self._no_map: dict[int, float] = {}
+
+    def send(self, node: dict, conn: rpc.Client, batch: Batch, timeout: float) -> None:
+        """Send `batch`'s descriptor to `node` over `conn` (its items first,
+        where they go as active messages); the node's reply comes later.
+        Raises ConnectionFailed when the node cannot be reached."""
+        ib = batch.spec.item_bytes
+        staging = self._staging(node, batch.buffer)
+        offsets = np.arange(batch.n, dtype=np.uint64) * np.uint64(ib)
+        lengths = np.full(batch.n, ib, np.uint64)
+        extra = {"staging": staging} if staging else {}
+        if "epoch" in node:  # registered only if the node stays live meanwhile
+            extra["epoch"] = node["epoch"]
+        # Items as UCX active messages first, the descriptor naming
+        # them second: a message the node never claims goes back to us.
+        token = None if staging else self._send_messages(node, batch, offsets, lengths)
+        if token is not None:
+            extra["am_token"] = token
+        conn.send(
+            "insert",
+            table=batch.table,
+            slot_size=batch.spec.slot_size,
+            item_bytes=ib,
+            keys=batch.keys[: batch.n],
+            priorities=batch.priorities[: batch.n],
+            offsets=offsets,
+            lengths=lengths,
+            rkey=batch.buffer.rkey,
+            base=batch.buffer.base,
+            size=batch.buffer.size,
+            timeout=float(timeout),
+            node_id=node["node_id"],
+            **self.me,
+            **extra,
+        )
+
+    def _staging(self, node: dict, buf: StagingBuffer) -> bytes | None:
+        """The ticket under which `node` holds `buf` mapped, handing it over
+        first if need be; None when the node reads it otherwise (another
+        host, mapping off or refused: it then uses process_vm_readv or UCX)."""
+        node_id = node["node_id"]
+        if (not self.local_map or buf.fd < 0 or not node.get("local_socket")
+                or self._no_map.get(node_id, 0.0) > time.monotonic()
+                or node.get("host_id") != self.me["host_id"]):
+            return None
+        key = (node_id, node["address"], buf.index)
+        handed = self._connections.handed
+        if handed.get(key) == buf.ticket:
+            return buf.ticket
+        try:
+            send_staging(node["local_socket"], buf.fd, buf.size, buf.ticket,
+                         self._client.token, node.get("pid", 0),
+                         f"storage node {node['node_id']} ({node['name']})", CONNECT_TIMEOUT)
+        except ConnectionFailed as exc:
+            # Refused, or no answer within CONNECT_TIMEOUT (a node too busy to
+            # accept, or stopped): it reads this writer's batches another way
+            # for a while (a stopped one is then given up on as any hung
+            # node is), and mapping is tried again after that.
+            self._no_map[node_id] = time.monotonic() + NO_MAP_RETRY
+            log.warning("writer %d: %s; that node reads this writer's batches another way "
+                        "for %g s", self._keys.writer_id, exc, NO_MAP_RETRY)
+            return None
+        handed[key] = buf.ticket
+        return buf.ticket
+
+    def _send_messages(self, node: dict, batch: Batch, offsets: np.ndarray,
+                       lengths: np.ndarray) -> int | None:
+        """Post the batch's items to `node` as UCX active messages (one native
+        call) and return the batch token its descriptor must name; None when
+        the node reads our buffer itself (it offers no insert worker, the
+        items are smaller than DISTORE_AM_MIN_ITEM, or it is on this host
+        and reads us through shared memory)."""
+        address = node.get("insert_address")
+        if not address or self._am_min_item is None or batch.spec.item_bytes < self._am_min_item:
+            return None
+        if node.get("host_id") == self.me["host_id"] and self._runtime.shared_memory:
+            return None  # the node reads this process's memory (cma)
+        name = f"storage node {node['node_id']} ({node['name']})"
+        ep = self._runtime.endpoint(address, name, detect_failures=False)
+        token = secrets.randbits(64) | 1
+        try:
+            _native.am_send(ep, batch.buffer.region, AM_INSERT_ID, token, offsets, lengths)
+        except UcxError as exc:
+            self._runtime.drop_endpoint(address)
+            raise ConnectionFailed(f"{name}: sending an insert batch failed: {exc}") from exc
+        return token

@@ -1,0 +1,149 @@
+"""Writer.insert's staging, in one process: no control plane, no nodes.
+
+A fake client hands out writer ids and the table's spec; sending a batch is
+replaced by recording it and handing its buffer back, so that these tests
+see exactly what insert staged (client/writer.py, client/writer_staging.py,
+client/writer_keys.py).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from distore_ucx.client.writer import Writer
+from distore_ucx.client.writer_failures import Failed
+from distore_ucx.client.writer_staging import OneItemLayout
+from distore_ucx.errors import ConfigError, RateLimiterTimeout
+from distore_ucx.spec import TableSpec
+from distore_ucx.transport import UcxRuntime
+
+# No padding between fields: one item of it can take the one-item path.
+SPEC = TableSpec.parse({"obs": ((48,), np.uint8), "action": ((), np.int64),
+                        "reward": ((), np.float64)})
+
+
+@pytest.fixture(scope="module")
+def runtime():
+    with UcxRuntime() as rt:
+        yield rt
+
+
+class FakeClient:
+    """What a Writer asks of its client, and nothing more."""
+
+    token = None
+
+    def __init__(self, runtime, key_bits: int = 24):
+        self.runtime = runtime
+        self.key_bits = key_bits
+        self.registered = []  # the `previous` of each register_writer call
+
+    def call(self, op: str, **fields) -> dict:
+        assert op == "register_writer"
+        self.registered.append(fields.get("previous"))
+        return {"writer_id": len(self.registered), "key_bits": self.key_bits}
+
+    def spec(self, table: str) -> TableSpec:
+        return SPEC
+
+
+def recording(writer: Writer) -> list:
+    """Replace the writer's sends: each batch is recorded (keys, priorities,
+    staged bytes) and its buffer handed back at once."""
+    sent = []
+
+    def send(batch, exclude, full=None):
+        ib = batch.spec.item_bytes
+        sent.append((batch.keys[: batch.n].copy(), batch.priorities[: batch.n].copy(),
+                     bytes(batch.buffer.view[: batch.n * ib])))
+        writer._pool.release(batch.buffer)
+
+    writer._flight.send = send
+    return sent
+
+
+def item(i: int) -> dict:
+    return {"obs": np.full(48, i, np.uint8), "action": np.array(i, np.int64),
+            "reward": np.array(i / 2, np.float64)}
+
+
+def staged(sent: list) -> tuple:
+    keys = np.concatenate([s[0] for s in sent])
+    return keys, np.concatenate([s[1] for s in sent]), b"".join(s[2] for s in sent)
+
+
+def test_one_item_calls_stage_what_the_general_path_stages(runtime):
+    # One item of the spec's shapes with a float priority takes the one-item
+    # path; a numpy priority, or the same items as one batch, the general one.
+    assert OneItemLayout(SPEC).parts(item(0), 1.0) is not None
+    assert OneItemLayout(SPEC).parts(item(0), np.float64(1.0)) is None
+    runs = []
+    for how in ("one", "numpy priority", "batch"):
+        w = Writer(FakeClient(runtime), max_items=4, max_delay=None)
+        sent = recording(w)
+        if how == "batch":
+            items = [item(i) for i in range(10)]
+            batch = {k: np.stack([it[k] for it in items]) for k in items[0]}
+            keys = w.insert("t", batch, priority=[float(i) for i in range(10)])
+        else:
+            keys = np.concatenate([
+                w.insert("t", item(i), float(i) if how == "one" else np.float64(i))
+                for i in range(10)])
+        w.flush()
+        run = staged(sent)
+        assert (keys == run[0]).all()  # the keys returned are the keys staged
+        runs.append(run)
+        w.close()
+    for keys, prios, data in runs[1:]:
+        assert (keys == runs[0][0]).all() and (prios == runs[0][1]).all()
+        assert data == runs[0][2]
+    assert (runs[0][0] == (1 << 24) + np.arange(10)).all()
+    assert runs[0][0].dtype == np.uint64 and runs[0][1].tolist() == list(range(10))
+
+
+def test_keys_run_on_under_a_new_writer_id_when_one_is_used_up(runtime):
+    client = FakeClient(runtime, key_bits=2)  # 4 keys per writer id
+    w = Writer(client, max_delay=None)
+    recording(w)
+    assert (w.next_keys(3) == np.array([4, 5, 6], np.uint64)).all()
+    one = [int(w.insert("t", item(i))[0]) for i in range(3)]
+    many = w.insert("t", {k: np.stack([item(i)[k] for i in range(3)]) for k in item(0)})
+    assert one == [4, 5, 6]
+    assert many.tolist() == [8, 9, 10]  # 3 more do not fit under id 1: id 2 starts at 8
+    assert client.registered == [None, 1] and w.writer_id == 2
+    with pytest.raises(ValueError, match="at most 4 items in one call"):
+        w.insert("t", {k: np.stack([item(i)[k] for i in range(5)]) for k in item(0)})
+    w.close()
+
+
+def test_a_one_item_insert_that_fails_before_staging_names_its_key_unstored(runtime):
+    # Waiting for a staging buffer, another batch's failure settles the
+    # writer: the item never staged is reported as not stored, as on the
+    # general path.
+    w = Writer(FakeClient(runtime), max_delay=None)
+    recording(w)
+    key = int(w.next_keys(1)[0])
+
+    def settled(table, spec):
+        raise Failed(RateLimiterTimeout("table 't' is full"), [], [], "")
+
+    w._flight.open_batch = settled
+    with pytest.raises(RateLimiterTimeout) as info:
+        w.insert("t", item(0))
+    assert info.value.unstored_keys.tolist() == [key] and info.value.not_stored == 1
+    assert "1 items not stored" in str(info.value)
+    w._closed = True  # nothing to flush: it was never staged
+
+
+def test_priorities_and_options_are_checked_before_anything_is_staged(runtime):
+    with pytest.raises(ConfigError, match="max_delay"):
+        Writer(FakeClient(runtime), max_delay=-1)
+    w = Writer(FakeClient(runtime))
+    sent = recording(w)
+    for bad in (float("nan"), -1.0, [1.0, 2.0]):
+        with pytest.raises(ValueError, match="priorit"):
+            w.insert("t", item(0), bad)
+    w.flush()
+    assert sent == [] and w.next_keys(1)[0] == 1 << 24  # no key was given
+    w.close()
