@@ -63,7 +63,7 @@ def recording_ns(loops: int) -> dict:
 
     def writer(n):
         st = metrics.WriterStats()
-        for _ in range(n):  # writer.py _stored
+        for _ in range(n):  # client/writer_in_flight.py InFlight._stored
             t0 = time.perf_counter()
             st.batches, st.items = st.batches + 1, st.items + 64
             st.bytes += 64 * 16384
