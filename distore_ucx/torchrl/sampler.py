@@ -8,7 +8,8 @@ and, on a buffer with `beta`, the importance weights.
 `Sampling` is a part of DistoreReplayBuffer (buffer.py), which sets the
 state it reads: `_client`, `table`, `_batch_size`, `_learners`, `_fields`,
 `_item_batch`, `device`, `sample_timeout`, `sample_ahead`, `clone`,
-`prefetch`, `_beta`, `_learner_options`.
+`prefetch`, `_beta`, `_learner_options`; it opens the table through
+`TableBinding._load` (table.py).
 """
 
 from __future__ import annotations

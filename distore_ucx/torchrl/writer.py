@@ -9,7 +9,8 @@ waits until the items are stored unless the buffer was made with
 `Writing` is a part of DistoreReplayBuffer (buffer.py), which sets the state
 it reads: `_client`, `table`, `ndim`, `_fields`, `_item_batch`, `_meta`,
 `priority_key`, `_writer`, `_writer_options`, `flush_each_extend`,
-`_write_count`.
+`_write_count`; it creates the table through `TableBinding._create`
+(table.py) and takes priorities from `Priorities` (priorities.py).
 """
 
 from __future__ import annotations
