@@ -1,0 +1,75 @@
+"""TorchRL replay buffers backed by a distore table.
+
+    pip install 'distore-ucx[torchrl]'
+
+`DistoreReplayBuffer` and `DistorePrioritizedReplayBuffer` speak TorchRL's
+replay-buffer language (`extend`, `add`, `sample`, iteration,
+`update_priority`, `update_tensordict_priority`, `__len__`, `write_count`,
+`batch_size`, `priority_key="td_error"`), so a TorchRL training loop, its
+losses (DQNLoss reads `priority_weight` and writes `td_error`) and its
+collectors (`Collector(env, policy, ..., replay_buffer=rb)`, also over a
+`ParallelEnv`) use them unchanged, while the items live in a distore store
+that many actor processes and hosts share. TorchRL's own replay-buffer tests,
+adapted to build these buffers, pass (tests/integration/test_torchrl_upstream.py
+lists those left out and why):
+
+- `extend(td)` stores a TensorDict with one `writer.insert` (one copy per
+  field into the writer's staging memory, never a Python loop over items)
+  and waits until the items are stored, so that the next `sample()` sees the
+  buffer as `extend` left it (never an item it evicted), as TorchRL's does.
+  As TorchRL's storages, the first `ndim` (1) batch dimensions index items:
+  a collector's `[n_envs, T]` batch is n_envs items of T steps each with
+  `ndim=1`, and n_envs * T transitions with `ndim=2`. Nested keys become
+  field names joined with "/" (("next", "obs") is the field "next/obs").
+  The priority key (`td_error`) is stored with the rest, as TorchRL does.
+- `sample()` asks the control plane when it is called (nothing is sampled
+  ahead, so a priority update shows in the very next sample) and returns a
+  TensorDict of tensors it owns, on the buffer's device, with `index` (the
+  items' distore keys, int64) and, on a prioritized buffer,
+  `priority_weight` (and `_weight`, TorchRL's older name): TorchRL's
+  importance weights (p_i / p_min)^-beta, p_min the smallest priority in the
+  whole table. `sample_ahead=True` and `clone=False` trade these for speed.
+- `update_priority(index, priority)` and `update_tensordict_priority(td)`
+  send new priorities in one batched request (`|priority| + eps`; a td
+  without the priority key gets the default priority, as TorchRL's).
+- Errors are distore's (`ds.DistoreError`) and also what TorchRL's code
+  catches: no batch size raises `BatchSizeNotSet` (a RuntimeError) from
+  `sample()` and iteration; sampling an empty buffer raises `EmptyTable` (a
+  RuntimeError and a `ds.NoData`) at once, unless `sample_timeout=` asks to
+  wait for actors.
+
+The table is created from the first TensorDict's keys, per-item shapes and
+dtypes when it does not exist (pass `capacity=`; or give `spec=`); an
+existing table is used as it is, and data that does not match it is refused
+with a SpecMismatch that names the key, options that differ from it (capacity,
+sampler, alpha...) with a TableExists that names them. Importing `distore_ucx`
+never imports torch; this package needs torch and tensordict.
+
+The package's modules, one concept each: `buffer` (the two buffer classes:
+their options, TorchRL's attributes, lifetime), `writer` (`extend`, `add`,
+`flush`: TensorDicts into the table), `sampler` (`sample` and iteration over
+the learners behind them), `priorities` (priorities read from data and
+updated), `table` (creating or opening the buffer's table and checking it
+against the data and the options), `conversion` (TensorDict keys, specs and
+tensors as a table's fields, specs and arrays), `errors` (the errors TorchRL
+code catches). Import their names from here.
+"""
+
+from __future__ import annotations
+
+try:
+    import torch  # noqa: F401  (checked here, before the modules that need it)
+    from tensordict import TensorDict, TensorDictBase  # noqa: F401
+except ImportError as _exc:  # say what to install, not just what is missing
+    raise ImportError(
+        f"distore_ucx.torchrl needs torch and tensordict ({_exc}): "
+        "pip install 'distore-ucx[torchrl]' (from a source checkout: pip install '.[torchrl]')"
+    ) from _exc
+
+from .buffer import DistorePrioritizedReplayBuffer, DistoreReplayBuffer
+from .conversion import INDEX_KEY, SEP, WEIGHT_KEYS, spec_of  # noqa: F401  (names the module had)
+from .errors import BatchSizeNotSet, EmptyTable
+from .priorities import REDUCTIONS  # noqa: F401  (a name the module had)
+
+__all__ = ["BatchSizeNotSet", "DistorePrioritizedReplayBuffer", "DistoreReplayBuffer", "EmptyTable",
+           "spec_of"]

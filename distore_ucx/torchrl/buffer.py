@@ -1,0 +1,262 @@
+"""The TorchRL replay buffers: DistoreReplayBuffer and its prioritized kind.
+
+A buffer holds its options and state and TorchRL's attributes (`batch_size`,
+`write_count`, `beta`, `len`), and owns its writer, learners and (when it
+connected it) its client; what it does is in the modules of its parts:
+`Writing` (writer.py), `Sampling` (sampler.py), `Priorities`
+(priorities.py) and `TableBinding` (table.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+from ..errors import ConfigError, TableNotFound
+from .conversion import INDEX_KEY, WEIGHT_KEYS, _key_tuple
+from .priorities import REDUCTIONS, Priorities
+from .sampler import Sampling
+from .table import TableBinding
+from .writer import Writing
+
+
+class DistoreReplayBuffer(Writing, Sampling, Priorities, TableBinding):
+    """A TorchRL-style replay buffer (as `TensorDictReplayBuffer`) whose items
+    live in the distore table `table`.
+
+    `client` is a `ds.connect(...)` client or a control-plane address
+    ("host:port"; the buffer then connects and closes its client itself).
+    When the table does not exist, it is created at the first `extend`
+    (or here, when `spec` is given) with `capacity` items and the given
+    `sampler`, `remover`, `rate_limiter` and `max_times_sampled` (as in
+    `client.create_table`); `spec` may be a TensorDict shaped like the data
+    `extend` will get (only its keys, shapes and dtypes are used; one with
+    fewer than `ndim` batch dimensions is one item) or a distore spec dict.
+    When the table exists, those options (given ones only) must match it,
+    else TableExists names the fields that differ; leave them out to use the
+    table as it is.
+
+    Items: the first `ndim` batch dimensions of extended data index items,
+    as in TorchRL's storages (`LazyTensorStorage(n, ndim=...)`): with the
+    default 1, a collector's [n_envs, T] batch is n_envs items of [T] steps
+    and samples have batch size [batch_size, T]; `ndim=2` stores its
+    n_envs * T transitions one by one. (A buffer that only opens a table
+    learns the items' own batch dimensions from `spec=` or its first
+    extend; before that, samples have batch size [batch_size].)
+
+    Sampling: `batch_size` is the default of `sample()` (None: pass it
+    there); samples land on `device` ("cpu" or "cuda[:N]"). By default a
+    sample is asked for when `sample()` is called and reflects every
+    `extend` and priority update before it, as TorchRL's: `sample_ahead=True`
+    asks for the next batch while this one is read (one round trip hidden
+    per sample, but updates and evictions then show one sample late). A
+    sample of an empty table raises `EmptyTable` (a RuntimeError, as
+    TorchRL's) at once; `sample_timeout` s > 0 waits that long for actors to
+    fill it first. Sampled tensors are the caller's (`clone=True`);
+    `clone=False` hands out views into the learner's receive ring instead
+    (no copy, valid until `prefetch + 1` more samples).
+
+    Inserting: `extend` waits until its items are stored (`flush=True`);
+    `flush=False` leaves batching to the writer (faster for actors that
+    never sample; call `flush()`). Items get the data's `priority_key`
+    entry as priority when present (reduced over an item's trailing
+    dimensions by `reduction`, TorchRL's "max", "min", "mean", "median" or
+    "sum"), else `default_priority` (None: the largest priority this buffer
+    has set so far, 1.0 at first, as TorchRL does). The priority key is
+    stored with the item when the table has that field (it is made from the
+    first data's keys). `exclude_keys` are never stored; neither are
+    `index` and the weight keys. `writer_options` and `learner_options` go
+    to `client.writer()` and `client.learner()`.
+
+    >>> with DistoreReplayBuffer(cluster.address, "replay", capacity=10_000,
+    ...                          batch_size=64) as rb:
+    ...     rb.extend(collector_batch)     # a TensorDict, batch size [n]
+    ...     td = rb.sample()               # TensorDict, batch size [64], with "index"
+    """
+
+    def __init__(
+        self,
+        client: Any,
+        table: str,
+        *,
+        batch_size: int | None = None,
+        capacity: int | None = None,
+        spec: Any = None,
+        sampler: Any = None,
+        remover: Any = None,
+        rate_limiter: Any = None,
+        max_times_sampled: int | None = None,
+        ndim: int = 1,
+        device: str = "cpu",
+        sample_timeout: float = 0.0,
+        sample_ahead: bool = False,
+        clone: bool = True,
+        prefetch: int = 2,
+        flush: bool = True,
+        priority_key: str | tuple[str, ...] = "td_error",
+        default_priority: float | None = None,
+        eps: float = 1e-8,
+        beta: float | None = None,
+        reduction: str = "max",
+        exclude_keys: Sequence[Any] = (),
+        writer_options: Mapping[str, Any] | None = None,
+        learner_options: Mapping[str, Any] | None = None,
+    ):
+        """See the class docstring."""
+        if batch_size is not None and (not isinstance(batch_size, int) or batch_size < 1):
+            raise ConfigError(f"batch_size must be a positive integer or None, got {batch_size!r}")
+        if not (np.isfinite(eps) and eps >= 0):
+            raise ConfigError(f"eps must be a finite number >= 0, got {eps!r}")
+        if isinstance(ndim, bool) or not isinstance(ndim, int) or ndim < 1:
+            raise ConfigError(f"ndim (batch dimensions that index items) must be an integer "
+                              f">= 1, got {ndim!r}")
+        if reduction not in REDUCTIONS:
+            raise ConfigError(f"reduction must be one of {', '.join(REDUCTIONS)}, got "
+                              f"{reduction!r}")
+        if not (np.isfinite(sample_timeout) and sample_timeout >= 0):
+            raise ConfigError(f"sample_timeout must be a number of seconds >= 0, got "
+                              f"{sample_timeout!r}")
+        if isinstance(client, str):
+            import distore_ucx as ds
+
+            client, self._owns_client = ds.connect(client), True
+        else:
+            self._owns_client = False
+        self._client = client
+        self.table = table
+        self._batch_size = batch_size
+        self.capacity = capacity
+        self._table_options = {"sampler": sampler, "remover": remover,
+                               "rate_limiter": rate_limiter,
+                               "max_times_sampled": max_times_sampled}
+        self.ndim = ndim
+        self.device = torch.device(device)
+        self.sample_timeout = float(sample_timeout)
+        self.sample_ahead = bool(sample_ahead)
+        self.clone = clone
+        self.prefetch = prefetch
+        self.flush_each_extend = flush
+        self.priority_key = priority_key
+        self.default_priority = default_priority
+        self.eps = float(eps)
+        self._beta = beta
+        self.reduction = reduction
+        self.exclude_keys = tuple(exclude_keys)
+        self._writer_options = dict(writer_options or {})
+        self._learner_options = dict(learner_options or {})
+        self._writer = None
+        self._learners: dict[int, Any] = {}  # one per batch size asked for
+        self._fields: dict[str, tuple[tuple[str, ...], tuple[int, ...], np.dtype]] | None = None
+        self._item_batch: tuple[int, ...] | None = None  # an item's own batch dims, once known
+        self._max_priority = 1.0
+        self._write_count = 0
+        self._closed = False
+        self._meta = {_key_tuple(k) for k in (INDEX_KEY, *WEIGHT_KEYS, *exclude_keys)}
+        try:
+            if spec is not None:
+                self._create(spec)
+            else:
+                self._load()
+        except BaseException:
+            if self._owns_client:
+                client.close()
+            raise
+
+    # -- TorchRL's attributes ----------------------------------------------
+    @property
+    def batch_size(self) -> int | None:
+        """The default number of items `sample()` returns."""
+        return self._batch_size
+
+    @property
+    def write_count(self) -> int:
+        """Items this buffer has inserted (TorchRL collectors read it)."""
+        return self._write_count
+
+    @property
+    def beta(self) -> float | None:
+        """Importance-sampling exponent of the weights (None: no weights);
+        settable, e.g. to anneal it towards 1."""
+        return self._beta
+
+    @beta.setter
+    def beta(self, value: float | None) -> None:
+        if value is not None and not (np.isfinite(value) and value >= 0):
+            raise ConfigError(f"beta must be a finite number >= 0, got {value!r}")
+        self._beta = value
+        for learner in self._learners.values():
+            learner.beta = value
+
+    def __len__(self) -> int:
+        """Items in the table now (one control-plane request)."""
+        try:
+            return int(self._client.table_info(self.table)["size"])
+        except TableNotFound:
+            return 0
+
+    def __repr__(self) -> str:
+        return (f"{type(self).__name__}(table={self.table!r}, batch_size={self._batch_size}, "
+                f"device={self.device}, fields={list(self._fields or ())})")
+
+    # -- lifetime ------------------------------------------------------------
+    def close(self) -> None:
+        """Flush and close the writer, close the learners (and the client, when
+        the buffer connected it itself)."""
+        if self._closed:
+            return
+        self._closed = True
+        errors = []
+        for obj in [*self._learners.values(), self._writer]:
+            if obj is None:
+                continue
+            try:
+                obj.close()
+            except Exception as exc:  # noqa: BLE001  close the rest, then report the first
+                errors.append(exc)
+        self._learners.clear()
+        self._writer = None
+        if self._owns_client:
+            self._client.close()
+        if errors:
+            raise errors[0]
+
+    def _ensure_open(self) -> None:
+        if self._closed:
+            from ..errors import Closed
+
+            raise Closed(f"this replay buffer of table {self.table!r} is closed: make a new one")
+
+    def __enter__(self) -> DistoreReplayBuffer:  # noqa: PYI034  (typing.Self: 3.11+)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+class DistorePrioritizedReplayBuffer(DistoreReplayBuffer):
+    """A prioritized buffer, as TorchRL's `TensorDictPrioritizedReplayBuffer`:
+    the table samples with `ds.Prioritized(alpha)` (an existing table must
+    have that alpha, else TableExists names it) and samples carry TorchRL's
+    importance weights (p_i / p_min)^-beta under `priority_weight` (what
+    TorchRL's losses read) and `_weight`.
+
+    >>> rb = DistorePrioritizedReplayBuffer(client, "per", alpha=0.6, beta=0.4,
+    ...                                     capacity=100_000, batch_size=64)
+    >>> td = rb.sample()
+    >>> loss = loss_module(td)            # writes td["td_error"]
+    >>> rb.update_tensordict_priority(td)
+    """
+
+    def __init__(self, client: Any, table: str, *, alpha: float, beta: float,
+                 eps: float = 1e-8, priority_key: str | tuple[str, ...] = "td_error",
+                 **kwargs: Any):
+        """See the class docstring; other options as DistoreReplayBuffer's."""
+        import distore_ucx as ds
+
+        if kwargs.get("sampler") is None:
+            kwargs["sampler"] = ds.Prioritized(alpha=alpha)
+        self.alpha = alpha
+        super().__init__(client, table, beta=beta, eps=eps, priority_key=priority_key, **kwargs)
