@@ -55,9 +55,13 @@ class Nodes:
         wanted = fields.pop("node_id", None)
         store = fields.pop("store_id", None)
         restore = self.restoring.current
-        if store is not None and store != self.ids.store_id and restore is not None:
+        # A control plane started from a checkpoint (--restore) refuses another
+        # store's node even once its restore is over: told "not restoring",
+        # the node would discard items that belong to its own store.
+        if store is not None and store != self.ids.store_id and (
+                restore is not None or self.config.restore):
             why = (f"storage node {f['name']!r} holds items of store {store}, but this control "
-                   f"plane restores store {self.ids.store_id} ({self.config.checkpoint}): "
+                   f"plane was restored as store {self.ids.store_id} ({self.config.checkpoint}): "
                    "refused, its items kept. Restart the node's own control plane (its "
                    "--checkpoint), or restart the node empty to join this store")
             if why not in self._refused_stores:  # one line per node and store, not per retry

@@ -244,7 +244,7 @@ def test_a_checkpoint_of_another_store_is_refused(make_cluster, tmp_path, tls):
     # re-joining with our items, is refused and keeps them.
     shutil.copy(str(tmp_path / "b.ckpt.ids"), mine + ".ids")
     cluster.start_control(restore=True)
-    wait_for(lambda: "refused, its items kept" in cluster.control.log_tail(), 20,
+    wait_for(lambda: "refused, its items kept" in cluster.control.log_tail(1000), 60,
              "the node of another store to be refused")
     with ds.connect(cluster.address) as client:
         assert client.table_info("t")["size"] == 0
@@ -256,7 +256,7 @@ def test_a_checkpoint_of_another_store_is_refused(make_cluster, tmp_path, tls):
             fh.write(data)
     cluster.start_control(restore=True)
     with ds.connect(cluster.address) as client:
-        wait_for(lambda: client.table_info("t")["size"] == 1000, 20, "our items back")
+        wait_for(lambda: client.table_info("t")["size"] == 1000, 60, "our items back")
         with client.learner("t", batch_size=32) as learner:
             check(learner.sample(timeout=10))
 
