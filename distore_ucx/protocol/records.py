@@ -29,7 +29,7 @@ from typing import Any, ClassVar, TypeVar
 import numpy as np
 
 from .error_codes import ProtocolError
-from .fields import ARRAY_DTYPES, MAX_ITEMS, MAX_NAME, F, check
+from .fields import ARRAY_DTYPES, MAX_ITEMS, F, check
 
 __all__ = ["Record", "record", "wire"]
 
@@ -161,7 +161,7 @@ def _accepts(fields: tuple[F, ...], name: str) -> Callable[[Any], bool]:
             test += f" or v > {_constant(scope, f.hi)}"
         if f.max_len is not None:
             test += f" or len(v) > {f.max_len}"
-        if f.kind == "str" and f.max_len == MAX_NAME:
+        if f.printable:
             test += " or not v or not v.isprintable()"
         lines += [f"    elif {test}:", "        return False"]
     lines.append("    return True")

@@ -34,10 +34,9 @@ from .fields import (
     DISK_SIZE,
     EPOCH,
     GENERATIONS,
-    HOST_ID,
-    ITEM_BYTES,
     KEYS,
     LEASE,
+    LISTED_HOST_ID,
     LOCAL_SOCKET,
     MAX_TIMES_SAMPLED,
     NAME,
@@ -49,9 +48,10 @@ from .fields import (
     RKEY,
     SELECTOR,
     SIZE,
-    SLOT_SIZE,
     SPEC,
     STORE_ID,
+    TABLE_ITEM_BYTES,
+    TABLE_SLOT_SIZE,
     USED_BYTES,
     WORKER_ADDRESS,
     WRITER_ID,
@@ -241,7 +241,7 @@ class NodeDescription(Record):
     epoch: int = wire(EPOCH)  # grows each time it becomes unresponsive
     heartbeat_gap_max: float = wire(SECONDS)
     pid: int = wire(PID)
-    host_id: str = wire(HOST_ID)
+    host_id: str = wire(LISTED_HOST_ID)  # "": the node sent none
     arena_id: int = wire(ARENA_ID)
     page_kind: str = wire(PAGE_KIND)
     local_socket: str = wire(LOCAL_SOCKET)
@@ -261,8 +261,8 @@ class TableInfo(Record):
     capacity: int = wire(CAPACITY)
     size: int = wire(COUNT)
     spec: list = wire(SPEC)
-    item_bytes: int = wire(ITEM_BYTES)
-    slot_size: int = wire(SLOT_SIZE)
+    item_bytes: int = wire(TABLE_ITEM_BYTES)
+    slot_size: int = wire(TABLE_SLOT_SIZE)
     sampler: dict = wire(SELECTOR)
     remover: dict = wire(SELECTOR)
     rate_limiter: dict = wire(SELECTOR)

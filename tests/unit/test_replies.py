@@ -248,6 +248,15 @@ def test_a_record_is_declared_once_with_its_bounds():
 # `tables`, `items`, `leases` lists or arrays in some messages, counts in
 # others (status, checkpoint).
 TWO_MEANINGS = {"n", "extents", "size", "tables", "items", "leases"}
+# Names bounded apart on purpose: a table's slot and item sizes (any its
+# spec makes) and what one insert, stage or re-sent batch may move; a host
+# id as a request carries it (left out when unknown) and as the node list
+# gives it ("" when the node sent none).
+TWO_BOUNDS = {
+    "slot_size": {("int", 1, 1 << 34, None, False), ("int", 1, 2**64 - 1, None, False)},
+    "item_bytes": {("int", 1, 1 << 34, None, False), ("int", 1, 2**64 - 1, None, False)},
+    "host_id": {("str", None, None, 128, True), ("str", None, None, 128, False)},
+}
 
 
 def all_declarations():
@@ -269,8 +278,32 @@ def test_a_field_has_one_bound_in_every_request_and_reply_that_carries_it():
     for where, fields in all_declarations():
         for f in fields:
             ways.setdefault(f.name, {}).setdefault(
-                (f.kind, f.lo, f.hi, f.max_len), []).append(where)
-    differ = {name: w for name, w in ways.items() if len(w) > 1 and name not in TWO_MEANINGS}
+                (f.kind, f.lo, f.hi, f.max_len, f.printable), []).append(where)
+    differ = {name: w for name, w in ways.items() if len(w) > 1 and name not in TWO_MEANINGS
+              and set(w) != TWO_BOUNDS.get(name)}
     assert not differ, differ
     # node ids above all: one bound wherever one travels.
-    assert set(ways["node_id"]) == {("int", 1, protocol.MAX_NODE_ID, None)}
+    assert set(ways["node_id"]) == {("int", 1, protocol.MAX_NODE_ID, None, False)}
+    # the table records carry a table's own sizes; the insert, its bound.
+    assert set(ways["slot_size"][("int", 1, 2**64 - 1, None, False)]) == {
+        "a table", "reply to create_table", "reply to table_info"}
+    assert "insert" in ways["slot_size"][("int", 1, 1 << 34, None, False)]
+
+
+def test_a_table_whose_items_no_insert_can_carry_still_has_readable_info():
+    # create_table takes any spec one arena can hold; inserts carry slots of
+    # at most 2**34 bytes: the table's info must parse all the same.
+    big = dict(TABLE, item_bytes=2**35, slot_size=2**35 + 64)
+    for op in ("create_table", "table_info"):
+        got = parse_reply(op, roundtrip(protocol.reply(1, **{**REPLIES[op], **big})))
+        assert got.slot_size == 2**35 + 64 and got.item_bytes == 2**35
+    listed = parse_reply("list_tables", roundtrip(protocol.reply(1, tables=[big])))
+    assert listed.tables[0].slot_size == 2**35 + 64
+
+
+def test_a_node_that_sent_no_host_id_is_listed_with_an_empty_one():
+    # The control plane lists "" for it; a request that carries one must name it.
+    got = parse_reply("nodes", roundtrip(protocol.reply(1, nodes=[dict(NODE, host_id="")])))
+    assert got.nodes[0].host_id == ""
+    with pytest.raises(ProtocolError, match="insert.host_id: '' is not a valid name"):
+        protocol.fields.check("insert", protocol.fields.HOST_ID, "")
