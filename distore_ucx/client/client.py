@@ -16,7 +16,7 @@ from .. import rate_limiters as _rate_limiters
 from .. import selectors as _selectors
 from ..config import read_token, rendezvous_config, ucx_tls
 from ..errors import CapacityWarning, ConfigError
-from ..protocol import MAX_SAMPLE
+from ..protocol import MAX_SAMPLE, parse_reply
 from ..rate_limiters import RateLimiter
 from ..selectors import Selector
 from ..spec import TableSpec
@@ -95,8 +95,9 @@ class Client:
         definition = TableDefinition.make(name, capacity, spec, sampler, remover, rate_limiter,
                                           max_times_sampled)
         info = self.call("create_table", **definition.to_wire())
+        created = parse_reply("create_table", info, self._rpc.name)
         self._specs[name] = definition.spec
-        for text in info.get("warnings", ()):
+        for text in created.warnings or ():
             # The control plane logged it too; the caller sees it here.
             warnings.warn(text, CapacityWarning, stacklevel=2)
         return _strip(info)
@@ -105,19 +106,19 @@ class Client:
         """Size, capacity, counts (inserts, samples, deletes), spec of a table;
         `fits`: how many of its items the live nodes can hold beside the
         other tables' items (a full arena evicts by the table's remover)."""
-        return _strip(self.call("table_info", name=name))
+        return _strip(self._checked("table_info", name=name))
 
     def tables(self) -> list[dict]:
         """Info of every table."""
-        return self.call("list_tables")["tables"]
+        return self._checked("list_tables")["tables"]
 
     def nodes(self) -> list[dict]:
         """Live storage nodes with their UCX address and remote key."""
-        return self.call("nodes")["nodes"]
+        return self._checked("nodes")["nodes"]
 
     def status(self) -> dict:
         """Nodes (alive or not, memory used), tables and outstanding leases."""
-        return _strip(self.call("status"))
+        return _strip(self._checked("status"))
 
     def checkpoint(self) -> dict:
         """Make the control plane write its checkpoint now (it must have been
@@ -125,7 +126,7 @@ class Client:
 
         Raises CheckpointError when it has no checkpoint file or cannot write it.
         """
-        return _strip(self.call("checkpoint"))
+        return _strip(self._checked("checkpoint"))
 
     def spec(self, table: str) -> TableSpec:
         """The layout of a table's items (cached)."""
@@ -176,6 +177,14 @@ class Client:
         """One request to the control plane (low level)."""
         ensure_open(self, "client")
         return self._rpc.call(op, **fields)
+
+    def _checked(self, op: str, **fields: Any) -> dict:
+        """The reply to one request, checked against its declaration
+        (protocol/replies.py) and returned as the map it came as: a
+        malformed one raises ProtocolError naming the field."""
+        reply = self.call(op, **fields)
+        parse_reply(op, reply, self._rpc.name)
+        return reply
 
     def connection(self) -> rpc.Client:
         """A new, separate connection to the control plane (it reconnects by itself)."""

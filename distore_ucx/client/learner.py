@@ -42,7 +42,7 @@ from .. import metrics
 from .._native_loader import _native
 from ..config import local_map_default
 from ..errors import ConfigError, DistoreError, NoData, RateLimiterTimeout
-from ..protocol import ITEM_LOCATION
+from ..protocol import ITEM_LOCATION, check_reply
 from ..spec import SLOT_HEADER
 from ..transport import capabilities
 from .batch import Batch
@@ -365,9 +365,9 @@ class Learner:
             raise ValueError(f"priorities must be finite and >= 0; got {bad.tolist()}")
         if len(keys) == 0:
             return {"updated": 0, "missing": 0}
-        reply = self._client.call(
+        reply = check_reply("update_priorities", self._client.call(
             "update_priorities", table=self.table, keys=keys, priorities=prios
-        )
+        ), "control plane")
         self.priority_updates_missing += reply["missing"]
         return {"updated": reply["updated"], "missing": reply["missing"]}
 

@@ -12,6 +12,10 @@ reads complete.
 Leases: a reply's lease covers every batch split from it; once the last of
 them is read, the lease is released with the next request (and whatever
 is still held, when the stream is closed).
+
+Each reply is checked against its declaration as it arrives (`check_reply`,
+cheap enough for once per batch): a malformed one fails here, naming the
+field, not in the gather that reads it.
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ import numpy as np
 
 from ..config import sample_ahead_from_env
 from ..errors import ConfigError, ConnectionFailed, DistoreError, NoData, RateLimiterTimeout
-from ..protocol import ITEM_LOCATION
+from ..protocol import ITEM_LOCATION, check_reply
 
 log = logging.getLogger(__name__)
 
@@ -149,10 +153,11 @@ class SampleStream:
         requests in flight are kept for the next batches."""
         while self.rpc.in_flight:  # their replies come first: keep them for the next batches
             try:
-                self.received.append(self.rpc.receive(wait + 10.0))
+                self.received.append(self._checked(self.rpc.receive(wait + 10.0)))
             except ConnectionFailed as exc:  # the rest went with the connection
                 log.warning("table %r: %s; asking again", self.table, exc)
-        return self.rpc.call("sample", reply_timeout=wait + 10.0, **self._fields(n, wait))
+        return self._checked(self.rpc.call("sample", reply_timeout=wait + 10.0,
+                                           **self._fields(n, wait)))
 
     def release_all(self, timeout: float) -> None:
         """Release every lease the stream holds: of batches read, sampled
@@ -167,7 +172,7 @@ class SampleStream:
             self.ahead = []
             while self.rpc.in_flight:
                 try:
-                    self.received.append(self.rpc.receive(timeout + 10.0))
+                    self.received.append(self._checked(self.rpc.receive(timeout + 10.0)))
                 except (NoData, RateLimiterTimeout):
                     pass  # that request was answered without a lease
             self.done_leases.extend(r["lease"] for r in self.received)
@@ -217,7 +222,7 @@ class SampleStream:
         while self.rpc.in_flight:
             early, self._early = self._early, False
             try:
-                return self.rpc.receive(wait + 10.0)
+                return self._checked(self.rpc.receive(wait + 10.0))
             except ConnectionFailed as exc:
                 # The control plane went away with our requests (in_flight is
                 # now 0), or answered this one with a failure (a node left
@@ -230,8 +235,12 @@ class SampleStream:
                     raise
                 # The request made at creation does not wait for data: this
                 # one does, up to the caller's timeout.
-        return self.rpc.call("sample", reply_timeout=wait + 10.0,
-                             **self._fields(self._ask, wait))
+        return self._checked(self.rpc.call("sample", reply_timeout=wait + 10.0,
+                                           **self._fields(self._ask, wait)))
+
+    def _checked(self, reply: dict) -> dict:
+        """A sample reply, checked against its declaration (protocol/replies.py)."""
+        return check_reply("sample", reply, self.rpc.name)
 
     @property
     def _ask(self) -> int:

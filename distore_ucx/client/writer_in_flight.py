@@ -24,6 +24,7 @@ from collections import deque
 
 from .. import metrics
 from ..errors import ConnectionFailed, StorageFull
+from ..protocol import check_reply
 from ..transport import rpc
 from .placement import Placement
 from .writer_connections import node_state
@@ -101,7 +102,8 @@ class InFlight:
         conn, batch, node_id, exclude = self.queue.popleft()
         try:
             self._wait_for_node(conn, node_id)
-            reply = conn.receive(self.timeout + 15.0)  # the node's own deadline comes first
+            # the node's own deadline comes first
+            reply = check_reply("insert", conn.receive(self.timeout + 15.0), conn.name)
         except ConnectionFailed as exc:
             # The node died (or is leaving); the control plane drops whatever
             # it had stored, and our buffer still holds the batch.
@@ -148,7 +150,7 @@ class InFlight:
         st.bytes += batch.n * batch.spec.item_bytes
         st.latency.observe(time.perf_counter() - batch.sent)
         self._pool.release(batch.buffer)
-        via = reply.get("via", "?")
+        via = reply["via"]
         paths = self._placement.paths
         if paths.get(node_id) != via:
             paths[node_id] = via
@@ -165,7 +167,7 @@ class InFlight:
             conn, batch, node_id, _ = self.queue.popleft()
             try:
                 self._wait_for_node(conn, node_id)
-                reply = conn.receive(self.timeout + 15.0)
+                reply = check_reply("insert", conn.receive(self.timeout + 15.0), conn.name)
             except Exception:
                 unstored.append(batch.all_keys())
                 pool.release(batch.buffer)

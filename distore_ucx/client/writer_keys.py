@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..protocol import parse_reply
+
 
 class KeyRange:
     """The writer id and the keys it has given so far. Its `writer_id` also
@@ -23,9 +25,10 @@ class KeyRange:
     def take(self, reply: dict) -> None:
         """Keys from a register_writer reply: `writer_id << key_bits | seq`
         for seq below 2**key_bits."""
-        self.writer_id = reply["writer_id"]
-        self.base = self.writer_id << reply["key_bits"]  # the key of seq 0
-        self.count = 1 << reply["key_bits"]
+        got = parse_reply("register_writer", reply, "control plane")
+        self.writer_id = got.writer_id
+        self.base = self.writer_id << got.key_bits  # the key of seq 0
+        self.count = 1 << got.key_bits
         self.seq = 0  # keys given so far
 
     def make_room(self, n: int) -> None:

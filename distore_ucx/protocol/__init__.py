@@ -13,10 +13,10 @@ items never pass through the control plane.
 The package's modules, one concept each: `framing` (frames and the
 version), `fields` (how a field is declared and checked, and the fields
 several messages share), `requests` (every request's fields), `replies`
-(every reply, typed, and `parse_reply`), `records` (how a typed reply is
-declared and parsed), `error_codes` (the error vocabulary), `greeting` (a
-server's hello and the answer to its challenge). Import their names from
-here.
+(every reply, typed, `parse_reply`, and `check_reply` for hot paths),
+`records` (how a typed reply is declared, parsed and quickly checked),
+`error_codes` (the error vocabulary), `greeting` (a server's hello and the
+answer to its challenge). Import their names from here.
 """
 
 from __future__ import annotations
@@ -60,6 +60,7 @@ from .replies import (
     TableInfoReply,
     TablesReply,
     UpdatePrioritiesReply,
+    check_reply,
     parse_reply,
     reply,
 )
@@ -108,6 +109,7 @@ __all__ = [
     "UpdatePrioritiesReply",
     "auth_mac",
     "check_hello",
+    "check_reply",
     "decode",
     "encode",
     "error_code",

@@ -30,6 +30,7 @@ __all__ = [
     "ITEM_LOCATION",
     "KEYS",
     "LEASE",
+    "LISTED_HOST_ID",
     "LOCAL_SOCKET",
     "MAX_ITEMS",
     "MAX_NAME",
@@ -51,6 +52,8 @@ __all__ = [
     "SPEC",
     "STORE_ID",
     "TABLE",
+    "TABLE_ITEM_BYTES",
+    "TABLE_SLOT_SIZE",
     "TIMEOUT",
     "USED_BYTES",
     "WORKER_ADDRESS",
@@ -79,7 +82,8 @@ class F:
     array kind "u64[]", "u32[]", "u8[]", "f64[]" (raw bytes of that dtype)
     or "locations" (raw ITEM_LOCATION records). In replies a field may
     also be `nullable` (None is a value), and a list or dict may hold
-    records of a declared reply type (`of`, protocol/replies.py).
+    records of a declared reply type (`of`, protocol/replies.py). A
+    `printable` str is a name: not empty, printable characters only.
     """
 
     name: str
@@ -90,6 +94,7 @@ class F:
     max_len: int | None = None
     nullable: bool = False
     of: type | None = None
+    printable: bool = False  # a str of 1 to max_len printable characters (a name)
 
     def optional(self) -> F:
         """This field, where a message may leave it out."""
@@ -105,11 +110,15 @@ ARRAY_DTYPES = {"u64[]": np.uint64, "u32[]": np.uint32, "u8[]": np.uint8, "f64[]
 
 # -- fields several messages carry, each declared once ------------------------
 # Names: of tables, and of storage nodes (1-128 printable characters).
-NAME = F("name", "str", max_len=MAX_NAME)
+NAME = F("name", "str", max_len=MAX_NAME, printable=True)
 TABLE = NAME.named("table")
 NODE_ID = F("node_id", "int", lo=1, hi=MAX_NODE_ID)
 STORE_ID = F("store_id", "str", max_len=64)
-HOST_ID = F("host_id", "str", max_len=128)
+# A process's host, pid and network namespace (transport/runtime.py:
+# host_id()). A request carries one where the sender could tell it (else it
+# leaves the field out); the node list says "" for a node that sent none.
+HOST_ID = F("host_id", "str", max_len=128, printable=True)
+LISTED_HOST_ID = replace(HOST_ID, printable=False)
 PID = F("pid", "int", lo=1, hi=2**31)
 # A UCX worker's address or a packed remote key.
 WORKER_ADDRESS = F("worker_address", "bytes", max_len=1 << 16)
@@ -122,8 +131,14 @@ DISK_SIZE = F("disk_size", "int", lo=0, hi=2**62)  # bytes of a node's disk tier
 ARENA_ID = F("arena_id", "int", lo=0, hi=2**63 - 1)
 PAGE_KIND = F("page_kind", "str", max_len=16)
 LOCAL_SOCKET = F("local_socket", "str", max_len=100)
+# The slots and items one message moves (an insert, a stage, a re-sent batch).
 SLOT_SIZE = F("slot_size", "int", lo=1, hi=1 << 34)
 ITEM_BYTES = SLOT_SIZE.named("item_bytes")
+# A table's, as its spec makes them (the table records replies carry): a
+# table may be declared with items no insert can carry (create_table takes
+# any spec that one arena can hold), and its info must still be readable.
+TABLE_SLOT_SIZE = F("slot_size", "int", lo=1, hi=2**64 - 1)
+TABLE_ITEM_BYTES = TABLE_SLOT_SIZE.named("item_bytes")
 TIMEOUT = F("timeout", "float", lo=0, hi=86400)  # seconds a request may wait
 EPOCH = F("epoch", "int", lo=0, hi=2**63 - 1)  # a node's, as its node list entry says
 REQUEST = F("request", "int", lo=1, hi=2**63 - 1)  # a stage or retire push's number
@@ -172,10 +187,7 @@ def check(op: str, f: F, v: Any) -> Any:
         raise ProtocolError(f"{where}: {v} outside [{f.lo}, {f.hi}]")
     if f.max_len is not None and len(v) > f.max_len:
         raise ProtocolError(f"{where}: longer than {f.max_len}")
-    if f.kind == "str" and f.max_len == MAX_NAME and not _valid_name(v):
-        raise ProtocolError(f"{where}: {v!r} is not a valid name (1-128 printable characters)")
+    if f.printable and not (v and v.isprintable()):
+        raise ProtocolError(
+            f"{where}: {v!r} is not a valid name (1-{f.max_len} printable characters)")
     return v
-
-
-def _valid_name(s: str) -> bool:
-    return 0 < len(s) <= MAX_NAME and s.isprintable()

@@ -9,16 +9,27 @@ field as a request's are checked (protocol/fields.py). The replies
 ...     b: str | None = wire("str", optional=True)
 >>> Pair.parse({"a": 1})
 Pair(a=1, b=None)
+
+`accepts` is the check for hot paths (a reply per sampled batch or per
+insert), where building the typed form costs more than the reader can
+spend: it looks at what `parse` looks at, but not into arrays (their
+values: the reader takes them as they are) and only in flat records.
+
+>>> Pair.accepts({"a": 1}), Pair.accepts({"a": -1})
+(True, False)
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Callable, Mapping
 from typing import Any, ClassVar, TypeVar
 
+import numpy as np
+
 from .error_codes import ProtocolError
-from .fields import ARRAY_DTYPES, F, check
+from .fields import ARRAY_DTYPES, MAX_ITEMS, F, check
 
 __all__ = ["Record", "record", "wire"]
 
@@ -50,6 +61,7 @@ def record(what: str) -> Callable[[type[R]], type[R]]:
         cls.FIELDS = tuple(dataclasses.replace(f.metadata["wire"], name=f.name)
                            for f in dataclasses.fields(cls))
         cls.WHAT = what
+        cls.accepts = staticmethod(_accepts(cls.FIELDS, cls.__name__))
         return cls
 
     return make
@@ -61,6 +73,17 @@ class Record:
 
     FIELDS: ClassVar[tuple[F, ...]] = ()
     WHAT: ClassVar[str] = "record"
+
+    @staticmethod
+    def accepts(msg: Mapping[str, Any]) -> bool:
+        """Whether `msg` holds this type's fields as declared, checked without
+        building it: presence, exact types, bounds, lengths, and that arrays
+        are whole and of one length; not the values inside arrays (`parse`
+        also refuses non-finite floats there). False also for what only
+        `parse` can tell (records inside, a subclass of a field's type):
+        `parse` it then, to have the error or the record. `record` makes
+        each type's own from its declaration."""
+        return False
 
     @classmethod
     def parse(cls: type[R], msg: Mapping[str, Any], what: str | None = None) -> R:
@@ -91,3 +114,66 @@ class Record:
                         f"{what}: array {f.name!r} has {len(v)} items, expected {n_items}")
             out[f.name] = v
         return cls(**out)
+
+
+_ABSENT = object()
+# A kind's values as msgpack decodes them: `accepts` takes these types only
+# (`check` takes subclasses too: `parse` tells those apart).
+_EXACT = {"int": (int,), "float": (float, int), "str": (str,), "bytes": (bytes,),
+          "bool": (bool,), "list": (list,), "dict": (dict,)}
+
+
+def _accepts(fields: tuple[F, ...], name: str) -> Callable[[Any], bool]:
+    """A type's `accepts`, made from its fields' declarations: one check per
+    field, written out as code (as dataclasses writes `__init__`): a loop
+    over the declarations costs more than a reader of every sampled batch
+    may spend."""
+    if any(f.of is not None for f in fields):
+        return Record.accepts  # records inside: only `parse` checks those
+    scope: dict[str, Any] = {"ABSENT": _ABSENT}  # what the made code reads
+    lines = [f"def accepts_{name}(msg):",
+             "    if type(msg) is not dict:",
+             "        return False",
+             "    get = msg.get"]
+    if any(f.kind in ARRAY_DTYPES for f in fields):
+        lines.append("    n = -1  # items in each array, once one is seen")
+    for f in fields:
+        lines.append(f"    v = get({f.name!r}, ABSENT)")
+        absent = "return False" if f.required else "pass"
+        lines += ["    if v is ABSENT:", f"        {absent}"]
+        if f.nullable:
+            lines += ["    elif v is None:", "        pass"]
+        if f.kind in ARRAY_DTYPES:
+            size = np.dtype(ARRAY_DTYPES[f.kind]).itemsize
+            lines += [f"    elif (type(v) is not bytes or len(v) % {size} "
+                      f"or len(v) > {size * MAX_ITEMS}",
+                      f"          or n >= 0 and len(v) != {size} * n):",
+                      "        return False",
+                      "    else:",
+                      f"        n = len(v) // {size}"]
+            continue
+        types = _EXACT[f.kind]
+        test = (f"type(v) is not {types[0].__name__}" if len(types) == 1
+                else f"type(v) not in ({', '.join(t.__name__ for t in types)})")
+        if f.lo is not None:
+            test += f" or v < {_constant(scope, f.lo)}"
+        if f.hi is not None:
+            test += f" or v > {_constant(scope, f.hi)}"
+        if f.max_len is not None:
+            test += f" or len(v) > {f.max_len}"
+        if f.printable:
+            test += " or not v or not v.isprintable()"
+        lines += [f"    elif {test}:", "        return False"]
+    lines.append("    return True")
+    exec("\n".join(lines), scope)
+    return scope[f"accepts_{name}"]
+
+
+def _constant(scope: dict[str, Any], value: Any) -> str:
+    """`value` as made code writes it: a finite number as itself, anything
+    else by a name it has in `scope`."""
+    if type(value) is int or type(value) is float and math.isfinite(value):
+        return repr(value)
+    name = f"C{len(scope)}"
+    scope[name] = value
+    return name

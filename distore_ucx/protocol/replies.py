@@ -9,6 +9,10 @@ arrays, and the nodes and tables a reply lists as `NodeDescription` and
 `TableInfo` records. Fields not declared (a newer peer's) are ignored, as
 in requests; an error reply raises the exception it stands for.
 
+Where a reply is read once per sampled batch or per insert, `check_reply`
+checks the map and hands it back as it is: building the typed form would
+cost more than those paths can spend (Record.accepts says what it checks).
+
 Each reply is a record (protocol/records.py): a frozen dataclass whose
 fields are declared with `wire`, naming each field's kind and bounds.
 `REPLIES` maps each operation to its reply's class. Pushes (id 0: free,
@@ -30,10 +34,9 @@ from .fields import (
     DISK_SIZE,
     EPOCH,
     GENERATIONS,
-    HOST_ID,
-    ITEM_BYTES,
     KEYS,
     LEASE,
+    LISTED_HOST_ID,
     LOCAL_SOCKET,
     MAX_TIMES_SAMPLED,
     NAME,
@@ -45,9 +48,10 @@ from .fields import (
     RKEY,
     SELECTOR,
     SIZE,
-    SLOT_SIZE,
     SPEC,
     STORE_ID,
+    TABLE_ITEM_BYTES,
+    TABLE_SLOT_SIZE,
     USED_BYTES,
     WORKER_ADDRESS,
     WRITER_ID,
@@ -80,6 +84,7 @@ __all__ = [
     "TableInfoReply",
     "TablesReply",
     "UpdatePrioritiesReply",
+    "check_reply",
     "parse_reply",
     "reply",
 ]
@@ -101,7 +106,7 @@ def parse_reply(op: str, msg: Mapping[str, Any], peer: str = "the peer") -> Reco
 
     `msg` is the reply's map (its "id" and "ok" are not fields). An error
     reply raises the exception it stands for, naming `peer`; a malformed
-    one raises ProtocolError.
+    one raises ProtocolError naming the field and `peer`.
 
     >>> parse_reply("release", {"id": 4, "ok": True, "refused": 0}).refused
     0
@@ -111,7 +116,25 @@ def parse_reply(op: str, msg: Mapping[str, Any], peer: str = "the peer") -> Reco
         raise ProtocolError(f"no reply is declared for {op!r}: not an operation, or a push")
     if isinstance(msg, Mapping) and msg.get("ok") is False:
         raise remote_error(dict(msg), peer)
-    return cls.parse(msg, f"reply to {op}")
+    try:
+        return cls.parse(msg, f"reply to {op}")
+    except ProtocolError as exc:
+        raise ProtocolError(f"{exc} (from {peer})") from None
+
+
+def check_reply(op: str, msg: dict[str, Any], peer: str = "the peer") -> dict[str, Any]:
+    """`msg`, the reply to an `op` request, checked and handed back as it is
+    (not as its typed form): for readers on a hot path. What the quick
+    check (Record.accepts) does not take, `parse_reply` checks, raising
+    what it raises.
+
+    >>> check_reply("release", {"id": 4, "ok": True, "refused": 0})["refused"]
+    0
+    """
+    cls = REPLIES.get(op)
+    if cls is None or not cls.accepts(msg):
+        parse_reply(op, msg, peer)
+    return msg
 
 
 def declare(what: str, *ops: str) -> Callable[[type], type]:
@@ -218,7 +241,7 @@ class NodeDescription(Record):
     epoch: int = wire(EPOCH)  # grows each time it becomes unresponsive
     heartbeat_gap_max: float = wire(SECONDS)
     pid: int = wire(PID)
-    host_id: str = wire(HOST_ID)
+    host_id: str = wire(LISTED_HOST_ID)  # "": the node sent none
     arena_id: int = wire(ARENA_ID)
     page_kind: str = wire(PAGE_KIND)
     local_socket: str = wire(LOCAL_SOCKET)
@@ -238,8 +261,8 @@ class TableInfo(Record):
     capacity: int = wire(CAPACITY)
     size: int = wire(COUNT)
     spec: list = wire(SPEC)
-    item_bytes: int = wire(ITEM_BYTES)
-    slot_size: int = wire(SLOT_SIZE)
+    item_bytes: int = wire(TABLE_ITEM_BYTES)
+    slot_size: int = wire(TABLE_SLOT_SIZE)
     sampler: dict = wire(SELECTOR)
     remover: dict = wire(SELECTOR)
     rate_limiter: dict = wire(SELECTOR)

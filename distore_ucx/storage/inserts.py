@@ -18,6 +18,7 @@ import time
 import numpy as np
 
 from ..errors import ConnectionFailed, InvalidRequest, SpecMismatch
+from ..protocol import check_reply
 from ..spec import SLOT_HEADER
 
 log = logging.getLogger(__name__)
@@ -144,6 +145,7 @@ class InsertServer:
                         used_bytes=self.arena.used_bytes,
                         **({"epoch": f["epoch"]} if "epoch" in f else {}),
                     )
+                    check_reply("items_added", reply, control.name)  # the map: once per insert
                     break
                 except ConnectionFailed:
                     if self._leaving or not control.closed.is_set():
@@ -173,7 +175,7 @@ class InsertServer:
         self.arena.commit(table, offsets, keys, gens, prios)
         self.inserted += k
         self.stats.inserted(k, k * item_bytes, time.perf_counter() - t0)
-        return {"n": k, "evicted": reply.get("evicted", 0), "via": source.via}
+        return {"n": k, "evicted": reply["evicted"], "via": source.via}
 
     def _watch_writer(self, peer, token: int | None, k: int):
         """While batch `token` is pulled: if the writer's connection hangs up

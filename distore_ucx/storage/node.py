@@ -34,6 +34,7 @@ from .._native_loader import _native
 from ..config import NodeConfig, read_token, rendezvous_config, ucx_tls
 from ..errors import ConnectionFailed, Timeout
 from ..progress import Progress
+from ..protocol import parse_reply
 from ..roles import write_ready
 from ..transport import UcxRuntime
 from ..transport.local_map import LocalMapServer
@@ -270,7 +271,7 @@ class StorageNode(ControlSession, InsertServer, RoomForInserts, ColdStaging):
         except (ConnectionFailed, Timeout) as exc:
             log.warning("could not deregister from the control plane (%s); exiting anyway", exc)
             return
-        leased = reply.get("leased", 0)
+        leased = parse_reply("deregister_node", reply, self.control.name).leased
         log.info("node %s deregistered; %d of its slots under lease", self.name, leased)
         deadline = loop_time() + self.config.drain_timeout
         while leased and loop_time() < deadline and not self._now.is_set():
@@ -285,7 +286,7 @@ class StorageNode(ControlSession, InsertServer, RoomForInserts, ColdStaging):
                                                 node_id=self.node_id)
             except (ConnectionFailed, Timeout):
                 return
-            leased = reply.get("leased", 0)
+            leased = parse_reply("deregister_node", reply, self.control.name).leased
         if leased:
             log.warning("node %s exits with %d slots still leased; those reads fail and "
                         "learners resample", self.name, leased)

@@ -15,6 +15,7 @@ import os
 import numpy as np
 
 from ..errors import StorageFull
+from ..protocol import check_reply, parse_reply
 from ..slot_format import COLD
 from .slots import ALLOCATED
 
@@ -65,7 +66,9 @@ class RoomForInserts:
         need = self.arena.shortfall(table, slot_size, k)
         if need == 0:
             return True  # another insert's eviction made the room meanwhile
-        reply = await self.control.call("evict", node_id=self.node_id, table=table, n=need)
+        # Read the map, checked (check_reply): one evict per insert while the arena is full.
+        reply = check_reply("evict", await self.control.call(
+            "evict", node_id=self.node_id, table=table, n=need), self.control.name)
         offsets = np.frombuffer(reply["offsets"], np.uint64)
         if len(offsets):
             self.arena.free(table, offsets, live_only=True)
@@ -73,7 +76,7 @@ class RoomForInserts:
         slots = self.arena.tables().get(table)
         if slots is not None and (slots.cols["state"][:slots.n] == ALLOCATED).any():
             return False
-        leased = reply.get("leased", 0)
+        leased = reply["leased"]
         raise StorageFull(
             f"{full} [table {table!r} has no item on node {self.name} that could be evicted "
             "to make room"
@@ -93,13 +96,12 @@ class RoomForInserts:
             want = min(max(k, DEMOTE_BATCH), self.tier.room(table, slot_size))
             if want == 0:
                 self.tier.allocate(table, slot_size, k)  # raises StorageFull: both tiers full
-            reply = await self.control.call("demote", node_id=self.node_id, table=table,
-                                            n=want)
-            keys = np.frombuffer(reply["keys"], np.uint64)
+            picked = parse_reply("demote", await self.control.call(
+                "demote", node_id=self.node_id, table=table, n=want), self.control.name)
+            keys = picked.keys
             if len(keys) == 0:
                 return 0
-            offsets = np.frombuffer(reply["offsets"], np.uint64)
-            gens = np.frombuffer(reply["generations"], np.uint64)
+            offsets, gens = picked.offsets, picked.generations
             disk = self.tier.allocate(table, slot_size, len(keys))
             new_gens = self.arena.next_generations(len(keys))
             loop = asyncio.get_running_loop()
@@ -123,10 +125,11 @@ class RoomForInserts:
                         "Check the disk (see the node's log)")
                 keys, offsets, gens, disk, new_gens = (a[ok] for a in
                                                        (keys, offsets, gens, disk, new_gens))
-            reply = await self.control.call(
+            moved = parse_reply("items_moved", await self.control.call(
                 "items_moved", node_id=self.node_id, table=table, keys=keys, offsets=offsets,
-                generations=gens, new_offsets=disk | COLD, new_generations=new_gens)
-            taken = np.frombuffer(reply["taken"], np.uint8).astype(bool)
+                generations=gens, new_offsets=disk | COLD, new_generations=new_gens),
+                self.control.name)
+            taken = moved.taken.astype(bool)
             self.tier.free(table, disk[~taken])  # evicted or sampled meanwhile: stay hot
             if taken.any():  # then the table still has these arena slots
                 hot = self.arena.tables()[table]

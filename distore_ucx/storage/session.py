@@ -19,6 +19,7 @@ import numpy as np
 
 from ..errors import AuthenticationFailed, CheckpointError, ConnectionFailed, Timeout
 from ..progress import Progress
+from ..protocol import parse_reply
 from ..slot_format import is_cold
 from ..transport.rpc import AsyncClient
 from ..transport.runtime import host_id
@@ -98,7 +99,7 @@ class ControlSession:
         try:
             former = self.node_id
             host, port = self._where
-            reply = await control.call(
+            msg = await control.call(
                 "register_node",
                 name=self.name,
                 host=host,
@@ -119,14 +120,15 @@ class ControlSession:
                 **({"insert_address": bytes(self.runtime.reader_worker.address)}
                    if self.puller.am_inbox is not None else {}),
             )
-            self.node_id = reply["node_id"]
-            self.store_id = reply.get("store_id")
-            self._interval = reply["heartbeat_interval"]
+            joined = parse_reply("register_node", msg, control.name)
+            self.node_id = joined.node_id
+            self.store_id = joined.store_id
+            self._interval = joined.heartbeat_interval
             self.control = control
             if former is not None:
-                if reply.get("restore"):
+                if joined.restore:
                     await self._resend_items()
-                    if reply.get("items_resent"):  # lets the restore end without its grace
+                    if joined.items_resent:  # lets the restore end without its grace
                         await control.call("items_resent", node_id=self.node_id)
                 else:
                     self._discard_items()
@@ -170,13 +172,14 @@ class ControlSession:
                                 logger=log, every=5.0)
             for i in range(0, len(keys), RESEND_BATCH):
                 part = slice(i, i + RESEND_BATCH)
-                reply = await self.control.call(
+                msg = await self.control.call(
                     "items_restored", reply_timeout=60.0, node_id=self.node_id, table=table,
                     slot_size=slot_size, keys=keys[part], offsets=offsets[part],
                     generations=gens[part], priorities=prios[part],
                 )
+                got = parse_reply("items_restored", msg, self.control.name)
                 for k in totals:
-                    totals[k] += reply[k]
+                    totals[k] += getattr(got, k)
                 progress.update(len(keys[part]))
             progress.close()
             if len(keys):

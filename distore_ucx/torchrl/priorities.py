@@ -19,6 +19,7 @@ import numpy as np
 import torch
 from tensordict import TensorDictBase
 
+from ..protocol import check_reply
 from .conversion import INDEX_KEY, _as_keys
 
 REDUCTIONS = ("max", "min", "mean", "median", "sum")  # TorchRL's, for priorities
@@ -44,8 +45,8 @@ class Priorities:
         if not np.isfinite(prios).all():
             raise ValueError(f"table {self.table!r}: priorities must be finite, got "
                              f"{prios[~np.isfinite(prios)][:3].tolist()}")
-        reply = self._client.call("update_priorities", table=self.table, keys=keys,
-                                  priorities=prios)
+        reply = check_reply("update_priorities", self._client.call(
+            "update_priorities", table=self.table, keys=keys, priorities=prios), "control plane")
         return {"updated": reply["updated"], "missing": reply["missing"]}
 
     def update_tensordict_priority(self, data: TensorDictBase) -> dict:

@@ -127,7 +127,7 @@ def test_a_node_not_joined_yet_has_no_id_in_its_node_info():
     assert parse_reply("node_info", dict(REPLIES["node_info"], node_id=None)).node_id is None
 
 
-@pytest.mark.parametrize("op, change, message", [
+MALFORMED = [
     ("register_node", {"node_id": 0}, r"node_id: 0 outside \[1, 4294967295\]"),
     ("register_node", {"node_id": 2**32}, "node_id"),
     ("register_node", {"restore": 1}, "expected bool"),
@@ -135,19 +135,76 @@ def test_a_node_not_joined_yet_has_no_id_in_its_node_info():
     ("sample", {"lease": 0}, "lease"),
     ("sample", {"items": b"\0" * 31}, "whole number of locations"),
     ("sample", {"probabilities": np.full(3, 0.1)}, "has 3 items, expected 4"),
-    ("sample", {"probabilities": np.array([np.nan] * 4)}, "finite"),
     ("sample", {"min_probability": 1.5}, "min_probability"),
+    ("sample", {"staged": 1.0}, "staged: expected int, got float"),
     ("release", {"refused": -1}, "refused"),
+    ("insert", {"via": None}, "via: expected str"),
+    ("items_added", {"duplicate_offsets": b"\0" * 9}, "duplicate_offsets"),
+    ("node_info", {"name": ""}, "not a valid name"),
+    ("node_info", {"disk_size": -1}, "disk_size"),
     ("nodes", {"nodes": [dict(NODE, node_id=0)]}, r"a node\.node_id"),
     ("nodes", {"nodes": [5]}, "a node: expected a map, got int"),
     ("list_tables", {"tables": [dict(TABLE, name="bad\nname")]}, "not a valid name"),
     ("status", {"checkpoint": {"path": "/x"}}, "missing field 'tables'"),
     ("table_info", {"fits": True}, "expected int, got bool"),
-])
+]
+
+
+@pytest.mark.parametrize("op, change, message", [
+    *MALFORMED, ("sample", {"probabilities": np.array([np.nan] * 4)}, "finite")])
 def test_a_malformed_reply_is_refused_naming_the_field(op, change, message):
     msg = roundtrip(protocol.reply(1, **{**REPLIES[op], **change}))
     with pytest.raises(ProtocolError, match=message):
         parse_reply(op, msg)
+
+
+# -- the quick check of hot paths (check_reply, Record.accepts) -------------
+
+@pytest.mark.parametrize("op", sorted(REPLIES))
+def test_check_reply_hands_a_well_formed_reply_back_as_it_is(op):
+    msg = roundtrip(protocol.reply(7, **REPLIES[op]))
+    assert protocol.check_reply(op, msg) is msg
+    flat = all(f.of is None for f in protocol.REPLIES[op].FIELDS)
+    assert protocol.REPLIES[op].accepts(msg) is flat  # records inside: parse checks them
+
+
+@pytest.mark.parametrize("op, change, message", MALFORMED)
+def test_the_quick_check_takes_nothing_parse_refuses(op, change, message):
+    msg = roundtrip(protocol.reply(1, **{**REPLIES[op], **change}))
+    assert not protocol.REPLIES[op].accepts(msg)
+    with pytest.raises(ProtocolError, match=message):
+        protocol.check_reply(op, msg)
+
+
+def test_the_quick_check_takes_absent_optional_and_null_nullable_fields():
+    assert protocol.NodeInfoReply.accepts(dict(REPLIES["node_info"], node_id=None))
+    assert protocol.ItemsAddedReply.accepts({"evicted": 0})
+    assert not protocol.NodeInfoReply.accepts({k: v for k, v in REPLIES["node_info"].items()
+                                               if k != "inserted"})
+    assert not protocol.SampleReply.accepts([("lease", 1)])
+
+
+def test_the_quick_check_leaves_what_it_cannot_tell_to_parse():
+    # An int subclass passes `check`; the quick check takes only what msgpack
+    # decodes, and check_reply parses the rest.
+    msg = dict(REPLIES["register_writer"], writer_id=type("Id", (int,), {})(5))
+    assert not protocol.RegisterWriterReply.accepts(msg)
+    assert protocol.check_reply("register_writer", msg) is msg
+
+
+def test_the_quick_check_does_not_look_into_arrays():
+    # What a hot path takes as it is: parse_reply refuses it, accepts does not.
+    msg = roundtrip(protocol.reply(1, **dict(REPLIES["sample"],
+                                             probabilities=np.array([np.nan] * 4))))
+    assert protocol.SampleReply.accepts(msg)
+
+
+def test_a_malformed_reply_names_the_peer_that_sent_it():
+    msg = roundtrip(protocol.reply(1, **REPLIES["insert"]))
+    del msg["evicted"]
+    with pytest.raises(ProtocolError, match=r"reply to insert: missing field 'evicted' "
+                                            r"\(from storage node at 10\.0\.0\.2:7701\)"):
+        protocol.check_reply("insert", msg, "storage node at 10.0.0.2:7701")
 
 
 def test_a_missing_field_is_named():
@@ -191,6 +248,15 @@ def test_a_record_is_declared_once_with_its_bounds():
 # `tables`, `items`, `leases` lists or arrays in some messages, counts in
 # others (status, checkpoint).
 TWO_MEANINGS = {"n", "extents", "size", "tables", "items", "leases"}
+# Names bounded apart on purpose: a table's slot and item sizes (any its
+# spec makes) and what one insert, stage or re-sent batch may move; a host
+# id as a request carries it (left out when unknown) and as the node list
+# gives it ("" when the node sent none).
+TWO_BOUNDS = {
+    "slot_size": {("int", 1, 1 << 34, None, False), ("int", 1, 2**64 - 1, None, False)},
+    "item_bytes": {("int", 1, 1 << 34, None, False), ("int", 1, 2**64 - 1, None, False)},
+    "host_id": {("str", None, None, 128, True), ("str", None, None, 128, False)},
+}
 
 
 def all_declarations():
@@ -212,8 +278,32 @@ def test_a_field_has_one_bound_in_every_request_and_reply_that_carries_it():
     for where, fields in all_declarations():
         for f in fields:
             ways.setdefault(f.name, {}).setdefault(
-                (f.kind, f.lo, f.hi, f.max_len), []).append(where)
-    differ = {name: w for name, w in ways.items() if len(w) > 1 and name not in TWO_MEANINGS}
+                (f.kind, f.lo, f.hi, f.max_len, f.printable), []).append(where)
+    differ = {name: w for name, w in ways.items() if len(w) > 1 and name not in TWO_MEANINGS
+              and set(w) != TWO_BOUNDS.get(name)}
     assert not differ, differ
     # node ids above all: one bound wherever one travels.
-    assert set(ways["node_id"]) == {("int", 1, protocol.MAX_NODE_ID, None)}
+    assert set(ways["node_id"]) == {("int", 1, protocol.MAX_NODE_ID, None, False)}
+    # the table records carry a table's own sizes; the insert, its bound.
+    assert set(ways["slot_size"][("int", 1, 2**64 - 1, None, False)]) == {
+        "a table", "reply to create_table", "reply to table_info"}
+    assert "insert" in ways["slot_size"][("int", 1, 1 << 34, None, False)]
+
+
+def test_a_table_whose_items_no_insert_can_carry_still_has_readable_info():
+    # create_table takes any spec one arena can hold; inserts carry slots of
+    # at most 2**34 bytes: the table's info must parse all the same.
+    big = dict(TABLE, item_bytes=2**35, slot_size=2**35 + 64)
+    for op in ("create_table", "table_info"):
+        got = parse_reply(op, roundtrip(protocol.reply(1, **{**REPLIES[op], **big})))
+        assert got.slot_size == 2**35 + 64 and got.item_bytes == 2**35
+    listed = parse_reply("list_tables", roundtrip(protocol.reply(1, tables=[big])))
+    assert listed.tables[0].slot_size == 2**35 + 64
+
+
+def test_a_node_that_sent_no_host_id_is_listed_with_an_empty_one():
+    # The control plane lists "" for it; a request that carries one must name it.
+    got = parse_reply("nodes", roundtrip(protocol.reply(1, nodes=[dict(NODE, host_id="")])))
+    assert got.nodes[0].host_id == ""
+    with pytest.raises(ProtocolError, match="insert.host_id: '' is not a valid name"):
+        protocol.fields.check("insert", protocol.fields.HOST_ID, "")
