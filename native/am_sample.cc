@@ -1,5 +1,7 @@
 #include "am_sample.h"
 
+#include <poll.h>
+
 #include <chrono>
 #include <cstring>
 #include <random>
@@ -21,6 +23,9 @@ using clock = std::chrono::steady_clock;
 // Past the deadline, receives under way get this long to end by themselves
 // before their endpoints are force-closed.
 constexpr auto kGrace = std::chrono::milliseconds(500);
+// A fetch polls its worker this long without result before it sleeps on
+// the worker's event fd.
+constexpr auto kSpin = std::chrono::microseconds(20);
 
 void set_am_handler(ucp_worker_h worker, unsigned id, ucp_am_recv_callback_t cb, void* arg,
                     const char* what) {
@@ -469,6 +474,9 @@ AmSampleClient::AmSampleClient(nb::object worker, uintptr_t worker_handle, unsig
   set_am_handler(worker_h_, data_id, &AmSampleClient::on_data, this,
                  "registering the sample data handler");
   registered_ = true;
+  // Without UCP_FEATURE_WAKEUP there is no event fd: fetch then paces
+  // itself with IdleWait.
+  if (ucp_worker_get_efd(worker_h_, &efd_) != UCS_OK) efd_ = -1;
 }
 
 AmSampleClient::~AmSampleClient() { close(); }
@@ -706,12 +714,16 @@ void AmSampleClient::fetch(const std::vector<Endpoint*>& eps, const uint32_t* no
     }
   }
 
-  // Progress until every part has landed or failed. After a stretch of
-  // fruitless progress yield the core (the node's progress thread may
-  // need it: idle_wait.h).
+  // Progress until every part has landed or failed. After a short stretch
+  // of fruitless progress, sleep in the kernel until the worker has
+  // something (its event fd), as `ucx_perftest -E sleep` does: the node's
+  // progress thread needs the core we would spin on (idle_wait.h says the
+  // same of the gather). Without an event fd, pace with IdleWait.
   const auto deadline = clock::now() + std::chrono::duration<double>(timeout_s);
   IdleWait wait;
   bool late = false, forced = false;
+  auto quiet_from = clock::now();
+  unsigned quiet_rounds = 0;
   while (true) {
     unsigned events = ucp_worker_progress(worker_h_);
     {
@@ -728,11 +740,22 @@ void AmSampleClient::fetch(const std::vector<Endpoint*>& eps, const uint32_t* no
     }
     if (events != 0) {
       wait.reset();
+      quiet_rounds = 0;
       continue;
     }
-    const unsigned idle = wait.pause(late);
-    if (!late && (idle & 63) != 0) continue;
-    const auto now = clock::now();
+    if (quiet_rounds++ == 0) quiet_from = clock::now();
+    auto now = clock::now();
+    if (efd_ >= 0 && now - quiet_from > kSpin) {
+      if (ucp_worker_arm(worker_h_) == UCS_OK) {
+        pollfd pfd{efd_, POLLIN, 0};
+        poll(&pfd, 1, late ? 10 : 2);
+        now = clock::now();
+      }
+    } else if (efd_ < 0) {
+      const unsigned idle = wait.pause(late);
+      if (!late && (idle & 63) != 0) continue;
+      now = clock::now();
+    }
     if (!late && now > deadline) {
       late = true;
       std::lock_guard<std::mutex> lock(mu_);

@@ -223,6 +223,7 @@ class AmSampleClient {
   };
   std::vector<PendingSend> sends_;
   bool registered_ = false;
+  int efd_ = -1;  // the worker's event fd (owned by UCX), or -1
 };
 
 }  // namespace distore
