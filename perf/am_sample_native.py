@@ -25,8 +25,10 @@ other load), same message size, ``batch`` messages outstanding:
 ``ucx_perftest -t ucp_am_bw`` with put_zcopy (``am_bw``) and the same with
 ``-E sleep`` (``am_sleep``: both sides sleep when idle, as the store's
 processes do). ``vs_am`` and ``vs_am_sl`` are the path's GB/s (10^9 bytes of
-item payload per second, the median batch) over each. The first and last
-batch of every run are checked byte for byte, every field C-contiguous.
+item payload per second, the median batch) over each. ``cpu_s/GB``: CPU
+seconds per GB moved of the learner and of the node (all its threads), the
+steadier figure on a shared machine. The first and last batch of every run
+are checked byte for byte, every field C-contiguous.
 
 Output: JSON lines on stdout (``--json-out`` too), then a short table;
 progress on stderr. Quick run (a few minutes on 2 cores)::
@@ -85,6 +87,12 @@ def perftest(args, size: int, batch: int) -> dict[str, list]:
     return out
 
 
+def node_stats(node: subprocess.Popen) -> dict:
+    node.stdin.write("stats\n")
+    node.stdin.flush()
+    return json.loads(node.stdout.readline())
+
+
 def measure_paths(args, size: int, batch: int) -> list[dict]:
     """Run a node, then a learner per path against it."""
     env = child_env()
@@ -100,6 +108,7 @@ def measure_paths(args, size: int, batch: int) -> list[dict]:
         if not hello:
             raise RuntimeError(f"the node for {size} B items did not start")
         for path in args.paths.split(","):
+            cpu0 = node_stats(node)["cpu_s"]
             extra = ["--path", "get"] if path == "get" else ["--path", "am"]
             if path == "am_eh":
                 extra.append("--error-handling")
@@ -114,11 +123,13 @@ def measure_paths(args, size: int, batch: int) -> list[dict]:
                 continue
             row = json.loads(r.stdout.strip().splitlines()[-1])
             row["path"] = path
+            # CPU seconds per GB moved, of the learner and of the node (every
+            # thread): what each path costs on a machine others share.
+            gb = row["bytes"] / 1e9
+            row["cpu_s_per_gb_learner"] = row["cpu_s"] / gb
+            row["cpu_s_per_gb_node"] = (node_stats(node)["cpu_s"] - cpu0) / gb
             rows.append(row)
-        node.stdin.write("stats\n")
-        node.stdin.flush()
-        stats = json.loads(node.stdout.readline())
-        log(f"[{size} B] node: {stats}")
+        log(f"[{size} B] node: {node_stats(node)}")
         node.stdin.write("exit\n")
         node.stdin.flush()
         node.wait(30)
@@ -150,12 +161,14 @@ def run_size(args, size: int, out: JsonLines) -> list[dict]:
 
 def print_rows(rows: list[dict]) -> None:
     head = ["item_B", "batch", "path", "GB/s", "p50_ms", "p99_ms", "am_bw", "vs_am",
-            "am_sleep", "vs_am_sl", "ok"]
+            "am_sleep", "vs_am_sl", "cpu_s/GB l+n", "ok"]
     common.print_table(head, [
         [str(r["item_bytes"]), str(r["batch"]), r["path"], fmt(r["gbps"], ".3g"),
          fmt(r["p50_ms"], ".2f"), fmt(r["p99_ms"], ".2f"), fmt(r["am_bw_gbps"], ".3g"),
          fmt(r["vs_am_bw"], ".2f"), fmt(r["am_sleep_gbps"], ".3g"),
-         fmt(r["vs_am_sleep"], ".2f"), "yes" if r["bad"] == 0 else f"NO ({r['bad']})"]
+         fmt(r["vs_am_sleep"], ".2f"),
+         f"{r['cpu_s_per_gb_learner']:.2f}+{r['cpu_s_per_gb_node']:.2f}",
+         "yes" if r["bad"] == 0 else f"NO ({r['bad']})"]
         for r in rows])
 
 

@@ -97,6 +97,7 @@ def run_node(args) -> int:
             cmd = line.strip()
             if cmd == "stats":
                 stats = dict(server.stats)
+                stats["cpu_s"] = time.process_time()  # every thread of the node
                 stats["guard"] = dict(_native.refused_remote_access())
                 print(json.dumps(stats), flush=True)
             elif cmd == "progress":  # what a node's periodic sweep would do
@@ -182,7 +183,7 @@ def run_learner(args) -> int:
         if args.die_after > 0:  # SIGKILL ourselves mid-batch
             threading.Timer(args.die_after, os.kill, (os.getpid(), signal.SIGKILL)).start()
         lat, bad, seen = [], 0, set()
-        t0 = time.perf_counter()
+        t0, cpu0 = time.perf_counter(), time.process_time()
         b = 0
         while True:
             last = (args.batches and b == args.batches - 1) or (
@@ -202,8 +203,10 @@ def run_learner(args) -> int:
             b += 1
             if last:
                 break
+        cpu = time.process_time() - cpu0
         lat_s = np.array(lat[min(args.warmup, len(lat) - 1):])
         out = {"path": args.path, "batches": b, "bad": bad, "statuses": sorted(seen),
+               "bytes": b * n * spec.item_bytes, "cpu_s": cpu,
                "gbps": n * spec.item_bytes / float(np.median(lat_s)) / 1e9,
                "mean_gbps": n * spec.item_bytes * len(lat_s) / float(lat_s.sum()) / 1e9,
                "p50_ms": float(np.median(lat_s)) * 1e3,
