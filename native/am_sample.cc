@@ -94,8 +94,8 @@ struct ServeJob {
   size_t next = 0, total = 0, in_flight = 0;
   uint64_t sent = 0, bytes = 0, errors = 0;
   bool failed = false, pumping = false, no_rndv = false;
-  bool abandoned = false;               // under core->mu
-  std::atomic<int64_t> last_ns{0};      // when a send was last posted or ended
+  bool abandoned = false;           // under core->mu
+  std::atomic<int64_t> last_ns{0};  // when a send was last posted or ended
 };
 
 void AmSampleServer::Core::sweep() {
@@ -247,6 +247,7 @@ ucs_status_t on_request(void* arg, const void* header, size_t header_length, voi
     return refuse(kStatusBadArgument);
   }
   auto job = std::make_unique<ServeJob>();
+  job->last_ns.store(now_ns(), std::memory_order_relaxed);  // before a sweep can see it
   job->parts.resize(q.parts);
   job->items.resize(q.items);
   const auto* p = static_cast<const uint8_t*>(data);
