@@ -22,15 +22,29 @@
 // get.
 //
 // Where the node answers (the endpoint mode, `AmSampleServer::Endpoints`):
-//   kReply       on the endpoint the request came on (UCP_AM_SEND_FLAG_REPLY;
-//                the node's end of the learner's endpoint: it has the error
-//                handling mode the learner chose for it);
+//   kReply       on the endpoint the request came on (UCP_AM_SEND_FLAG_REPLY):
+//                the node's end of the learner's endpoint, with the error
+//                handling mode the learner chose for it, or the endpoint
+//                a node's listener accepted when the learner connected
+//                through it;
 //   kRegistered  on an endpoint the node made to that learner itself and
-//                registered under the learner's client id (set_peer): for
-//                endpoints the node must own, e.g. made through a listener.
-// A learner that dies mid-batch fails the node's sends (or, without error
-// handling, UCX drops them with the connection); nothing waits for it: the
-// batch's state is freed when its last send ends, and the node serves on.
+//                registered under the learner's client id (set_peer). UCX
+//                refuses two endpoints between the same two workers whose
+//                error handling differs: it must match the learner's.
+// Which endpoints keep the zero-copy rendezvous over TCP: those without
+// peer-failure handling, and those with it made through a listener (a
+// connection-manager lane); worker-address endpoints with it make UCX send
+// eagerly through bounce buffers. perf/am_sample_native.py measures both.
+//
+// A learner that dies mid-batch fails the node's sends, and the batch's
+// state is freed when its last send ends. UCX 1.21 does not always end
+// them: never on an endpoint without peer-failure handling whose peer died
+// before answering a rendezvous (its maintainers disable rendezvous with
+// error handling for that reason, openucx/ucx#6721), and now and then not
+// even with it. So a batch whose sends made no progress for `stall_s` is
+// abandoned (Core::sweep): it stops counting against max_batches, and what
+// it holds (its state, UCX's requests, never a slot) is freed if UCX ever
+// ends its sends. Nothing on the node waits for it; the node serves on.
 //
 // Ownership: the server holds its worker and arena (Python objects), and
 // shares its state with the batches it serves, which hold it until their
@@ -164,7 +178,8 @@ class AmSampleClient {
   AmSampleClient& operator=(const AmSampleClient&) = delete;
 
   // One batch: item i (slot at slot_offset[i] in the arena of node
-  // eps[node[i]]) lands in row rows[i] of `layout` in `dest`: each field in
+  // eps[node[i]]) lands in row rows[i] of `layout` in `dest` (host memory:
+  // headers and eagerly sent fields are copied by the CPU): each field in
   // its dense array, straight from the node; its slot header, once every
   // part has landed, in the header array ((0, 0) for an item that failed).
   // Sends one request per node, then progresses the worker until every
