@@ -3,6 +3,7 @@
 #include <poll.h>
 
 #include <chrono>
+#include <condition_variable>
 #include <cstring>
 #include <random>
 #include <string>
@@ -483,10 +484,14 @@ AmSampleClient::AmSampleClient(nb::object worker, uintptr_t worker_handle, unsig
 AmSampleClient::~AmSampleClient() { close(); }
 
 void AmSampleClient::close() {
-  std::lock_guard<std::mutex> fetching(fetch_mu_);
-  if (!registered_) return;
-  registered_ = false;
+  {
+    std::unique_lock<std::mutex> lock(life_mu_);
+    if (!registered_) return;
+    registered_ = false;  // no new fetch starts
+    idle_.wait(lock, [this] { return active_ == 0; });
+  }
   set_am_handler(worker_h_, data_id_, nullptr, nullptr, "");
+  std::lock_guard<std::mutex> lock(sends_mu_);
   reap_sends(true);
 }
 
@@ -612,8 +617,18 @@ void AmSampleClient::fetch(const std::vector<Endpoint*>& eps, const uint32_t* no
                            const uint64_t* slot_offset, const uint64_t* rows, size_t n,
                            const BatchLayout& layout, const MemoryRegion& dest,
                            double timeout_s, uint64_t rndv_min, int32_t* statuses) {
-  std::lock_guard<std::mutex> fetching(fetch_mu_);
-  if (!registered_) throw UcxError(UCS_ERR_CANCELED, "AmSampleClient: closed");
+  {
+    std::lock_guard<std::mutex> lock(life_mu_);
+    if (!registered_) throw UcxError(UCS_ERR_CANCELED, "AmSampleClient: closed");
+    ++active_;
+  }
+  struct Active {  // close() waits for this fetch, also when it throws
+    AmSampleClient* self;
+    ~Active() {
+      std::lock_guard<std::mutex> lock(self->life_mu_);
+      if (--self->active_ == 0) self->idle_.notify_all();
+    }
+  } active{this};
   layout.check(rows, n, dest.size());
   if (n > UINT32_MAX) throw UcxError(kStatusBadArgument, "am sample: too many items");
   const auto& fields = layout.fields();
@@ -646,7 +661,10 @@ void AmSampleClient::fetch(const std::vector<Endpoint*>& eps, const uint32_t* no
                                              " items from one node");
     }
   }
-  reap_sends(false);
+  {
+    std::lock_guard<std::mutex> lock(sends_mu_);
+    reap_sends(false);
+  }
 
   Batch b;
   b.n = n;
@@ -706,6 +724,7 @@ void AmSampleClient::fetch(const std::vector<Endpoint*>& eps, const uint32_t* no
       if (UCS_PTR_IS_ERR(r)) {
         failed = UCS_PTR_STATUS(r);
       } else if (r != nullptr) {
+        std::lock_guard<std::mutex> lock(sends_mu_);
         sends_.push_back(PendingSend{r, std::move(buf)});
       }
     }

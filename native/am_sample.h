@@ -54,8 +54,10 @@
 // never returns while a receive may still write into its destination.
 // Thread safety: handlers and completions run on whichever thread
 // progresses the worker; every other method may be called from any thread
-// without the GIL (set_peer/drop_peer with it), one fetch per client at a
-// time.
+// without the GIL (set_peer/drop_peer with it). One client per worker (it
+// owns the worker's handler for `data_id`); any number of threads may fetch
+// through it at once (batches are told apart by their tokens); close waits
+// for the fetches under way.
 #pragma once
 
 #include <atomic>
@@ -218,26 +220,29 @@ class AmSampleClient {
                               size_t length, const ucp_am_recv_param_t* param);
   ucs_status_t receive(const AmSampleReply& h, void* data, size_t length,
                        const ucp_am_recv_param_t* param);
-  void reap_sends(bool cancel);
+  void reap_sends(bool abandon);  // under sends_mu_
 
   nanobind::object worker_;
   ucp_worker_h worker_h_;
   unsigned request_id_, data_id_;
   uint64_t client_id_;
-  std::mutex fetch_mu_;    // one fetch at a time; sends_, registered_
+  std::mutex life_mu_;  // registered_, active_
+  std::condition_variable idle_;
+  bool registered_ = false;
+  size_t active_ = 0;  // fetches under way
   mutable std::mutex mu_;  // batches_ and the batches' state, stats_; never held across a UCX call
   std::unordered_map<uint64_t, Batch*> batches_;
   Stats stats_;
   uint64_t next_token_;
   // Requests whose send has not completed yet, with their buffers: kept
   // across fetches (a node that does not read must not make UCX read freed
-  // memory). Only the fetching thread touches them.
+  // memory). Under sends_mu_ (UCX is called under it, never the reverse).
   struct PendingSend {
     void* request;
     std::vector<uint8_t> buffer;
   };
+  std::mutex sends_mu_;
   std::vector<PendingSend> sends_;
-  bool registered_ = false;
   int efd_ = -1;  // the worker's event fd (owned by UCX), or -1
 };
 

@@ -7,6 +7,8 @@ mid-batch."""
 
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 import pytest
 from helpers import wait_for
@@ -240,3 +242,40 @@ def test_registered_endpoints_answer_only_the_learners_the_node_registered():
     finally:
         learner.close()
         node.close()
+
+
+def test_threads_fetch_through_one_client_at_once(node, learner):
+    # One client per worker (it owns the worker's data handler): a process's
+    # learners share it, each fetching into its own ring slot.
+    learner.connect(node)
+    second = learner.rt.map_region(learner.layout.nbytes)
+    rng = np.random.default_rng(3)
+    errors = []
+
+    def run(dest, seed):
+        try:
+            r = np.random.default_rng(seed)
+            view = dest.view()
+            for _ in range(10):
+                slots = r.choice(SLOTS, learner.n, replace=False)
+                statuses = learner.client.fetch(
+                    learner.eps, np.zeros(learner.n, np.uint32),
+                    slots.astype(np.uint64) * np.uint64(node.slot),
+                    np.arange(learner.n, dtype=np.uint64), learner.reads, dest, 10.0)
+                assert (statuses == 0).all(), statuses
+                headers = SPEC.header_view(view, learner.layout)
+                assert (headers[:, 0] == header_of(slots)[0]).all()
+                obs = SPEC.views(view, learner.layout)["obs"]
+                for row, s in enumerate(slots.tolist()):
+                    assert np.array_equal(obs[row], slot_bytes(SPEC, s)[0])
+        except BaseException as exc:  # reported by the main thread
+            errors.append(exc)
+
+    threads = [threading.Thread(target=run, args=(d, int(rng.integers(1 << 30))))
+               for d in (learner.dest, second)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not errors, errors
+    assert learner.client.stats["batches"] == 20 and learner.client.stats["late"] == 0
