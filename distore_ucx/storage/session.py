@@ -118,6 +118,7 @@ class ControlSession:
                 **({"disk_size": self.tier.size} if self.tier is not None else {}),
                 **({"insert_address": bytes(self.runtime.reader_worker.address)}
                    if self.puller.am_inbox is not None else {}),
+                **({"am_sample": True} if self.sample_server is not None else {}),
             )
             self.node_id = reply["node_id"]
             self.store_id = reply.get("store_id")
