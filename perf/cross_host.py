@@ -122,7 +122,11 @@ def measure_sample(ds, client, table: str, size: int, batch: int, args, pids: di
     `gets`: the learner reads by one-sided gets even from nodes that send
     samples as active messages."""
     os.environ["DISTORE_AM_SAMPLES"] = "0" if gets else "1"  # read as the learner starts
-    with client.learner(table, batch_size=batch, local_map=False) as learner:
+    try:
+        learner = client.learner(table, batch_size=batch, local_map=False)
+    finally:
+        os.environ["DISTORE_AM_SAMPLES"] = "1"  # the next size's nodes serve them again
+    with learner:
         first = learner.sample()
         ok = sample_path.check(first, size)
         contiguous = dense(first)
@@ -186,7 +190,7 @@ def run_size(args, size: int, out) -> list[dict]:
     n = max(4 * batch, args.fill_bytes // size)
     arena = (args.insert_arena + n * (size + 64)) // args.nodes + 64 * MiB
     env = {"UCX_TLS": TLS, "UCX_LOG_LEVEL": "error", "DISTORE_LOCAL_MAP": "0",
-           "DISTORE_AM_INSERTS": "1" if args.am_inserts else "0"}
+           "DISTORE_AM_INSERTS": "1" if args.am_inserts else "0", "DISTORE_AM_SAMPLES": "1"}
     rows = []
     log(f"[{size} B] cluster of {args.nodes} node(s), {arena // MiB} MiB arena each; "
         f"{n} items to sample from, batch {batch}")
