@@ -83,6 +83,7 @@ def ucx_info() -> dict:
             rdma=caps.rdma,
             gpu_direct=caps.gpu_direct,
             remote_inserts=_remote_inserts(caps.rdma),
+            remote_samples=_remote_samples(caps.rdma),
         )
         del ctx
     except Exception as exc:  # report, do not fail: doctor runs on broken hosts
@@ -102,6 +103,19 @@ def _remote_inserts(rdma: bool) -> str:
     return (f"UCX active messages for items of {am_min_item_bytes() >> 10} KiB and more "
             "(rendezvous, received into the slots: UCX emulates RMA in software here), "
             "one-sided gets below")
+
+
+def _remote_samples(rdma: bool) -> str:
+    """How learners on other hosts read a storage node on this host
+    (storage/sample_server.py)."""
+    from .config import am_samples_enabled
+
+    if not am_samples_enabled():
+        return "one-sided gets (active messages switched off: DISTORE_AM_SAMPLES=0)"
+    if rdma:
+        return "one-sided gets (UCX has an RDMA transport)"
+    return ("UCX active messages (rendezvous put_zcopy straight into the learner's ring: "
+            "UCX emulates RMA here)")
 
 
 def gpu_info() -> tuple[list[dict], str]:
@@ -327,6 +341,8 @@ def format_report(r: Report) -> list[str]:
         lines.append(f"  CUDA support: {' '.join(flags)}")
         if u.get("remote_inserts"):
             lines.append(f"  inserts from other hosts: {u['remote_inserts']}")
+        if u.get("remote_samples"):
+            lines.append(f"  remote samples: {u['remote_samples']}")
     if r.gpus:
         for g in r.gpus:
             lines.append(f"GPU {g['index']}: {g['name']}, {_gib(g['memory_bytes'])}, "

@@ -52,5 +52,6 @@ void bind_pull(nb::module_& m);        // pull (inserts read by the node)
 void bind_endpoint(nb::module_& m);    // Endpoint (force-closable), remote-access guard
 void bind_disk(nb::module_& m);        // disk_write, disk_read (the disk tier)
 void bind_am(nb::module_& m);          // AmInbox, am_send, pull_am (inserts by active message)
+void bind_am_sample(nb::module_& m);   // AmSampleServer, AmSampleClient (samples by active message)
 
 }  // namespace distore

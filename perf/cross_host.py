@@ -13,6 +13,10 @@ sample
     first and last batch checked byte for byte, every field asserted C-contiguous.
     ``gather_ms``: the learner's mean time in the read itself (its metrics' gather
     histogram); the rest of ``mean_ms`` is the control plane's answer and Python.
+    Over TCP UCX emulates RMA, so nodes send samples as active messages (a
+    rendezvous ``put_zcopy`` from the arena into the learner's ring: ``via``
+    ``ucx-am:tcp``); ``--sample-gets`` adds a row of the same learner reading by
+    one-sided gets (``DISTORE_AM_SAMPLES=0`` for that learner, ``via ucx:tcp``).
 insert one / insert batched
     ``writer.insert()`` of one item per call, or of a whole batch per call, for
     ``--seconds`` then ``flush()`` (perf/insert_bandwidth.py's measurement: a FIFO table
@@ -112,9 +116,17 @@ def dense(batch) -> bool:
     return all(a.flags.c_contiguous for a in fields)
 
 
-def measure_sample(ds, client, table: str, size: int, batch: int, args, pids: dict) -> dict:
-    """learner.sample() back to back, mapping off: GB/s, latency, CPU per GB."""
-    with client.learner(table, batch_size=batch, local_map=False) as learner:
+def measure_sample(ds, client, table: str, size: int, batch: int, args, pids: dict,
+                   gets: bool = False) -> dict:
+    """learner.sample() back to back, mapping off: GB/s, latency, CPU per GB.
+    `gets`: the learner reads by one-sided gets even from nodes that send
+    samples as active messages."""
+    os.environ["DISTORE_AM_SAMPLES"] = "0" if gets else "1"  # read as the learner starts
+    try:
+        learner = client.learner(table, batch_size=batch, local_map=False)
+    finally:
+        os.environ["DISTORE_AM_SAMPLES"] = "1"  # the next size's nodes serve them again
+    with learner:
         first = learner.sample()
         ok = sample_path.check(first, size)
         contiguous = dense(first)
@@ -141,7 +153,8 @@ def measure_sample(ds, client, table: str, size: int, batch: int, args, pids: di
         resampled = learner.resampled
     lat = np.array(lat)
     gb = len(lat) * batch * size / 1e9
-    return {"op": "sample", "per_call": batch, "batches": len(lat), "gbps": gb / wall,
+    return {"op": "sample (gets)" if gets else "sample", "per_call": batch,
+            "batches": len(lat), "gbps": gb / wall,
             "p50_ms": float(np.percentile(lat, 50)) * 1e3,
             "p99_ms": float(np.percentile(lat, 99)) * 1e3,
             "mean_ms": float(lat.mean()) * 1e3, "gather_mean_ms": gather_ms,
@@ -177,7 +190,7 @@ def run_size(args, size: int, out) -> list[dict]:
     n = max(4 * batch, args.fill_bytes // size)
     arena = (args.insert_arena + n * (size + 64)) // args.nodes + 64 * MiB
     env = {"UCX_TLS": TLS, "UCX_LOG_LEVEL": "error", "DISTORE_LOCAL_MAP": "0",
-           "DISTORE_AM_INSERTS": "1" if args.am_inserts else "0"}
+           "DISTORE_AM_INSERTS": "1" if args.am_inserts else "0", "DISTORE_AM_SAMPLES": "1"}
     rows = []
     log(f"[{size} B] cluster of {args.nodes} node(s), {arena // MiB} MiB arena each; "
         f"{n} items to sample from, batch {batch}")
@@ -188,6 +201,10 @@ def run_size(args, size: int, out) -> list[dict]:
         fill_table(ds, client, "sampled", size, n)
         log(f"[{size} B] sample")
         found = [measure_sample(ds, client, "sampled", size, batch, args, pids)]
+        if args.sample_gets:
+            log(f"[{size} B] sample by gets")
+            found.append(measure_sample(ds, client, "sampled", size, batch, args, pids,
+                                        gets=True))
         found += measure_inserts(ds, client, size, batch, args, pids)
     # Again after: on a shared machine the best of the two is what UCX could
     # do in the minutes the store was measured.
@@ -248,6 +265,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--am-inserts", action="store_true",
                    help="turn on the opt-in active-message inserts (DISTORE_AM_INSERTS=1) "
                         "for the cluster and the writers")
+    p.add_argument("--sample-gets", action="store_true",
+                   help="also sample by one-sided gets (DISTORE_AM_SAMPLES=0 for the learner), "
+                        "for comparison with the active-message path")
     p.add_argument("--perftest-repeats", type=int, default=2,
                    help="runs of each ucx_perftest before and after the store's (default 2)")
     p.add_argument("--perftest-timeout", type=float, default=120.0)

@@ -6,7 +6,12 @@ path its node is reached by (client/peers.py): items of mapped (same-host)
 nodes are copied from the node's arena with plain loads, in one native call
 that takes the records as they came (`_native.mapped_gather_located`); the
 rest are read with one UCX gather (`_native.gather_dense`), one get per
-item into the ring's host staging area, then scattered. Both land each
+item into the ring's host staging area, then scattered, except those of
+nodes that serve samples by active message (the "ucx-am" path, where UCX
+emulates RMA: client/peers.py), which come in one more native call
+(`AmSampleClient.fetch`): each node sends its items' fields straight into
+their rows (a node too busy to answer has those items read by gets). All
+land each
 item in the dense layout of the ring slot (client/ring.py): its slot header
 in the slot's (n, 2) header array and each field in that field's own
 [n, ...] array. Every header read is checked against the (key, generation)
@@ -26,6 +31,7 @@ from ..errors import ConnectionFailed
 from ..protocol import ITEM_LOCATION
 
 MAX_RESAMPLES = 20
+UCS_ERR_BUSY = -15  # ucs/type/status.h: a node refused a batch by active message (too many)
 
 
 class Gather:
@@ -152,6 +158,17 @@ class Gather:
         index = peers.key_lut[nodes]
         u = (statuses == _native.STATUS_NOT_MAPPED) & (index >= 0)
         statuses[statuses == _native.STATUS_NOT_MAPPED] = _native.STATUS_UNREACHABLE  # gone
+        am = u & (peers.am_lut[nodes] >= 0)
+        if am.any():
+            a = np.flatnonzero(am)
+            got = self._runtime.am_sample_client().fetch(
+                peers.am_endpoints, peers.am_lut[nodes[a]].astype(np.uint32),
+                items["offset"][a], dest_rows[a], self._ring.reads, dest, timeout)
+            busy = got == UCS_ERR_BUSY  # read by gets below
+            done = a[~busy]
+            self._stats.fetched("ucx-am", len(done), len(done) * self._read)
+            statuses[done] = self._checked(got[~busy], items[done], rows[done], slot)
+            u[done] = False
         if u.any():
             k = int(u.sum())
             got = _native.gather_dense(
@@ -160,7 +177,14 @@ class Gather:
                 dest, self._ring.staging(), timeout,
             )
             self._stats.fetched("ucx", k, k * self._read)
-            header = self._ring.headers(slot)[rows[u]]  # (k, 2): key, generation
-            same = (header[:, 0] == items["key"][u]) & (header[:, 1] == items["generation"][u])
-            statuses[u] = np.where((got == 0) & ~same, _native.STATUS_STALE, got)
+            statuses[u] = self._checked(got, items[u], rows[u], slot)
         return statuses
+
+    def _checked(self, got: np.ndarray, items: np.ndarray, rows: np.ndarray,
+                 slot: int) -> np.ndarray:
+        """Statuses of items read into `rows` of ring slot `slot` with UCX
+        (`got`: the read's), each slot header checked against the (key,
+        generation) the control plane gave: STATUS_STALE where it differs."""
+        header = self._ring.headers(slot)[rows]  # (k, 2): key, generation
+        same = (header[:, 0] == items["key"]) & (header[:, 1] == items["generation"])
+        return np.where((got == 0) & ~same, _native.STATUS_STALE, got)

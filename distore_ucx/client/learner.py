@@ -40,7 +40,7 @@ import numpy as np
 
 from .. import metrics
 from .._native_loader import _native
-from ..config import local_map_default
+from ..config import am_samples_enabled, local_map_default
 from ..errors import ConfigError, DistoreError, NoData, RateLimiterTimeout
 from ..protocol import ITEM_LOCATION, check_reply
 from ..spec import SLOT_HEADER
@@ -188,7 +188,8 @@ class Learner:
                               self.framework, self.path)
             self._copy_pool = _native.CopyPool(copy_threads - 1)
             self._peers = PeerDirectory(client, runtime, local_map,
-                                        host_memory=self.path != "gpu-direct")
+                                        host_memory=self.path != "gpu-direct",
+                                        am_samples=am_samples_enabled())
             # Endpoints, remote keys and mappings now, not on the first sample.
             self._peers.connect_all()
         except BaseException:
@@ -207,8 +208,10 @@ class Learner:
     @property
     def paths(self) -> dict[int, str]:
         """How each storage node is read: node id -> "mapped" (same host,
-        read-only mapping of its arena), "cma" (same host, process_vm_readv)
-        or "ucx:<transports>"."""
+        read-only mapping of its arena), "cma" (same host, process_vm_readv),
+        "ucx:<transports>" (one-sided gets) or "ucx-am:<transports>" (the
+        node sends the items as active messages, where UCX emulates RMA:
+        over TCP)."""
         return self._peers.paths
 
     @property

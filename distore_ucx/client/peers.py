@@ -10,6 +10,16 @@ Each node a learner reads from is a peer of one of two kinds:
   when mapping is off (`local_map=False`, `DISTORE_LOCAL_MAP=0`), when the
   node cannot share its arena, or when the learner's ring is device memory
   (gpu-direct: plain loads cannot write it).
+- "ucx-am:<transports>": a node over UCX whose UCX emulates RMA (TCP) and
+  that serves samples by active message (its descriptor's `am_sample`,
+  storage/sample_server.py): the learner sends it one request per batch
+  and the node sends each item's fields straight into the learner's ring
+  (`_native.AmSampleClient.fetch`, one call per batch for every such
+  node). Its endpoint has no peer-failure handling (zero-copy rendezvous
+  needs none on worker-address endpoints), and its remote key, for the
+  items a busy node refuses, is on the same endpoint (UCX refuses two
+  endpoints between the same two workers whose error handling differs).
+  Not for a device ring (gpu-direct), nor with `DISTORE_AM_SAMPLES=0`.
 - "cma": a same-host node that is not mapped, when UCX may use shared
   memory: the same gather reads it with process_vm_readv, the call UCX's
   CMA transport makes. UCX cannot detect peer failures on shared memory
@@ -23,7 +33,8 @@ then left alone for `COOLDOWN` s (its items read as unreachable and are
 resampled) while the control plane drops it.
 
 The directory keeps per-node lookup tables (node id -> index into the
-remote keys, into the mappings, and the arena base), so that one batch is
+remote keys, into the mappings, into the active-message endpoints, and the
+arena base), so that one batch is
 split into its two kinds with array indexing, never a loop per item.
 Peers are made for every live node when the learner starts (the first
 sample then costs what a warm one does) and whenever a new node id shows up.
@@ -47,6 +58,7 @@ log = logging.getLogger(__name__)
 
 MAPPED = "mapped"
 CMA = "cma"
+UCX_AM = "ucx-am"
 # A node whose reads failed is not looked up again for this long: a hung node
 # is dropped by the control plane within its heartbeat timeout (about 2.3 s),
 # and meanwhile its items are resampled instead of waited for.
@@ -57,7 +69,7 @@ class Peer:
     """A storage node as the learner reads it: mapped, or a remote key."""
 
     def __init__(self, runtime, desc: dict, token: bytes | None, local_map: bool,
-                 host_memory: bool = True):
+                 host_memory: bool = True, am_samples: bool = True):
         self.node_id = desc["node_id"]
         self.name = f"node {desc['node_id']} ({desc['name']})"
         self.worker_address = desc["worker_address"]
@@ -65,6 +77,7 @@ class Peer:
         self.arena_id = desc.get("arena_id", 0)
         self.mapping = None
         self.rkey = None
+        self.am_endpoint = None  # samples by active message (the "ucx-am" path)
         same_host = bool(desc.get("host_id")) and desc["host_id"] == host_id()
         # A same-host node's pid tells us at once when it dies (a dead node's
         # items are resampled; under UCX shared memory a read from a dead
@@ -95,19 +108,26 @@ class Peer:
             # Without shared-memory transports nothing is gained by giving up
             # peer-failure handling: keep it (a dead peer then fails reads).
             shm = same_host and runtime.shared_memory
+            # Samples by active message need an endpoint without peer-failure
+            # handling (with it, UCX sends eagerly through bounce buffers).
+            am = am_samples and host_memory and bool(desc.get("am_sample"))
             # On the reader worker: learners' gathers progress it themselves
             # (over TCP, sharing the worker whose progress thread wakes on the
             # same sockets costs bandwidth; docs/performance.md).
-            ep = runtime.endpoint(self.worker_address, self.name, detect_failures=not shm,
-                                  reader=True)
+            ep = runtime.endpoint(self.worker_address, self.name,
+                                  detect_failures=not shm and not am, reader=True)
             self.rkey = _native.RemoteKey(
                 ep, desc["rkey"], desc["arena_base"], desc["arena_size"], self.name
             )
             self.path = f"ucx:{runtime.transports}"
+            if am:
+                self.am_endpoint = ep
+                self.path = f"{UCX_AM}:{runtime.transports}"
 
     def release(self, runtime) -> None:
         """Unmap the arena, or drop the remote key and then its endpoint."""
         self.mapping = None
+        self.am_endpoint = None
         if self.rkey is not None and self.path == CMA:
             self.rkey = None
         elif self.rkey is not None:
@@ -122,28 +142,36 @@ class PeerDirectory:
 
     >>> peers = PeerDirectory(client, runtime, local_map=True)
     >>> peers.connect_all()           # warm: endpoints, keys, mappings made now
-    >>> peers.paths                   # {1: "mapped", 2: "ucx:tcp"}
+    >>> peers.paths                   # {1: "mapped", 2: "ucx:tcp", 3: "ucx-am:tcp"}
     """
 
-    def __init__(self, client, runtime, local_map: bool, host_memory: bool = True):
+    def __init__(self, client, runtime, local_map: bool, host_memory: bool = True,
+                 am_samples: bool = True):
         """`host_memory`: the learner's ring is host memory (a device ring
-        cannot be written by process_vm_readv: same-host nodes then use UCX)."""
+        cannot be written by process_vm_readv: same-host nodes then use UCX;
+        nor received into: nodes are then read by gets). `am_samples`: read
+        nodes that serve samples by active message that way
+        (config.am_samples_enabled())."""
         self._client = client
         self._runtime = runtime
         self.local_map = local_map
         self.host_memory = host_memory
+        self.am_samples = am_samples
         self._peers: dict[int, Peer] = {}
         self.rkeys: list = []  # remote keys, indexed by key_lut
         self.mappings: list = []  # mapped arenas, indexed by map_lut
+        self.am_endpoints: list = []  # endpoints of "ucx-am" nodes, indexed by am_lut
         self.key_lut = np.full(0, -1, np.int64)
         self.map_lut = np.full(0, -1, np.int64)
+        self.am_lut = np.full(0, -1, np.int64)
         self.base_lut = np.zeros(0, np.uint64)
         self._logged: set[tuple[int, str]] = set()
         self._failed: dict[int, float] = {}  # node id -> when its reads failed
 
     @property
     def paths(self) -> dict[int, str]:
-        """How each known node is read: node id -> "mapped" or "ucx:<transports>"."""
+        """How each known node is read: node id -> "mapped", "cma",
+        "ucx:<transports>" or "ucx-am:<transports>"."""
         return {node_id: peer.path for node_id, peer in self._peers.items()}
 
     def get(self, node_id: int) -> Peer | None:
@@ -206,6 +234,7 @@ class PeerDirectory:
         """Release every peer."""
         self.rkeys = []
         self.mappings = []
+        self.am_endpoints = []
         for peer in self._peers.values():
             peer.release(self._runtime)
         self._peers.clear()
@@ -224,7 +253,8 @@ class PeerDirectory:
 
     def _add(self, desc: dict) -> Peer | None:
         try:
-            peer = Peer(self._runtime, desc, self._client.token, self.local_map, self.host_memory)
+            peer = Peer(self._runtime, desc, self._client.token, self.local_map, self.host_memory,
+                        self.am_samples)
         except (UcxError, DistoreError) as exc:
             log.warning("cannot reach %s: %s", desc["name"], exc)
             return None
@@ -238,18 +268,26 @@ class PeerDirectory:
     def _rebuild(self, size: int | None = None) -> None:
         """node id -> index into rkeys / mappings (-1: not that kind), and base."""
         size = max(size or 0, len(self.key_lut), max(self._peers, default=0) + 1)
-        self.rkeys, self.mappings = [], []
-        self.key_lut = np.full(size, -1, np.int64)
-        self.map_lut = np.full(size, -1, np.int64)
-        self.base_lut = np.zeros(size, np.uint64)
+        rkeys, mappings, am_endpoints = [], [], []
+        key_lut = np.full(size, -1, np.int64)
+        map_lut = np.full(size, -1, np.int64)
+        am_lut = np.full(size, -1, np.int64)
+        base_lut = np.zeros(size, np.uint64)
         for peer in self._peers.values():
             if peer.mapping is not None:
-                self.map_lut[peer.node_id] = len(self.mappings)
-                self.mappings.append(peer.mapping)
+                map_lut[peer.node_id] = len(mappings)
+                mappings.append(peer.mapping)
             else:
-                self.key_lut[peer.node_id] = len(self.rkeys)
-                self.rkeys.append(peer.rkey)
-            self.base_lut[peer.node_id] = peer.base
+                key_lut[peer.node_id] = len(rkeys)
+                rkeys.append(peer.rkey)
+            if peer.am_endpoint is not None:
+                am_lut[peer.node_id] = len(am_endpoints)
+                am_endpoints.append(peer.am_endpoint)
+            base_lut[peer.node_id] = peer.base
+        # Replaced whole, never changed in place: the hand-out re-check reads
+        # them from another thread (client/recheck.py).
+        self.rkeys, self.mappings, self.am_endpoints = rkeys, mappings, am_endpoints
+        self.key_lut, self.map_lut, self.am_lut, self.base_lut = key_lut, map_lut, am_lut, base_lut
 
 
 def _cma_key(runtime, desc: dict, name: str):

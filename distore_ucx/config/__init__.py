@@ -28,6 +28,7 @@ from .environment import (
     AM_MIN_ITEM_BYTES,
     am_inserts_enabled,
     am_min_item_bytes,
+    am_samples_enabled,
     disk_bounce,
     local_map_default,
     rendezvous_config,
@@ -58,7 +59,8 @@ __all__ = [
     "TableProblems", "check_exposure", "is_loopback",
     "BY_NAME", "SECTIONS", "METRICS_PORT_CONTROL", "METRICS_PORT_NODE",
     "MIN_TOKEN_BYTES", "read_token",
-    "AM_MIN_ITEM_BYTES", "am_inserts_enabled", "am_min_item_bytes", "disk_bounce",
+    "AM_MIN_ITEM_BYTES", "am_inserts_enabled", "am_min_item_bytes", "am_samples_enabled",
+    "disk_bounce",
     "local_map_default", "rendezvous_config", "sample_ahead_from_env", "size_from_env",
     "switch_from_env", "ucx_tls",
 ]

@@ -63,6 +63,14 @@ def am_inserts_enabled() -> bool:
     return switch_from_env("DISTORE_AM_INSERTS", default=False)
 
 
+def am_samples_enabled() -> bool:
+    """Whether samples travel as UCX active messages where UCX emulates RMA
+    (storage nodes serve them, learners ask for them; native/am_sample.h):
+    on unless `DISTORE_AM_SAMPLES=0`, which makes learners read those nodes
+    with one-sided gets (for measuring and debugging)."""
+    return switch_from_env("DISTORE_AM_SAMPLES")
+
+
 def am_min_item_bytes() -> int:
     """Items smaller than this go by one-sided gets even to nodes that take
     active messages (`DISTORE_AM_MIN_ITEM`, bytes or e.g. "64KiB"; default

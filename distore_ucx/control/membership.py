@@ -54,6 +54,7 @@ class Node:
     local_socket: str = ""
     disk_size: int = 0  # bytes of the node's disk tier (0: none)
     insert_address: bytes = b""  # UCX worker taking inserts as active messages (b"": none)
+    am_sample: bool = False  # serves samples by active message (native/am_sample.h)
     peer: Any = field(repr=False, default=None)
     last_seen: float = 0.0
     used_bytes: int = 0
@@ -98,6 +99,8 @@ class Node:
             d["rkey"] = self.rkey
             if self.insert_address:
                 d["insert_address"] = self.insert_address
+            if self.am_sample:
+                d["am_sample"] = True
         return d
 
 

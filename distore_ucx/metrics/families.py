@@ -171,7 +171,29 @@ def node_families(snap: dict) -> list:
     joined = G("distore_node_joined", "1 while the node is registered with a control plane",
                labels=n)
     joined.add_metric(lv, 1 if snap["joined"] else 0)
-    return [total, used, carved, items, b, i, by, f, lat, joined]
+    out = [total, used, carved, items, b, i, by, f, lat, joined]
+    am = snap.get("am_sample")
+    if am:  # the node serves samples by active message (storage/sample_server.py)
+        sb = C("distore_node_sample_batches", "Sample batches served by active message, by "
+               "outcome (done; failed: the learner went away; abandoned: no progress for "
+               "a while)", labels=n + ["outcome"])
+        for outcome, key in (("done", "batches_done"), ("failed", "batches_failed"),
+                             ("abandoned", "abandoned")):
+            sb.add_metric(lv + [outcome], am[key])
+        sy = C("distore_node_sample_bytes", "Bytes of sample batches sent by active message",
+               labels=n)
+        sy.add_metric(lv, am["bytes"])
+        sr = C("distore_node_sample_refused", "Sample requests refused (busy, malformed, out "
+               "of bounds); the learner reads those items by gets", labels=n)
+        sr.add_metric(lv, am["refused"])
+        si = G("distore_node_sample_batches_in_flight", "Sample batches being sent now",
+               labels=n)
+        si.add_metric(lv, am["in_flight"])
+        ss = G("distore_node_sample_batches_stuck", "Abandoned sample batches whose sends UCX "
+               "has not ended yet", labels=n)
+        ss.add_metric(lv, am["stuck"])
+        out += [sb, sy, sr, si, ss]
+    return out
 
 
 def node_snapshot(node, joined: bool) -> dict:
@@ -189,6 +211,8 @@ def node_snapshot(node, joined: bool) -> dict:
         "batches": st.batches, "items_inserted": st.items, "bytes": st.bytes,
         "failed_batches": st.failed_batches, "latency": st.latency.snapshot(),
         "joined": joined,
+        "am_sample": dict(getattr(node, "sample_server", None) and node.sample_server.stats
+                          or {}),
     }
 
 
@@ -199,7 +223,8 @@ def client_families(learners: Iterable[tuple[str, Any]],
     C, G, H = _families()
     lt = ["table", "learner"]
     fi = C("distore_learner_fetched_items", "Items read into the learner's ring, by path "
-           "(mapped: same-host read-only mapping; ucx: one-sided UCX reads)",
+           "(mapped: same-host read-only mapping; ucx: one-sided UCX reads; ucx-am: "
+           "UCX active messages)",
            labels=lt + ["path"])
     fb = C("distore_learner_fetched_bytes", "Bytes read into the learner's ring (slot header "
            "included), by path", labels=lt + ["path"])
@@ -219,7 +244,7 @@ def client_families(learners: Iterable[tuple[str, Any]],
     for name, learner in learners:
         st: LearnerStats = learner.stats
         lv = [learner.table, name]
-        for path in ("mapped", "ucx"):
+        for path in ("mapped", "ucx", "ucx-am"):
             fi.add_metric(lv + [path], st.fetched_items.get(path, 0))
             fb.add_metric(lv + [path], st.fetched_bytes.get(path, 0))
         nb.add_metric(lv, st.batches)

@@ -25,6 +25,8 @@ from .error_codes import ERRORS, ProtocolError, error_code, error_reply, remote_
 from .fields import ITEM_LOCATION, MAX_ITEMS, MAX_NAME, MAX_NODE_ID, MAX_SAMPLE, F
 from .framing import (
     AM_INSERT_ID,
+    AM_SAMPLE_DATA_ID,
+    AM_SAMPLE_REQUEST_ID,
     HEADER,
     HEADER_SIZE,
     MAX_FRAME,
@@ -68,6 +70,8 @@ from .requests import MESSAGES, request, validate_request
 
 __all__ = [
     "AM_INSERT_ID",
+    "AM_SAMPLE_DATA_ID",
+    "AM_SAMPLE_REQUEST_ID",
     "AUTH_CONTEXT",
     "ERRORS",
     "F",

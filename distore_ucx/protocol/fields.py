@@ -131,6 +131,9 @@ DISK_SIZE = F("disk_size", "int", lo=0, hi=2**62)  # bytes of a node's disk tier
 ARENA_ID = F("arena_id", "int", lo=0, hi=2**63 - 1)
 PAGE_KIND = F("page_kind", "str", max_len=16)
 LOCAL_SOCKET = F("local_socket", "str", max_len=100)
+# A node that serves samples by UCX active message (native/am_sample.h):
+# where UCX emulates RMA; absent, learners read it with one-sided gets.
+AM_SAMPLE = F("am_sample", "bool")
 # The slots and items one message moves (an insert, a stage, a re-sent batch).
 SLOT_SIZE = F("slot_size", "int", lo=1, hi=1 << 34)
 ITEM_BYTES = SLOT_SIZE.named("item_bytes")

@@ -18,6 +18,8 @@ from .error_codes import ProtocolError
 
 __all__ = [
     "AM_INSERT_ID",
+    "AM_SAMPLE_DATA_ID",
+    "AM_SAMPLE_REQUEST_ID",
     "HEADER",
     "HEADER_SIZE",
     "MAX_FRAME",
@@ -34,6 +36,10 @@ __all__ = [
 VERSION = 2
 MAX_FRAME = 1 << 30  # 1 GiB: any one frame
 AM_INSERT_ID = 0x4453  # the UCX active message id of insert messages ("DS")
+# Samples by active message (native/am_sample.h): a learner's request to a
+# node, and the node's data messages back to the learner.
+AM_SAMPLE_REQUEST_ID = 0x4454
+AM_SAMPLE_DATA_ID = 0x4455
 HEADER = struct.Struct("<II")  # body length, metadata length
 HEADER_SIZE = HEADER.size
 

@@ -28,6 +28,7 @@ import numpy as np
 
 from .error_codes import ProtocolError, remote_error
 from .fields import (
+    AM_SAMPLE,
     ARENA_ID,
     BASE,
     CAPACITY,
@@ -250,6 +251,7 @@ class NodeDescription(Record):
     worker_address: bytes | None = wire(WORKER_ADDRESS, optional=True)
     rkey: bytes | None = wire(RKEY, optional=True)
     insert_address: bytes | None = wire(WORKER_ADDRESS, optional=True)
+    am_sample: bool | None = wire(AM_SAMPLE, optional=True)  # samples by active message
 
 
 @record("a table")

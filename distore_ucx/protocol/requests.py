@@ -9,6 +9,7 @@ import numpy as np
 
 from .error_codes import ProtocolError
 from .fields import (
+    AM_SAMPLE,
     ARENA_ID,
     ARRAY_DTYPES,
     BASE,
@@ -82,6 +83,9 @@ MESSAGES: dict[str, tuple[F, ...]] = {
         # the UCX worker that takes inserts as active messages (absent: the
         # node reads writers' staging buffers with one-sided gets only)
         WORKER_ADDRESS.named("insert_address").optional(),
+        # it serves samples by active message on its worker (absent: learners
+        # read it with one-sided gets only)
+        AM_SAMPLE.optional(),
     ),
     "heartbeat": (NODE_ID, USED_BYTES),
     # A node shutting down (SIGTERM): its items leave sampling at once.

@@ -53,13 +53,16 @@ def guard_remote_access() -> dict[str, str]:
     return options
 
 
-async def watch_guard(name: str) -> None:
+async def watch_guard(name: str, checks=()) -> None:
     """Log each burst of remote accesses the guard refused (native/guard.h) on
-    node `name`: one line per check that saw new ones, with the last in words.
-    Runs until cancelled."""
+    node `name`: one line per check that saw new ones, with the last in words;
+    call each of `checks` (other counters' watches) at the same pace. Runs
+    until cancelled."""
     seen, accepted = (0, 0, 0), 0
     while True:
         await asyncio.sleep(GUARD_CHECK)
+        for check in checks:
+            check()
         g = _native.refused_remote_access()
         if g["tcp_puts_accepted"] != accepted:
             accepted = g["tcp_puts_accepted"]

@@ -31,7 +31,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from .. import metrics
 from .._native_loader import _native
-from ..config import NodeConfig, read_token, rendezvous_config, ucx_tls
+from ..config import NodeConfig, am_samples_enabled, read_token, rendezvous_config, ucx_tls
 from ..errors import ConnectionFailed, Timeout
 from ..progress import Progress
 from ..protocol import parse_reply
@@ -46,6 +46,7 @@ from .held_frees import HeldFrees
 from .inserts import InsertServer
 from .puller import Puller
 from .room import RoomForInserts
+from .sample_server import SampleServer
 from .session import LOOP_WEDGED, ControlSession
 from .staging import ColdStaging
 from .tier import DiskTier, StagingArea, bounce_reads
@@ -88,6 +89,8 @@ class StorageNode(ControlSession, InsertServer, RoomForInserts, ColdStaging):
         self.tier: DiskTier | None = None  # the disk tier (--disk), storage/tier.py
         self.staging: StagingArea | None = None  # where sampled cold items are read to
         self.puller: Puller | None = None  # reads writers' batches (storage/puller.py)
+        # serves samples by active message where UCX emulates RMA (storage/sample_server.py)
+        self.sample_server: SampleServer | None = None
         self._disk_thread: ThreadPoolExecutor | None = None  # disk batches, made on first use
         self._slot_sizes: dict[str, int] = {}  # table -> slot size, as inserts said
         self.inserted = 0
@@ -106,6 +109,7 @@ class StorageNode(ControlSession, InsertServer, RoomForInserts, ColdStaging):
         self._interval = 0.5  # heartbeat interval the control plane asked for
         self._loop_seen = time.monotonic()  # the event loop's last tick (heartbeat thread reads)
         self._loop_wedged = False
+        self._am_samples = am_samples_enabled()
 
     async def run(self, ready_file: str | None = None) -> int:
         """Serve until SIGTERM/SIGINT, or until no control plane can be re-joined
@@ -129,7 +133,10 @@ class StorageNode(ControlSession, InsertServer, RoomForInserts, ColdStaging):
             if cfg.disk:
                 self._start_tier()
             _native.allow_remote_reads(self.arena.base, self.arena.size)
-            guard_watch = loop.create_task(watch_guard(self.name))
+            self.sample_server = SampleServer.start(runtime, self.arena, self.name,
+                                                    self._am_samples)
+            guard_watch = loop.create_task(watch_guard(
+                self.name, [self.sample_server.check] if self.sample_server else []))
             self.puller.start_am_inbox()
             steps.update(1, note="arena mapped")
             self._token = read_token(cfg.token_file)
@@ -185,6 +192,8 @@ class StorageNode(ControlSession, InsertServer, RoomForInserts, ColdStaging):
                         self._disk_thread.shutdown(wait=True)
                     self.tier.close()
                 await self.puller.close()  # its threads read through the runtime
+                if self.sample_server is not None:  # it sends from the arena
+                    await self.sample_server.close()
                 del self.arena  # unmap before the runtime closes
                 self.arena = None
         log.info("node %s stopped", self.name)

@@ -34,12 +34,14 @@ import atexit
 import itertools
 import logging
 import os
+import secrets
 import select
 import threading
 import weakref
 
 from .._native_loader import _native
 from ..errors import ConnectionFailed, DistoreError
+from ..protocol import AM_SAMPLE_DATA_ID, AM_SAMPLE_REQUEST_ID
 
 log = logging.getLogger(__name__)
 
@@ -66,6 +68,7 @@ class UcxRuntime:
         # (reader lane?, worker address) -> endpoint
         self._endpoints: dict[tuple[bool, bytes], object] = {}
         self._reader = None  # the reader worker, made on first use
+        self._am_client = None  # samples by active message on it (am_sample_client)
         self._config = dict(config or {})
         self.context = _ucxx.UCXContext(
             config_dict=self._config,
@@ -138,6 +141,25 @@ class UcxRuntime:
                 self._reader = _ucxx.UCXWorker(self.context)
             return self._reader
 
+    def am_sample_client(self):
+        """This process's `_native.AmSampleClient` on the reader worker, made on
+        first use: learners' batches from nodes that serve samples by active
+        message (storage/sample_server.py). One per worker, shared by every
+        learner of the process: a second would take over the worker's handler
+        of the data messages. Closed with the runtime, before its endpoints."""
+        client = self._am_client
+        if client is not None:
+            return client
+        worker = self.reader_worker
+        with self._lock:
+            if self._closed:
+                raise ConnectionFailed("the UCX runtime is closed")
+            if self._am_client is None:
+                self._am_client = _native.AmSampleClient(
+                    worker, request_id=AM_SAMPLE_REQUEST_ID, data_id=AM_SAMPLE_DATA_ID,
+                    client_id=secrets.randbits(63))
+            return self._am_client
+
     def progress_reader(self) -> None:
         """Progress the reader worker once, if there is one: call it from the
         thread that reads through it, between reads, so that what peers sent
@@ -204,7 +226,10 @@ class UcxRuntime:
             return
         self._closed = True
         with self._lock:
+            am_client, self._am_client = self._am_client, None
             eps = list(self._endpoints.values())
+        if am_client is not None:  # its fetches use the endpoints
+            am_client.close()
             self._endpoints.clear()
         for ep in eps:
             _close_endpoint(ep)

@@ -20,11 +20,14 @@ def test_cross_host_script_measures_sample_and_inserts_over_tcp(tmp_path):
         [sys.executable, os.path.join(REPO, "perf", "cross_host.py"), "--sizes", "64K",
          "--seconds", "0.3", "--min-batches", "3", "--min-bytes", "1M", "--fill-bytes", "8M",
          "--insert-arena", "128M", "--perftest-bytes", "4M", "--perftest-repeats", "1",
-         "--json-out", str(out_file)],
+         "--sample-gets", "--json-out", str(out_file)],
         capture_output=True, text=True, timeout=240, cwd=str(tmp_path), check=False)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     rows = [json.loads(line) for line in out_file.read_text().splitlines()]
-    assert [r["op"] for r in rows] == ["sample", "insert one", "insert batched"]
+    assert [r["op"] for r in rows] == ["sample", "sample (gets)", "insert one",
+                                       "insert batched"]
+    # Over tcp nodes send samples as active messages; --sample-gets reads by gets.
+    assert rows[0]["via"] == "ucx-am:tcp" and rows[1]["via"] == "ucx:tcp", rows[:2]
     for r in rows:
         assert r["verified"] and r["tls"] == "tcp" and r["local_map"] is False
         assert r["item_bytes"] == 64 << 10 and r["batch"] == 32 and r["gbps"] > 0

@@ -1,0 +1,106 @@
+"""A storage node serving samples by UCX active message (native/am_sample.h).
+
+Where UCX has no RDMA transport (TCP), a one-sided get is emulated: UCX
+copies the bytes through bounce buffers on both sides and the node's
+progress thread does the work. There a learner instead sends the node one
+small request per batch (each item's slot offset and the row it goes to)
+and the node sends each field of each item as an active message whose
+rendezvous (`UCX_RNDV_SCHEME=put_zcopy`, set on the node's runtime by
+config.rendezvous_config) puts the bytes from the arena straight into the
+learner's registered ring. The handler runs on the progress thread of the
+node's worker, the one whose address learners are given. The node
+advertises it (register_node's `am_sample`); learners check every item's
+slot header against the (key, generation) they asked for, as after a get.
+
+With an RDMA transport nothing is made: a learner's get then reads the
+arena with no copy and no work on the node.
+
+A learner that dies mid-batch fails the node's sends; a batch whose sends
+make no progress for `STALL` s is given up (its state freed whenever UCX
+ends them): `check`, called each second, reads the counters (which is what
+gives stalled batches up) and logs what went wrong since the last look.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from .._native_loader import _native
+from ..protocol import AM_SAMPLE_DATA_ID, AM_SAMPLE_REQUEST_ID
+from ..transport import capabilities
+
+log = logging.getLogger(__name__)
+
+MAX_IN_FLIGHT = 16  # messages of one batch in flight at a time
+MAX_BATCHES = 256  # batches served at a time; more are refused (the learner reads by gets)
+STALL = 10.0  # s without progress after which a batch's sends are given up
+CLOSE_TIMEOUT = 5.0  # s that closing waits for batches still being sent
+
+# Counters whose increase is worth a log line: (stats key, what it means).
+_TROUBLE = (
+    ("batches_failed", "batch(es) failed (a learner went away mid-batch)"),
+    ("abandoned", "batch(es) given up after making no progress"),
+    ("stuck", "of those still held by UCX"),
+)
+
+
+def why_not(runtime, enabled: bool) -> str:
+    """Why a node on `runtime` does not serve samples by active message, or ""
+    if it does: not with an RDMA transport (a get there copies nothing), not
+    when switched off (`enabled`: config.am_samples_enabled())."""
+    if not enabled:
+        return "switched off (DISTORE_AM_SAMPLES=0)"
+    if capabilities.query(runtime.context).rdma:
+        return "UCX has an RDMA transport, where a learner's get copies nothing"
+    return ""
+
+
+class SampleServer:
+    """The node's AmSampleServer, its counters and their log lines.
+
+    >>> server = SampleServer.start(runtime, arena, "node-a", enabled=True)  # None: gets only
+    >>> server.check()              # once a second (storage/guard.py's watch)
+    >>> await server.close()        # before the arena and the runtime go
+    """
+
+    def __init__(self, native, name: str):
+        self._native = native
+        self.name = name
+        self.stats: dict[str, int] = dict(native.stats)  # as of the last check
+
+    @classmethod
+    def start(cls, runtime, arena, name: str, enabled: bool) -> SampleServer | None:
+        """Serve samples from `arena` (storage/arena.py) on `runtime.worker`,
+        or None where learners read by gets (why_not says why)."""
+        why = why_not(runtime, enabled)
+        if why:
+            log.info("node %s: learners on other hosts read it with one-sided gets: %s",
+                     name, why)
+            return None
+        native = _native.AmSampleServer(
+            runtime.worker, arena.region, request_id=AM_SAMPLE_REQUEST_ID,
+            data_id=AM_SAMPLE_DATA_ID, endpoints="reply", max_in_flight=MAX_IN_FLIGHT,
+            max_batches=MAX_BATCHES, stall=STALL)
+        log.info("node %s: serves samples by UCX active message (rendezvous into the "
+                 "learner's ring: UCX emulates RMA here)", name)
+        return cls(native, name)
+
+    def check(self) -> None:
+        """Read the counters (which gives up stalled batches) and log the
+        failures since the last check."""
+        now = dict(self._native.stats)
+        new = [(now[k] - self.stats.get(k, 0), what) for k, what in _TROUBLE]
+        self.stats = now
+        if any(n > 0 for n, _ in new[:2]):
+            log.warning("node %s, samples by active message: %s; the node serves on", self.name,
+                        ", ".join(f"{n} {what}" for n, what in new if n > 0))
+
+    async def close(self) -> None:
+        """Stop serving and wait up to CLOSE_TIMEOUT s for batches being sent."""
+        loop = asyncio.get_running_loop()
+        done = await loop.run_in_executor(None, self._native.close, CLOSE_TIMEOUT)
+        if not done:
+            log.debug("node %s: sample batches still being sent after %g s; the arena stays "
+                      "mapped until the process exits", self.name, CLOSE_TIMEOUT)
+        self.stats = dict(self._native.stats)

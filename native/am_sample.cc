@@ -1,0 +1,822 @@
+#include "am_sample.h"
+
+#include <poll.h>
+
+#include <chrono>
+#include <condition_variable>
+#include <cstring>
+#include <random>
+#include <string>
+#include <thread>
+#include <unordered_set>
+
+#include "idle_wait.h"
+#include "status.h"
+
+namespace nb = nanobind;
+
+namespace distore {
+
+namespace {
+
+using clock = std::chrono::steady_clock;
+
+// Past the deadline, receives under way get this long to end by themselves
+// before their endpoints are force-closed.
+constexpr auto kGrace = std::chrono::milliseconds(500);
+// A fetch polls its worker this long without result before it sleeps on
+// the worker's event fd.
+constexpr auto kSpin = std::chrono::microseconds(20);
+
+void set_am_handler(ucp_worker_h worker, unsigned id, ucp_am_recv_callback_t cb, void* arg,
+                    const char* what) {
+  ucp_am_handler_param_t param;
+  std::memset(&param, 0, sizeof(param));
+  param.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_FLAGS |
+                     UCP_AM_HANDLER_PARAM_FIELD_CB | UCP_AM_HANDLER_PARAM_FIELD_ARG;
+  param.id = id;
+  param.flags = UCP_AM_FLAG_WHOLE_MSG;  // eager data assembled; not kept past the callback
+  param.cb = cb;
+  param.arg = arg;
+  const ucs_status_t s = ucp_worker_set_am_recv_handler(worker, &param);
+  if (cb != nullptr) check(s, what);
+}
+
+void free_request(void* request, ucs_status_t, void*) { ucp_request_free(request); }
+
+int64_t now_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(clock::now().time_since_epoch())
+      .count();
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------- node side
+
+struct ServeJob;
+
+struct AmSampleServer::Core {
+  ucp_worker_h worker = nullptr;
+  unsigned data_id = 0;
+  Endpoints endpoints = Endpoints::kReply;
+  size_t max_in_flight = 0, max_batches = 0;
+  int64_t stall_ns = 0;
+  const uint8_t* base = nullptr;  // the arena as registered (read-only where write-protected)
+  uint64_t size = 0;
+
+  struct Link {  // a registered endpoint to one learner
+    Endpoint* ep;
+    bool open;  // under mu
+  };
+  std::mutex mu;  // everything below; never held across a UCX call
+  std::unordered_map<uint64_t, std::shared_ptr<Link>> links;
+  std::unordered_set<ServeJob*> live;  // batches not ended (abandoned ones included)
+  bool open = true;
+  Stats stats;
+
+  // Under mu: batches whose sends made no progress for stall_ns are
+  // abandoned: UCX did not end the sends to a learner that went away (an
+  // endpoint without error handling, or one still connecting when the peer
+  // died, is never failed by UCX 1.21). They stop counting against
+  // max_batches; what they hold is freed if UCX ever ends their sends.
+  void sweep();
+};
+
+// One request being answered. Touched only under the worker's lock (the
+// request handler and send completions run there), except `last_ns`
+// (atomic) and `abandoned` (under the core's mutex).
+struct ServeJob {
+  std::shared_ptr<AmSampleServer::Core> core;
+  std::shared_ptr<AmSampleServer::Core::Link> link;  // kRegistered
+  ucp_ep_h ep = nullptr;
+  uint64_t token = 0, rndv_min = 0;
+  std::vector<AmSamplePart> parts;
+  std::vector<AmSampleItem> items;
+  size_t next = 0, total = 0, in_flight = 0;
+  uint64_t sent = 0, bytes = 0, errors = 0;
+  bool failed = false, pumping = false, no_rndv = false;
+  bool abandoned = false;           // under core->mu
+  std::atomic<int64_t> last_ns{0};  // when a send was last posted or ended
+};
+
+void AmSampleServer::Core::sweep() {
+  const int64_t now = now_ns();
+  for (ServeJob* j : live) {
+    if (j->abandoned || now - j->last_ns.load(std::memory_order_relaxed) < stall_ns) continue;
+    j->abandoned = true;
+    --stats.in_flight;
+    ++stats.abandoned;
+    ++stats.stuck;
+  }
+}
+
+namespace {
+
+using Core = AmSampleServer::Core;
+
+void pump(ServeJob* j);
+
+void finish(ServeJob* j) {
+  {
+    std::lock_guard<std::mutex> lock(j->core->mu);
+    AmSampleServer::Stats& s = j->core->stats;
+    j->core->live.erase(j);
+    --(j->abandoned ? s.stuck : s.in_flight);
+    ++(j->failed ? s.batches_failed : s.batches_done);
+    s.messages += j->sent;
+    s.bytes += j->bytes;
+    s.send_errors += j->errors;
+  }
+  delete j;
+}
+
+void on_sent(void* request, ucs_status_t status, void* user_data) {
+  auto* j = static_cast<ServeJob*>(user_data);
+  ucp_request_free(request);
+  j->last_ns.store(now_ns(), std::memory_order_relaxed);
+  --j->in_flight;
+  if (status == UCS_OK) {
+    ++j->sent;
+  } else {
+    j->failed = true;
+    ++j->errors;
+  }
+  pump(j);
+}
+
+bool link_open(const ServeJob* j) {
+  if (!j->link) return true;
+  std::lock_guard<std::mutex> lock(j->core->mu);
+  return j->link->open && j->link->ep->alive();
+}
+
+// Posts the job's next messages while fewer than max_in_flight are under
+// way; frees the job once the last has ended. Re-entrant calls (a completion
+// inside a send) return at once: the outer call carries on.
+void pump(ServeJob* j) {
+  if (j->pumping) return;
+  j->pumping = true;
+  j->last_ns.store(now_ns(), std::memory_order_relaxed);
+  const Core& c = *j->core;
+  const size_t parts = j->parts.size();
+  while (!j->failed && j->next < j->total && j->in_flight < c.max_in_flight) {
+    if (!link_open(j)) {
+      j->failed = true;
+      break;
+    }
+    const AmSampleItem& it = j->items[j->next / parts];
+    const AmSamplePart& p = j->parts[j->next % parts];
+    const auto* slot = reinterpret_cast<const uint64_t*>(c.base + it.slot);
+    AmSampleReply h{j->token,
+                    it.index,
+                    static_cast<uint16_t>(j->next % parts),
+                    0,
+                    __atomic_load_n(&slot[0], __ATOMIC_RELAXED),
+                    __atomic_load_n(&slot[1], __ATOMIC_RELAXED)};
+    const bool rndv = p.length >= j->rndv_min && p.length > 0 && !j->no_rndv;
+    ucp_request_param_t param;
+    std::memset(&param, 0, sizeof(param));
+    param.op_attr_mask =
+        UCP_OP_ATTR_FIELD_FLAGS | UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
+    // No memory handle of ours: a send still pending when the learner dies
+    // must not pin our registration (UCX registers through its cache).
+    param.flags = UCP_AM_SEND_FLAG_COPY_HEADER | (rndv ? UCP_AM_SEND_FLAG_RNDV : 0);
+    param.cb.send = &on_sent;
+    param.user_data = j;
+    const void* data = p.length > 0 ? c.base + it.slot + p.src : nullptr;
+    ucs_status_ptr_t r =
+        ucp_am_send_nbx(j->ep, c.data_id, &h, sizeof(h), data, p.length, &param);
+    if (UCS_PTR_IS_ERR(r)) {
+      if (rndv && UCS_PTR_STATUS(r) == UCS_ERR_UNSUPPORTED) {
+        j->no_rndv = true;  // this endpoint has no rendezvous: let UCX choose
+        continue;
+      }
+      j->failed = true;
+      ++j->errors;
+      break;
+    }
+    ++j->next;
+    j->bytes += p.length;
+    if (r == nullptr) {
+      ++j->sent;
+    } else {
+      ++j->in_flight;
+    }
+  }
+  j->pumping = false;
+  if (j->in_flight == 0 && (j->failed || j->next == j->total)) finish(j);
+}
+
+void send_refusal(const Core& c, ucp_ep_h ep, const AmSampleRequest& q, int status) {
+  AmSampleReply h{q.token, q.node, 0, kAmSampleRefused,
+                  static_cast<uint64_t>(static_cast<int64_t>(status)), 0};
+  ucp_request_param_t param;
+  std::memset(&param, 0, sizeof(param));
+  param.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS | UCP_OP_ATTR_FIELD_CALLBACK;
+  param.flags = UCP_AM_SEND_FLAG_COPY_HEADER;
+  param.cb.send = &free_request;
+  ucs_status_ptr_t r = ucp_am_send_nbx(ep, c.data_id, &h, sizeof(h), nullptr, 0, &param);
+  (void)r;  // an error or NULL: nothing to free; a request frees itself
+}
+
+ucs_status_t on_request(void* arg, const void* header, size_t header_length, void* data,
+                        size_t length, const ucp_am_recv_param_t* param) {
+  auto* owner = static_cast<std::shared_ptr<Core>*>(arg);
+  const std::shared_ptr<Core>& core = *owner;
+  Core& c = *core;
+  const ucp_ep_h reply_ep =
+      (param->recv_attr & UCP_AM_RECV_ATTR_FIELD_REPLY_EP) ? param->reply_ep : nullptr;
+  AmSampleRequest q;
+  if (header_length != sizeof(q)) {
+    std::lock_guard<std::mutex> lock(c.mu);
+    ++c.stats.refused;
+    return UCS_OK;  // not ours: nothing to answer to
+  }
+  std::memcpy(&q, header, sizeof(q));
+  auto refuse = [&](int status) {
+    {
+      std::lock_guard<std::mutex> lock(c.mu);
+      ++c.stats.refused;
+    }
+    if (reply_ep != nullptr) send_refusal(c, reply_ep, q, status);
+    return UCS_OK;  // a rendezvous request is dropped: its sender's request ends
+  };
+  if (q.version != kAmSampleVersion) return refuse(UCS_ERR_UNSUPPORTED);
+  if ((param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) || q.items > kAmSampleMaxItems ||
+      q.parts > kAmSampleMaxParts ||
+      length != q.parts * sizeof(AmSamplePart) + q.items * sizeof(AmSampleItem)) {
+    return refuse(kStatusBadArgument);
+  }
+  auto job = std::make_unique<ServeJob>();
+  job->last_ns.store(now_ns(), std::memory_order_relaxed);  // before a sweep can see it
+  job->parts.resize(q.parts);
+  job->items.resize(q.items);
+  const auto* p = static_cast<const uint8_t*>(data);
+  if (q.parts > 0) std::memcpy(job->parts.data(), p, q.parts * sizeof(AmSamplePart));
+  if (q.items > 0) {
+    std::memcpy(job->items.data(), p + q.parts * sizeof(AmSamplePart),
+                q.items * sizeof(AmSampleItem));
+  }
+  // Every byte a message will carry lies inside the arena, and every slot
+  // header it reads.
+  uint64_t end = 16;
+  for (const AmSamplePart& part : job->parts) {
+    if (part.src > c.size || part.length > c.size - part.src) return refuse(kStatusOutOfBounds);
+    end = std::max(end, part.src + part.length);
+  }
+  for (const AmSampleItem& it : job->items) {
+    if (it.slot % 8 != 0 || end > c.size || it.slot > c.size - end) {
+      return refuse(kStatusOutOfBounds);
+    }
+  }
+  if (job->parts.empty()) job->parts.push_back({0, 0});  // the slot header alone
+
+  ucp_ep_h ep = reply_ep;
+  int why_not = UCS_OK;
+  {
+    std::lock_guard<std::mutex> lock(c.mu);
+    c.sweep();
+    if (c.endpoints == AmSampleServer::Endpoints::kRegistered) {
+      auto it = c.links.find(q.client);
+      if (it != c.links.end() && it->second->open && it->second->ep->alive()) {
+        job->link = it->second;
+        ep = it->second->ep->ep();
+      } else {
+        ep = nullptr;
+      }
+    }
+    if (ep == nullptr) {
+      why_not = UCS_ERR_NOT_CONNECTED;
+    } else if (!c.open) {
+      why_not = UCS_ERR_CANCELED;
+    } else if (c.stats.in_flight >= c.max_batches) {
+      why_not = UCS_ERR_BUSY;
+    } else {
+      ++c.stats.in_flight;
+      ++c.stats.requests;
+      c.live.insert(job.get());
+    }
+  }
+  if (why_not != UCS_OK) return refuse(why_not);
+  job->core = core;
+  job->ep = ep;
+  job->token = q.token;
+  job->rndv_min = q.rndv_min;
+  job->total = job->items.size() * job->parts.size();
+  pump(job.release());
+  return UCS_OK;
+}
+
+}  // namespace
+
+AmSampleServer::AmSampleServer(nb::object worker, uintptr_t worker_handle, nb::object arena_obj,
+                               const MemoryRegion& arena, unsigned request_id, unsigned data_id,
+                               Endpoints endpoints, size_t max_in_flight, size_t max_batches,
+                               double stall_s)
+    : worker_(std::move(worker)), arena_(std::move(arena_obj)), core_(new Core) {
+  if (worker_handle == 0) throw UcxError(kStatusBadArgument, "AmSampleServer: no worker");
+  if (max_in_flight == 0 || max_batches == 0) {
+    throw UcxError(kStatusBadArgument, "AmSampleServer: max_in_flight and max_batches must be > 0");
+  }
+  Core& c = *core_;
+  c.worker = reinterpret_cast<ucp_worker_h>(worker_handle);
+  c.data_id = data_id;
+  c.endpoints = endpoints;
+  c.max_in_flight = max_in_flight;
+  c.max_batches = max_batches;
+  c.stall_ns = static_cast<int64_t>(stall_s * 1e9);
+  c.base = reinterpret_cast<const uint8_t*>(arena.address());
+  c.size = arena.size();
+  request_id_ = request_id;
+  // The handler's argument: the core, held as long as the handler is registered.
+  handler_arg_ = new std::shared_ptr<Core>(core_);
+  try {
+    set_am_handler(c.worker, request_id, &on_request, handler_arg_,
+                   "registering the sample request handler");
+  } catch (...) {
+    delete handler_arg_;
+    handler_arg_ = nullptr;
+    throw;
+  }
+}
+
+AmSampleServer::~AmSampleServer() { close(1.0); }
+
+void AmSampleServer::set_peer(uint64_t client, Endpoint* ep, nb::object keep) {
+  if (ep == nullptr) throw UcxError(kStatusBadArgument, "set_peer: no endpoint");
+  if (ep->worker() != core_->worker) {
+    throw UcxError(kStatusBadArgument,
+                   "set_peer: the endpoint is on another worker than the server's", ep->peer());
+  }
+  {
+    std::lock_guard<std::mutex> lock(core_->mu);
+    auto it = core_->links.find(client);
+    if (it != core_->links.end()) it->second->open = false;
+    core_->links[client] = std::make_shared<Core::Link>(Core::Link{ep, true});
+  }
+  peers_[client] = std::move(keep);
+}
+
+void AmSampleServer::drop_peer(uint64_t client) {
+  {
+    std::lock_guard<std::mutex> lock(core_->mu);
+    auto it = core_->links.find(client);
+    if (it == core_->links.end()) return;
+    it->second->open = false;
+    core_->links.erase(it);
+  }
+  // Batches in flight to it still hold its Endpoint (it outlives their
+  // sends, which its close ends); it is dropped with the last Python
+  // reference, after this.
+  peers_.erase(client);
+}
+
+AmSampleServer::Stats AmSampleServer::stats() const {
+  std::lock_guard<std::mutex> lock(core_->mu);
+  core_->sweep();
+  return core_->stats;
+}
+
+bool AmSampleServer::close(double timeout_s) {
+  Core& c = *core_;
+  if (!closed_) {
+    closed_ = true;
+    {
+      std::lock_guard<std::mutex> lock(c.mu);
+      c.open = false;
+    }
+    // Returns once no handler call is under way (it takes the worker's lock).
+    set_am_handler(c.worker, request_id_, nullptr, nullptr, "");
+    delete handler_arg_;
+    handler_arg_ = nullptr;
+  }
+  const auto deadline = clock::now() + std::chrono::duration<double>(timeout_s);
+  IdleWait wait;
+  while (true) {
+    {
+      std::lock_guard<std::mutex> lock(c.mu);
+      if (c.live.empty()) return true;
+    }
+    if (clock::now() > deadline) break;
+    if (ucp_worker_progress(c.worker) == 0) wait.pause(false);
+  }
+  // Sends still pending (a learner that neither reads nor fails): UCX may
+  // still read the arena, so it stays mapped for good.
+  arena_.release();
+  return false;
+}
+
+// ------------------------------------------------------------ learner side
+
+struct AmSampleClient::Batch {
+  enum : uint8_t { kWaiting, kReceiving, kDone };
+  struct Ref {
+    AmSampleClient* client;
+    Batch* batch;
+    size_t part;
+  };
+  uint64_t token = 0;
+  size_t n = 0, parts = 0;
+  bool header_only = false;
+  const BatchLayout* layout = nullptr;
+  uint8_t* base = nullptr;
+  ucp_mem_h memh = nullptr;
+  const uint64_t* rows = nullptr;
+  const uint32_t* node = nullptr;
+  std::vector<uint8_t> state;   // per part
+  std::vector<void*> requests;  // per part: a receive's request, freed by fetch
+  std::vector<Ref> refs;        // per part: a receive's user data
+  std::vector<int32_t> status;  // per item
+  std::vector<uint64_t> key, generation;
+  std::vector<uint8_t> have_header;
+  size_t left = 0;       // parts not done
+  size_t receiving = 0;  // parts in kReceiving
+  unsigned events = 0;   // things that happened since fetch last looked
+
+  // Under the client's mutex.
+  void done(size_t part, int32_t s) {
+    const size_t item = part / parts;
+    if (state[part] == kReceiving) --receiving;
+    state[part] = kDone;
+    --left;
+    ++events;
+    if (s != UCS_OK && status[item] == UCS_OK) status[item] = s;
+  }
+  void fail_waiting(size_t item, int32_t s) {
+    for (size_t k = item * parts; k < (item + 1) * parts; ++k) {
+      if (state[k] == kWaiting) done(k, s);
+    }
+  }
+};
+
+namespace {
+
+void on_received(void*, ucs_status_t status, size_t, void* user_data) {
+  auto* ref = static_cast<AmSampleClient::Batch::Ref*>(user_data);
+  ref->client->received(ref->batch, ref->part, status);
+}
+
+}  // namespace
+
+void AmSampleClient::received(Batch* b, size_t part, int32_t status) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (b->state[part] == Batch::kReceiving) b->done(part, status);
+}
+
+AmSampleClient::AmSampleClient(nb::object worker, uintptr_t worker_handle, unsigned request_id,
+                               unsigned data_id, uint64_t client_id)
+    : worker_(std::move(worker)),
+      worker_h_(reinterpret_cast<ucp_worker_h>(worker_handle)),
+      request_id_(request_id),
+      data_id_(data_id),
+      client_id_(client_id) {
+  if (worker_h_ == nullptr) throw UcxError(kStatusBadArgument, "AmSampleClient: no worker");
+  std::random_device rd;
+  next_token_ = (uint64_t(rd()) << 32) ^ rd();
+  set_am_handler(worker_h_, data_id, &AmSampleClient::on_data, this,
+                 "registering the sample data handler");
+  registered_ = true;
+  // Without UCP_FEATURE_WAKEUP there is no event fd: fetch then paces
+  // itself with IdleWait.
+  if (ucp_worker_get_efd(worker_h_, &efd_) != UCS_OK) efd_ = -1;
+}
+
+AmSampleClient::~AmSampleClient() { close(); }
+
+void AmSampleClient::close() {
+  {
+    std::unique_lock<std::mutex> lock(life_mu_);
+    if (!registered_) return;
+    registered_ = false;  // no new fetch starts
+    idle_.wait(lock, [this] { return active_ == 0; });
+  }
+  set_am_handler(worker_h_, data_id_, nullptr, nullptr, "");
+  std::lock_guard<std::mutex> lock(sends_mu_);
+  reap_sends(true);
+}
+
+AmSampleClient::Stats AmSampleClient::stats() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return stats_;
+}
+
+void AmSampleClient::reap_sends(bool abandon) {
+  for (size_t i = 0; i < sends_.size();) {
+    PendingSend& s = sends_[i];
+    if (ucp_request_check_status(s.request) == UCS_INPROGRESS && !abandon) {
+      ++i;
+      continue;
+    }
+    if (ucp_request_check_status(s.request) == UCS_INPROGRESS) {
+      // Closing with a request still unsent to a node that reads nothing:
+      // UCX may still read its buffer, which is left to it.
+      new std::vector<uint8_t>(std::move(s.buffer));
+    }
+    ucp_request_free(s.request);
+    sends_[i] = std::move(sends_.back());
+    sends_.pop_back();
+  }
+}
+
+ucs_status_t AmSampleClient::on_data(void* arg, const void* header, size_t header_length,
+                                     void* data, size_t length,
+                                     const ucp_am_recv_param_t* param) {
+  auto* self = static_cast<AmSampleClient*>(arg);
+  AmSampleReply h;
+  if (header_length != sizeof(h)) {
+    std::lock_guard<std::mutex> lock(self->mu_);
+    ++self->stats_.malformed;
+    return UCS_OK;  // dropped (a rendezvous sender's request ends)
+  }
+  std::memcpy(&h, header, sizeof(h));
+  return self->receive(h, data, length, param);
+}
+
+ucs_status_t AmSampleClient::receive(const AmSampleReply& h, void* data, size_t length,
+                                     const ucp_am_recv_param_t* param) {
+  std::unique_lock<std::mutex> lock(mu_);
+  auto found = batches_.find(h.token);
+  if (found == batches_.end()) {
+    ++stats_.late;
+    return UCS_OK;
+  }
+  Batch* b = found->second;
+  ++b->events;
+  if (h.flags & kAmSampleRefused) {
+    ++stats_.refused;
+    const auto s = static_cast<int32_t>(static_cast<int64_t>(h.key));
+    for (size_t i = 0; i < b->n; ++i) {
+      if (b->node[i] == h.index) b->fail_waiting(i, s == UCS_OK ? UCS_ERR_REJECTED : s);
+    }
+    return UCS_OK;
+  }
+  if (h.index >= b->n || h.part >= b->parts) {
+    ++stats_.malformed;
+    return UCS_OK;
+  }
+  const size_t item = h.index;
+  const size_t part = item * b->parts + h.part;
+  if (b->state[part] != Batch::kWaiting) {
+    ++stats_.late;  // a duplicate, or an item already failed
+    return UCS_OK;
+  }
+  const uint64_t want = b->header_only ? 0 : b->layout->fields()[h.part].length;
+  if (length != want) {
+    ++stats_.malformed;
+    b->done(part, UCS_ERR_MESSAGE_TRUNCATED);
+    return UCS_OK;
+  }
+  if (!b->have_header[item]) {
+    b->have_header[item] = 1;
+    b->key[item] = h.key;
+    b->generation[item] = h.generation;
+  } else if (b->key[item] != h.key || b->generation[item] != h.generation) {
+    if (b->status[item] == UCS_OK) b->status[item] = kStatusTorn;
+  }
+  if (length == 0) {
+    b->done(part, UCS_OK);
+    return UCS_OK;
+  }
+  uint8_t* dest = b->base + b->layout->field_at(h.part, b->rows[item]);
+  if (!(param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV)) {
+    std::memcpy(dest, data, length);  // eager: UCX hands the bytes to this call only
+    b->done(part, UCS_OK);
+    return UCS_OK;
+  }
+  // Claimed before the mutex is let go: fetch does not end the batch while
+  // a part is being received.
+  b->state[part] = Batch::kReceiving;
+  ++b->receiving;
+  Batch::Ref* ref = &b->refs[part];
+  ucp_mem_h memh = b->memh;
+  lock.unlock();
+  ucp_request_param_t p;
+  std::memset(&p, 0, sizeof(p));
+  p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
+  if (memh != nullptr) {
+    p.op_attr_mask |= UCP_OP_ATTR_FIELD_MEMH;
+    p.memh = memh;
+  }
+  p.cb.recv_am = &on_received;
+  p.user_data = ref;
+  ucs_status_ptr_t r = ucp_am_recv_data_nbx(worker_h_, data, dest, length, &p);
+  lock.lock();
+  if (r == nullptr) {
+    if (b->state[part] == Batch::kReceiving) b->done(part, UCS_OK);
+  } else if (UCS_PTR_IS_ERR(r)) {
+    if (b->state[part] == Batch::kReceiving) b->done(part, UCS_PTR_STATUS(r));
+  } else {
+    b->requests[part] = r;  // completes through on_received; freed by fetch
+  }
+  // A receive under way keeps the descriptor; UCS_OK is what the API wants
+  // once ucp_am_recv_data_nbx was called from the callback.
+  return UCS_OK;
+}
+
+void AmSampleClient::fetch(const std::vector<Endpoint*>& eps, const uint32_t* node,
+                           const uint64_t* slot_offset, const uint64_t* rows, size_t n,
+                           const BatchLayout& layout, const MemoryRegion& dest,
+                           double timeout_s, uint64_t rndv_min, int32_t* statuses) {
+  {
+    std::lock_guard<std::mutex> lock(life_mu_);
+    if (!registered_) throw UcxError(UCS_ERR_CANCELED, "AmSampleClient: closed");
+    ++active_;
+  }
+  struct Active {  // close() waits for this fetch, also when it throws
+    AmSampleClient* self;
+    ~Active() {
+      std::lock_guard<std::mutex> lock(self->life_mu_);
+      if (--self->active_ == 0) self->idle_.notify_all();
+    }
+  } active{this};
+  layout.check(rows, n, dest.size());
+  if (n > UINT32_MAX) throw UcxError(kStatusBadArgument, "am sample: too many items");
+  const auto& fields = layout.fields();
+  if (fields.size() > kAmSampleMaxParts) {
+    throw UcxError(kStatusBadArgument, "am sample: more than " +
+                                           std::to_string(kAmSampleMaxParts) + " fields");
+  }
+  std::vector<std::vector<uint32_t>> of(eps.size());  // items per node
+  for (size_t i = 0; i < n; ++i) {
+    if (node[i] >= eps.size() || eps[node[i]] == nullptr) {
+      throw UcxError(kStatusBadArgument, "item " + std::to_string(i) + ": node index " +
+                                             std::to_string(node[i]) + " out of range");
+    }
+    if (slot_offset[i] % 8 != 0) {
+      throw UcxError(kStatusOutOfBounds, "item " + std::to_string(i) + ": slot offset " +
+                                             std::to_string(slot_offset[i]) + " is not aligned");
+    }
+    of[node[i]].push_back(static_cast<uint32_t>(i));
+  }
+  for (size_t e = 0; e < eps.size(); ++e) {
+    if (of[e].empty()) continue;
+    if (eps[e]->worker() != worker_h_) {
+      throw UcxError(kStatusBadArgument, "am sample: the endpoint to " + eps[e]->peer() +
+                                             " is on another worker than the client's",
+                     eps[e]->peer());
+    }
+    if (of[e].size() > kAmSampleMaxItems) {
+      throw UcxError(kStatusBadArgument, "am sample: more than " +
+                                             std::to_string(kAmSampleMaxItems) +
+                                             " items from one node");
+    }
+  }
+  {
+    std::lock_guard<std::mutex> lock(sends_mu_);
+    reap_sends(false);
+  }
+
+  Batch b;
+  b.n = n;
+  b.header_only = fields.empty();
+  b.parts = b.header_only ? 1 : fields.size();
+  b.layout = &layout;
+  b.base = reinterpret_cast<uint8_t*>(dest.local_address());
+  b.memh = dest.memh();
+  b.rows = rows;
+  b.node = node;
+  b.state.assign(n * b.parts, Batch::kWaiting);
+  b.requests.assign(n * b.parts, nullptr);
+  b.refs.resize(n * b.parts);
+  for (size_t k = 0; k < b.refs.size(); ++k) b.refs[k] = Batch::Ref{this, &b, k};
+  b.status.assign(n, UCS_OK);
+  b.key.assign(n, 0);
+  b.generation.assign(n, 0);
+  b.have_header.assign(n, 0);
+  b.left = n * b.parts;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    b.token = next_token_++;
+    batches_[b.token] = &b;
+    ++stats_.batches;
+  }
+
+  // One request per node: the parts to send, then the items.
+  std::vector<AmSamplePart> parts(fields.size());
+  for (size_t k = 0; k < fields.size(); ++k) parts[k] = {fields[k].src, fields[k].length};
+  ucp_request_param_t sp;
+  std::memset(&sp, 0, sizeof(sp));
+  sp.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+  sp.flags = UCP_AM_SEND_FLAG_REPLY | UCP_AM_SEND_FLAG_COPY_HEADER | UCP_AM_SEND_FLAG_EAGER;
+  for (size_t e = 0; e < eps.size(); ++e) {
+    if (of[e].empty()) continue;
+    Endpoint& ep = *eps[e];
+    int32_t failed = UCS_OK;
+    if (!ep.alive()) {
+      failed = ep.status();
+    } else {
+      AmSampleRequest q{kAmSampleVersion,
+                        static_cast<uint32_t>(e),
+                        b.token,
+                        client_id_,
+                        static_cast<uint32_t>(of[e].size()),
+                        static_cast<uint32_t>(parts.size()),
+                        rndv_min};
+      std::vector<uint8_t> buf(parts.size() * sizeof(AmSamplePart) +
+                               of[e].size() * sizeof(AmSampleItem));
+      if (!parts.empty()) std::memcpy(buf.data(), parts.data(), parts.size() * sizeof(AmSamplePart));
+      auto* items = reinterpret_cast<AmSampleItem*>(buf.data() + parts.size() * sizeof(AmSamplePart));
+      for (size_t j = 0; j < of[e].size(); ++j) {
+        items[j] = AmSampleItem{slot_offset[of[e][j]], of[e][j], 0};
+      }
+      ucs_status_ptr_t r =
+          ucp_am_send_nbx(ep.ep(), request_id_, &q, sizeof(q), buf.data(), buf.size(), &sp);
+      if (UCS_PTR_IS_ERR(r)) {
+        failed = UCS_PTR_STATUS(r);
+      } else if (r != nullptr) {
+        std::lock_guard<std::mutex> lock(sends_mu_);
+        sends_.push_back(PendingSend{r, std::move(buf)});
+      }
+    }
+    if (failed != UCS_OK) {
+      std::lock_guard<std::mutex> lock(mu_);
+      for (uint32_t i : of[e]) b.fail_waiting(i, failed);
+    }
+  }
+
+  // Progress until every part has landed or failed. After a short stretch
+  // of fruitless progress, sleep in the kernel until the worker has
+  // something (its event fd), as `ucx_perftest -E sleep` does: the node's
+  // progress thread needs the core we would spin on (idle_wait.h says the
+  // same of the gather). Without an event fd, pace with IdleWait.
+  const auto deadline = clock::now() + std::chrono::duration<double>(timeout_s);
+  IdleWait wait;
+  bool late = false, forced = false;
+  auto quiet_from = clock::now();
+  unsigned quiet_rounds = 0;
+  while (true) {
+    unsigned events = ucp_worker_progress(worker_h_);
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (b.left == 0) break;
+      events += b.events;
+      b.events = 0;
+      // A node whose endpoint failed (error handling) sends nothing more.
+      for (size_t e = 0; e < eps.size(); ++e) {
+        if (of[e].empty() || eps[e]->alive()) continue;
+        for (uint32_t i : of[e]) b.fail_waiting(i, eps[e]->status());
+      }
+      if (b.left == 0) break;
+    }
+    if (events != 0) {
+      wait.reset();
+      quiet_rounds = 0;
+      continue;
+    }
+    if (quiet_rounds++ == 0) quiet_from = clock::now();
+    auto now = clock::now();
+    if (efd_ >= 0 && now - quiet_from > kSpin) {
+      if (ucp_worker_arm(worker_h_) == UCS_OK) {
+        pollfd pfd{efd_, POLLIN, 0};
+        poll(&pfd, 1, late ? 10 : 2);
+        now = clock::now();
+      }
+    } else if (efd_ < 0) {
+      const unsigned idle = wait.pause(late);
+      if (!late && (idle & 63) != 0) continue;
+      now = clock::now();
+    }
+    if (!late && now > deadline) {
+      late = true;
+      std::lock_guard<std::mutex> lock(mu_);
+      for (size_t i = 0; i < n; ++i) b.fail_waiting(i, UCS_ERR_TIMED_OUT);
+    }
+    if (late && !forced && now > deadline + kGrace) {
+      // Receives still under way from a node that stopped sending: only a
+      // forced close ends them (endpoints with error handling); others are
+      // waited for, since UCX would still write into dest.
+      forced = true;
+      std::vector<Endpoint*> hung;
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        for (size_t k = 0; k < b.state.size(); ++k) {
+          if (b.state[k] == Batch::kReceiving) hung.push_back(eps[node[k / b.parts]]);
+        }
+      }
+      for (Endpoint* ep : hung) {
+        if (ep->error_handling()) ep->close(true, 0.0);
+      }
+    }
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    batches_.erase(b.token);  // later messages for it are dropped
+  }
+  for (void* r : b.requests) {
+    if (r != nullptr) ucp_request_free(r);
+  }
+
+  // Headers last, of whole items only: a failed item reads as no item.
+  for (size_t i = 0; i < n; ++i) {
+    statuses[i] = b.status[i];
+    if (statuses[i] == UCS_OK && !b.have_header[i]) statuses[i] = UCS_ERR_NO_MESSAGE;
+    uint64_t h[2] = {0, 0};
+    if (statuses[i] == UCS_OK) {
+      h[0] = b.key[i];
+      h[1] = b.generation[i];
+    }
+    std::memcpy(b.base + layout.header_at(rows[i]), h, sizeof(h));
+  }
+}
+
+}  // namespace distore

@@ -1,0 +1,249 @@
+// Samples carried by UCX active messages with rendezvous, where UCX
+// emulates RMA in software (TCP): the learner says where each item goes,
+// the node sends it.
+//
+// The learner sends each node one small request (AM `request_id`, eager):
+// a batch token and, per item, its slot's offset in the node's arena; the
+// parts of a slot to send (the fields of the table's spec: offset in the
+// slot, length) are listed once. The node's handler, on the thread that
+// progresses its worker, posts one message per (item, part) (AM `data_id`;
+// header: token, item, part and the slot header as read when posted; data:
+// the part's bytes straight from the arena, rendezvous forced for parts of
+// `rndv_min` bytes and more, so that with UCX_RNDV_SCHEME=put_zcopy the
+// bytes go from the arena into the learner's memory with no copy of UCX's
+// own). At most `max_in_flight` messages of a batch are in flight; the
+// next ones are posted as those complete. The learner's handler receives
+// each part straight into its row of the part's dense array in the
+// learner's registered destination (ucp_am_recv_data_nbx: a contiguous
+// receive, as UCX's zero-copy rendezvous needs; an iov receive would make
+// UCX fall back to copying fragments); the slot header goes to the
+// layout's header array when every part of the item has landed, for the
+// caller to check against the (key, generation) it asked for, as after a
+// get.
+//
+// Where the node answers (the endpoint mode, `AmSampleServer::Endpoints`):
+//   kReply       on the endpoint the request came on (UCP_AM_SEND_FLAG_REPLY):
+//                the node's end of the learner's endpoint, with the error
+//                handling mode the learner chose for it, or the endpoint
+//                a node's listener accepted when the learner connected
+//                through it;
+//   kRegistered  on an endpoint the node made to that learner itself and
+//                registered under the learner's client id (set_peer). UCX
+//                refuses two endpoints between the same two workers whose
+//                error handling differs: it must match the learner's.
+// Which endpoints keep the zero-copy rendezvous over TCP: those without
+// peer-failure handling, and those with it made through a listener (a
+// connection-manager lane); worker-address endpoints with it make UCX send
+// eagerly through bounce buffers. perf/am_sample_native.py measures both.
+//
+// A learner that dies mid-batch fails the node's sends, and the batch's
+// state is freed when its last send ends. UCX 1.21 does not always end
+// them: never on an endpoint without peer-failure handling whose peer died
+// before answering a rendezvous (its maintainers disable rendezvous with
+// error handling for that reason, openucx/ucx#6721), and now and then not
+// even with it. So a batch whose sends made no progress for `stall_s` is
+// abandoned (Core::sweep): it stops counting against max_batches, and what
+// it holds (its state, UCX's requests, never a slot) is freed if UCX ever
+// ends its sends. Nothing on the node waits for it; the node serves on.
+//
+// Ownership: the server holds its worker and arena (Python objects), and
+// shares its state with the batches it serves, which hold it until their
+// last send ends; close() unregisters the handler and waits for them (an
+// arena with sends still pending after close's timeout is kept mapped for
+// good rather than freed under UCX). The client holds its worker; a fetch
+// never returns while a receive may still write into its destination.
+// Thread safety: handlers and completions run on whichever thread
+// progresses the worker; every other method may be called from any thread
+// without the GIL (set_peer/drop_peer with it). One client per worker (it
+// owns the worker's handler for `data_id`); any number of threads may fetch
+// through it at once (batches are told apart by their tokens); close waits
+// for the fetches under way.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include <nanobind/nanobind.h>
+#include <ucp/api/ucp.h>
+
+#include "endpoint.h"
+#include "layout.h"
+#include "memory.h"
+
+namespace distore {
+
+// Active message ids (protocol.AM_INSERT_ID is 0x4453, "DS").
+constexpr unsigned kAmSampleRequestId = 0x4454;
+constexpr unsigned kAmSampleDataId = 0x4455;
+constexpr uint32_t kAmSampleVersion = 1;
+// Limits of one request, checked on both sides.
+constexpr uint32_t kAmSampleMaxItems = 1u << 16;
+constexpr uint32_t kAmSampleMaxParts = 256;
+
+// Wire formats (little-endian, as both ends are x86-64 or aarch64).
+struct AmSampleRequest {  // header of a request message
+  uint32_t version;
+  uint32_t node;      // the learner's number for this node: echoed in a refusal
+  uint64_t token;     // the batch, chosen by the learner
+  uint64_t client;    // the learner's client id (kRegistered)
+  uint32_t items;
+  uint32_t parts;
+  uint64_t rndv_min;  // parts of at least this many bytes go by rendezvous
+};
+struct AmSamplePart {  // request data: `parts` of these, then `items` AmSampleItem
+  uint64_t src;        // offset in a slot (the slot header included)
+  uint64_t length;
+};
+struct AmSampleItem {
+  uint64_t slot;   // offset of the slot in the arena
+  uint32_t index;  // the item in the learner's batch
+  uint32_t reserved;
+};
+struct AmSampleReply {  // header of each data message
+  uint64_t token;
+  uint32_t index;  // the item in the batch; the node (request.node) in a refusal
+  uint16_t part;
+  uint16_t flags;  // kAmSampleRefused
+  uint64_t key;    // the slot header when the message was posted; a refusal's status
+  uint64_t generation;
+};
+constexpr uint16_t kAmSampleRefused = 1;
+
+class AmSampleServer {
+ public:
+  enum class Endpoints { kReply, kRegistered };
+
+  struct Core;  // shared with the batches in flight (am_sample.cc)
+
+  // Registers the request handler for AM `request_id` on `worker`; sends
+  // parts of `arena` (its registered, remote-readable address) as AM
+  // `data_id`. At most `max_in_flight` messages per batch, `max_batches`
+  // batches at a time (more are refused: the learner sees UCS_ERR_BUSY); a
+  // batch whose sends made no progress for `stall_s` stops counting (Core::sweep).
+  AmSampleServer(nanobind::object worker, uintptr_t worker_handle, nanobind::object arena_obj,
+                 const MemoryRegion& arena, unsigned request_id, unsigned data_id,
+                 Endpoints endpoints, size_t max_in_flight, size_t max_batches,
+                 double stall_s);
+  ~AmSampleServer();
+  AmSampleServer(const AmSampleServer&) = delete;
+  AmSampleServer& operator=(const AmSampleServer&) = delete;
+
+  // kRegistered: answer learner `client` on `ep` (GIL held; `keep` holds it).
+  void set_peer(uint64_t client, Endpoint* ep, nanobind::object keep);
+  // Stops posting to learner `client` (its batches in flight fail); GIL held.
+  void drop_peer(uint64_t client);
+
+  struct Stats {
+    uint64_t requests = 0;   // requests accepted
+    uint64_t refused = 0;    // requests refused (malformed, out of bounds, busy, no endpoint)
+    uint64_t batches_done = 0;
+    uint64_t batches_failed = 0;  // a send failed (the learner went away)
+    uint64_t messages = 0;        // messages whose send completed
+    uint64_t bytes = 0;
+    uint64_t send_errors = 0;
+    uint64_t in_flight = 0;  // batches being sent now
+    uint64_t abandoned = 0;  // batches given up after `stall_s` without progress
+    uint64_t stuck = 0;      // of those, batches whose sends UCX has not ended yet
+  };
+  Stats stats() const;
+
+  // Unregisters the handler (idempotent), then progresses the worker up to
+  // `timeout_s` while batches are still being sent; true if none is left.
+  bool close(double timeout_s);
+
+ private:
+  nanobind::object worker_;
+  nanobind::object arena_;
+  std::shared_ptr<Core> core_;
+  std::shared_ptr<Core>* handler_arg_ = nullptr;  // the handler's hold on core_
+  unsigned request_id_ = 0;
+  std::unordered_map<uint64_t, nanobind::object> peers_;  // kRegistered; GIL held
+  bool closed_ = false;
+};
+
+class AmSampleClient {
+ public:
+  // Registers the reply handler for AM `data_id` on `worker` (where the
+  // endpoints to the nodes live); requests go as AM `request_id` naming
+  // `client_id`.
+  AmSampleClient(nanobind::object worker, uintptr_t worker_handle, unsigned request_id,
+                 unsigned data_id, uint64_t client_id);
+  ~AmSampleClient();
+  AmSampleClient(const AmSampleClient&) = delete;
+  AmSampleClient& operator=(const AmSampleClient&) = delete;
+
+  // One batch: item i (slot at slot_offset[i] in the arena of node
+  // eps[node[i]]) lands in row rows[i] of `layout` in `dest` (host memory:
+  // headers and eagerly sent fields are copied by the CPU): each field in
+  // its dense array, straight from the node; its slot header, once every
+  // part has landed, in the header array ((0, 0) for an item that failed).
+  // Sends one request per node, then progresses the worker until every
+  // part has landed or failed. statuses[i]: UCS_OK, or why not:
+  // UCS_ERR_TIMED_OUT (nothing came within `timeout_s`), the endpoint's
+  // failure, a node's refusal (UCS_ERR_BUSY, kStatusOutOfBounds...),
+  // UCS_ERR_MESSAGE_TRUNCATED, kStatusTorn (the parts carried different
+  // slot headers). Past the timeout, receives under way are cancelled and,
+  // on endpoints with error handling, the endpoint is force-closed; on
+  // others the call waits for them: it never returns while UCX may still
+  // write into `dest`. Throws UcxError before sending anything if an
+  // argument is malformed. Must be called without the GIL.
+  void fetch(const std::vector<Endpoint*>& eps, const uint32_t* node,
+             const uint64_t* slot_offset, const uint64_t* rows, size_t n,
+             const BatchLayout& layout, const MemoryRegion& dest, double timeout_s,
+             uint64_t rndv_min, int32_t* statuses);
+
+  struct Stats {
+    uint64_t batches = 0;
+    uint64_t late = 0;      // messages for no batch under way (a batch that timed out)
+    uint64_t refused = 0;   // refusals received
+    uint64_t malformed = 0; // messages of the wrong size or naming no item
+  };
+  Stats stats() const;
+
+  // Unregisters the handler (idempotent); requests still being sent are
+  // cancelled.
+  void close();
+
+  struct Batch;  // am_sample.cc
+  // A receive into part `part` of `b` ended (its completion callback).
+  void received(Batch* b, size_t part, int32_t status);
+
+ private:
+  static ucs_status_t on_data(void* arg, const void* header, size_t header_length, void* data,
+                              size_t length, const ucp_am_recv_param_t* param);
+  ucs_status_t receive(const AmSampleReply& h, void* data, size_t length,
+                       const ucp_am_recv_param_t* param);
+  void reap_sends(bool abandon);  // under sends_mu_
+
+  nanobind::object worker_;
+  ucp_worker_h worker_h_;
+  unsigned request_id_, data_id_;
+  uint64_t client_id_;
+  std::mutex life_mu_;  // registered_, active_
+  std::condition_variable idle_;
+  bool registered_ = false;
+  size_t active_ = 0;  // fetches under way
+  mutable std::mutex mu_;  // batches_ and the batches' state, stats_; never held across a UCX call
+  std::unordered_map<uint64_t, Batch*> batches_;
+  Stats stats_;
+  uint64_t next_token_;
+  // Requests whose send has not completed yet, with their buffers: kept
+  // across fetches (a node that does not read must not make UCX read freed
+  // memory). Under sends_mu_ (UCX is called under it, never the reverse).
+  struct PendingSend {
+    void* request;
+    std::vector<uint8_t> buffer;
+  };
+  std::mutex sends_mu_;
+  std::vector<PendingSend> sends_;
+  int efd_ = -1;  // the worker's event fd (owned by UCX), or -1
+};
+
+}  // namespace distore

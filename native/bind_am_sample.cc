@@ -1,0 +1,162 @@
+// Bindings: samples carried by UCX active messages (am_sample.h): the
+// node's server, the learner's client and its one call per batch.
+#include "bindings.h"
+
+#include "am_sample.h"
+#include "endpoint.h"
+#include "layout.h"
+#include "memory.h"
+
+namespace distore {
+
+namespace {
+
+AmSampleServer::Endpoints endpoints_mode(const std::string& name) {
+  if (name == "reply") return AmSampleServer::Endpoints::kReply;
+  if (name == "registered") return AmSampleServer::Endpoints::kRegistered;
+  throw UcxError(kStatusBadArgument, "AmSampleServer: endpoints must be 'reply' or "
+                                     "'registered', not '" + name + "'");
+}
+
+}  // namespace
+
+void bind_am_sample(nb::module_& m) {
+  m.attr("AM_SAMPLE_REQUEST_ID") = kAmSampleRequestId;
+  m.attr("AM_SAMPLE_DATA_ID") = kAmSampleDataId;
+
+  nb::class_<AmSampleServer>(
+      m, "AmSampleServer",
+      "A storage node's side of samples by active message: answers learners'\n"
+      "requests by sending each asked-for part of a slot, rendezvous, from the arena.")
+      .def(
+          "__init__",
+          [](AmSampleServer* self, nb::object worker, nb::object arena, unsigned request_id,
+             unsigned data_id, const std::string& endpoints, size_t max_in_flight,
+             size_t max_batches, double stall) {
+            uintptr_t h = handle_of(worker, "worker");
+            const MemoryRegion& region = nb::cast<const MemoryRegion&>(arena);
+            new (self) AmSampleServer(std::move(worker), h, std::move(arena), region, request_id,
+                                      data_id, endpoints_mode(endpoints), max_in_flight,
+                                      max_batches, stall);
+          },
+          "worker"_a, "arena"_a, "request_id"_a = kAmSampleRequestId,
+          "data_id"_a = kAmSampleDataId, "endpoints"_a = "reply", "max_in_flight"_a = 16,
+          "max_batches"_a = 256, "stall"_a = 10.0,
+          "Register the sample request handler on `worker` (a ucxx worker: the one\n"
+          "learners connect to; its progress thread runs the handler); parts are\n"
+          "sent from `arena` (a MemoryRegion; offsets are relative to its address).\n"
+          "`endpoints`: 'reply' answers on the endpoint a request came on, 'registered'\n"
+          "on the endpoint set_peer() gave for the request's client id. At most\n"
+          "`max_in_flight` messages per batch and `max_batches` batches at a time\n"
+          "(more are refused with UCS_ERR_BUSY). A batch whose sends made no progress\n"
+          "for `stall` s (a learner that went away where UCX does not fail the sends)\n"
+          "stops counting against max_batches (stats: abandoned, stuck).")
+      .def(
+          "set_peer",
+          [](AmSampleServer& self, uint64_t client, nb::handle_t<Endpoint> ep) {
+            self.set_peer(client, nb::cast<Endpoint*>(ep), nb::borrow(ep));
+          },
+          "client"_a, "endpoint"_a,
+          "'registered' mode: answer requests naming `client` on `endpoint` (kept alive\n"
+          "until drop_peer).")
+      .def("drop_peer", &AmSampleServer::drop_peer, "client"_a,
+           "Stop answering `client`: its batches under way fail.")
+      .def_prop_ro(
+          "stats",
+          [](const AmSampleServer& self) {
+            const AmSampleServer::Stats s = self.stats();
+            nb::dict d;
+            d["requests"] = s.requests;
+            d["refused"] = s.refused;
+            d["batches_done"] = s.batches_done;
+            d["batches_failed"] = s.batches_failed;
+            d["messages"] = s.messages;
+            d["bytes"] = s.bytes;
+            d["send_errors"] = s.send_errors;
+            d["in_flight"] = s.in_flight;
+            d["abandoned"] = s.abandoned;
+            d["stuck"] = s.stuck;
+            return d;
+          },
+          "Counters: requests accepted and refused, batches sent whole and failed (the\n"
+          "learner went away), messages sent, bytes of batches sent, send errors,\n"
+          "batches being sent now, batches abandoned after `stall` s without progress\n"
+          "and, of those, the ones UCX still holds (stuck). Reading it abandons stalled\n"
+          "batches.")
+      .def(
+          "close",
+          [](AmSampleServer& self, double timeout) {
+            nb::gil_scoped_release release;
+            return self.close(timeout);
+          },
+          "timeout"_a = 5.0,
+          "Unregister the handler and wait up to `timeout` s for batches being sent;\n"
+          "True if none is left (else the arena stays mapped for good).");
+
+  nb::class_<AmSampleClient>(
+      m, "AmSampleClient",
+      "A learner's side of samples by active message: one request per node, every\n"
+      "part received straight into its dense array.")
+      .def(
+          "__init__",
+          [](AmSampleClient* self, nb::object worker, unsigned request_id, unsigned data_id,
+             uint64_t client_id) {
+            uintptr_t h = handle_of(worker, "worker");
+            new (self) AmSampleClient(std::move(worker), h, request_id, data_id, client_id);
+          },
+          "worker"_a, "request_id"_a = kAmSampleRequestId, "data_id"_a = kAmSampleDataId,
+          "client_id"_a = 0,
+          "Register the data handler on `worker` (the ucxx worker the endpoints to the\n"
+          "nodes are on; fetch progresses it); requests name `client_id`.")
+      .def(
+          "fetch",
+          [](AmSampleClient& self, std::vector<Endpoint*> endpoints, Vec<uint32_t> node,
+             Vec<uint64_t> slot_offsets, Vec<uint64_t> rows, const BatchLayout& layout,
+             const MemoryRegion& dest, double timeout, uint64_t rndv_min) {
+            const size_t n = node.shape(0);
+            if (slot_offsets.shape(0) != n || rows.shape(0) != n) {
+              throw UcxError(kStatusBadArgument,
+                             "AmSampleClient.fetch: node, slot_offsets and rows differ in length");
+            }
+            auto [array, statuses] = new_statuses(n);
+            {
+              nb::gil_scoped_release release;
+              self.fetch(endpoints, node.data(), slot_offsets.data(), rows.data(), n, layout,
+                         dest, timeout, rndv_min, statuses);
+            }
+            return array;
+          },
+          "endpoints"_a, "node"_a, "slot_offsets"_a, "rows"_a, "layout"_a, "dest"_a,
+          "timeout"_a = 30.0, "rndv_min"_a = 8192,
+          "Read one batch, in one call: item i's slot (at slot_offsets[i] in the arena of\n"
+          "the node behind endpoints[node[i]]) lands in row rows[i] of `layout` in\n"
+          "`dest` (host memory): each field in its dense array, sent by the node straight\n"
+          "into place (rendezvous for fields of `rndv_min` bytes and more), and the slot\n"
+          "header, once the item is whole, in the header array ((0, 0) for an item that\n"
+          "failed). Returns the per-item ucs_status_t (0 = UCS_OK); the caller checks the\n"
+          "headers against the (key, generation) it asked for, as after gather_dense.\n"
+          "Raises InvalidArgument / OutOfBoundsError before sending anything if an\n"
+          "argument is malformed.")
+      .def_prop_ro(
+          "stats",
+          [](const AmSampleClient& self) {
+            const AmSampleClient::Stats s = self.stats();
+            nb::dict d;
+            d["batches"] = s.batches;
+            d["late"] = s.late;
+            d["refused"] = s.refused;
+            d["malformed"] = s.malformed;
+            return d;
+          },
+          "Counters: batches fetched, messages that came for no batch under way (late),\n"
+          "refusals from nodes, malformed messages.")
+      .def(
+          "close",
+          [](AmSampleClient& self) {
+            nb::gil_scoped_release release;
+            self.close();
+          },
+          "Unregister the data handler (idempotent).");
+}
+
+}  // namespace distore

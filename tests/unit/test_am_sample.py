@@ -1,0 +1,281 @@
+"""Samples by active message (native/am_sample.cc), both ends in one process
+over UCX tcp: a node's AmSampleServer on one runtime's worker (progressed by
+its thread), a learner's AmSampleClient on another runtime's reader worker
+(progressed by fetch alone). tests/integration/test_am_sample.py runs them
+in separate processes, with items of the sizes measured and a learner killed
+mid-batch."""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+from helpers import wait_for
+
+from distore_ucx._native_loader import _native
+from distore_ucx.errors import InvalidArgument, OutOfBoundsError
+from distore_ucx.spec import SLOT_HEADER, TableSpec
+from distore_ucx.transport import UcxRuntime
+
+CONFIG = {"TLS": "tcp", "RNDV_SCHEME": "put_zcopy", "ADAPTIVE_PROGRESS": "n"}
+# obs goes by rendezvous, the two small fields eagerly; padding between them.
+SPEC = TableSpec.parse({"obs": ((20000,), "uint8"), "reward": ((), "float32"),
+                        "step": ((), "int64")})
+SLOTS = 32
+
+
+def slot_bytes(spec: TableSpec, s: int) -> list[np.ndarray]:
+    rng = np.random.default_rng(1000 + s)
+    return [rng.integers(0, 256, f.nbytes, np.uint8) for f in spec.fields]
+
+
+def header_of(s) -> tuple:
+    s = np.asarray(s, np.uint64)
+    return s + np.uint64(1 << 40), s * np.uint64(3) + np.uint64(1)
+
+
+class Node:
+    """An arena of SLOTS patterned slots and a server over it."""
+
+    def __init__(self, spec: TableSpec = SPEC, **server_args):
+        self.rt = UcxRuntime(config=CONFIG, env_tls="tcp")
+        self.spec = spec
+        self.slot = spec.slot_size
+        self.arena = _native.MemoryRegion.write_protected(self.rt.context, self.slot * SLOTS,
+                                                          False)
+        view = self.arena.view()
+        for s in range(SLOTS):
+            row = view[s * self.slot:(s + 1) * self.slot]
+            row[:SLOT_HEADER].view(np.uint64)[:] = header_of(s)
+            for f, data in zip(spec.fields, slot_bytes(spec, s)):
+                row[SLOT_HEADER + f.offset:SLOT_HEADER + f.offset + f.nbytes] = data
+        self.server = _native.AmSampleServer(self.rt.worker, self.arena, **server_args)
+
+    def close(self):
+        assert self.server.close(5.0)
+        self.server = None
+        self.arena = None
+        self.rt.close()
+
+
+class Learner:
+    """A dense ring slot of `n` rows and a client on the reader worker."""
+
+    def __init__(self, n: int, spec: TableSpec = SPEC, client_id: int = 0):
+        self.rt = UcxRuntime(config=CONFIG, env_tls="tcp")
+        self.spec = spec
+        self.n = n
+        self.worker = self.rt.reader_worker
+        self.client = _native.AmSampleClient(self.worker, client_id=client_id)
+        self.layout = spec.layout(n)
+        self.reads = _native.BatchLayout(
+            n, self.layout.header,
+            np.array([SLOT_HEADER + f.offset for f in spec.fields], np.uint64),
+            np.array([f.nbytes for f in spec.fields], np.uint64),
+            np.array(self.layout.offsets, np.uint64))
+        self.dest = self.rt.map_region(self.layout.nbytes)
+        self.buf = self.dest.view()
+        self.eps = []
+
+    def connect(self, node: Node, error_handling: bool = False):
+        self.eps.append(_native.Endpoint(self.worker, node.rt.address, error_handling, "node"))
+
+    def fetch(self, node_index, slots, slot_size, timeout=10.0):
+        self.buf[:] = 0xAB  # what a failed item must not keep claiming
+        return self.client.fetch(self.eps, np.asarray(node_index, np.uint32),
+                                 np.asarray(slots, np.uint64) * np.uint64(slot_size),
+                                 np.arange(len(slots), dtype=np.uint64), self.reads, self.dest,
+                                 timeout)
+
+    def data(self) -> dict:
+        return self.spec.views(self.buf, self.layout)
+
+    def headers(self) -> np.ndarray:
+        return self.spec.header_view(self.buf, self.layout)
+
+    def close(self):
+        self.client.close()
+        for ep in self.eps:
+            ep.close(ep.error_handling, 1.0)
+        self.eps = []
+        self.dest = self.buf = None
+        self.rt.close()
+
+
+@pytest.fixture
+def node():
+    n = Node()
+    yield n
+    n.close()
+
+
+@pytest.fixture
+def learner():
+    lr = Learner(16)
+    yield lr
+    lr.close()
+
+
+def check_rows(learner: Learner, slots, rows=None) -> None:
+    rows = range(len(slots)) if rows is None else rows
+    data, headers = learner.data(), learner.headers()
+    for r in rows:
+        s = int(slots[r])
+        assert tuple(headers[r]) == tuple(int(x) for x in header_of(s)), r
+        for f, want in zip(learner.spec.fields, slot_bytes(learner.spec, s)):
+            got = data[f.name][r]
+            assert np.array_equal(np.ascontiguousarray(got).reshape(-1).view(np.uint8), want), \
+                (r, f.name)
+
+
+@pytest.mark.parametrize("error_handling", [False, True])
+def test_every_field_lands_in_its_dense_array_and_the_header_beside(node, learner,
+                                                                    error_handling):
+    learner.connect(node, error_handling)
+    slots = np.random.default_rng(0).choice(SLOTS, learner.n, replace=False)
+    for _ in range(3):
+        statuses = learner.fetch(np.zeros(learner.n), slots, node.slot)
+        assert (statuses == 0).all(), statuses
+        check_rows(learner, slots)
+    assert all(a.flags.c_contiguous for a in learner.data().values())
+    # The node's sends end after the learner has its bytes (the
+    # acknowledgements are on their way back).
+    wait_for(lambda: node.server.stats["batches_done"] == 3, 10.0, "the node's sends to end",
+             lambda: node.server.stats)
+    stats = node.server.stats
+    assert stats["in_flight"] == 0 and stats["batches_failed"] == 0
+    assert stats["messages"] == 3 * learner.n * len(SPEC.fields)
+    assert learner.client.stats["batches"] == 3
+
+
+def test_one_call_reads_from_several_nodes():
+    nodes = [Node(), Node()]
+    learner = Learner(16)
+    try:
+        for n in nodes:
+            learner.connect(n)
+        which = np.arange(16) % 2
+        slots = np.random.default_rng(1).choice(SLOTS, 16, replace=False)
+        statuses = learner.fetch(which, slots, nodes[0].slot)
+        assert (statuses == 0).all(), statuses
+        check_rows(learner, slots)  # both arenas hold the same pattern
+        assert [n.server.stats["requests"] for n in nodes] == [1, 1]
+        wait_for(lambda: all(n.server.stats["in_flight"] == 0 for n in nodes), 10.0,
+                 "the nodes' sends to end")
+    finally:
+        learner.close()
+        for n in nodes:
+            n.close()
+
+
+def test_a_header_only_layout_reads_just_the_headers(node):
+    learner = Learner(8)
+    try:
+        learner.connect(node)
+        learner.reads = _native.BatchLayout(8, 0, np.zeros(0, np.uint64),
+                                            np.zeros(0, np.uint64), np.zeros(0, np.uint64))
+        slots = np.arange(8) + 3
+        assert (learner.fetch(np.zeros(8), slots, node.slot) == 0).all()
+        headers = learner.buf[:128].view(np.uint64).reshape(8, 2)
+        assert (headers[:, 0] == header_of(slots)[0]).all()
+    finally:
+        learner.close()
+
+
+def test_a_request_outside_the_arena_is_refused_and_its_items_fail(node, learner):
+    learner.connect(node)
+    slots = np.arange(learner.n)
+    slots[5] = SLOTS  # one slot past the end: the node refuses the whole request
+    statuses = learner.fetch(np.zeros(learner.n), slots, node.slot)
+    assert {_native.status_name(int(s)) for s in statuses} == {"DISTORE_OUT_OF_BOUNDS"}
+    assert (learner.headers() == 0).all()  # no failed row claims an item
+    assert node.server.stats["refused"] == 1 and learner.client.stats["refused"] == 1
+    # The node serves on.
+    slots[5] = 5
+    assert (learner.fetch(np.zeros(learner.n), slots, node.slot) == 0).all()
+    check_rows(learner, slots)
+
+
+def test_malformed_arguments_raise_before_anything_is_sent(node, learner):
+    learner.connect(node)
+    with pytest.raises(InvalidArgument, match="node index"):
+        learner.fetch(np.ones(learner.n), np.arange(learner.n), node.slot)
+    with pytest.raises(OutOfBoundsError, match="row"):
+        learner.client.fetch(learner.eps, np.zeros(1, np.uint32), np.zeros(1, np.uint64),
+                             np.array([learner.n], np.uint64), learner.reads, learner.dest)
+    with pytest.raises(OutOfBoundsError, match="not aligned"):
+        learner.client.fetch(learner.eps, np.zeros(1, np.uint32), np.array([4], np.uint64),
+                             np.zeros(1, np.uint64), learner.reads, learner.dest)
+    with pytest.raises(InvalidArgument, match="endpoints must be"):
+        _native.AmSampleServer(node.rt.worker, node.arena, request_id=0x4460, endpoints="any")
+    assert node.server.stats["requests"] == 0
+
+
+def test_items_a_node_never_answers_time_out(node, learner):
+    learner.connect(node)
+    assert node.server.close(5.0)  # its handler is gone: requests are dropped
+    statuses = learner.fetch(np.zeros(learner.n), np.arange(learner.n), node.slot, timeout=0.5)
+    assert {_native.status_name(int(s)) for s in statuses} == {"UCS_ERR_TIMED_OUT"}
+    assert (learner.headers() == 0).all()
+
+
+def test_registered_endpoints_answer_only_the_learners_the_node_registered():
+    node = Node(endpoints="registered")
+    learner = Learner(8, client_id=77)
+    try:
+        learner.connect(node, error_handling=True)
+        slots = np.arange(8)
+        statuses = learner.fetch(np.zeros(8), slots, node.slot)
+        assert {_native.status_name(int(s)) for s in statuses} == {"UCS_ERR_NOT_CONNECTED"}
+        # The node's own endpoint to the learner's worker; UCX refuses one whose
+        # error handling differs from the learner's endpoint between the same
+        # two workers ("asymmetric endpoint configuration").
+        ep = _native.Endpoint(node.rt.worker, bytes(learner.worker.address), True, "learner")
+        node.server.set_peer(77, ep)
+        assert (learner.fetch(np.zeros(8), slots, node.slot) == 0).all()
+        check_rows(learner, slots)
+        node.server.drop_peer(77)
+        statuses = learner.fetch(np.zeros(8), slots, node.slot)
+        assert {_native.status_name(int(s)) for s in statuses} == {"UCS_ERR_NOT_CONNECTED"}
+        ep.close(True, 1.0)
+    finally:
+        learner.close()
+        node.close()
+
+
+def test_threads_fetch_through_one_client_at_once(node, learner):
+    # One client per worker (it owns the worker's data handler): a process's
+    # learners share it, each fetching into its own ring slot.
+    learner.connect(node)
+    second = learner.rt.map_region(learner.layout.nbytes)
+    rng = np.random.default_rng(3)
+    errors = []
+
+    def run(dest, seed):
+        try:
+            r = np.random.default_rng(seed)
+            view = dest.view()
+            for _ in range(10):
+                slots = r.choice(SLOTS, learner.n, replace=False)
+                statuses = learner.client.fetch(
+                    learner.eps, np.zeros(learner.n, np.uint32),
+                    slots.astype(np.uint64) * np.uint64(node.slot),
+                    np.arange(learner.n, dtype=np.uint64), learner.reads, dest, 10.0)
+                assert (statuses == 0).all(), statuses
+                headers = SPEC.header_view(view, learner.layout)
+                assert (headers[:, 0] == header_of(slots)[0]).all()
+                obs = SPEC.views(view, learner.layout)["obs"]
+                for row, s in enumerate(slots.tolist()):
+                    assert np.array_equal(obs[row], slot_bytes(SPEC, s)[0])
+        except BaseException as exc:  # reported by the main thread
+            errors.append(exc)
+
+    threads = [threading.Thread(target=run, args=(d, int(rng.integers(1 << 30))))
+               for d in (learner.dest, second)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not errors, errors
+    assert learner.client.stats["batches"] == 20 and learner.client.stats["late"] == 0
