@@ -29,6 +29,15 @@ class Endpoint {
   // shared-memory ones alone). Throws UcxError if UCX refuses.
   Endpoint(nanobind::object worker, uintptr_t worker_handle, const std::string& address,
            bool error_handling, std::string peer);
+  // Connects to the UCX listener at `host`:`port` (a storage node's insert
+  // listener, am_connections.h), with peer-failure handling: such an
+  // endpoint has a connection-manager lane, with which UCX still sends
+  // rendezvous zero-copy over TCP. The connection is made in the
+  // background; a listener that cannot be reached fails the endpoint (and
+  // its sends) later. Throws UcxError if `host` does not resolve.
+  struct ToListener {};
+  Endpoint(ToListener, nanobind::object worker, uintptr_t worker_handle, const std::string& host,
+           uint16_t port, std::string peer);
   ~Endpoint();
   Endpoint(const Endpoint&) = delete;
   Endpoint& operator=(const Endpoint&) = delete;
