@@ -171,6 +171,11 @@ void AmConnections::close(double timeout_s) {
     failed_.clear();
   }
   for (ucp_ep_h ep : all) force_close(worker_, ep, timeout_s);
+  // Run what the closes queued for the next progress: a worker destroyed
+  // with such callbacks still queued after forced closes was seen to
+  // double-free them (UCX 1.21, ucs_callbackq_oneshot_elems_free).
+  for (int i = 0; i < 100 && ucp_worker_progress(worker_) != 0; ++i) {
+  }
 }
 
 AmConnections::Counts AmConnections::counts() const {
