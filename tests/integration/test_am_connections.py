@@ -75,17 +75,18 @@ def test_a_listening_inbox_takes_messages_only_from_its_connections(sides):
     assert inbox.refused == N and inbox.waiting == 0
     plain.close()
 
-    # Through the listener: whole.
-    ep = _native.Endpoint.to_listener(tx.worker, "127.0.0.1", port, "rx")
-    assert ep.error_handling
+    # Through the listener (the runtime keeps one endpoint per listener): whole.
+    ep = tx.listener_endpoint("127.0.0.1", port, "rx")
+    assert ep.error_handling and tx.listener_endpoint("127.0.0.1", port, "rx") is ep
     send(ep, region, 12)
     statuses, rows = pull(arena, inbox, 12, 30.0)
     assert not statuses.any() and np.array_equal(rows, items)
     c = inbox.connections
     assert c["open"] == 1 and c["accepted"] == 1 and c["failed"] == 0, c
 
-    # The writer closes its endpoint: a failed connection, closed by expire().
-    ep.close(force=False, timeout=1.0)
+    # The writer drops its endpoint: a failed connection, closed by expire().
+    tx.drop_listener_endpoint("127.0.0.1", port)
+    assert not ep.alive
 
     def closed():
         rx.progress_reader()
