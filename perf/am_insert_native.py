@@ -1,6 +1,8 @@
 """Insert batches by UCX active message through distore's native calls
 (am_send, AmInbox, pull_am into an Arena), per kind of writer endpoint, next
-to ``ucx_perftest -t ucp_am_bw`` of the same size in the same run.
+to ``ucx_perftest -t ucp_am_bw -E sleep`` of the same size in the same run
+(-E sleep: it sleeps when idle, as these processes do; the busy-polling
+one swings by 10x on a shared machine).
 
     python perf/am_insert_native.py [--sizes 110K,3M,10M] [--repeats 3]
 
@@ -156,7 +158,8 @@ def main() -> None:
                 cpu[kind].append(cpu_gb)
             ops = max(20 * items, int(args.seconds * 1e9 / size))
             pt, why = measure_perftest("tcp", size, items, ops, max(items, ops // 10), 300,
-                                       test="ucp_am_bw", extra_env={"RNDV_SCHEME": "put_zcopy"})
+                                       test="ucp_am_bw", extra_env={"RNDV_SCHEME": "put_zcopy"},
+                                       extra_args=["-E", "sleep"])
             runs["ucp_am_bw"].append(pt["gbps"] if pt else float("nan"))
             if why:
                 print(f"ucx_perftest: {why}", file=sys.stderr)

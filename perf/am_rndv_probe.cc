@@ -23,8 +23,11 @@
 //   the receiver's address file or HOST:PORT. Sends COUNT messages
 //   (0: forever) of SIZE bytes with the rendezvous flag, WINDOW at a time,
 //   from a buffer it never passes a memory handle for, and prints GB/s.
+//   Both sides pause when idle, as distore's processes and
+//   `ucx_perftest -E sleep` do.
 #include <arpa/inet.h>
 #include <netdb.h>
+#include <sched.h>
 #include <signal.h>
 #include <sys/mman.h>
 #include <unistd.h>
@@ -450,7 +453,7 @@ int run_send(const std::string& mode, const std::string& target, size_t size, ui
   if (std::getenv("PROBE_REPLY") != nullptr) p.flags |= UCP_AM_SEND_FLAG_REPLY;
   std::vector<void*> reqs(nbuf, nullptr);
   uint64_t seq = 0, done = 0;
-  steady::time_point t0;
+  steady::time_point t0, quiet_since{};
   const uint64_t warmup = std::min<uint64_t>(count / 10, 16);
   for (;;) {
     for (size_t b = 0; b < nbuf; ++b) {
@@ -475,7 +478,17 @@ int run_send(const std::string& mode, const std::string& target, size_t size, ui
       ++seq;
     }
     if (count != 0 && done >= count) break;
-    ucp_worker_progress(worker);
+    // Paced as native/idle_wait.h: on a shared machine a sender that spins
+    // takes the core its receiver needs.
+    if (ucp_worker_progress(worker) != 0) {
+      quiet_since = steady::time_point{};
+    } else if (quiet_since == steady::time_point{}) {
+      quiet_since = steady::now();
+    } else if (steady::now() - quiet_since > std::chrono::microseconds(100)) {
+      usleep(20);
+    } else if (steady::now() - quiet_since > std::chrono::microseconds(10)) {
+      sched_yield();
+    }
   }
   const double dt = std::chrono::duration<double>(steady::now() - t0).count();
   const double gbs = double(size) * double(count - warmup) / dt / 1e9;

@@ -12,7 +12,7 @@ insert path makes its endpoints (native/am_insert.h).
 a worker address without peer-failure handling, (ii) the same with
 UCP_ERR_HANDLING_MODE_PEER, (iii) endpoints made through a listener
 (sockaddr, with a connection-manager lane) with it, next to
-`ucx_perftest -t ucp_am_bw` of the same size, same run, all with
+`ucx_perftest -t ucp_am_bw -E sleep` of the same size, same run, all with
 UCX_TLS=tcp and UCX_RNDV_SCHEME=put_zcopy on the sender. `kills` keeps one
 receiver up and, `--kills` times, starts a sender, waits until the receiver
 has taken some of its messages, kills it with SIGKILL, and checks the
@@ -112,11 +112,13 @@ def sender(exe: Path, mode: str, target: str, size: int, count: int, window: int
 
 
 def perftest(size: int, count: int, window: int, peer_failure: bool = False) -> float:
-    """ucx_perftest -t ucp_am_bw of `size` bytes, `window` outstanding, GB/s
-    (put_zcopy on the sender); `peer_failure`: its -e (UCP_ERR_HANDLING_MODE_PEER)."""
+    """ucx_perftest -t ucp_am_bw -E sleep of `size` bytes, `window` outstanding,
+    GB/s (put_zcopy on the sender; -E sleep: it sleeps when idle, as the
+    probe's receiver does, which a shared machine needs for figures that
+    hold still); `peer_failure`: its -e (UCP_ERR_HANDLING_MODE_PEER)."""
     pt, why = measure_perftest("tcp", size, window, count, max(window, count // 10), 300,
                                test="ucp_am_bw", extra_env={"RNDV_SCHEME": "put_zcopy"},
-                               extra_args=["-e"] if peer_failure else [])
+                               extra_args=["-E", "sleep"] + (["-e"] if peer_failure else []))
     if why:
         print(f"ucx_perftest: {why}", file=sys.stderr)
     return pt["gbps"] if pt else float("nan")
