@@ -168,8 +168,8 @@ def test_writers_killed_mid_batch_never_crash_wedge_or_leak_the_receiver(tmp_pat
         assert s["waiting"] == 0 and s["used_bytes"] == 0 and s["late_writes"] == 0, s
         # The kills did land mid-rendezvous, and batches were received whole too.
         assert tally["UCS_OK"] > 0 and mid >= KILLS // 4, (tally, mid)
-        if len(rss) >= 3:  # after warm-up, memory stays flat
-            assert rss[-1] - rss[1] < 64 * 1024, rss
+        if len(rss) >= 3:  # after warm-up, memory stays flat (the arena is touched at start)
+            assert rss[-1] - rss[1] < 16 * 1024, rss
         # A writer still connected when the receiver closes: its connection
         # is force-closed with the rest, and UCX's cleanup is clean.
         pid, tokens = writer_batches(30.0, 1)
