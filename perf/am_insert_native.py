@@ -47,10 +47,10 @@ def receiver(item_bytes: int, items: int, listen: bool) -> None:
     from distore_ucx.protocol import AM_INSERT_ID
     from distore_ucx.spec import SLOT_HEADER
     from distore_ucx.storage.arena import Arena
-    from distore_ucx.storage.node import _guard_remote_access
+    from distore_ucx.storage.guard import guard_remote_access
     from distore_ucx.transport.runtime import UcxRuntime
 
-    guarded = _guard_remote_access()
+    guarded = guard_remote_access()
     runtime = UcxRuntime(config={**rendezvous_config(), **guarded}, env_tls=ucx_tls())
     slot = SLOT_HEADER + item_bytes
     arena = Arena(runtime, (DEPTH + 1) * items * slot, hugepages=False)

@@ -5,7 +5,7 @@ messages as a storage node does, and a zygote that forks writers to kill.
     python am_kill_peers.py zygote ITEM_BYTES     # "spawn PORT THEN TOKEN..." -> a writer
 
 The receiver runs the node's pieces, not the node: its UCX runtime with the
-remote-write guard installed first (storage/node.py's ucx options), an
+remote-write guard installed first (storage/guard.py), an
 Arena, an AmInbox on the reader worker listening on 127.0.0.1, and
 Arena.pull_am on one pull thread, which also runs the inbox's expiry as the
 node's reader tick does. Commands (one per line):
@@ -76,10 +76,10 @@ def receiver(item_bytes: int) -> None:
     from distore_ucx.protocol import AM_INSERT_ID
     from distore_ucx.spec import SLOT_HEADER
     from distore_ucx.storage.arena import Arena
-    from distore_ucx.storage.node import _guard_remote_access  # the node's, unchanged
+    from distore_ucx.storage.guard import guard_remote_access
     from distore_ucx.transport.runtime import UcxRuntime
 
-    guarded = _guard_remote_access()  # before the worker exists, as the node does
+    guarded = guard_remote_access()  # before the worker exists, as the node does
     runtime = UcxRuntime(config={**rendezvous_config(), **guarded}, env_tls=ucx_tls())
     # Room for the batches in flight and the failed slots kept until the
     # next `stats`; every page touched now, so that RSS shows leaks only.
