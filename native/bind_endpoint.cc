@@ -34,6 +34,16 @@ void bind_endpoint(nb::module_& m) {
       .def_prop_ro("status", &Endpoint::status)
       .def_prop_ro("error_handling", &Endpoint::error_handling)
       .def(
+          "flush",
+          [](Endpoint& self, double timeout) {
+            nb::gil_scoped_release release;
+            return self.flush(timeout);
+          },
+          "timeout"_a = 5.0,
+          "Wait until everything posted on it has completed remotely (for an endpoint\n"
+          "to a listener: the connection is made): 0, the ucs_status_t it failed with,\n"
+          "or UCS_ERR_TIMED_OUT after `timeout` s.")
+      .def(
           "close",
           [](Endpoint& self, bool force, double timeout) {
             nb::gil_scoped_release release;

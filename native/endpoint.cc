@@ -79,6 +79,27 @@ void Endpoint::on_error(void* arg, ucp_ep_h, ucs_status_t status) {
   self->status_.compare_exchange_strong(ok, status, std::memory_order_acq_rel);
 }
 
+int Endpoint::flush(double timeout_s) {
+  {
+    std::lock_guard<std::mutex> lock(close_mu_);
+    if (closed_) return UCS_ERR_CANCELED;
+  }
+  ucp_request_param_t param;
+  std::memset(&param, 0, sizeof(param));
+  ucs_status_ptr_t req = ucp_ep_flush_nbx(ep_, &param);
+  if (req == nullptr) return status();
+  if (UCS_PTR_IS_ERR(req)) return UCS_PTR_STATUS(req);
+  using clock = std::chrono::steady_clock;
+  const auto deadline = clock::now() + std::chrono::duration<double>(timeout_s);
+  ucs_status_t s;
+  while ((s = ucp_request_check_status(req)) == UCS_INPROGRESS && clock::now() < deadline) {
+    if (ucp_worker_progress(worker_h_) == 0) sched_yield();
+  }
+  ucp_request_free(req);  // released by UCX when it ends, if it has not
+  if (s == UCS_INPROGRESS) return UCS_ERR_TIMED_OUT;
+  return s != UCS_OK ? s : status();
+}
+
 void Endpoint::close(bool force, double timeout_s) {
   std::lock_guard<std::mutex> lock(close_mu_);
   if (closed_) return;

@@ -51,6 +51,13 @@ class Endpoint {
   bool alive() const { return status() == UCS_OK; }
   const std::string& peer() const { return peer_; }
 
+  // Flushes the endpoint: UCS_OK once everything posted on it so far has
+  // completed remotely (for an endpoint made through a listener, that
+  // includes the connection being made), the error if it failed, or
+  // UCS_ERR_TIMED_OUT after `timeout_s` (the request is then left to UCX).
+  // Progresses the worker while it waits.
+  int flush(double timeout_s);
+
   // Closes the endpoint once (later calls return at once). `force`
   // completes every outstanding request at once with an error (only
   // allowed with error handling; without it the close flushes). Progresses

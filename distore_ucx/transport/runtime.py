@@ -218,25 +218,42 @@ class UcxRuntime:
                 self._error_handling = False
         return _native.Endpoint(worker, worker_address, False, peer)
 
-    def listener_endpoint(self, host: str, port: int, peer: str):
+    def listener_endpoint(self, host: str, port: int, peer: str, timeout: float = 5.0):
         """The endpoint to the UCX listener at `host`:`port` (a storage node's
         insert listener, `_native.AmInbox.listen`), made once and reused while
         it lives. It always has peer-failure handling: made through a
         listener, UCX still sends rendezvous messages zero-copy on it over
-        TCP (native/am_connections.h). The connection is made in the
-        background; one that cannot be made fails the endpoint later."""
+        TCP (native/am_connections.h). A new one is returned only once its
+        connection is made (within `timeout` s; ConnectionFailed if not, e.g.
+        a firewall that lets the node's RPC port through but not this one),
+        so that a batch is never posted to a listener that cannot be reached."""
         with self._lock:
             if self._closed:
                 raise ConnectionFailed("the UCX runtime is closed")
             ep = self._listener_endpoints.get((host, port))
             if ep is not None and ep.alive:
                 return ep
-            try:
-                ep = _native.Endpoint.to_listener(self.worker, host, port, peer)
-            except DistoreError as exc:
-                raise ConnectionFailed(
-                    f"cannot connect to the UCX listener of {peer} at {host}:{port}: {exc}"
-                ) from exc
+        try:
+            ep = _native.Endpoint.to_listener(self.worker, host, port, peer)
+        except DistoreError as exc:
+            raise ConnectionFailed(
+                f"cannot connect to the UCX listener of {peer} at {host}:{port}: {exc}"
+            ) from exc
+        status = ep.flush(timeout)
+        if status != 0:
+            _close_endpoint(ep)
+            raise ConnectionFailed(
+                f"cannot connect to the UCX listener of {peer} at {host}:{port} "
+                f"({_native.status_name(status)} within {timeout:g} s): check that this "
+                "port of that host is reachable from here, as its RPC port is")
+        with self._lock:
+            if self._closed:
+                _close_endpoint(ep)
+                raise ConnectionFailed("the UCX runtime is closed")
+            old = self._listener_endpoints.get((host, port))
+            if old is not None and old.alive:  # another thread made one meanwhile
+                _close_endpoint(ep)
+                return old
             self._listener_endpoints[(host, port)] = ep
             return ep
 

@@ -7,8 +7,8 @@ messages as a storage node does, and a zygote that forks writers to kill.
 The receiver runs the node's pieces, not the node: its UCX runtime with the
 remote-write guard installed first (storage/guard.py), an
 Arena, an AmInbox on the reader worker listening on 127.0.0.1, and
-Arena.pull_am on one pull thread, which also runs the inbox's expiry as the
-node's reader tick does. Commands (one per line):
+Arena.pull_am on one pull thread, which also runs the node's reader tick
+between pulls (progress, then the inbox's expiry) every 50 ms. Commands (one per line):
 
     pull TOKEN COUNT TIMEOUT   receive batch TOKEN into COUNT fresh slots; prints
                                {"pulled", "statuses", "bad", "ms"} when it ends
@@ -30,7 +30,7 @@ The zygote imports distore_ucx once and forks a writer per `spawn PORT
 THEN TOKEN...` line (fork, not exec: starting Python and UCX for each of
 100 writers would take most of the test's time). No UCX context exists in
 the zygote; each child makes its own, connects to the receiver's listener
-(Endpoint.to_listener), posts one batch per token from its own part of a
+(UcxRuntime.listener_endpoint), posts one batch per token from its own part of a
 staging buffer (am_send), prints {"sent", "pid"}, and then (THEN) either
 `waits` to be killed or, once its endpoint has failed (the receiver died),
 `closes` everything as a writer does and prints {"writer_closed", "status"}.
@@ -134,6 +134,19 @@ def receiver(item_bytes: int) -> None:
                   "connections": inbox.connections, "used_bytes": arena.used_bytes,
                   "late_writes": late, "rss_kb": rss_kb()})
 
+    def tick() -> None:  # the node's reader tick between pulls (storage/puller.py)
+        runtime.progress_reader()
+        inbox.expire(60.0)
+
+    done = threading.Event()
+
+    def ticks() -> None:
+        pending = None
+        while not done.wait(0.05):
+            if pending is None or pending.done():
+                pending = pulls.submit(tick)
+
+    threading.Thread(target=ticks, daemon=True).start()
     emit({"port": port})
     for line in sys.stdin:
         cmd, *args = line.split()
@@ -148,6 +161,7 @@ def receiver(item_bytes: int) -> None:
                 emit({"puts": _native.refused_remote_access()["tcp_puts_accepted"]})
         elif cmd == "quit":
             break
+    done.set()
     pulls.shutdown(wait=True)
     inbox.close()
     runtime.close()
@@ -165,7 +179,7 @@ def writer(port: int, then: str, tokens: list[int], item_bytes: int) -> None:
     runtime = UcxRuntime(config=rendezvous_config(), env_tls=ucx_tls())  # as the client's
     region = _native.MemoryRegion.write_protected(runtime.context, len(tokens) * ITEMS * item_bytes)
     staging = region.view()
-    ep = _native.Endpoint.to_listener(runtime.worker, "127.0.0.1", port, "receiver")
+    ep = runtime.listener_endpoint("127.0.0.1", port, "receiver")  # connected when returned
     lengths = np.full(ITEMS, item_bytes, np.uint64)
     for b, token in enumerate(tokens):
         offsets = (np.arange(ITEMS, dtype=np.uint64) + np.uint64(b * ITEMS)) * np.uint64(item_bytes)
@@ -178,7 +192,7 @@ def writer(port: int, then: str, tokens: list[int], item_bytes: int) -> None:
     # The receiver died with sends pending: the endpoint, the staging buffer
     # and UCX itself close as a writer's do (nothing may crash here).
     status = ep.status
-    ep.close(force=True)
+    runtime.drop_listener_endpoint("127.0.0.1", port)
     del staging, ep, region
     runtime.close()
     del runtime

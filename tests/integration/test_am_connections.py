@@ -12,6 +12,8 @@ a failed connection that expire() closes; a second listen() is refused.
 from __future__ import annotations
 
 import os
+import socket
+import threading
 
 import numpy as np
 import pytest
@@ -36,10 +38,21 @@ def sides(monkeypatch):
     tx = UcxRuntime(config={"TLS": "tcp", "RNDV_SCHEME": "put_zcopy"})
     arena = Arena(rx, 4 * N * (SLOT_HEADER + ITEM), hugepages=False)
     inbox = _native.AmInbox(rx.reader_worker, AM_INSERT_ID)
+    # The node's reader ticks: connections are accepted between pulls too.
+    stop = threading.Event()
+
+    def tick() -> None:
+        while not stop.wait(0.01):
+            rx.progress_reader()
+
+    ticks = threading.Thread(target=tick, daemon=True)
+    ticks.start()
     region = _native.MemoryRegion.write_protected(tx.context, N * ITEM)
     items = np.frombuffer(os.urandom(N * ITEM), np.uint8).reshape(N, ITEM)
     region.view()[: N * ITEM] = items.ravel()
     yield rx, tx, arena, inbox, region, items
+    stop.set()
+    ticks.join()
     inbox.close()
     tx.close()
     rx.close()
@@ -53,6 +66,12 @@ def pull(arena, inbox, token: int, timeout: float) -> tuple[np.ndarray, np.ndarr
     rows = np.stack([view[o + SLOT_HEADER: o + SLOT_HEADER + ITEM] for o in offsets.tolist()])
     arena.free("t", offsets)
     return statuses, rows
+
+
+def unused_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def send(ep, region, token: int) -> None:
@@ -74,6 +93,10 @@ def test_a_listening_inbox_takes_messages_only_from_its_connections(sides):
     assert [_native.status_name(s) for s in statuses] == ["UCS_ERR_TIMED_OUT"] * N
     assert inbox.refused == N and inbox.waiting == 0
     plain.close()
+
+    # Nobody listening there: refused at once, not when a batch is posted.
+    with pytest.raises(DistoreError, match="cannot connect to the UCX listener"):
+        tx.listener_endpoint("127.0.0.1", unused_port(), "nobody", timeout=5.0)
 
     # Through the listener (the runtime keeps one endpoint per listener): whole.
     ep = tx.listener_endpoint("127.0.0.1", port, "rx")
