@@ -171,10 +171,20 @@ void AmConnections::close(double timeout_s) {
     failed_.clear();
   }
   for (ucp_ep_h ep : all) force_close(worker_, ep, timeout_s);
-  // Run what the closes queued for the next progress: a worker destroyed
-  // with such callbacks still queued after forced closes was seen to
-  // double-free them (UCX 1.21, ucs_callbackq_oneshot_elems_free).
-  for (int i = 0; i < 100 && ucp_worker_progress(worker_) != 0; ++i) {
+  // Run what the closes queued for later progress (UCX's async thread
+  // queues some of it as the sockets close): a worker destroyed with such
+  // callbacks still queued after forced closes was seen to double-free
+  // them (UCX 1.21, ucs_callbackq_oneshot_elems_free). Until the worker
+  // has been idle for 20 ms, at most `timeout_s`.
+  using clock = std::chrono::steady_clock;
+  const auto deadline = clock::now() + std::chrono::duration<double>(timeout_s);
+  auto idle_since = clock::now();
+  while (clock::now() < deadline && clock::now() - idle_since < std::chrono::milliseconds(20)) {
+    if (ucp_worker_progress(worker_) != 0) {
+      idle_since = clock::now();
+    } else {
+      sched_yield();
+    }
   }
 }
 

@@ -146,7 +146,8 @@ def receiver(item_bytes: int) -> None:
             if pending is None or pending.done():
                 pending = pulls.submit(tick)
 
-    threading.Thread(target=ticks, daemon=True).start()
+    ticker = threading.Thread(target=ticks)
+    ticker.start()
     emit({"port": port})
     for line in sys.stdin:
         cmd, *args = line.split()
@@ -162,6 +163,7 @@ def receiver(item_bytes: int) -> None:
         elif cmd == "quit":
             break
     done.set()
+    ticker.join()
     pulls.shutdown(wait=True)
     inbox.close()
     runtime.close()
