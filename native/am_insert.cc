@@ -1,5 +1,6 @@
 #include "am_insert.h"
 
+#include <algorithm>
 #include <atomic>
 #include <cstring>
 #include <string>
@@ -17,6 +18,15 @@ using clock = std::chrono::steady_clock;
 
 // How long a failed batch's token is remembered (late messages released).
 constexpr auto kDiscardMemory = std::chrono::seconds(300);
+// Receives under way when their batch is discarded get this long to end by
+// themselves (a dead writer's fail at once) before their connection is
+// force-closed: a writer that only closed its control connection may have
+// other batches in flight on the same UCX connection.
+constexpr auto kDiscardGrace = std::chrono::seconds(1);
+// How long a forced close gets to end the receives on its connection
+// before they are left to UCX (it has always ended them when tested).
+constexpr auto kAbortWait = std::chrono::seconds(5);
+constexpr double kCloseTimeout = 1.0;  // s a forced close may progress the worker
 
 }  // namespace
 
@@ -42,6 +52,48 @@ AmInbox::AmInbox(nanobind::object worker, uintptr_t worker_handle, unsigned am_i
 
 AmInbox::~AmInbox() { close(); }
 
+uint16_t AmInbox::listen(const std::string& host, uint16_t port, size_t max_connections) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (connections_ != nullptr) {
+      throw UcxError(kStatusBadArgument, "AmInbox.listen: it listens already");
+    }
+    if (!registered_) throw UcxError(UCS_ERR_CANCELED, "AmInbox.listen: the inbox is closed");
+  }
+  // Made outside the lock: creating the listener takes the worker's lock,
+  // under which the message handler takes ours.
+  auto made = std::make_unique<AmConnections>(worker_h_, host, port, max_connections);
+  const uint16_t chosen = made->port();
+  std::lock_guard<std::mutex> lock(mu_);
+  connections_ = std::move(made);
+  return chosen;
+}
+
+AmConnections* AmInbox::connections_ptr() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return connections_.get();
+}
+
+bool AmInbox::abort(uint64_t conn) {
+  AmConnections* c = connections_ptr();
+  return c != nullptr && conn != 0 && c->abort(conn, kCloseTimeout);
+}
+
+AmConnections::Counts AmInbox::connections() const {
+  AmConnections* c = connections_ptr();
+  return c != nullptr ? c->counts() : AmConnections::Counts{0, 0, 0, 0, 0};
+}
+
+uint64_t AmInbox::abandoned() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return abandoned_;
+}
+
+void AmInbox::count_abandoned(size_t n) {
+  std::lock_guard<std::mutex> lock(mu_);
+  abandoned_ += n;
+}
+
 void AmInbox::close() {
   std::vector<Message> dropped;
   {
@@ -59,7 +111,9 @@ void AmInbox::close() {
   param.cb = nullptr;
   param.arg = nullptr;
   ucp_worker_set_am_recv_handler(worker_h_, &param);
+  // Released before the connections close: each release tells its sender.
   for (auto& m : dropped) release(m);
+  if (AmConnections* c = connections_ptr()) c->close(kCloseTimeout);
 }
 
 bool AmInbox::discarded(uint64_t token) const {
@@ -104,6 +158,7 @@ size_t AmInbox::expire(double max_age_s) {
     }
   }
   for (auto& m : dropped) release(m);
+  if (AmConnections* c = connections_ptr()) c->reap(kCloseTimeout);
   return dropped.size();
 }
 
@@ -151,12 +206,26 @@ ucs_status_t AmInbox::receive(const AmInsertHeader& h, void* data, size_t length
   std::lock_guard<std::mutex> lock(mu_);
   const bool rndv = param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV;
   const bool persistent = param->recv_attr & UCP_AM_RECV_ATTR_FLAG_DATA;
+  uint64_t conn = 0;
+  if (connections_ != nullptr) {
+    // Listening: only the connections it accepted (peer-failure handling)
+    // may hand it a receive; others (and messages sent without the reply
+    // flag) are refused.
+    if (param->recv_attr & UCP_AM_RECV_ATTR_FIELD_REPLY_EP) {
+      conn = connections_->id_of(param->reply_ep);
+    }
+    if (conn == 0) {
+      ++refused_;
+      return UCS_OK;
+    }
+  }
   if (!registered_ || h.index >= h.count || messages_.size() >= max_messages_ ||
       discarded_.count(h.token) != 0 || messages_.count(Key{h.token, h.index}) != 0) {
     ++refused_;
     return UCS_OK;  // dropped: a rendezvous sender's request completes with an error
   }
   Message m;
+  m.conn = conn;
   m.length = length;
   m.rndv = rndv;
   m.arrived = clock::now();
@@ -187,8 +256,9 @@ void am_send(const Endpoint& ep, const MemoryRegion& region, unsigned am_id, uin
   std::memset(&param, 0, sizeof(param));
   param.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
   // Rendezvous always (the node receives each item straight into its slot);
-  // the header is copied, so it need not outlive the call.
-  param.flags = UCP_AM_SEND_FLAG_RNDV | UCP_AM_SEND_FLAG_COPY_HEADER;
+  // the header is copied, so it need not outlive the call; the reply flag
+  // tells the node which of its connections the message came on.
+  param.flags = UCP_AM_SEND_FLAG_RNDV | UCP_AM_SEND_FLAG_COPY_HEADER | UCP_AM_SEND_FLAG_REPLY;
   auto* base = reinterpret_cast<char*>(region.address());
   for (size_t i = 0; i < n; ++i) {
     AmInsertHeader h{token, static_cast<uint32_t>(i), static_cast<uint32_t>(n)};
@@ -224,23 +294,41 @@ void pull_am(const MemoryRegion& arena, const MemoryRegion& dest, AmInbox& inbox
   enum : uint8_t { kWaiting, kReceiving, kDone };
   std::vector<uint8_t> state(n, kWaiting);
   std::vector<void*> requests(n, nullptr);
-  size_t left = n, next = 0;  // items not done; first item perhaps still waiting
+  std::vector<uint64_t> conns(n, 0);  // the connection each receive is on
+  size_t left = n, receiving = 0, next = 0;  // first item perhaps not done: next
   const auto deadline = clock::now() + std::chrono::duration<double>(timeout_s);
+  // When receives still under way are ended by force (their connections
+  // closed), and when that was done.
+  auto force_at = clock::time_point::max();
+  auto forced_at = clock::time_point::max();
   IdleWait wait;
   unsigned idle = 0, checks = 0;
-  bool late = false;
+  bool late = false, discarded = false;
   // A rendezvous receive is the one place a peer's TCP put may land in this
   // process (guard.h): its slot is open to puts until the receive ends.
   std::vector<uint8_t> window(n, 0);
   auto slot_of = [&](size_t i) { return base + items[i].slot_offset + kHeader; };
   auto finish = [&](size_t i, int32_t s) {
     statuses[i] = s;
+    if (state[i] == kReceiving) --receiving;
     state[i] = kDone;
     --left;
     if (window[i]) {
       close_put_window(reinterpret_cast<uint64_t>(slot_of(i)), items[i].length);
       window[i] = 0;
     }
+  };
+  // Receives UCX will not end (see the header): their requests go back to UCX.
+  auto leave_to_ucx = [&](bool unaccepted_only, int32_t s) {
+    size_t left_to_ucx = 0;
+    for (size_t i = 0; i < n; ++i) {
+      if (state[i] != kReceiving || (unaccepted_only && conns[i] != 0)) continue;
+      ucp_request_free(requests[i]);  // UCX releases it if it ever ends
+      requests[i] = nullptr;
+      left_to_ucx += conns[i] != 0;
+      finish(i, s);
+    }
+    if (left_to_ucx) inbox.count_abandoned(left_to_ucx);
   };
   while (left > 0) {
     unsigned events = ucp_worker_progress(worker);
@@ -265,6 +353,7 @@ void pull_am(const MemoryRegion& arena, const MemoryRegion& dest, AmInbox& inbox
       } else if (m.rndv) {
         open_put_window(reinterpret_cast<uint64_t>(slot), m.length);
         window[i] = 1;
+        conns[i] = m.conn;
         ucs_status_ptr_t r = ucp_am_recv_data_nbx(worker, m.desc, slot, m.length, &param);
         if (r == nullptr) {
           finish(i, UCS_OK);
@@ -273,6 +362,7 @@ void pull_am(const MemoryRegion& arena, const MemoryRegion& dest, AmInbox& inbox
         } else {
           requests[i] = r;
           state[i] = kReceiving;
+          ++receiving;
         }
       } else {
         std::memcpy(slot, m.desc != nullptr ? m.desc : m.bytes.data(), m.length);
@@ -281,18 +371,47 @@ void pull_am(const MemoryRegion& arena, const MemoryRegion& dest, AmInbox& inbox
       }
     }
     while (next < n && state[next] == kDone) ++next;
-    if (left > 0 && (events != 0 ? (++checks & 63) == 0 : (idle & 15) == 0) &&
+    if (left == 0) break;
+    if (!discarded && (events != 0 ? (++checks & 63) == 0 : (idle & 15) == 0) &&
         inbox.discarded(token)) {
       // The writer is gone (or the node stops): nothing more will come.
+      discarded = true;
       for (size_t i = 0; i < n; ++i) {
-        if (state[i] == kReceiving) {
-          ucp_request_free(requests[i]);  // UCX releases it if it ever ends
-          requests[i] = nullptr;
-          finish(i, UCS_ERR_CONNECTION_RESET);
-        } else if (state[i] == kWaiting) {
-          finish(i, UCS_ERR_CANCELED);
-        }
+        if (state[i] == kWaiting) finish(i, UCS_ERR_CANCELED);
       }
+      // Receives from endpoints the inbox did not accept: nothing can end them.
+      leave_to_ucx(true, UCS_ERR_CONNECTION_RESET);
+      force_at = std::min(force_at, clock::now() + kDiscardGrace);
+      events = 1;
+    }
+    if (!late && (idle & 255) == 0 && clock::now() > deadline) {
+      // Items whose message never came fail now; receives under way are
+      // ended by force below.
+      late = true;
+      for (size_t i = 0; i < n; ++i) {
+        if (state[i] == kWaiting) finish(i, UCS_ERR_TIMED_OUT);
+      }
+      force_at = std::min(force_at, clock::now());
+    }
+    if (receiving > 0 && forced_at == clock::time_point::max() && clock::now() >= force_at) {
+      // The writer hangs, or left: close its connections by force, which
+      // ends their receives with an error (UCX purges the endpoint's
+      // requests) and closes their sockets, so nothing lands after.
+      forced_at = clock::now();
+      std::vector<uint64_t> aborted;
+      for (size_t i = 0; i < n; ++i) {
+        if (state[i] != kReceiving || conns[i] == 0) continue;
+        if (std::find(aborted.begin(), aborted.end(), conns[i]) != aborted.end()) continue;
+        aborted.push_back(conns[i]);
+        inbox.abort(conns[i]);
+      }
+      events = 1;
+    }
+    if (receiving > 0 && forced_at != clock::time_point::max() &&
+        clock::now() > forced_at + kAbortWait) {
+      // Closed by force and still not ended (never seen): left to UCX; the
+      // sockets they came on are closed.
+      leave_to_ucx(false, UCS_ERR_CANCELED);
       break;
     }
     if (events != 0) {
@@ -302,16 +421,7 @@ void pull_am(const MemoryRegion& arena, const MemoryRegion& dest, AmInbox& inbox
     }
     // Nothing moved: pause (the writer's progress thread may need the core
     // we would spin on), as the gather does.
-    idle = wait.pause(late);
-    if (!late && (idle & 255) == 0 && clock::now() > deadline) {
-      // Items whose message never came fail now; a receive under way is
-      // not abandoned (UCX would still write the slot) unless the batch is
-      // discarded: it ends when its bytes land or the writer is gone.
-      late = true;
-      for (size_t i = 0; i < n; ++i) {
-        if (state[i] == kWaiting) finish(i, UCS_ERR_TIMED_OUT);
-      }
-    }
+    idle = wait.pause(late || discarded);
   }
 
   std::atomic_thread_fence(std::memory_order_release);

@@ -8,18 +8,30 @@
 // them through bounce buffers on both sides; over RDMA the rendezvous is
 // a one-sided read of the writer's buffer, as the get path.
 //
+// Writers connect through the inbox's listener (listen(); am_connections.h
+// says why): their endpoints have peer-failure handling and still send
+// zero-copy, so a writer that dies mid-batch fails the node's receives, and
+// one that hangs has its connection force-closed when the batch's time is
+// up; either way a receive always ends before its slot is given back. An
+// inbox that does not listen takes messages from any endpoint, as before
+// listeners: a receive from an endpoint without peer-failure handling is
+// left to UCX when its writer is gone (pull_am).
+//
 // Ownership: an AmInbox holds the Python worker object (and through it the
-// context) it registered its handler on, and owns the messages it has
-// been handed until a pull takes them or they expire; closing it (or its
-// destructor) unregisters the handler and releases them, which completes
-// the senders' requests. Thread safety: the handler runs on whichever
-// thread progresses the worker; take/expire/close may be called from any
-// thread (one mutex). pull_am must be called without the GIL.
+// context) it registered its handler on, owns its listener and the
+// connections it accepted, and owns the messages it has been handed until
+// a pull takes them or they expire; closing it (or its destructor)
+// unregisters the handler, releases them (which completes the senders'
+// requests) and force-closes the connections. Thread safety: the handler
+// runs on whichever thread progresses the worker; the other methods may be
+// called from any thread (one mutex, never held across a UCX call).
+// pull_am must be called without the GIL.
 #pragma once
 
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <unordered_map>
@@ -28,6 +40,7 @@
 #include <nanobind/nanobind.h>
 #include <ucp/api/ucp.h>
 
+#include "am_connections.h"
 #include "endpoint.h"
 #include "memory.h"
 #include "pull.h"
@@ -54,12 +67,25 @@ class AmInbox {
 
   ucp_worker_h worker() const { return worker_h_; }
   unsigned am_id() const { return am_id_; }
+  // Listens on `host`:`port` (0: any free port) for writers' connections,
+  // at most `max_connections` at once, and from then on takes messages
+  // only from the connections it accepted. Returns the port. Once only.
+  uint16_t listen(const std::string& host, uint16_t port, size_t max_connections);
+  // Force-closes connection `conn` (Message::conn): its receives end with
+  // an error. False if it is not open (or the inbox does not listen).
+  bool abort(uint64_t conn);
+  // Connection counts (all 0 when not listening) and receives left to UCX
+  // (a receive that a forced close did not end; see pull_am).
+  AmConnections::Counts connections() const;
+  uint64_t abandoned() const;
+  void count_abandoned(size_t n);
   // Messages received and not taken yet.
   size_t waiting() const;
   // Messages refused so far (malformed header, inbox full, closed).
   uint64_t refused() const;
   // Releases messages that waited longer than `max_age_s` (a batch the
-  // node refused, or whose pull timed out); returns how many.
+  // node refused, or whose pull timed out), and closes the connections of
+  // writers that failed or left; returns how many messages it released.
   size_t expire(double max_age_s);
   // Releases the messages of batch `token` and any that arrive for it later
   // (up to `count` items): the node failed that batch.
@@ -74,6 +100,7 @@ class AmInbox {
     uint64_t length = 0;
     bool rndv = false;           // the bytes are still at the sender
     std::vector<uint8_t> bytes;  // eager data that UCX did not let us keep
+    uint64_t conn = 0;           // the connection it came on (0: not one of the listener's)
     std::chrono::steady_clock::time_point arrived;
   };
   // Moves the message of (token, index) into `out`; false if none arrived yet.
@@ -107,11 +134,19 @@ class AmInbox {
   // Batches failed by the node: their late messages are released on arrival.
   std::unordered_map<uint64_t, std::chrono::steady_clock::time_point> discarded_;
   uint64_t refused_ = 0;
+  uint64_t abandoned_ = 0;
   bool registered_ = false;
+  // Made by listen(), closed by close(), kept until the inbox goes (a pull
+  // may still call abort on it).
+  std::unique_ptr<AmConnections> connections_;
+  AmConnections* connections_ptr() const;
 };
 
 // Writer side: posts one rendezvous active message per item of `region`
-// (items at `offsets`, `lengths` bytes each) to `ep`, headed by `token`.
+// (items at `offsets`, `lengths` bytes each) to `ep`, headed by `token`,
+// with UCP_AM_SEND_FLAG_REPLY (the node learns which connection it came
+// on). No memory handle is passed (UCX registers through its cache): a
+// send still pending when the node dies must not hold one of ours.
 // Requests are released at once: they complete when the node has received
 // the bytes (or released the message); the node's acknowledgement over the
 // control channel is what tells the writer the batch landed. Throws
@@ -126,17 +161,24 @@ void am_send(const Endpoint& ep, const MemoryRegion& region, unsigned am_id, uin
 // validated first (slot inside the arena; `lengths` as the descriptor
 // said; a message whose length differs fails that item with
 // UCS_ERR_MESSAGE_TRUNCATED). Progresses the inbox's worker until every
-// item has landed or failed; an item whose message has not arrived after
-// `timeout_s` gets UCS_ERR_TIMED_OUT. Writes each item's status into
-// `statuses`.
+// item has landed or failed, and writes each item's status into
+// `statuses`. It returns only once no receive of the batch is under way
+// (UCX writes no byte of it into a slot afterwards), but for receives
+// left to UCX as below:
 //
-// It returns while a receive is under way only when the batch is discarded
-// (the caller saw the writer's control connection close, or the node is
-// shutting down; such items get UCS_ERR_CONNECTION_RESET): the writer is
-// gone, and with it the connection its bytes came on. The writer's
-// endpoint has no peer-failure handling (UCX sends rendezvous zero-copy
-// only without it), so UCX would never end that receive itself; its
-// request is left to UCX.
+// - an item whose message has not arrived `timeout_s` after the call gets
+//   UCS_ERR_TIMED_OUT; a receive still under way then has its connection
+//   force-closed (the writer hangs), which ends it with an error;
+// - a writer that dies fails its receives (UCX reports the connection
+//   reset), and the rest of the batch waits no longer once the node
+//   discards it (the writer's control connection closed, or the node
+//   stops): items whose message has not come get UCS_ERR_CANCELED, and
+//   receives still under way a grace period later are ended by force as
+//   above;
+// - a receive from an endpoint the inbox did not accept (an inbox that does
+//   not listen) cannot be ended that way: once the batch is discarded it is
+//   left to UCX (UCS_ERR_CONNECTION_RESET), as is, and counted in
+//   abandoned(), one that a forced close did not end within seconds.
 void pull_am(const MemoryRegion& arena, const MemoryRegion& dest, AmInbox& inbox,
              uint64_t token, const PullItem* items, size_t n, double timeout_s,
              int32_t* statuses);

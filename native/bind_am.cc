@@ -20,6 +20,32 @@ void bind_am(nb::module_& m) {
           "worker"_a, "am_id"_a, "max_messages"_a = 1 << 16,
           "Register the insert handler for active message `am_id` on `worker` (a ucxx\n"
           "worker); at most `max_messages` wait to be received, more are refused.")
+      .def(
+          "listen",
+          [](AmInbox& self, const std::string& host, uint16_t port, size_t max_connections) {
+            nb::gil_scoped_release release;
+            return self.listen(host, port, max_connections);
+          },
+          "host"_a = "", "port"_a = 0, "max_connections"_a = 4096,
+          "Listen on `host`:`port` ('' all addresses, 0 any free port) for writers'\n"
+          "connections (Endpoint.to_listener), at most `max_connections` at once, and\n"
+          "from then on take messages only from them. Returns the port.")
+      .def_prop_ro(
+          "connections",
+          [](const AmInbox& self) {
+            const AmConnections::Counts c = self.connections();
+            nb::dict d;
+            d["open"] = c.open;
+            d["accepted"] = c.accepted;
+            d["refused"] = c.refused;
+            d["failed"] = c.failed;
+            d["aborted"] = c.aborted;
+            d["abandoned_receives"] = self.abandoned();
+            return d;
+          },
+          "Writers' connections: open now, accepted, refused (too many, or closed),\n"
+          "failed (the writer died or left), aborted (force-closed to end a receive\n"
+          "that did not end by itself), and receives left to UCX (abandoned_receives).")
       .def_prop_ro("waiting", &AmInbox::waiting, "Messages received and not taken yet.")
       .def_prop_ro("refused", &AmInbox::refused,
                    "Messages refused so far (malformed, inbox full, batch failed).")
@@ -30,8 +56,9 @@ void bind_am(nb::module_& m) {
             return self.expire(max_age);
           },
           "max_age"_a,
-          "Release messages older than `max_age` seconds (their senders' requests end);\n"
-          "returns how many.")
+          "Release messages older than `max_age` seconds (their senders' requests end),\n"
+          "close the connections of writers that failed or left; returns how many\n"
+          "messages it released.")
       .def(
           "discard",
           [](AmInbox& self, uint64_t token, uint32_t count) {

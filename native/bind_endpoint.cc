@@ -19,10 +19,30 @@ void bind_endpoint(nb::module_& m) {
                                 error_handling, std::move(peer));
           },
           "worker"_a, "address"_a, "error_handling"_a, "peer"_a = "")
+      .def_static(
+          "to_listener",
+          [](nb::object worker, const std::string& host, uint16_t port, std::string peer) {
+            uintptr_t h = handle_of(worker, "worker");
+            return new Endpoint(Endpoint::ToListener{}, std::move(worker), h, host, port,
+                                std::move(peer));
+          },
+          "worker"_a, "host"_a, "port"_a, "peer"_a = "", nb::rv_policy::take_ownership,
+          "An endpoint to the UCX listener at `host`:`port` (a storage node's insert\n"
+          "listener), with peer-failure handling; connected in the background.")
       .def_prop_ro("handle", &Endpoint::handle)
       .def_prop_ro("alive", &Endpoint::alive, "False once failed or closed.")
       .def_prop_ro("status", &Endpoint::status)
       .def_prop_ro("error_handling", &Endpoint::error_handling)
+      .def(
+          "flush",
+          [](Endpoint& self, double timeout) {
+            nb::gil_scoped_release release;
+            return self.flush(timeout);
+          },
+          "timeout"_a = 5.0,
+          "Wait until everything posted on it has completed remotely (for an endpoint\n"
+          "to a listener: the connection is made): 0, the ucs_status_t it failed with,\n"
+          "or UCS_ERR_TIMED_OUT after `timeout` s.")
       .def(
           "close",
           [](Endpoint& self, bool force, double timeout) {

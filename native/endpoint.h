@@ -29,6 +29,15 @@ class Endpoint {
   // shared-memory ones alone). Throws UcxError if UCX refuses.
   Endpoint(nanobind::object worker, uintptr_t worker_handle, const std::string& address,
            bool error_handling, std::string peer);
+  // Connects to the UCX listener at `host`:`port` (a storage node's insert
+  // listener, am_connections.h), with peer-failure handling: such an
+  // endpoint has a connection-manager lane, with which UCX still sends
+  // rendezvous zero-copy over TCP. The connection is made in the
+  // background; a listener that cannot be reached fails the endpoint (and
+  // its sends) later. Throws UcxError if `host` does not resolve.
+  struct ToListener {};
+  Endpoint(ToListener, nanobind::object worker, uintptr_t worker_handle, const std::string& host,
+           uint16_t port, std::string peer);
   ~Endpoint();
   Endpoint(const Endpoint&) = delete;
   Endpoint& operator=(const Endpoint&) = delete;
@@ -41,6 +50,13 @@ class Endpoint {
   int status() const { return status_.load(std::memory_order_acquire); }
   bool alive() const { return status() == UCS_OK; }
   const std::string& peer() const { return peer_; }
+
+  // Flushes the endpoint: UCS_OK once everything posted on it so far has
+  // completed remotely (for an endpoint made through a listener, that
+  // includes the connection being made), the error if it failed, or
+  // UCS_ERR_TIMED_OUT after `timeout_s` (the request is then left to UCX).
+  // Progresses the worker while it waits.
+  int flush(double timeout_s);
 
   // Closes the endpoint once (later calls return at once). `force`
   // completes every outstanding request at once with an error (only

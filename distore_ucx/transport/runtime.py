@@ -22,6 +22,10 @@ Endpoints are our own (`_native.Endpoint`, made with UCX's C API on ucxx's
 worker), not ucxx's: a read from a hung peer can only be ended by
 force-closing its endpoint (UCP_EP_CLOSE_FLAG_FORCE), which the native
 gather does, and ucxx would later close such an endpoint a second time.
+Endpoints to a storage node's insert listener (`listener_endpoint`) are
+made through the listener instead of from a worker address: those keep
+zero-copy rendezvous with peer-failure handling over TCP
+(native/am_connections.h).
 
 Teardown order is the reverse of creation and is enforced by ownership:
 remote keys hold their endpoint, endpoints hold the worker, regions hold
@@ -67,6 +71,8 @@ class UcxRuntime:
         self._lock = threading.Lock()
         # (reader lane?, worker address) -> endpoint
         self._endpoints: dict[tuple[bool, bytes], object] = {}
+        # (host, port) of a UCX listener (a node's insert listener) -> endpoint
+        self._listener_endpoints: dict[tuple[str, int], object] = {}
         self._reader = None  # the reader worker, made on first use
         self._am_client = None  # samples by active message on it (am_sample_client)
         self._config = dict(config or {})
@@ -212,6 +218,52 @@ class UcxRuntime:
                 self._error_handling = False
         return _native.Endpoint(worker, worker_address, False, peer)
 
+    def listener_endpoint(self, host: str, port: int, peer: str, timeout: float = 5.0):
+        """The endpoint to the UCX listener at `host`:`port` (a storage node's
+        insert listener, `_native.AmInbox.listen`), made once and reused while
+        it lives. It always has peer-failure handling: made through a
+        listener, UCX still sends rendezvous messages zero-copy on it over
+        TCP (native/am_connections.h). A new one is returned only once its
+        connection is made (within `timeout` s; ConnectionFailed if not, e.g.
+        a firewall that lets the node's RPC port through but not this one),
+        so that a batch is never posted to a listener that cannot be reached."""
+        with self._lock:
+            if self._closed:
+                raise ConnectionFailed("the UCX runtime is closed")
+            ep = self._listener_endpoints.get((host, port))
+            if ep is not None and ep.alive:
+                return ep
+        try:
+            ep = _native.Endpoint.to_listener(self.worker, host, port, peer)
+        except DistoreError as exc:
+            raise ConnectionFailed(
+                f"cannot connect to the UCX listener of {peer} at {host}:{port}: {exc}"
+            ) from exc
+        status = ep.flush(timeout)
+        if status != 0:
+            _close_endpoint(ep)
+            raise ConnectionFailed(
+                f"cannot connect to the UCX listener of {peer} at {host}:{port} "
+                f"({_native.status_name(status)} within {timeout:g} s): check that this "
+                "port of that host is reachable from here, as its RPC port is")
+        with self._lock:
+            if self._closed:
+                _close_endpoint(ep)
+                raise ConnectionFailed("the UCX runtime is closed")
+            old = self._listener_endpoints.get((host, port))
+            if old is not None and old.alive:  # another thread made one meanwhile
+                _close_endpoint(ep)
+                return old
+            self._listener_endpoints[(host, port)] = ep
+            return ep
+
+    def drop_listener_endpoint(self, host: str, port: int) -> None:
+        """Forget (and close) the endpoint to the listener at `host`:`port`."""
+        with self._lock:
+            ep = self._listener_endpoints.pop((host, port), None)
+        if ep is not None:
+            _close_endpoint(ep)
+
     def drop_endpoint(self, worker_address: bytes) -> None:
         """Forget (and close) the endpoints, on either worker, to a peer that went away."""
         with self._lock:
@@ -227,10 +279,11 @@ class UcxRuntime:
         self._closed = True
         with self._lock:
             am_client, self._am_client = self._am_client, None
-            eps = list(self._endpoints.values())
+            eps = list(self._endpoints.values()) + list(self._listener_endpoints.values())
+            self._endpoints.clear()
+            self._listener_endpoints.clear()
         if am_client is not None:  # its fetches use the endpoints
             am_client.close()
-            self._endpoints.clear()
         for ep in eps:
             _close_endpoint(ep)
         self._reader = None  # destroyed once its endpoints (closed above) let it go
