@@ -66,9 +66,12 @@ def am_inserts_enabled() -> bool:
 def am_samples_enabled() -> bool:
     """Whether samples travel as UCX active messages where UCX emulates RMA
     (storage nodes serve them, learners ask for them; native/am_sample.h):
-    on unless `DISTORE_AM_SAMPLES=0`, which makes learners read those nodes
-    with one-sided gets (for measuring and debugging)."""
-    return switch_from_env("DISTORE_AM_SAMPLES")
+    opt-in, `DISTORE_AM_SAMPLES=1` on nodes and learners. Off by default:
+    a learner waiting on a stopped (SIGSTOPped) node waits out the node's
+    pause instead of giving up at its timeout as one-sided gets do (the
+    endpoints carry no peer-failure handling), so learners do not route
+    around a stalled node in time (tests/integration/test_liveness.py)."""
+    return switch_from_env("DISTORE_AM_SAMPLES", default=False)
 
 
 def am_min_item_bytes() -> int:

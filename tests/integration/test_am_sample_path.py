@@ -48,8 +48,8 @@ def check_batches(learner, keys: np.ndarray, items: dict, batches: int) -> None:
 @pytest.mark.parametrize("am", [True, False], ids=["active-messages", "gets"])
 def test_remote_learner_reads_dense_batches_by_active_message(make_cluster, tls, am,
                                                               monkeypatch):
-    if not am:  # nodes serve none, learners ask for none: one-sided gets
-        monkeypatch.setenv("DISTORE_AM_SAMPLES", "0")
+    # opt-in: nodes serve them and learners ask for them only when on
+    monkeypatch.setenv("DISTORE_AM_SAMPLES", "1" if am else "0")
     cluster = make_cluster()
     with ds.connect(cluster.address) as client:
         client.create_table("t", capacity=1000, spec=SPEC)
@@ -82,7 +82,9 @@ KILLED_LEARNER = textwrap.dedent("""
 """)
 
 
-def test_learner_killed_mid_sample_leaves_the_node_serving(make_cluster, tls, tmp_path):
+def test_learner_killed_mid_sample_leaves_the_node_serving(make_cluster, tls, tmp_path,
+                                                          monkeypatch):
+    monkeypatch.setenv("DISTORE_AM_SAMPLES", "1")  # opt-in
     cluster = make_cluster()
     with ds.connect(cluster.address) as client:
         client.create_table("t", capacity=1000, spec=SPEC)

@@ -29,8 +29,8 @@ def test_doctor_reports_ucx_and_what_is_missing():
     assert "same-host nodes -> mapped" in text
     # Active-message inserts are opt-in (config.am_inserts_enabled): gets, saying why.
     assert "inserts from other hosts: one-sided gets (off unless DISTORE_AM_INSERTS=1" in text
-    # No RDMA transport here: learners elsewhere get samples by active message.
-    assert "remote samples: UCX active messages (rendezvous put_zcopy" in text
+    # Samples by active message are opt-in (config.am_samples_enabled).
+    assert "remote samples: one-sided gets (samples by active message are opt-in" in text
     if not cuda_present():
         assert "GPUs: none found" in text
         assert "MISSING GPU: no NVIDIA GPU or driver found" in text
