@@ -1,5 +1,6 @@
 #include "memory.h"
 
+#include <dlfcn.h>
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <unistd.h>
@@ -18,6 +19,48 @@ namespace {
 constexpr size_t kHugePage = size_t(2) << 20;
 
 size_t round_up(size_t n, size_t to) { return (n + to - 1) / to * to; }
+
+// The CUDA driver's context calls, found only if the process already loaded
+// libcuda (torch or CuPy did): a context can be current only then.
+struct CudaContextCalls {
+  using Get = int (*)(void**);
+  using Pop = int (*)(void**);
+  using Push = int (*)(void*);
+  Get get = nullptr;
+  Pop pop = nullptr;
+  Push push = nullptr;
+};
+
+CudaContextCalls cuda_context_calls() {
+  CudaContextCalls c;
+  void* lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
+  if (lib == nullptr) return c;
+  c.get = reinterpret_cast<CudaContextCalls::Get>(dlsym(lib, "cuCtxGetCurrent"));
+  c.pop = reinterpret_cast<CudaContextCalls::Pop>(dlsym(lib, "cuCtxPopCurrent_v2"));
+  c.push = reinterpret_cast<CudaContextCalls::Push>(dlsym(lib, "cuCtxPushCurrent_v2"));
+  dlclose(lib);  // RTLD_NOLOAD took a reference; the library stays loaded
+  if (c.get == nullptr || c.pop == nullptr || c.push == nullptr) return CudaContextCalls{};
+  return c;
+}
+
+// Registers `params` with no CUDA context current on this thread, if one
+// was: UCX's cuda_copy memory domain pins host memory (cuMemHostRegister)
+// only when a context is current, and pinning a read-only mapping fails,
+// which fails the whole registration. Our read-only regions are read by
+// peers over the network or shared memory, never copied by CUDA, so they
+// need no pinning. Returns UCS_ERR_UNSUPPORTED if no context was current
+// (nothing to retry).
+ucs_status_t map_without_cuda_context(ucp_context_h context, const ucp_mem_map_params_t* params,
+                                      ucp_mem_h* memh) {
+  const CudaContextCalls cuda = cuda_context_calls();
+  void* ctx = nullptr;
+  if (cuda.get == nullptr || cuda.get(&ctx) != 0 || ctx == nullptr) return UCS_ERR_UNSUPPORTED;
+  void* popped = nullptr;
+  if (cuda.pop(&popped) != 0) return UCS_ERR_UNSUPPORTED;
+  const ucs_status_t status = ucp_mem_map(context, params, memh);
+  cuda.push(popped);
+  return status;
+}
 }  // namespace
 
 MemoryRegion::MemoryRegion(nb::object context, uintptr_t context_handle, size_t size,
@@ -180,7 +223,14 @@ void MemoryRegion::map(int memory_type, unsigned prot) {
   params.length = size_;
   params.prot = prot;
   params.memory_type = static_cast<ucs_memory_type_t>(memory_type);
-  check(ucp_mem_map(context_handle_, &params, &memh_), "ucp_mem_map");
+  ucs_status_t status = UCS_ERR_UNSUPPORTED;
+  if (local_ != nullptr && memory_type == UCS_MEMORY_TYPE_HOST) {
+    // A write-protected region (its registered mapping is read-only) in a
+    // process with a current CUDA context: see map_without_cuda_context.
+    status = map_without_cuda_context(context_handle_, &params, &memh_);
+  }
+  if (status == UCS_ERR_UNSUPPORTED) status = ucp_mem_map(context_handle_, &params, &memh_);
+  check(status, "ucp_mem_map");
 }
 
 MemoryRegion::~MemoryRegion() {

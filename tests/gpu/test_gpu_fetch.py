@@ -42,6 +42,18 @@ def synchronize(framework: str) -> None:
         cupy.cuda.get_current_stream().synchronize()
 
 
+def make_cuda_context_current(framework: str) -> None:
+    if framework == "torch":
+        import torch
+
+        torch.zeros(1, device="cuda:0")
+    else:
+        import cupy
+
+        cupy.zeros(1)
+    synchronize(framework)
+
+
 @pytest.fixture
 def filled(client):
     client.create_table("replay", capacity=2000, spec=SPEC)
@@ -60,6 +72,10 @@ def check(batch, items, keys, framework):
     for name in SPEC:
         field = batch.data[name]
         assert str(getattr(field, "device", "cuda")).startswith("cuda") or framework == "cupy"
+        # Dense [batch, *shape] per field: a model takes it without another copy.
+        assert tuple(field.shape) == (len(batch.keys), *items[name].shape[1:]), name
+        dense = field.is_contiguous() if framework == "torch" else field.flags.c_contiguous
+        assert dense, f"{name} is not C-contiguous on the device"
         assert np.array_equal(to_numpy(field), items[name][idx]), name
 
 
@@ -100,3 +116,40 @@ def test_host_ring_is_pinned_when_cuda_is_present(filled, tls):
     idx = np.searchsorted(keys, batch.keys)
     assert np.array_equal(batch.data["obs"].numpy(), items["obs"][idx])
     learner.close()
+
+
+def test_gpu_direct_with_cuda_transports(make_cluster, tls, monkeypatch):
+    """gpu-direct where the learner's UCX has its CUDA transports (the test
+    transports alone have none, so the parametrized test above skips it):
+    UCX reads the node's arena straight into device memory."""
+    framework = gpu_framework()
+    monkeypatch.setenv("UCX_TLS", f"{tls},cuda_copy,cuda_ipc")
+    import distore_ucx as ds
+    from distore_ucx.transport import capabilities
+
+    cluster = make_cluster()
+    client = ds.connect(cluster.address)
+    try:
+        if not capabilities.query(client.runtime.context).cuda:
+            pytest.skip("the loaded UCX has no CUDA transport (see `distore doctor`)")
+        # A CUDA context current on this thread when the writer registers its
+        # (read-only) staging memory: UCX's cuda_copy would pin it, and
+        # pinning a read-only mapping fails (native/memory.cc).
+        make_cuda_context_current(framework)
+        client.create_table("replay", capacity=2000, spec=SPEC)
+        rng = np.random.default_rng(11)
+        items = {"obs": rng.integers(0, 256, (300, 4, 21, 21), dtype=np.uint8),
+                 "action": np.arange(300, dtype=np.int64),
+                 "reward": rng.standard_normal(300).astype(np.float32)}
+        with client.writer() as writer:
+            keys = writer.insert("replay", items)
+        learner = client.learner("replay", batch_size=32, device="cuda:0", prefetch=2,
+                                 framework=framework, path="gpu-direct")
+        assert learner.path == "gpu-direct"
+        for _ in range(10):
+            batch = learner.sample()
+            synchronize(framework)
+            check(batch, items, keys, framework)
+        learner.close()
+    finally:
+        client.close()
