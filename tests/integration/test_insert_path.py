@@ -71,10 +71,10 @@ def node_bytes_match_table(client, table: str) -> bool:
 
 @pytest.fixture
 def messages(monkeypatch):
-    # Active-message inserts are opt-in (config.am_inserts_enabled says why). Items
-    # here are 3000 bytes: have writers (this process and the ones it starts)
-    # send them as active messages over TCP, as they would send large ones.
-    monkeypatch.setenv("DISTORE_AM_INSERTS", "1")
+    # Active-message inserts are on by default over TCP, for items of
+    # AM_MIN_ITEM_BYTES and more. Items here are 3000 bytes: have writers
+    # (this process and the ones it starts) send them as active messages, as
+    # they would send large ones.
     monkeypatch.setenv("DISTORE_AM_MIN_ITEM", "0")
 
 
@@ -87,7 +87,9 @@ def expected_via() -> str:
     """How nodes read inserts in this test (the tls and messages fixtures set
     the environment)."""
     if os.environ["UCX_TLS"] == "tcp":
-        return VIA["tcp" if os.environ.get("DISTORE_AM_INSERTS") == "1" else "tcp_gets"]
+        messages = (os.environ.get("DISTORE_AM_MIN_ITEM") == "0"
+                    and os.environ.get("DISTORE_AM_INSERTS") != "0")
+        return VIA["tcp" if messages else "tcp_gets"]
     return VIA["mapped" if os.environ.get("DISTORE_LOCAL_MAP") == "1" else "sm"]
 
 
@@ -298,8 +300,9 @@ def test_insert_messages_that_do_not_match_their_descriptor_fail_and_the_node_se
     region = _native.MemoryRegion.write_protected(runtime.context, 1 << 20)
     region.view()[: 4 * ITEM] = items(np.arange(4)).ravel()
     node = client.nodes()[0]
-    assert node.get("insert_address"), "a node over TCP takes inserts as active messages"
-    ep = runtime.endpoint(node["insert_address"], "node", detect_failures=False)
+    assert node.get("insert_port"), "a node over TCP takes inserts as active messages"
+    host = node["address"].rpartition(":")[0]
+    ep = runtime.listener_endpoint(host, node["insert_port"], "node")
     conn = rpc.Client(node["address"], 10.0, name="node", token=client.token)
     keys = np.arange(1, 5, dtype=np.uint64) + np.uint64(1 << 60)
     offsets = np.arange(4, dtype=np.uint64) * np.uint64(ITEM)
@@ -342,19 +345,25 @@ def test_small_items_go_by_gets_and_large_ones_as_messages_when_on(messages, cli
 
 
 @pytest.mark.parametrize("tls", ["tcp"], indirect=True)
-@pytest.mark.parametrize("setting", [None, "0"], ids=["default", "off"])
-def test_am_inserts_off_means_one_sided_gets(make_cluster, tls, monkeypatch, setting):
-    if setting is None:  # off unless asked for
+@pytest.mark.parametrize("setting", [None, "1", "0"], ids=["default", "on", "off"])
+def test_am_inserts_are_on_unless_turned_off(messages, make_cluster, tls, monkeypatch,
+                                             setting):
+    if setting is None:  # on unless turned off
         monkeypatch.delenv("DISTORE_AM_INSERTS", raising=False)
     else:
-        monkeypatch.setenv("DISTORE_AM_INSERTS", setting)  # nodes and writer: the get path
+        monkeypatch.setenv("DISTORE_AM_INSERTS", setting)  # nodes and writer
     cluster = make_cluster(nodes=1)
     with ds.connect(cluster.address) as client:
-        assert "insert_address" not in client.nodes()[0]
+        node = client.nodes()[0]
+        assert "insert_address" not in node  # the old advertisement: old writers use gets
+        if setting == "0":
+            assert "insert_port" not in node
+        else:
+            assert 0 < node["insert_port"] < 65536
         client.create_table("t", capacity=1000, spec=((ITEM,), "uint8"))
         with client.writer() as writer:
             writer.insert("t", items(np.arange(100)))
-        assert set(writer.paths.values()) == {"ucx (UCX_TLS=tcp)"}
+        assert set(writer.paths.values()) == {expected_via()}
         assert whole(client.learner("t", batch_size=50).sample().data).all()
 
 
