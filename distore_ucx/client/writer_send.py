@@ -157,7 +157,9 @@ class Sender:
         name = f"storage node {node_id} ({node['name']})"
         host, _ = parse_address(node["address"])
         try:
-            ep = self._runtime.listener_endpoint(host, port, name)
+            # As long as a node has to greet a new connection: a stopped
+            # node is then routed around as any (writer_connections.py).
+            ep = self._runtime.listener_endpoint(host, port, name, CONNECT_TIMEOUT)
         except ConnectionFailed as exc:
             # A firewall that lets the node's RPC port through but not this
             # one, say: the node reads our batches with gets meanwhile.

@@ -15,6 +15,7 @@ from __future__ import annotations
 import inspect
 import os
 import signal
+import socket
 import subprocess
 import sys
 import textwrap
@@ -283,6 +284,31 @@ def test_writers_killed_mid_batch_sending_messages_leave_nothing_behind(client, 
     assert set(w.paths.values()) == {VIA["tcp"]}
     batch = client.learner("t", batch_size=64).sample()
     assert whole(np.asarray(batch.data).reshape(64, BIG)).all()
+
+
+@pytest.mark.parametrize("tls", ["tcp"], indirect=True)
+def test_a_node_whose_insert_listener_cannot_be_reached_reads_batches_with_gets(
+        messages, client, tls, monkeypatch, caplog):
+    # As behind a firewall that lets only the node's RPC port through: the
+    # writer says so once and the node reads its batches with gets.
+    client.create_table("t", capacity=1000, spec=((ITEM,), "uint8"))
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        closed = s.getsockname()[1]  # nobody listens there once closed
+    listed = client.nodes
+
+    def nodes():
+        return [dict(n, insert_port=closed) for n in listed()]
+
+    monkeypatch.setattr(client, "nodes", nodes)
+    with caplog.at_level("INFO", "distore_ucx.client.writer_send"):
+        with client.writer(batch_bytes=64 << 10) as writer:
+            writer.insert("t", items(np.arange(300)))
+    assert set(writer.paths.values()) == {VIA["tcp_gets"]}
+    warned = [r for r in caplog.records if "one-sided gets" in r.getMessage()]
+    assert len(warned) == len(client.nodes()), [r.getMessage() for r in warned]
+    assert all(r.levelname == "WARNING" and str(closed) in r.getMessage() for r in warned)
+    assert whole(client.learner("t", batch_size=100).sample().data).all()
 
 
 def descriptor(region, keys, **over):
