@@ -39,8 +39,10 @@ COPY_HELPERS = 1  # threads besides the copying one for same-host batch copies
 # at most); larger ones on the pull thread, so that the loop is never held long.
 INLINE_COPY_BYTES = 16 << 20
 # Progress calls per tick before the reader worker is watched again even if
-# it could not be armed (it then wakes the loop at once: more work came).
+# it could not be armed (more work came), after a pause so that a worker
+# that never arms cannot keep a core busy.
 MAX_PROGRESS_PER_TICK = 64
+UNARMED_PAUSE = 0.005  # s
 
 
 class Puller:
@@ -170,9 +172,14 @@ class Puller:
             return
         tick.add_done_callback(self._tick_done)
 
-    def _tick_done(self, _tick) -> None:  # on the pull thread
+    def _tick_done(self, tick) -> None:  # on the pull thread
+        armed = not tick.cancelled() and tick.exception() is None and tick.result()
         try:
-            self._loop.call_soon_threadsafe(self._watch_reader)
+            if armed:
+                self._loop.call_soon_threadsafe(self._watch_reader)
+            else:
+                self._loop.call_soon_threadsafe(self._loop.call_later, UNARMED_PAUSE,
+                                                self._watch_reader)
         except RuntimeError:  # the loop has closed: the node is gone
             pass
 
@@ -210,16 +217,19 @@ class Puller:
             self._copy_helpers = _native.CopyPool(COPY_HELPERS)
         return self._copy_helpers
 
-    def _progress_reader(self, arm: bool = False) -> None:
+    def _progress_reader(self, arm: bool = False) -> bool:
         """The reader tick, on the pull thread: progress the reader worker
         (`arm`: until it can be armed, so that its event fd wakes the loop
-        when more comes), then release old insert messages."""
+        when more comes), then release old insert messages. Returns whether
+        the worker was armed."""
+        armed = False
         try:
             if arm:
                 worker = self.runtime.reader_worker
                 for _ in range(MAX_PROGRESS_PER_TICK):
                     worker.progress()
                     if worker.arm():
+                        armed = True
                         break
             else:
                 self.runtime.progress_reader()
@@ -232,3 +242,4 @@ class Puller:
                                 "claimed within %g s", self.name, expired, AM_MESSAGE_TTL)
         except Exception as exc:  # the next pull reports a broken endpoint itself
             log.debug("node %s: progressing the reader worker: %s", self.name, exc)
+        return armed
