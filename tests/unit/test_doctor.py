@@ -43,6 +43,14 @@ def test_doctor_reports_ucx_and_what_is_missing():
             assert ": " in line and len(line) > 40, line  # says what to do
 
 
+def test_doctor_says_inserts_go_by_gets_once_messages_are_off(monkeypatch):
+    monkeypatch.setenv("DISTORE_AM_INSERTS", "0")
+    out = doctor()
+    assert out.returncode == 0, out.stderr
+    assert ("inserts from other hosts: one-sided gets (DISTORE_AM_INSERTS=0 turns "
+            "active-message inserts off)") in out.stdout
+
+
 def test_doctor_json():
     out = doctor("--json")
     assert out.returncode == 0, out.stderr
