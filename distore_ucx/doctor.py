@@ -101,8 +101,9 @@ def _remote_inserts(rdma: bool) -> str:
     if why_not:
         return f"one-sided gets ({why_not})"
     return (f"UCX active messages for items of {am_min_item_bytes() >> 10} KiB and more "
-            "(rendezvous, received into the slots: UCX emulates RMA in software here), "
-            "one-sided gets below")
+            "(rendezvous over connections to the node's insert listener, with peer-failure "
+            "handling, received into the slots: UCX emulates RMA in software here; "
+            "DISTORE_AM_INSERTS=0 turns them off), one-sided gets below")
 
 
 def _remote_samples(rdma: bool) -> str:

@@ -20,9 +20,10 @@ sample
 insert one / insert batched
     ``writer.insert()`` of one item per call, or of a whole batch per call, for
     ``--seconds`` then ``flush()`` (perf/insert_bandwidth.py's measurement: a FIFO table
-    written full once before timing, a sample read back and checked afterwards). Nodes
-    read the writer's staging buffers with gets; ``--am-inserts`` turns on the opt-in
-    active-message inserts instead (rows marked ``(am)``).
+    written full once before timing, a sample read back and checked afterwards). Items
+    go as active messages over the nodes' insert listeners, the default over TCP (rows
+    marked ``(am)``); ``--no-am-inserts`` has nodes read the writer's staging buffers
+    with one-sided gets instead (``DISTORE_AM_INSERTS=0``, rows marked ``(gets)``).
 
 Each row also gives CPU seconds per GB of this process (the learner or the writer), the
 storage nodes and the control plane: where the time goes on a shared machine.
@@ -174,7 +175,7 @@ def measure_inserts(ds, client, size: int, batch: int, args, pids: dict) -> list
     for mode in ins.modes:
         log(f"[{size} B] insert, {mode}")
         r = insert_bandwidth.run_mode(ds, client, TLS, size, mode, ins, pids)
-        rows.append({"op": f"insert {mode}" + (" (am)" if args.am_inserts else ""),
+        rows.append({"op": f"insert {mode}" + (" (am)" if args.am_inserts else " (gets)"),
                      "per_call": r["per_call"], "items": r["items"],
                      "gbps": r["gbps"], "via": r["via"], "verified": r["verified"],
                      "cpu_s_per_gb_client": r["cpu_s_per_gb_writer"],
@@ -262,9 +263,10 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="arena bytes for the insert tables (written full before timing)")
     p.add_argument("--perftest-bytes", type=size_list_one, default=1 << 30,
                    help="bytes each ucx_perftest moves (default 1G)")
-    p.add_argument("--am-inserts", action="store_true",
-                   help="turn on the opt-in active-message inserts (DISTORE_AM_INSERTS=1) "
-                        "for the cluster and the writers")
+    p.add_argument("--am-inserts", action=argparse.BooleanOptionalAction, default=True,
+                   help="inserts as active messages over the nodes' insert listeners (the "
+                        "default); --no-am-inserts: by one-sided gets (DISTORE_AM_INSERTS=0 "
+                        "for the cluster and the writers)")
     p.add_argument("--sample-gets", action="store_true",
                    help="also sample by one-sided gets (DISTORE_AM_SAMPLES=0 for the learner), "
                         "for comparison with the active-message path")

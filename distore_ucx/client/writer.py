@@ -7,12 +7,12 @@ buffer, one whose first item is older than `max_delay` (sent at the next
 small descriptor over the control connection (keys, priorities, the
 buffer's remote key, address and item offsets) and the node reads the items
 one-sided, straight into its arena slots (storage/pulls.py), then
-acknowledges. To a node that takes them (DISTORE_AM_INSERTS=1, another
-host, no RDMA), items of
-at least DISTORE_AM_MIN_ITEM bytes go instead as UCX active messages with
-rendezvous, posted just before the descriptor, which names them by a random
-batch token; the node receives each into its slot. Items are sampleable
-once acknowledged.
+acknowledges. To a node that takes them (another host or shared memory
+off, no RDMA; DISTORE_AM_INSERTS=0 turns it off), items of at least
+DISTORE_AM_MIN_ITEM bytes go instead as UCX active messages with
+rendezvous, over a connection to the node's insert listener, posted just
+before the descriptor, which names them by a random batch token; the node
+receives each into its slot. Items are sampleable once acknowledged.
 
 Staging memory is bounded: a pool of `max_in_flight` buffers of
 `batch_bytes`, registered with UCX once, remote-READ only and write-protected

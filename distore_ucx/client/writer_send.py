@@ -9,11 +9,14 @@ node then reads the items itself, straight into its arena slots
   once, under a random ticket (transport/local_map.py); the descriptor names
   the ticket and the node copies with plain loads from a read-only mapping;
 - same host otherwise: process_vm_readv (cma), or a UCX get;
-- another host: UCX gets; or, to a node that takes them
-  (DISTORE_AM_INSERTS=1, no RDMA), items of at least DISTORE_AM_MIN_ITEM
-  bytes go as UCX active messages with rendezvous, posted just before the
-  descriptor, which names them by a random batch token; the node receives
-  each into its slot.
+- another host (or shared memory off): to a node that takes them (it
+  advertises an `insert_port`: UCX emulates RMA there, and
+  DISTORE_AM_INSERTS=0 is not set), items of at least DISTORE_AM_MIN_ITEM
+  bytes go as UCX active messages with rendezvous over a connection to the
+  node's insert listener (peer-failure handling, zero-copy), posted just
+  before the descriptor, which names them by a random batch token; the
+  node receives each into its slot. Otherwise, and for a while after the
+  listener could not be reached, the node reads them with UCX gets.
 
 Thread safety: none (a writer is used by one thread).
 """
@@ -31,6 +34,7 @@ from .._native_loader import _native
 from ..errors import ConnectionFailed, UcxError
 from ..protocol import AM_INSERT_ID
 from ..transport import rpc
+from ..transport.address import parse_address
 from ..transport.local_map import send_staging
 from ..transport.runtime import host_id
 from .writer_connections import CONNECT_TIMEOUT, Connections
@@ -41,6 +45,9 @@ log = logging.getLogger(__name__)
 
 # Seconds before handing a node that failed to take a staging buffer another one.
 NO_MAP_RETRY = 30.0
+# Seconds a node whose insert listener could not be reached reads this
+# writer's batches with gets before the writer tries to connect again.
+NO_AM_RETRY = 30.0
 
 
 class Sender:
@@ -62,6 +69,10 @@ class Sender:
         self._am_min_item = am_min_item
         # Nodes that could not map our buffers: until when they read them otherwise.
         self._no_map: dict[int, float] = {}
+        # Nodes whose insert listener could not be reached: until when they
+        # read our batches with gets; and those already warned about.
+        self._no_am: dict[int, float] = {}
+        self._no_am_warned: set[int] = set()
 
     def send(self, node: dict, conn: rpc.Client, batch: Batch, timeout: float) -> None:
         """Send `batch`'s descriptor to `node` over `conn` (its items first,
@@ -129,21 +140,41 @@ class Sender:
     def _send_messages(self, node: dict, batch: Batch, offsets: np.ndarray,
                        lengths: np.ndarray) -> int | None:
         """Post the batch's items to `node` as UCX active messages (one native
-        call) and return the batch token its descriptor must name; None when
-        the node reads our buffer itself (it offers no insert worker, the
-        items are smaller than DISTORE_AM_MIN_ITEM, or it is on this host
-        and reads us through shared memory)."""
-        address = node.get("insert_address")
-        if not address or self._am_min_item is None or batch.spec.item_bytes < self._am_min_item:
+        call) over a connection to its insert listener, and return the batch
+        token its descriptor must name; None when the node reads our buffer
+        itself (it has no insert listener, the items are smaller than
+        DISTORE_AM_MIN_ITEM, it is on this host and reads us through shared
+        memory, or its listener could not be reached lately). Raises
+        ConnectionFailed when posting failed (the batch goes elsewhere)."""
+        port = node.get("insert_port")
+        if not port or self._am_min_item is None or batch.spec.item_bytes < self._am_min_item:
             return None
         if node.get("host_id") == self.me["host_id"] and self._runtime.shared_memory:
             return None  # the node reads this process's memory (cma)
-        name = f"storage node {node['node_id']} ({node['name']})"
-        ep = self._runtime.endpoint(address, name, detect_failures=False)
+        node_id = node["node_id"]
+        if self._no_am.get(node_id, 0.0) > time.monotonic():
+            return None
+        name = f"storage node {node_id} ({node['name']})"
+        host, _ = parse_address(node["address"])
+        try:
+            # As long as a node has to greet a new connection: a stopped
+            # node is then routed around as any (writer_connections.py).
+            ep = self._runtime.listener_endpoint(host, port, name, CONNECT_TIMEOUT)
+        except ConnectionFailed as exc:
+            # A firewall that lets the node's RPC port through but not this
+            # one, say: the node reads our batches with gets meanwhile.
+            self._no_am[node_id] = time.monotonic() + NO_AM_RETRY
+            first = node_id not in self._no_am_warned
+            self._no_am_warned.add(node_id)
+            log.log(logging.WARNING if first else logging.INFO,
+                    "writer %d: %s; that node reads this writer's batches with one-sided gets "
+                    "(slower over TCP) for %g s, then the writer tries again",
+                    self._keys.writer_id, exc, NO_AM_RETRY)
+            return None
         token = secrets.randbits(64) | 1
         try:
             _native.am_send(ep, batch.buffer.region, AM_INSERT_ID, token, offsets, lengths)
         except UcxError as exc:
-            self._runtime.drop_endpoint(address)
+            self._runtime.drop_listener_endpoint(host, port)
             raise ConnectionFailed(f"{name}: sending an insert batch failed: {exc}") from exc
         return token

@@ -51,16 +51,18 @@ AM_MIN_ITEM_BYTES = 64 << 10
 
 
 def am_inserts_enabled() -> bool:
-    """True only with `DISTORE_AM_INSERTS=1` (nodes and writers).
+    """Whether writers send large items as UCX active messages to nodes
+    that take them, where UCX emulates RMA (TCP): on unless
+    `DISTORE_AM_INSERTS=0` (nodes and writers; off, nodes read writers'
+    staging buffers with one-sided gets).
 
-    Off by default since 2026-11-25: the zero-copy rendezvous needs writer
-    endpoints without peer-failure handling, and UCX 1.21 then crashes the
-    receiving node (a segfault in ucp_do_am_single or
-    ucp_proto_rndv_send_reply) when it answers a rendezvous of a writer that
-    was killed mid-batch (in some runs of the kill-writer test). A node
-    crash loses everything the node holds; TCP inserts by gets are slower
-    (docs/performance.md), but a dying writer costs nothing."""
-    return switch_from_env("DISTORE_AM_INSERTS", default=False)
+    Writers connect through the node's insert listener (storage/pulls.py),
+    which gives their endpoints peer-failure handling and keeps the
+    zero-copy rendezvous: a writer killed mid-batch fails the node's
+    receives instead of crashing the node, as endpoints made from a worker
+    address without that handling did with UCX 1.21
+    (tests/integration/test_am_insert_kills.py)."""
+    return switch_from_env("DISTORE_AM_INSERTS", default=True)
 
 
 def am_samples_enabled() -> bool:

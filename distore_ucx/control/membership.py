@@ -53,7 +53,7 @@ class Node:
     page_kind: str = ""
     local_socket: str = ""
     disk_size: int = 0  # bytes of the node's disk tier (0: none)
-    insert_address: bytes = b""  # UCX worker taking inserts as active messages (b"": none)
+    insert_port: int = 0  # its insert listener: inserts by active message (0: none)
     am_sample: bool = False  # serves samples by active message (native/am_sample.h)
     peer: Any = field(repr=False, default=None)
     last_seen: float = 0.0
@@ -97,8 +97,8 @@ class Node:
         if with_keys:
             d["worker_address"] = self.worker_address
             d["rkey"] = self.rkey
-            if self.insert_address:
-                d["insert_address"] = self.insert_address
+            if self.insert_port:
+                d["insert_port"] = self.insert_port
             if self.am_sample:
                 d["am_sample"] = True
         return d

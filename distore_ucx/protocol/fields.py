@@ -26,6 +26,7 @@ __all__ = [
     "F",
     "GENERATIONS",
     "HOST_ID",
+    "INSERT_PORT",
     "ITEM_BYTES",
     "ITEM_LOCATION",
     "KEYS",
@@ -134,6 +135,9 @@ LOCAL_SOCKET = F("local_socket", "str", max_len=100)
 # A node that serves samples by UCX active message (native/am_sample.h):
 # where UCX emulates RMA; absent, learners read it with one-sided gets.
 AM_SAMPLE = F("am_sample", "bool")
+# The port of a node's insert listener, on its host: writers connect there to
+# send inserts as UCX active messages (storage/puller.py); absent, they don't.
+INSERT_PORT = F("insert_port", "int", lo=1, hi=65535)
 # The slots and items one message moves (an insert, a stage, a re-sent batch).
 SLOT_SIZE = F("slot_size", "int", lo=1, hi=1 << 34)
 ITEM_BYTES = SLOT_SIZE.named("item_bytes")

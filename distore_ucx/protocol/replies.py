@@ -35,6 +35,7 @@ from .fields import (
     DISK_SIZE,
     EPOCH,
     GENERATIONS,
+    INSERT_PORT,
     KEYS,
     LEASE,
     LISTED_HOST_ID,
@@ -250,7 +251,7 @@ class NodeDescription(Record):
     # how to read from it; in `nodes`, not in `status`
     worker_address: bytes | None = wire(WORKER_ADDRESS, optional=True)
     rkey: bytes | None = wire(RKEY, optional=True)
-    insert_address: bytes | None = wire(WORKER_ADDRESS, optional=True)
+    insert_port: int | None = wire(INSERT_PORT, optional=True)  # inserts by active message
     am_sample: bool | None = wire(AM_SAMPLE, optional=True)  # samples by active message
 
 

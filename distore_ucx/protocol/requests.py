@@ -18,6 +18,7 @@ from .fields import (
     EPOCH,
     GENERATIONS,
     HOST_ID,
+    INSERT_PORT,
     ITEM_BYTES,
     KEYS,
     LOCAL_SOCKET,
@@ -80,9 +81,9 @@ MESSAGES: dict[str, tuple[F, ...]] = {
         STORE_ID.optional(),
         # bytes of the node's disk tier (storage/tier.py; absent: none)
         DISK_SIZE.optional(),
-        # the UCX worker that takes inserts as active messages (absent: the
-        # node reads writers' staging buffers with one-sided gets only)
-        WORKER_ADDRESS.named("insert_address").optional(),
+        # its insert listener, where writers send inserts as active messages
+        # (absent: the node reads writers' staging buffers with gets only)
+        INSERT_PORT.optional(),
         # it serves samples by active message on its worker (absent: learners
         # read it with one-sided gets only)
         AM_SAMPLE.optional(),
@@ -213,7 +214,7 @@ MESSAGES: dict[str, tuple[F, ...]] = {
         # buffer's sealed memfd (transport/local_map.py); the node copies from it
         F("staging", "bytes", required=False, max_len=16),
         # the items come as UCX active messages headed by this batch token,
-        # to the node's insert_address (storage/pulls.py), not by a get
+        # over a connection to the node's insert_port (storage/pulls.py), not by a get
         F("am_token", "int", required=False, lo=1, hi=2**64 - 1),
     ),
     "free": (TABLE, OFFSETS),

@@ -91,7 +91,7 @@ class InsertServer:
         if f.get("am_token") and self.puller.am_inbox is None:
             raise InvalidRequest(
                 f"storage node {self.name} does not take inserts as UCX active messages "
-                "(it did not offer an insert_address): is the writer of another version?")
+                "(it did not offer an insert_port): is the writer of another version?")
         source = self.puller.sources().get(peer, f)
         if not peer.state.get("watched"):
             peer.state["watched"] = True

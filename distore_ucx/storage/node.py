@@ -137,7 +137,7 @@ class StorageNode(ControlSession, InsertServer, RoomForInserts, ColdStaging):
                                                     self._am_samples)
             guard_watch = loop.create_task(watch_guard(
                 self.name, [self.sample_server.check] if self.sample_server else []))
-            self.puller.start_am_inbox()
+            self.puller.start_am_inbox(host)  # where writers reach us
             steps.update(1, note="arena mapped")
             self._token = read_token(cfg.token_file)
             self._start_local_map()

@@ -6,9 +6,13 @@ loop instead), and between pulls progresses the reader worker, which only
 that thread touches. Beside it: the helper threads for large same-host
 copies, the writers' staging buffers (storage/pulls.py `Sources`) and,
 where writers send inserts as UCX active messages, the inbox that receives
-them. The thread, the helpers and the sources are made on first use.
-`close` ends the inbox and then the thread, before the node's UCX runtime
-closes. Thread safety: used from the node's event loop.
+them and its listener, which writers connect to. The helpers and the
+sources are made on first use, the thread too unless the inbox starts it:
+then the event loop watches the reader worker's event fd and has the pull
+thread progress the worker whenever it has events (a writer connecting
+between pulls), so that nothing polls while the node is idle. `close`
+ends the inbox and then the thread, before the node's UCX runtime closes.
+Thread safety: used from the node's event loop.
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 import numpy as np
 
 from .._native_loader import _native
-from ..errors import ConnectionFailed, from_native
+from ..errors import ConnectionFailed, DistoreError, from_native
 from ..protocol import AM_INSERT_ID
 from ..transport.capabilities import query
 from .pulls import Sources, am_inserts
@@ -34,13 +38,18 @@ COPY_HELPERS = 1  # threads besides the copying one for same-host batch copies
 # Same-host batches up to this size are copied on the event loop (a few ms
 # at most); larger ones on the pull thread, so that the loop is never held long.
 INLINE_COPY_BYTES = 16 << 20
+# Progress calls per tick before the reader worker is watched again even if
+# it could not be armed (more work came), after a pause so that a worker
+# that never arms cannot keep a core busy.
+MAX_PROGRESS_PER_TICK = 64
+UNARMED_PAUSE = 0.005  # s
 
 
 class Puller:
     """Reads writers' insert batches into a node's slots (see the module).
 
     >>> puller = Puller(runtime, "node a")
-    >>> puller.start_am_inbox()
+    >>> puller.start_am_inbox("10.0.0.5")  # from the event loop
     >>> await puller.pull(arena, source, offsets, keys, gens, src_offsets, lengths)
     >>> await puller.close()
     """
@@ -49,24 +58,53 @@ class Puller:
         self.runtime = runtime
         self.name = name
         self.am_inbox = None  # writers' inserts by UCX active message (storage/pulls.py)
+        self.insert_port = 0  # the inbox's listener's port (0: none)
+        self._loop = None  # the event loop watching the reader worker's event fd
+        self._reader_fd = -1
         self._thread: ThreadPoolExecutor | None = None  # the pull thread
         self._copy_helpers = None  # _native.CopyPool for large same-host copies
         self._sources: Sources | None = None
         self._tick: Future | None = None  # the reader worker's progress between pulls
         self._closed = False
 
-    def start_am_inbox(self) -> None:
+    def start_am_inbox(self, host: str) -> None:
         """Take writers' inserts as UCX active messages on the reader worker,
-        where UCX emulates RMA in software (storage/pulls.py says why)."""
+        where UCX emulates RMA in software (storage/pulls.py says why): the
+        inbox listens on `host` (the address the node's RPC server binds and
+        advertises), on any free port, `insert_port` once listening. Call it
+        from the node's event loop, which from then on has the pull thread
+        progress the reader worker whenever it has events. Where it cannot
+        listen, writers' batches are read with one-sided gets (logged)."""
         why_not = am_inserts(query(self.runtime.context).rdma)
+        if not why_not and not self.runtime.peer_failure_detection:
+            why_not = (f"UCX_TLS={self.runtime.transports} has no transport with "
+                       "peer-failure handling, which writers' connections need")
         if why_not:
             log.info("node %s: writers' batches are read with one-sided gets (%s)", self.name,
                      why_not)
             return
-        self.am_inbox = _native.AmInbox(self.runtime.reader_worker, AM_INSERT_ID)
+        worker = self.runtime.reader_worker
+        inbox = _native.AmInbox(worker, AM_INSERT_ID)
+        try:
+            port = inbox.listen(host, 0)
+        except DistoreError as exc:
+            inbox.close()
+            log.warning("node %s: cannot listen for writers' insert messages on %s (%s); "
+                        "writers' batches are read with one-sided gets", self.name,
+                        host or "every address", exc)
+            return
+        self.am_inbox, self.insert_port = inbox, port
+        # Connection set-ups are handled only while the worker is progressed:
+        # wake on its event fd (armed after each tick) rather than poll it.
+        worker.init_blocking_progress_mode()
+        self._reader_fd = worker.epoll_file_descriptor
+        self._loop = asyncio.get_running_loop()
+        self._pull_thread()
+        self._loop.add_reader(self._reader_fd, self._on_reader_event)
         log.info("node %s: writers' batches come as UCX active messages (rendezvous "
-                 "scheme %s), received straight into slots", self.name,
-                 self.runtime.config.get("RNDV_SCHEME") or "UCX's default")
+                 "scheme %s) over connections to %s:%d, received straight into slots",
+                 self.name, self.runtime.config.get("RNDV_SCHEME") or "UCX's default",
+                 host or "*", port)
 
     def sources(self) -> Sources:
         """Writers' staging buffers this node reads (storage/pulls.py), made on
@@ -122,12 +160,42 @@ class Puller:
                 self._tick is None or self._tick.done()):
             self._tick = self._thread.submit(self._progress_reader)
 
+    def _on_reader_event(self) -> None:
+        # The event fd stays readable until the worker is progressed and
+        # armed again: stop watching it until the tick has done both.
+        self._loop.remove_reader(self._reader_fd)
+        if self._closed or self._thread is None:
+            return
+        try:
+            tick = self._thread.submit(self._progress_reader, True)
+        except RuntimeError:  # the thread is shutting down
+            return
+        tick.add_done_callback(self._tick_done)
+
+    def _tick_done(self, tick) -> None:  # on the pull thread
+        armed = not tick.cancelled() and tick.exception() is None and tick.result()
+        try:
+            if armed:
+                self._loop.call_soon_threadsafe(self._watch_reader)
+            else:
+                self._loop.call_soon_threadsafe(self._loop.call_later, UNARMED_PAUSE,
+                                                self._watch_reader)
+        except RuntimeError:  # the loop has closed: the node is gone
+            pass
+
+    def _watch_reader(self) -> None:
+        if not self._closed and self.am_inbox is not None:
+            self._loop.add_reader(self._reader_fd, self._on_reader_event)
+
     async def close(self) -> None:
         """End the inbox (a pull under way fails; the writer resends), then
         the pull thread, after the pulls already handed to it: both before
         the node's UCX runtime closes. Later pulls raise ConnectionFailed."""
         self._closed = True
         loop = asyncio.get_running_loop()
+        if self._reader_fd >= 0:
+            self._loop.remove_reader(self._reader_fd)
+            self._reader_fd = -1
         if self.am_inbox is not None:
             inbox, self.am_inbox = self.am_inbox, None
             await loop.run_in_executor(None, inbox.close)
@@ -149,9 +217,22 @@ class Puller:
             self._copy_helpers = _native.CopyPool(COPY_HELPERS)
         return self._copy_helpers
 
-    def _progress_reader(self) -> None:
+    def _progress_reader(self, arm: bool = False) -> bool:
+        """The reader tick, on the pull thread: progress the reader worker
+        (`arm`: until it can be armed, so that its event fd wakes the loop
+        when more comes), then release old insert messages. Returns whether
+        the worker was armed."""
+        armed = False
         try:
-            self.runtime.progress_reader()
+            if arm:
+                worker = self.runtime.reader_worker
+                for _ in range(MAX_PROGRESS_PER_TICK):
+                    worker.progress()
+                    if worker.arm():
+                        armed = True
+                        break
+            else:
+                self.runtime.progress_reader()
             if self.am_inbox is not None:
                 # Messages of batches whose descriptor never came (the writer
                 # died between the two) go back to their senders.
@@ -161,3 +242,4 @@ class Puller:
                                 "claimed within %g s", self.name, expired, AM_MESSAGE_TTL)
         except Exception as exc:  # the next pull reports a broken endpoint itself
             log.debug("node %s: progressing the reader worker: %s", self.name, exc)
+        return armed

@@ -22,18 +22,24 @@ A `Source` is one staging buffer as the node reads it:
   storage node must outlive any writer. The writer's pid is trusted only
   once it is shown to own the writer's control connection.
 
-- through UCX active messages (`am_inserts`; opt-in, DISTORE_AM_INSERTS=1,
-  see config.am_inserts_enabled for why): the writer posts each staged
-  item as a rendezvous message to the node's reader worker, headed by a
-  random batch token that its descriptor names, and the node receives each
-  straight into its slot (`_native.pull_am`). Where UCX emulates RMA in
+- through UCX active messages (`am_inserts`; on by default where UCX
+  emulates RMA, DISTORE_AM_INSERTS=0 turns it off): the writer connects
+  to the node's insert listener (storage/puller.py, native/am_connections.h;
+  the node advertises its port as `insert_port`) and posts each staged
+  item as a rendezvous message, headed by a random batch token that its
+  descriptor names, and the node receives each straight into its slot
+  (`_native.pull_am`). Made through a listener, the writer's endpoint has
+  peer-failure handling and still sends zero-copy: a writer that dies
+  mid-batch fails the node's receives (its slots are freed) instead of
+  leaving them under way or crashing the node. Where UCX emulates RMA in
   software (TCP), a get is a request message answered with the bytes
   copied into bounce buffers on both sides; a rendezvous with the
   `put_zcopy` scheme sends them from the staging buffer and receives them
   into the slot with no copy of UCX's own (docs/performance.md has
-  ucx_perftest's figures for both on TCP loopback). Where UCX has RDMA, the node keeps reading
-  with one-sided gets (nothing is copied there either, and the writer's
-  buffer stays remote-READ only, the node's slots unexposed).
+  ucx_perftest's figures for both on TCP loopback). Where UCX has RDMA, the
+  node keeps reading with one-sided gets (nothing is copied there either,
+  and the writer's buffer stays remote-READ only, the node's slots
+  unexposed).
 
 Sources are cached per control connection, keyed by (worker address, remote
 key) or ticket, and dropped with it. Thread safety: used from the node's
@@ -201,9 +207,9 @@ def am_inserts(rdma: bool) -> str:
     inserts as UCX active messages: "" if so, else why not. Not with RDMA:
     there a one-sided get reads the writer's buffer with no copy, and keeps
     it remote-READ only (a rendezvous could expose the node's slots to the
-    writer's writes). Off unless `DISTORE_AM_INSERTS=1` (am_inserts_enabled)."""
+    writer's writes). Not with `DISTORE_AM_INSERTS=0` (am_inserts_enabled)."""
     if not am_inserts_enabled():
-        return "off unless DISTORE_AM_INSERTS=1: a writer killed mid-batch can crash the node"
+        return "DISTORE_AM_INSERTS=0 turns active-message inserts off"
     if rdma:
         return "UCX has an RDMA transport, where a get copies nothing"
     return ""

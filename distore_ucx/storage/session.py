@@ -117,8 +117,7 @@ class ControlSession:
                 **({"store_id": self.store_id} if former is not None and self.store_id
                    else {}),
                 **({"disk_size": self.tier.size} if self.tier is not None else {}),
-                **({"insert_address": bytes(self.runtime.reader_worker.address)}
-                   if self.puller.am_inbox is not None else {}),
+                **({"insert_port": self.puller.insert_port} if self.puller.insert_port else {}),
                 **({"am_sample": True} if self.sample_server is not None else {}),
             )
             joined = parse_reply("register_node", msg, control.name)

@@ -24,8 +24,10 @@ def test_cross_host_script_measures_sample_and_inserts_over_tcp(tmp_path):
         capture_output=True, text=True, timeout=240, cwd=str(tmp_path), check=False)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     rows = [json.loads(line) for line in out_file.read_text().splitlines()]
-    assert [r["op"] for r in rows] == ["sample", "sample (gets)", "insert one",
-                                       "insert batched"]
+    # Inserts go as active messages over the nodes' insert listeners by default.
+    assert [r["op"] for r in rows] == ["sample", "sample (gets)", "insert one (am)",
+                                       "insert batched (am)"]
+    assert all(r["via"] == "ucx active messages (UCX_TLS=tcp)" for r in rows[2:]), rows[2:]
     # Over tcp nodes send samples as active messages; --sample-gets reads by gets.
     assert rows[0]["via"] == "ucx-am:tcp" and rows[1]["via"] == "ucx:tcp", rows[:2]
     for r in rows:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import inspect
 import os
 import signal
+import socket
 import subprocess
 import sys
 import textwrap
@@ -35,12 +36,12 @@ from distore_ucx.transport.runtime import host_id
 ITEM = 3000  # bytes: the first 8 hold the item's index, the rest derive from it
 
 
-def items(index: np.ndarray) -> np.ndarray:
+def items(index: np.ndarray, nbytes: int = ITEM) -> np.ndarray:
     """Items whose bytes all follow from their index (so a torn one is visible)."""
     index = np.asarray(index, np.uint64)
-    body = (np.arange(ITEM - 8, dtype=np.uint64)[None, :] * np.uint64(31)
+    body = (np.arange(nbytes - 8, dtype=np.uint64)[None, :] * np.uint64(31)
             + index[:, None] * np.uint64(7)) & np.uint64(0xFF)
-    out = np.empty((len(index), ITEM), np.uint8)
+    out = np.empty((len(index), nbytes), np.uint8)
     out[:, :8] = index[:, None].view(np.uint8).reshape(len(index), 8)
     out[:, 8:] = body.astype(np.uint8)
     return out
@@ -52,7 +53,7 @@ ITEMS_SOURCE = textwrap.indent(inspect.getsource(items), "    ").strip()
 def whole(rows: np.ndarray) -> np.ndarray:
     """Which sampled rows are exactly the item their first 8 bytes name."""
     index = rows[:, :8].copy().view(np.uint64).ravel()
-    return (rows == items(index)).all(axis=1)
+    return (rows == items(index, rows.shape[1])).all(axis=1)
 
 
 def wait_for(cond, what: str, timeout: float = 10.0):
@@ -71,10 +72,10 @@ def node_bytes_match_table(client, table: str) -> bool:
 
 @pytest.fixture
 def messages(monkeypatch):
-    # Active-message inserts are opt-in (config.am_inserts_enabled says why). Items
-    # here are 3000 bytes: have writers (this process and the ones it starts)
-    # send them as active messages over TCP, as they would send large ones.
-    monkeypatch.setenv("DISTORE_AM_INSERTS", "1")
+    # Active-message inserts are on by default over TCP, for items of
+    # AM_MIN_ITEM_BYTES and more. Items here are 3000 bytes: have writers
+    # (this process and the ones it starts) send them as active messages, as
+    # they would send large ones.
     monkeypatch.setenv("DISTORE_AM_MIN_ITEM", "0")
 
 
@@ -87,7 +88,9 @@ def expected_via() -> str:
     """How nodes read inserts in this test (the tls and messages fixtures set
     the environment)."""
     if os.environ["UCX_TLS"] == "tcp":
-        return VIA["tcp" if os.environ.get("DISTORE_AM_INSERTS") == "1" else "tcp_gets"]
+        messages = (os.environ.get("DISTORE_AM_MIN_ITEM") == "0"
+                    and os.environ.get("DISTORE_AM_INSERTS") != "0")
+        return VIA["tcp" if messages else "tcp_gets"]
     return VIA["mapped" if os.environ.get("DISTORE_LOCAL_MAP") == "1" else "sm"]
 
 
@@ -206,13 +209,13 @@ WRITER = textwrap.dedent("""
     ITEM = {item}
     {items}
     c = ds.connect({address!r})
-    w = c.writer(batch_bytes=256 << 10, max_in_flight=4)
-    src = items(np.arange(4096))
+    w = c.writer(batch_bytes={batch_bytes}, max_in_flight=4)
+    src = items(np.arange({count}))
     w.insert("t", src[:64]); w.flush()
     print("ready", flush=True)
     i = 0
     while True:
-        w.insert("t", src[i % 4096]); i += 1
+        w.insert("t", src[i % {count}]); i += 1
 """)
 
 
@@ -223,6 +226,7 @@ def test_a_writer_killed_with_batches_in_flight_leaves_nothing_behind(client, cl
     for attempt in range(3):  # kill at different moments
         proc = subprocess.Popen(
             [sys.executable, "-c", WRITER.format(items=ITEMS_SOURCE, item=ITEM,
+                                                 batch_bytes=256 << 10, count=4096,
                                                  address=cluster.address)],
             stdout=subprocess.PIPE, text=True, cwd=tmp_path)
         try:
@@ -242,6 +246,69 @@ def test_a_writer_killed_with_batches_in_flight_leaves_nothing_behind(client, cl
     learner.close()
     with client.writer() as w:  # and the nodes take inserts as before
         w.insert("t", items(np.arange(10)))
+
+
+BIG = 2 * AM_MIN_ITEM_BYTES  # sent as active messages by default over TCP
+
+
+@pytest.mark.parametrize("tls", ["tcp"], indirect=True)
+def test_writers_killed_mid_batch_sending_messages_leave_nothing_behind(client, cluster, tls,
+                                                                       tmp_path):
+    # Over TCP, items this large go as active messages over the node's insert
+    # listener by default: writers SIGKILLed at random moments, most of them
+    # with rendezvous transfers under way, never crash or wedge the node nor
+    # leave it holding slots; nothing half-written is ever sampled.
+    client.create_table("t", capacity=200, spec=((BIG,), "uint8"), remover=ds.Fifo())
+    rng = np.random.default_rng(34)
+    for _ in range(int(os.environ.get("DISTORE_WRITER_KILLS", "8"))):
+        proc = subprocess.Popen(
+            [sys.executable, "-c", WRITER.format(items=ITEMS_SOURCE, item=BIG,
+                                                 batch_bytes=8 * BIG, count=96,
+                                                 address=cluster.address)],
+            stdout=subprocess.PIPE, text=True, cwd=tmp_path)
+        try:
+            assert proc.stdout.readline().strip() == "ready"
+            time.sleep(rng.uniform(0.0, 0.5))
+        finally:
+            proc.send_signal(signal.SIGKILL)
+            proc.wait()
+            proc.stdout.close()
+        wait_for(lambda: node_bytes_match_table(client, "t"),
+                 "the nodes hold slots the control plane does not know", timeout=30.0)
+        learner = client.learner("t", batch_size=16)
+        assert whole(np.asarray(learner.sample().data).reshape(16, BIG)).all()
+        learner.close()
+    assert all(n["alive"] for n in client.status()["nodes"])
+    with client.writer() as w:  # the nodes take inserts as before, by message
+        w.insert("t", items(np.arange(1000, 1064), BIG))
+    assert set(w.paths.values()) == {VIA["tcp"]}
+    batch = client.learner("t", batch_size=64).sample()
+    assert whole(np.asarray(batch.data).reshape(64, BIG)).all()
+
+
+@pytest.mark.parametrize("tls", ["tcp"], indirect=True)
+def test_a_node_whose_insert_listener_cannot_be_reached_reads_batches_with_gets(
+        messages, client, tls, monkeypatch, caplog):
+    # As behind a firewall that lets only the node's RPC port through: the
+    # writer says so once and the node reads its batches with gets.
+    client.create_table("t", capacity=1000, spec=((ITEM,), "uint8"))
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        closed = s.getsockname()[1]  # nobody listens there once closed
+    listed = client.nodes
+
+    def nodes():
+        return [dict(n, insert_port=closed) for n in listed()]
+
+    monkeypatch.setattr(client, "nodes", nodes)
+    with caplog.at_level("INFO", "distore_ucx.client.writer_send"):
+        with client.writer(batch_bytes=64 << 10) as writer:
+            writer.insert("t", items(np.arange(300)))
+    assert set(writer.paths.values()) == {VIA["tcp_gets"]}
+    warned = [r for r in caplog.records if "one-sided gets" in r.getMessage()]
+    assert len(warned) == len(client.nodes()), [r.getMessage() for r in warned]
+    assert all(r.levelname == "WARNING" and str(closed) in r.getMessage() for r in warned)
+    assert whole(client.learner("t", batch_size=100).sample().data).all()
 
 
 def descriptor(region, keys, **over):
@@ -298,8 +365,9 @@ def test_insert_messages_that_do_not_match_their_descriptor_fail_and_the_node_se
     region = _native.MemoryRegion.write_protected(runtime.context, 1 << 20)
     region.view()[: 4 * ITEM] = items(np.arange(4)).ravel()
     node = client.nodes()[0]
-    assert node.get("insert_address"), "a node over TCP takes inserts as active messages"
-    ep = runtime.endpoint(node["insert_address"], "node", detect_failures=False)
+    assert node.get("insert_port"), "a node over TCP takes inserts as active messages"
+    host = node["address"].rpartition(":")[0]
+    ep = runtime.listener_endpoint(host, node["insert_port"], "node")
     conn = rpc.Client(node["address"], 10.0, name="node", token=client.token)
     keys = np.arange(1, 5, dtype=np.uint64) + np.uint64(1 << 60)
     offsets = np.arange(4, dtype=np.uint64) * np.uint64(ITEM)
@@ -342,19 +410,25 @@ def test_small_items_go_by_gets_and_large_ones_as_messages_when_on(messages, cli
 
 
 @pytest.mark.parametrize("tls", ["tcp"], indirect=True)
-@pytest.mark.parametrize("setting", [None, "0"], ids=["default", "off"])
-def test_am_inserts_off_means_one_sided_gets(make_cluster, tls, monkeypatch, setting):
-    if setting is None:  # off unless asked for
+@pytest.mark.parametrize("setting", [None, "1", "0"], ids=["default", "on", "off"])
+def test_am_inserts_are_on_unless_turned_off(messages, make_cluster, tls, monkeypatch,
+                                             setting):
+    if setting is None:  # on unless turned off
         monkeypatch.delenv("DISTORE_AM_INSERTS", raising=False)
     else:
-        monkeypatch.setenv("DISTORE_AM_INSERTS", setting)  # nodes and writer: the get path
+        monkeypatch.setenv("DISTORE_AM_INSERTS", setting)  # nodes and writer
     cluster = make_cluster(nodes=1)
     with ds.connect(cluster.address) as client:
-        assert "insert_address" not in client.nodes()[0]
+        node = client.nodes()[0]
+        assert "insert_address" not in node  # the old advertisement: old writers use gets
+        if setting == "0":
+            assert "insert_port" not in node
+        else:
+            assert 0 < node["insert_port"] < 65536
         client.create_table("t", capacity=1000, spec=((ITEM,), "uint8"))
         with client.writer() as writer:
             writer.insert("t", items(np.arange(100)))
-        assert set(writer.paths.values()) == {"ucx (UCX_TLS=tcp)"}
+        assert set(writer.paths.values()) == {expected_via()}
         assert whole(client.learner("t", batch_size=50).sample().data).all()
 
 
@@ -455,6 +529,20 @@ def test_a_writer_held_by_a_rate_limiter_fails_at_its_timeout_with_exact_keys(cl
 
 @ALL_PATHS
 def test_batches_in_flight_to_a_node_that_dies_are_resent_once(make_cluster, tls):
+    _resent_once(make_cluster)
+
+
+@pytest.mark.parametrize("tls", ["tcp"], indirect=True)
+def test_batches_sent_as_messages_to_a_node_that_dies_are_resent_once(messages, make_cluster,
+                                                                      tls):
+    # Over the dead node's insert listener: posting fails, or its
+    # acknowledgement never comes; either way the batch goes elsewhere.
+    assert _resent_once(make_cluster) == {VIA["tcp"]}
+
+
+def _resent_once(make_cluster) -> set[str]:
+    """Kill one of two nodes with a writer's batches in flight; the paths
+    the writer's batches took to the survivor."""
     cluster = make_cluster(nodes=2, arena_bytes=64 << 20)
     client = ds.connect(cluster.address)
     # Each item sampled exactly once: sampling everything lists the table's keys.
@@ -481,5 +569,7 @@ def test_batches_in_flight_to_a_node_that_dies_are_resent_once(make_cluster, tls
         k = set(keys.tolist())
         assert k <= set(got) or k <= lost
     learner.close()
+    paths = set(writer.paths.values())
     writer.close()
     client.close()
+    return paths

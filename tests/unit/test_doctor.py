@@ -27,8 +27,10 @@ def test_doctor_reports_ucx_and_what_is_missing():
     # This kernel (>= 5.1) seals memfds against writable mappings.
     assert "same-host mapping: works" in text and "arena pages:" in text
     assert "same-host nodes -> mapped" in text
-    # Active-message inserts are opt-in (config.am_inserts_enabled): gets, saying why.
-    assert "inserts from other hosts: one-sided gets (off unless DISTORE_AM_INSERTS=1" in text
+    # No RDMA here: inserts from other hosts come as active messages by default
+    # (config.am_inserts_enabled), over the node's insert listener.
+    assert ("inserts from other hosts: UCX active messages for items of 64 KiB and more "
+            "(rendezvous over connections to the node's insert listener") in text
     # Samples by active message are opt-in (config.am_samples_enabled).
     assert "remote samples: one-sided gets (samples by active message are opt-in" in text
     if not cuda_present():
@@ -39,6 +41,14 @@ def test_doctor_reports_ucx_and_what_is_missing():
     for line in text.splitlines():
         if line.startswith("MISSING "):
             assert ": " in line and len(line) > 40, line  # says what to do
+
+
+def test_doctor_says_inserts_go_by_gets_once_messages_are_off(monkeypatch):
+    monkeypatch.setenv("DISTORE_AM_INSERTS", "0")
+    out = doctor()
+    assert out.returncode == 0, out.stderr
+    assert ("inserts from other hosts: one-sided gets (DISTORE_AM_INSERTS=0 turns "
+            "active-message inserts off)") in out.stdout
 
 
 def test_doctor_json():

@@ -107,7 +107,7 @@ def test_typed_fields_read_as_the_records_they_are():
     assert sample.probabilities.dtype == np.float64 and sample.lease == 12345
     nodes = parse_reply("nodes", roundtrip(protocol.reply(1, **REPLIES["nodes"]))).nodes
     assert isinstance(nodes[0], protocol.NodeDescription) and nodes[0].rkey.startswith(b"DSRK")
-    assert nodes[0].insert_address is None  # optional: left out
+    assert nodes[0].insert_port is None  # optional: left out
     status = parse_reply("status", roundtrip(protocol.reply(
         1, **dict(REPLIES["status"], checkpoint=CHECKPOINT, restoring_s=2.5))))
     assert status.checkpoint.items == 10 and status.restoring_s == 2.5
