@@ -21,6 +21,16 @@ constexpr size_t kStreamMin = size_t(1) << 20;  // non-temporal stores from here
 // and more stream past the cache (stream_copy.h; glibc's memcpy streams only
 // copies larger than most of the last-level cache).
 void copy(uint8_t* dst, const uint8_t* src, size_t len) { stream_copy(dst, src, len, kStreamMin); }
+// A sampled batch of kStreamMin bytes or more streams every piece of at
+// least kStreamPiece bytes, however small its items: what a batch evicts
+// from the cache is its total, not its largest item, and a learner's ring
+// cycles through several slots, so each batch lands on lines long gone from
+// the cache, whose read-for-ownership a plain store pays and a streaming
+// store does not.
+constexpr size_t kStreamPiece = size_t(4) << 10;
+void copy_batch(uint8_t* dst, const uint8_t* src, size_t len) {
+  stream_copy(dst, src, len, kStreamPiece);
+}
 
 }  // namespace
 
@@ -247,7 +257,8 @@ void mapped_gather_located(const std::vector<const MappedArena*>& arenas,
       pool, mapped.size() * per, total, parallel_bytes,
       [&](size_t j) { return mapped[j / per].src + fields[j % per].src; },
       [&](size_t j) { return dest + layout.field_at(j % per, rows[mapped[j / per].item]); },
-      [&](size_t j) { return fields[j % per].length; }, copy);
+      [&](size_t j) { return fields[j % per].length; },
+      total >= kStreamMin ? copy_batch : copy);
 
   // Seqlock, second read: every payload byte was loaded before the header is
   // read again; a header that changed means the slot was rewritten meanwhile.

@@ -22,6 +22,11 @@ model input, most host-to-device copies): after each ``sample()`` it calls
 ``np.ascontiguousarray`` on every field and counts that time in the figure, and reports
 its share (``contig_ms``: mean per batch) and how many batches it had to copy.
 
+``--rounds R`` splits every measure (numpy, cpprb, each path) into R slices of
+``--seconds / R`` run in turn, round after round, so that a load that comes and goes on
+a shared machine falls on all of them alike; figures are then over all slices, and
+``vs_numpy_median`` / ``vs_cpprb_median`` are the medians of the per-round ratios.
+
 Sampled bytes per second are item bytes x items over wall time (GB/s = 10^9 B/s);
 p50/p99 are per ``sample()`` call (with ``--contiguous``, the copy included). The first
 and the last batch of each run are checked byte for byte (exit status 1 on a mismatch).
@@ -69,25 +74,48 @@ def check(batch, size: int) -> bool:
     return bool(np.array_equal(data, expect))
 
 
-def numpy_baseline(size: int, batch: int, n_rows: int, seconds: float) -> dict:
+class Timed:
+    """Back-to-back calls of one measure, in slices: how many, their wall
+    time and each call's latency."""
+
+    def __init__(self, step, batch: int, size: int):
+        self.step, self.batch, self.size = step, batch, size
+        self.calls, self.wall, self.lat, self.rounds = 0, 0.0, [], []
+
+    def run(self, seconds: float) -> float:
+        """Call step() back to back for `seconds`; GB/s of this slice."""
+        calls = 0
+        t0 = time.perf_counter()
+        while time.perf_counter() - t0 < seconds:
+            t = time.perf_counter()
+            self.step()
+            self.lat.append(time.perf_counter() - t)
+            calls += 1
+        wall = time.perf_counter() - t0
+        self.calls += calls
+        self.wall += wall
+        self.rounds.append(calls * self.batch * self.size / wall / 1e9)
+        return self.rounds[-1]
+
+    def result(self) -> dict:
+        lat = np.array(self.lat)
+        return {"gbps": self.calls * self.batch * self.size / self.wall / 1e9,
+                "p50_ms": float(np.percentile(lat, 50)) * 1e3,
+                "p99_ms": float(np.percentile(lat, 99)) * 1e3, "rounds": self.rounds}
+
+
+def numpy_baseline(size: int, batch: int, n_rows: int) -> Timed:
     """np.take of `batch` random rows of an (n_rows, size) array, back to back."""
     arena = np.ones((n_rows, size), np.uint8)
     out = np.empty((batch, size), np.uint8)
     rng = np.random.default_rng(0)
-    for _ in range(5):
+
+    def step():
         np.take(arena, rng.integers(0, n_rows, batch), axis=0, out=out, mode="clip")
-    lat = []
-    t0 = time.perf_counter()
-    while time.perf_counter() - t0 < seconds:
-        idx = rng.integers(0, n_rows, batch)
-        t = time.perf_counter()
-        np.take(arena, idx, axis=0, out=out, mode="clip")
-        lat.append(time.perf_counter() - t)
-    wall = time.perf_counter() - t0
-    lat = np.array(lat)
-    return {"gbps": len(lat) * batch * size / wall / 1e9,
-            "p50_ms": float(np.percentile(lat, 50)) * 1e3,
-            "p99_ms": float(np.percentile(lat, 99)) * 1e3}
+
+    for _ in range(5):
+        step()
+    return Timed(step, batch, size)
 
 
 def _cpprb_fill(rb, size: int, n_rows: int) -> None:
@@ -97,7 +125,7 @@ def _cpprb_fill(rb, size: int, n_rows: int) -> None:
         rb.add(obs=data[: min(8, n_rows - i)])
 
 
-def cpprb_baseline(size: int, batch: int, n_rows: int, seconds: float) -> dict:
+def cpprb_baseline(size: int, batch: int, n_rows: int) -> Timed:
     """cpprb's shared-memory ring: filled by another process, sampled here."""
     from cpprb import MPReplayBuffer
 
@@ -108,21 +136,11 @@ def cpprb_baseline(size: int, batch: int, n_rows: int, seconds: float) -> dict:
     filler.join()
     if filler.exitcode != 0:
         raise RuntimeError(f"the cpprb writer process failed (exit code {filler.exitcode})")
+    out = rb.sample(batch)["obs"]
+    assert out.flags.c_contiguous and out.shape == (batch, size)
     for _ in range(5):
         rb.sample(batch)
-    lat = []
-    t0 = time.perf_counter()
-    while time.perf_counter() - t0 < seconds:
-        t = time.perf_counter()
-        out = rb.sample(batch)["obs"]
-        lat.append(time.perf_counter() - t)
-    wall = time.perf_counter() - t0
-    assert out.flags.c_contiguous and out.shape == (batch, size)
-    lat = np.array(lat)
-    del rb
-    return {"gbps": len(lat) * batch * size / wall / 1e9,
-            "p50_ms": float(np.percentile(lat, 50)) * 1e3,
-            "p99_ms": float(np.percentile(lat, 99)) * 1e3}
+    return Timed(lambda: rb.sample(batch), batch, size)
 
 
 def contiguous(batch) -> tuple[float, int]:
@@ -158,48 +176,65 @@ def run_workload(args, name: str) -> list[dict]:
                 data = items(keys, size)
                 data[:, :8] = keys[:, None].view(np.uint8)
                 writer.insert("t", data, priority=np.random.default_rng(i).random(len(keys)) + 0.1)
-        base = numpy_baseline(size, batch, n, args.seconds)
-        ring = cpprb_baseline(size, batch, n, args.seconds) if args.cpprb else None
-        if ring is not None:
-            log(f"[{name}] cpprb shared-memory ring: {ring['gbps']:.2f} GB/s")
-        for path in args.paths:
-            with client.learner("t", batch_size=batch, local_map=path == "mapped",
-                                copy_threads=args.copy_threads) as learner:
-                ok = check(learner.sample(), size)
+        base = numpy_baseline(size, batch, n)
+        ring = cpprb_baseline(size, batch, n) if args.cpprb else None
+        measures = [base] + ([ring] if ring is not None else [])
+        learners, timed, contig, oks = {}, {}, {}, {}
+        try:
+            for path in args.paths:
+                learner = client.learner("t", batch_size=batch, local_map=path == "mapped",
+                                         copy_threads=args.copy_threads)
+                learners[path] = learner
+                oks[path] = check(learner.sample(), size)
                 for _ in range(10):
                     learner.sample()
-                lat = []
-                contig_s, copied = 0.0, 0
-                t0 = time.perf_counter()
-                while time.perf_counter() - t0 < args.seconds:
-                    t = time.perf_counter()
+                contig[path] = [0.0, 0]  # seconds in np.ascontiguousarray, batches it copied
+
+                def step(learner=learner, c=contig[path]):
                     b = learner.sample()
                     if args.contiguous:
                         took, k = contiguous(b)
-                        contig_s += took
-                        copied += k > 0
-                    lat.append(time.perf_counter() - t)
-                wall = time.perf_counter() - t0
-                ok &= check(learner.sample(), size)
-                lat = np.array(lat)
-                gbps = len(lat) * batch * size / wall / 1e9
+                        c[0] += took
+                        c[1] += k > 0
+
+                timed[path] = Timed(step, batch, size)
+                measures.append(timed[path])
+            slice_s = args.seconds / args.rounds
+            for _ in range(args.rounds):  # in turn: a passing load falls on all alike
+                for m in measures:
+                    m.run(slice_s)
+            base_r = base.result()
+            ring_r = ring.result() if ring is not None else None
+            if ring_r is not None:
+                log(f"[{name}] cpprb shared-memory ring: {ring_r['gbps']:.2f} GB/s")
+            for path, learner in learners.items():
+                ok = oks[path] and check(learner.sample(), size)
+                r = timed[path].result()
+                gbps, calls = r["gbps"], timed[path].calls
+                contig_s, copied = contig[path]
+                per_np = np.array(r["rounds"]) / np.array(base_r["rounds"])
+                per_rb = (np.array(r["rounds"]) / np.array(ring_r["rounds"])
+                          if ring_r is not None else None)
                 rows.append({
                     "workload": name, "item_bytes": size, "batch": batch, "sampler": sampler,
                     "path": path, "paths": sorted(set(learner.paths.values())),
-                    "tls": args.tls, "gbps": gbps,
-                    "p50_ms": float(np.percentile(lat, 50)) * 1e3,
-                    "p99_ms": float(np.percentile(lat, 99)) * 1e3,
-                    "numpy_gbps": base["gbps"], "vs_numpy": gbps / base["gbps"],
+                    "tls": args.tls, "gbps": gbps, "p50_ms": r["p50_ms"], "p99_ms": r["p99_ms"],
+                    "numpy_gbps": base_r["gbps"], "vs_numpy": gbps / base_r["gbps"],
+                    "vs_numpy_median": float(np.median(per_np)), "rounds": args.rounds,
                     "contiguous": args.contiguous,
-                    "contig_ms": contig_s / len(lat) * 1e3, "contig_copied_batches": copied,
-                    "cpprb_gbps": ring and ring["gbps"],
-                    "vs_cpprb": ring and gbps / ring["gbps"],
+                    "contig_ms": contig_s / calls * 1e3, "contig_copied_batches": copied,
+                    "cpprb_gbps": ring_r and ring_r["gbps"],
+                    "vs_cpprb": ring_r and gbps / ring_r["gbps"],
+                    "vs_cpprb_median": None if per_rb is None else float(np.median(per_rb)),
                     "resampled": learner.resampled, "verified": ok, "arena_pages": pages,
                 })
-                log(f"[{name}] {path}: {gbps:.2f} GB/s (numpy {base['gbps']:.2f}"
-                    + (f", contiguity {1e3 * contig_s / len(lat):.3f} ms/batch, "
-                       f"{copied} of {len(lat)} batches copied" if args.contiguous else "")
+                log(f"[{name}] {path}: {gbps:.2f} GB/s (numpy {base_r['gbps']:.2f}"
+                    + (f", contiguity {1e3 * contig_s / calls:.3f} ms/batch, "
+                       f"{copied} of {calls} batches copied" if args.contiguous else "")
                     + ")")
+        finally:
+            for learner in learners.values():
+                learner.close()
     return rows
 
 
@@ -212,6 +247,9 @@ def main(argv=None) -> int:
     p.add_argument("--fill-bytes", type=int, default=768 * MiB,
                    help="bytes stored in the table (default 768 MiB, beyond any cache)")
     p.add_argument("--seconds", type=float, default=5.0)
+    p.add_argument("--rounds", type=int, default=1,
+                   help="measure each of numpy, cpprb and every path in this many slices, "
+                        "in turn (on a shared machine, so that load falls on all alike)")
     p.add_argument("--copy-threads", type=int, default=None)
     p.add_argument("--hugepages", action=argparse.BooleanOptionalAction, default=True,
                    help="ask for 2 MiB arena pages, as `distore node` does (default); "
@@ -233,13 +271,16 @@ def main(argv=None) -> int:
                 out.write(row)
                 rows.append(row)
     head = ["work", "item_B", "batch", "path", "GB/s", "p50_ms", "p99_ms", "contig_ms",
-            "numpy_GB/s", "vs_np", "cpprb_GB/s", "vs_cpprb", "ok", "arena_pages"]
+            "numpy_GB/s", "vs_np", "cpprb_GB/s", "vs_cpprb", "rounds", "np_med", "rb_med", "ok",
+            "arena_pages"]
     common.print_table(head, [[r["workload"], str(r["item_bytes"]), str(r["batch"]),
                                r["path"], fmt(r["gbps"], ".3g"), fmt(r["p50_ms"], ".3f"),
                                fmt(r["p99_ms"], ".3f"),
                                fmt(r["contig_ms"], ".3f") if r["contiguous"] else "-",
                                fmt(r["numpy_gbps"], ".3g"), fmt(r["vs_numpy"], ".2f"),
                                fmt(r["cpprb_gbps"], ".3g"), fmt(r["vs_cpprb"], ".2f"),
+                               str(r["rounds"]), fmt(r["vs_numpy_median"], ".2f"),
+                               fmt(r["vs_cpprb_median"], ".2f"),
                                "yes" if r["verified"] else "NO", "/".join(r["arena_pages"])]
                               for r in rows])
     return 0 if all(r["verified"] for r in rows) else 1

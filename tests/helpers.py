@@ -22,8 +22,24 @@ def keyed_spec(width: int) -> dict:
     return {"obs": ((width,), "uint8"), "key": ((), "uint64")}
 
 
+def assert_dense(array: Any) -> None:
+    """A batch field is one C-contiguous [batch, *shape] array (issue #34):
+    numpy's np.ascontiguousarray hands it back without a copy; a torch
+    tensor is_contiguous(); a CuPy array is C-contiguous."""
+    if hasattr(array, "is_contiguous"):  # torch
+        assert array.is_contiguous(), array.stride()
+        return
+    assert array.flags.c_contiguous, array.strides
+    if isinstance(array, np.ndarray):
+        same = np.ascontiguousarray(array)
+        assert same.ctypes.data == array.ctypes.data and np.shares_memory(same, array)
+
+
 def check_keyed(batch: Any, width: int, mult: int = 1) -> None:
-    """Assert that every item of a sampled batch holds its key's bytes."""
+    """Assert that every item of a sampled batch holds its key's bytes, and
+    that every field is dense (`assert_dense`)."""
+    for field in batch.data.values():
+        assert_dense(field)
     expect = (batch.data["key"][:, None] * mult + np.arange(width)).astype(np.uint8)
     assert np.array_equal(batch.data["obs"], expect)
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from helpers import assert_dense
 
 SPEC = {"key": ((), "uint64"), "obs": ((32,), "uint32")}
 PATHS = ["tcp", "sm", "mapped"]
@@ -21,6 +22,8 @@ def items(keys) -> dict:
 
 
 def check(batch, evicted: set[int]) -> None:
+    for field in batch.data.values():  # rows resampled in place: still dense
+        assert_dense(field)
     keys = batch.data["key"]
     assert np.array_equal(batch.data["obs"], (keys[:, None] * 3 + np.arange(32)).astype(np.uint32))
     back = evicted & set(keys.tolist())

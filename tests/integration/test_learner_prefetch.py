@@ -6,6 +6,7 @@ import threading
 
 import numpy as np
 import pytest
+from helpers import assert_dense
 
 import distore_ucx as ds
 
@@ -32,6 +33,8 @@ def filled(client):
 
 
 def check(batch, items, keys):
+    for field in batch.data.values():  # dense on every way a batch comes: sampled, prefetched
+        assert_dense(field)
     idx = np.searchsorted(keys, batch.keys)
     assert np.array_equal(keys[idx], batch.keys)
     assert np.array_equal(np.asarray(batch.data["obs"]), items["obs"][idx])

@@ -6,6 +6,7 @@ import os
 
 import numpy as np
 import pytest
+from helpers import assert_dense
 
 import distore_ucx as ds
 
@@ -62,13 +63,6 @@ def test_single_items_and_unnamed_spec(client, tls):
     assert batch.data.shape == (16, 3, 5)
     for key, row in zip(batch.keys, batch.data):
         assert np.all(row == (1.5 if key == k1[0] else 2.5))
-
-
-def assert_dense(array):
-    """A C-contiguous array that np.ascontiguousarray hands back without a copy."""
-    assert array.flags.c_contiguous, array.strides
-    same = np.ascontiguousarray(array)
-    assert same.ctypes.data == array.ctypes.data and np.shares_memory(same, array)
 
 
 def test_every_field_is_a_dense_array_on_every_read_path(client, tls):
