@@ -21,7 +21,8 @@ get
 
 Baselines in the same run (``--perftest-repeats`` runs before the store's and as
 many after, the best kept: on a shared machine busy-polling pairs lose most to
-other load), same message size, ``batch`` messages outstanding:
+other load), same message size, ``batch`` messages outstanding (``--perftest-window``
+sets it, e.g. to ``--max-in-flight``, what the node keeps in flight of a batch):
 ``ucx_perftest -t ucp_am_bw`` with put_zcopy (``am_bw``) and the same with
 ``-E sleep`` (``am_sleep``: both sides sleep when idle, as the store's
 processes do). ``vs_am`` and ``vs_am_sl`` are the path's GB/s (10^9 bytes of
@@ -74,7 +75,8 @@ def perftest(args, size: int, batch: int) -> dict[str, list]:
     for name, extra in (("am_bw", []), ("am_sleep", ["-E", "sleep"])):
         runs = []
         for _ in range(args.perftest_repeats):
-            pt, why = measure_perftest(TLS, size, batch, ops, max(batch, ops // 10),
+            pt, why = measure_perftest(TLS, size, args.perftest_window or batch, ops,
+                                       max(batch, ops // 10),
                                        args.perftest_timeout, test="ucp_am_bw",
                                        extra_env={"RNDV_SCHEME": "put_zcopy"},
                                        extra_args=extra)
@@ -100,7 +102,7 @@ def measure_paths(args, size: int, batch: int) -> list[dict]:
     slots = max(2 * batch, min(256, args.arena_bytes // slot))
     node = subprocess.Popen(
         [sys.executable, PEER, "node", "--item-bytes", str(size), "--slots", str(slots),
-         "--max-in-flight", str(args.max_in_flight)],
+         "--max-in-flight", str(args.max_in_flight), "--fields", str(args.fields)],
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
     rows = []
     try:
@@ -116,7 +118,7 @@ def measure_paths(args, size: int, batch: int) -> list[dict]:
             r = subprocess.run(
                 [sys.executable, PEER, "learner", hello, "--item-bytes", str(size),
                  "--batch", str(batch), "--seconds", str(args.seconds),
-                 "--rndv-min", str(args.rndv_min), *extra],
+                 "--rndv-min", str(args.rndv_min), "--fields", str(args.fields), *extra],
                 capture_output=True, text=True, env=env, timeout=args.seconds * 4 + 120)
             if r.returncode != 0 or not r.stdout.strip():
                 log(f"[{size} B] {path} failed ({r.returncode}): {r.stderr.strip()[-500:]}")
@@ -185,8 +187,14 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="the node's messages in flight per batch")
     p.add_argument("--rndv-min", type=int, default=8192,
                    help="fields of this many bytes and more go by rendezvous")
+    p.add_argument("--fields", type=int, choices=(1, 3), default=1,
+                   help="fields per item: 1, or 3 (the item and two small fields, as W1-like "
+                        "tables have: a reward, a step)")
     p.add_argument("--perftest-repeats", type=int, default=1,
                    help="ucx_perftest runs before, and as many after, the store's (best kept)")
+    p.add_argument("--perftest-window", type=int, default=0,
+                   help="messages ucx_perftest keeps outstanding (default: the batch; the "
+                        "node keeps at most --max-in-flight of a batch in flight)")
     p.add_argument("--perftest-bytes", type=int, default=1 << 30,
                    help="about this many bytes per ucx_perftest run")
     p.add_argument("--perftest-timeout", type=float, default=120.0)

@@ -20,7 +20,7 @@ def test_cross_host_script_measures_sample_and_inserts_over_tcp(tmp_path):
         [sys.executable, os.path.join(REPO, "perf", "cross_host.py"), "--sizes", "64K",
          "--seconds", "0.3", "--min-batches", "3", "--min-bytes", "1M", "--fill-bytes", "8M",
          "--insert-arena", "128M", "--perftest-bytes", "4M", "--perftest-repeats", "1",
-         "--sample-gets", "--json-out", str(out_file)],
+         "--sample-gets", "--sample-repeats", "2", "--json-out", str(out_file)],
         capture_output=True, text=True, timeout=240, cwd=str(tmp_path), check=False)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     rows = [json.loads(line) for line in out_file.read_text().splitlines()]
@@ -41,6 +41,14 @@ def test_cross_host_script_measures_sample_and_inserts_over_tcp(tmp_path):
                 assert abs(r[f"vs_{base}" if base != "am_bw" else "vs_am_bw"]
                            - r["gbps"] / r[f"{base}_gbps"]) < 1e-9
     sample = rows[0]
+    # --sample-repeats: every run's GB/s kept, the median run reported, and
+    # the like-with-like ratio (median over the median am_sleep run).
+    for r in rows[:2]:
+        assert len(r["gbps_runs"]) == 2 and r["gbps"] in r["gbps_runs"]
+        assert r["gbps_best"] == max(r["gbps_runs"])
+        if r["am_sleep_median_gbps"] is not None:
+            want = sum(r["gbps_runs"]) / 2 / r["am_sleep_median_gbps"]
+            assert abs(r["vs_am_sleep_median"] - want) < 1e-9
     assert sample["c_contiguous"] is True and sample["batches"] >= 3
     assert 0 < sample["p50_ms"] <= sample["p99_ms"]
     assert 0 < sample["gather_mean_ms"] <= sample["mean_ms"] * 1.5
