@@ -46,6 +46,7 @@ __all__ = [
     "PRIORITIES",
     "REQUEST",
     "RKEY",
+    "SAMPLE_PORT",
     "SELECTOR",
     "SIZE",
     "SLOT_SIZE",
@@ -134,6 +135,10 @@ LOCAL_SOCKET = F("local_socket", "str", max_len=100)
 # A node that serves samples by UCX active message (native/am_sample.h):
 # where UCX emulates RMA; absent, learners read it with one-sided gets.
 AM_SAMPLE = F("am_sample", "bool")
+# The port of its UCX listener for those samples (storage/sample_server.py),
+# on the host of its address; absent (an older node), learners read it with
+# one-sided gets.
+SAMPLE_PORT = F("sample_port", "int", lo=1, hi=65535)
 # The slots and items one message moves (an insert, a stage, a re-sent batch).
 SLOT_SIZE = F("slot_size", "int", lo=1, hi=1 << 34)
 ITEM_BYTES = SLOT_SIZE.named("item_bytes")

@@ -47,6 +47,7 @@ from .fields import (
     PAGE_KIND,
     PID,
     RKEY,
+    SAMPLE_PORT,
     SELECTOR,
     SIZE,
     SPEC,
@@ -252,6 +253,7 @@ class NodeDescription(Record):
     rkey: bytes | None = wire(RKEY, optional=True)
     insert_address: bytes | None = wire(WORKER_ADDRESS, optional=True)
     am_sample: bool | None = wire(AM_SAMPLE, optional=True)  # samples by active message
+    sample_port: int | None = wire(SAMPLE_PORT, optional=True)  # ...through its listener
 
 
 @record("a table")

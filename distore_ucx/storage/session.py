@@ -119,7 +119,8 @@ class ControlSession:
                 **({"disk_size": self.tier.size} if self.tier is not None else {}),
                 **({"insert_address": bytes(self.runtime.reader_worker.address)}
                    if self.puller.am_inbox is not None else {}),
-                **({"am_sample": True} if self.sample_server is not None else {}),
+                **({"am_sample": True, "sample_port": self.sample_server.port}
+                   if self.sample_server is not None else {}),
             )
             joined = parse_reply("register_node", msg, control.name)
             self.node_id = joined.node_id
