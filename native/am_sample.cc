@@ -186,9 +186,14 @@ void pump(ServeJob* j) {
     param.cb.send = &on_sent;
     param.user_data = j;
     const void* data = p.length > 0 ? c.base + it.slot + p.src : nullptr;
+    // Counted before the call: UCX may end the request, and call on_sent,
+    // inside it (an endpoint that fails while the message is posted); a
+    // count taken after would then never come back to 0.
+    ++j->in_flight;
     ucs_status_ptr_t r =
         ucp_am_send_nbx(j->ep, c.data_id, &h, sizeof(h), data, p.length, &param);
     if (UCS_PTR_IS_ERR(r)) {
+      --j->in_flight;
       if (rndv && UCS_PTR_STATUS(r) == UCS_ERR_UNSUPPORTED) {
         j->no_rndv = true;  // this endpoint has no rendezvous: let UCX choose
         continue;
@@ -199,10 +204,9 @@ void pump(ServeJob* j) {
     }
     ++j->next;
     j->bytes += p.length;
-    if (r == nullptr) {
+    if (r == nullptr) {  // sent at once; no callback comes
+      --j->in_flight;
       ++j->sent;
-    } else {
-      ++j->in_flight;
     }
   }
   j->pumping = false;
