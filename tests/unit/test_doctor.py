@@ -29,8 +29,10 @@ def test_doctor_reports_ucx_and_what_is_missing():
     assert "same-host nodes -> mapped" in text
     # Active-message inserts are opt-in (config.am_inserts_enabled): gets, saying why.
     assert "inserts from other hosts: one-sided gets (off unless DISTORE_AM_INSERTS=1" in text
-    # Samples by active message are opt-in (config.am_samples_enabled).
-    assert "remote samples: one-sided gets (samples by active message are opt-in" in text
+    # Samples by active message are on where UCX emulates RMA
+    # (config.am_samples_enabled; storage/sample_server.why_not).
+    assert ("remote samples: UCX active messages through the node's sample listener" in text
+            or "remote samples: one-sided gets (UCX has an RDMA transport)" in text), text
     if not cuda_present():
         assert "GPUs: none found" in text
         assert "MISSING GPU: no NVIDIA GPU or driver found" in text
