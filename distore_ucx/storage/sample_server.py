@@ -34,6 +34,7 @@ import asyncio
 import logging
 
 from .._native_loader import _native
+from ..errors import DistoreError
 from ..protocol import AM_SAMPLE_DATA_ID, AM_SAMPLE_REQUEST_ID
 from ..transport import capabilities
 
@@ -85,8 +86,7 @@ class SampleServer:
         """Serve samples from `arena` (storage/arena.py) on `runtime.worker`
         to learners that connect to its listener on `host` (the address the
         node's RPC server binds), on a free port; or None where learners
-        read by gets (why_not says why). Raises UcxError if UCX cannot
-        listen there."""
+        read by gets (why_not says why, or UCX cannot listen there: logged)."""
         why = why_not(runtime, enabled)
         if why:
             log.info("node %s: learners on other hosts read it with one-sided gets: %s",
@@ -98,6 +98,11 @@ class SampleServer:
             max_batches=MAX_BATCHES, stall=STALL)
         try:
             port = native.listen(host, 0, MAX_CONNECTIONS)
+        except DistoreError as exc:  # e.g. UCX has no connection manager for this address
+            native.close(CLOSE_TIMEOUT)
+            log.warning("node %s: cannot listen for learners' sample connections on %s (%s); "
+                        "learners on other hosts read it with one-sided gets", name, host, exc)
+            return None
         except BaseException:
             native.close(CLOSE_TIMEOUT)
             raise
