@@ -64,6 +64,7 @@ struct AmSampleServer::Core {
   size_t max_in_flight = 0, max_batches = 0;
   int64_t stall_ns = 0;
   const uint8_t* base = nullptr;  // the arena as registered (read-only where write-protected)
+  ucp_mem_h memh = nullptr;       // its registration (the server holds the arena)
   uint64_t size = 0;
 
   struct Link {  // a registered endpoint to one learner
@@ -180,8 +181,16 @@ void pump(ServeJob* j) {
     std::memset(&param, 0, sizeof(param));
     param.op_attr_mask =
         UCP_OP_ATTR_FIELD_FLAGS | UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
-    // No memory handle of ours: a send still pending when the learner dies
-    // must not pin our registration (UCX registers through its cache).
+    // The arena's own registration: UCX then registers nothing through its
+    // cache, and a rendezvous aborted because the learner went away
+    // (ucp_proto_rndv_rts_abort) ends at once instead of first invalidating
+    // a cached registration, which UCX 1.21 does not always finish and,
+    // with its memory cache off, crashes in (ucs_rcache_region_invalidate
+    // on no cache). A send still pending at close keeps the arena (close).
+    if (c.memh != nullptr) {
+      param.op_attr_mask |= UCP_OP_ATTR_FIELD_MEMH;
+      param.memh = c.memh;
+    }
     param.flags = UCP_AM_SEND_FLAG_COPY_HEADER | (rndv ? UCP_AM_SEND_FLAG_RNDV : 0);
     param.cb.send = &on_sent;
     param.user_data = j;
@@ -333,6 +342,7 @@ AmSampleServer::AmSampleServer(nb::object worker, uintptr_t worker_handle, nb::o
   c.stall_ns = static_cast<int64_t>(stall_s * 1e9);
   c.base = reinterpret_cast<const uint8_t*>(arena.address());
   c.size = arena.size();
+  c.memh = arena.memh();
   request_id_ = request_id;
   // The handler's argument: the core, held as long as the handler is registered.
   handler_arg_ = new std::shared_ptr<Core>(core_);

@@ -41,15 +41,18 @@
 //
 // A learner that dies mid-batch fails the node's sends, and the batch's
 // state is freed when its last send ends; the listener's connection to it
-// is closed by reap(). UCX 1.21 does not always end them: never on an
-// endpoint without peer-failure handling whose peer died before answering
-// a rendezvous (its maintainers disable rendezvous with error handling for
-// that reason, openucx/ucx#6721), and now and then not even with it on a
-// worker-address endpoint. So a batch whose sends made no progress for
-// `stall_s` is abandoned (Core::sweep): it stops counting against
-// max_batches, and what it holds (its state, UCX's requests, never a slot)
-// is freed if UCX ever ends its sends. Nothing on the node waits for it;
-// the node serves on.
+// is closed by reap(). Sends name the arena's own registration: a
+// rendezvous aborted on a failed endpoint then ends at once, where one
+// sent from memory UCX registered through its cache first invalidates that
+// registration, which UCX 1.21 does not always finish (the batch never
+// ended) and, with the cache off, crashes in. UCX does not always end
+// sends on an endpoint without peer-failure handling whose peer died
+// before answering a rendezvous (its maintainers disable rendezvous with
+// error handling for that reason, openucx/ucx#6721). So a batch whose
+// sends made no progress for `stall_s` is abandoned (Core::sweep): it
+// stops counting against max_batches, and what it holds (its state, UCX's
+// requests, never a slot) is freed if UCX ever ends its sends. Nothing on
+// the node waits for it; the node serves on.
 //
 // A node that stops answering (a stopped process, a cut link) leaves the
 // learner's fetch without progress: after `stall_s` of none it fails the

@@ -340,35 +340,41 @@ def test_the_remote_key_for_busy_items_reads_on_the_listener_endpoint(node, lear
 
 
 def test_a_node_that_stops_answering_fails_after_the_stall_and_is_closed(learner):
-    node = Node(stall=2.0)
+    node = Node(stall=30.0)
     try:
         stop_and_fetch(node, learner)
     finally:
-        node.close(sends_ended=False)
+        node.close()
 
 
 def stop_and_fetch(node: Node, learner: Learner) -> None:
     # A stopped node (SIGSTOP) progresses nothing: its sockets stay open.
+    # Its progress thread stops for good here; the test progresses its
+    # worker itself once it "wakes up".
     ep = learner.connect_listener(node.server.listen("127.0.0.1", 0))
     node.rt.worker.stop_progress_thread()
-    try:
-        t0 = time.monotonic()
-        statuses = learner.fetch(np.zeros(learner.n), np.arange(learner.n), node.slot,
-                                 timeout=30.0, stall=0.5)
-        took = time.monotonic() - t0
-    finally:
-        node.rt.worker.start_progress_thread(polling_mode=False)
+    node.rt._progress = False  # nothing to stop at close
+    t0 = time.monotonic()
+    statuses = learner.fetch(np.zeros(learner.n), np.arange(learner.n), node.slot,
+                             timeout=30.0, stall=0.5)
+    took = time.monotonic() - t0
     assert {_native.status_name(int(s)) for s in statuses} == {"UCS_ERR_TIMED_OUT"}
     assert took < 5.0, took  # the stall, not the timeout
     assert (learner.headers() == 0).all()
     assert not ep.alive  # force-closed: dropping it costs no wait
+
+    def both_progressed() -> bool:  # the node woke up; the learner's next batch
+        node.rt.worker.progress()
+        learner.worker.progress()
+        return True
+
     # The node, going on, finds the learner's connection gone (once the
     # learner's worker is progressed, as its next batch does, UCX closes the
-    # socket): the connection is reaped, and the batch stops counting (its
-    # sends fail, or, posted to a learner whose end was already
-    # force-closed, UCX may keep them: then it is abandoned after the stall).
-    wait_for(lambda: learner.worker.progress() is None and node.server.reap(0.5) >= 0
+    # socket): the batch's sends fail and the connection is reaped.
+    wait_for(lambda: both_progressed() and node.server.reap(0.5) >= 0
              and node.server.connections["open"] == 0 and node.server.stats["in_flight"] == 0,
              20.0, "the node to drop the learner", lambda: (node.server.connections,
-                                                           node.server.stats))
+                                                           node.server.stats),
+             interval=0.005)
     assert node.server.connections["failed"] == 1
+    assert node.server.stats["stuck"] == 0 and node.server.stats["abandoned"] == 0
