@@ -112,12 +112,11 @@ def _remote_samples(rdma: bool) -> str:
     from .config import am_samples_enabled
 
     if not am_samples_enabled():
-        return ("one-sided gets (samples by active message are opt-in: "
-                "DISTORE_AM_SAMPLES=1)")
+        return "one-sided gets (samples by active message switched off: DISTORE_AM_SAMPLES=0)"
     if rdma:
         return "one-sided gets (UCX has an RDMA transport)"
-    return ("UCX active messages (rendezvous put_zcopy straight into the learner's ring: "
-            "UCX emulates RMA here)")
+    return ("UCX active messages through the node's sample listener (rendezvous put_zcopy "
+            "straight into the learner's ring: UCX emulates RMA here)")
 
 
 def gpu_info() -> tuple[list[dict], str]:

@@ -28,7 +28,7 @@ void force_close(ucp_worker_h worker, ucp_ep_h ep, double timeout_s) {
 }
 
 AmConnections::AmConnections(ucp_worker_h worker, const std::string& host, uint16_t port,
-                             size_t max_connections)
+                             size_t max_connections, const std::string& what)
     : worker_(worker), max_connections_(max_connections) {
   addrinfo hints;
   std::memset(&hints, 0, sizeof(hints));
@@ -40,7 +40,7 @@ AmConnections::AmConnections(ucp_worker_h worker, const std::string& host, uint1
   const int rc = getaddrinfo(host.empty() ? nullptr : host.c_str(), service.c_str(), &hints,
                              &found);
   if (rc != 0 || found == nullptr) {
-    throw UcxError(UCS_ERR_INVALID_ADDR, "cannot listen for inserts on " + host + ":" +
+    throw UcxError(UCS_ERR_INVALID_ADDR, "cannot listen for " + what + "s on " + host + ":" +
                                              service + ": " + gai_strerror(rc) +
                                              "; give the node an address of this host");
   }
@@ -53,7 +53,7 @@ AmConnections::AmConnections(ucp_worker_h worker, const std::string& host, uint1
   params.conn_handler.cb = &AmConnections::on_connect;
   params.conn_handler.arg = this;
   check(ucp_listener_create(worker_, &params, &listener_),
-        "listening for insert connections on " + host + ":" + service);
+        "listening for " + what + " connections on " + host + ":" + service);
   ucp_listener_attr_t attr;
   std::memset(&attr, 0, sizeof(attr));
   attr.field_mask = UCP_LISTENER_ATTR_FIELD_SOCKADDR;

@@ -1,6 +1,8 @@
-// The connections a storage node takes insert messages on: a UCX listener
-// on the inbox's worker and the endpoints it accepts, each with peer-failure
-// handling (UCP_ERR_HANDLING_MODE_PEER).
+// The connections a storage node takes active messages on: a UCX listener
+// on one of its workers and the endpoints it accepts, each with peer-failure
+// handling (UCP_ERR_HANDLING_MODE_PEER). Writers' inserts come on the
+// inbox's (am_insert.h); learners' sample requests come, and their answers
+// go, on the sample server's (am_sample.h).
 //
 // Why a listener: UCX selects zero-copy rendezvous lanes for an endpoint
 // with peer-failure handling only when its transport lanes are connected
@@ -14,9 +16,11 @@
 // under way for ever, and its connection can be force-closed to end a
 // receive from a writer that hangs. perf/am_rndv_probe.py measures both.
 //
-// Ownership: owned by the AmInbox whose worker it listens on; closing it
-// destroys the listener and force-closes every endpoint (their requests end
-// with an error). Thread safety: the UCX callbacks run on whichever thread
+// A learner that dies mid-batch fails the node's sends to it likewise.
+//
+// Ownership: owned by the AmInbox or AmSampleServer whose worker it listens
+// on; closing it destroys the listener and force-closes every endpoint
+// (their requests end with an error). Thread safety: the UCX callbacks run on whichever thread
 // progresses the worker; every method may be called from any thread. One
 // mutex guards the tables, and no UCX call is made under it (the callbacks
 // take it under the worker's lock).
@@ -35,11 +39,12 @@ namespace distore {
 
 class AmConnections {
  public:
-  // Listens on `host`:`port` (port 0: any free one) for writers' insert
-  // connections, at most `max_connections` open at once (more are refused).
-  // Throws UcxError if UCX cannot listen there.
+  // Listens on `host`:`port` (port 0: any free one) for peers' connections
+  // (`what` names them in errors: "insert", "sample"), at most
+  // `max_connections` open at once (more are refused). Throws UcxError if
+  // UCX cannot listen there.
   AmConnections(ucp_worker_h worker, const std::string& host, uint16_t port,
-                size_t max_connections);
+                size_t max_connections, const std::string& what = "insert");
   ~AmConnections();
   AmConnections(const AmConnections&) = delete;
   AmConnections& operator=(const AmConnections&) = delete;

@@ -27,6 +27,8 @@ constexpr auto kGrace = std::chrono::milliseconds(500);
 // A fetch polls its worker this long without result before it sleeps on
 // the worker's event fd.
 constexpr auto kSpin = std::chrono::microseconds(20);
+// s a forced close of a listener's connection may progress the worker.
+constexpr double kConnCloseTimeout = 1.0;
 
 void set_am_handler(ucp_worker_h worker, unsigned id, ucp_am_recv_callback_t cb, void* arg,
                     const char* what) {
@@ -62,6 +64,7 @@ struct AmSampleServer::Core {
   size_t max_in_flight = 0, max_batches = 0;
   int64_t stall_ns = 0;
   const uint8_t* base = nullptr;  // the arena as registered (read-only where write-protected)
+  ucp_mem_h memh = nullptr;       // its registration (the server holds the arena)
   uint64_t size = 0;
 
   struct Link {  // a registered endpoint to one learner
@@ -178,15 +181,28 @@ void pump(ServeJob* j) {
     std::memset(&param, 0, sizeof(param));
     param.op_attr_mask =
         UCP_OP_ATTR_FIELD_FLAGS | UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
-    // No memory handle of ours: a send still pending when the learner dies
-    // must not pin our registration (UCX registers through its cache).
+    // The arena's own registration: UCX then registers nothing through its
+    // cache, and a rendezvous aborted because the learner went away
+    // (ucp_proto_rndv_rts_abort) ends at once instead of first invalidating
+    // a cached registration, which UCX 1.21 does not always finish and,
+    // with its memory cache off, crashes in (ucs_rcache_region_invalidate
+    // on no cache). A send still pending at close keeps the arena (close).
+    if (c.memh != nullptr) {
+      param.op_attr_mask |= UCP_OP_ATTR_FIELD_MEMH;
+      param.memh = c.memh;
+    }
     param.flags = UCP_AM_SEND_FLAG_COPY_HEADER | (rndv ? UCP_AM_SEND_FLAG_RNDV : 0);
     param.cb.send = &on_sent;
     param.user_data = j;
     const void* data = p.length > 0 ? c.base + it.slot + p.src : nullptr;
+    // Counted before the call: UCX may end the request, and call on_sent,
+    // inside it (an endpoint that fails while the message is posted); a
+    // count taken after would then never come back to 0.
+    ++j->in_flight;
     ucs_status_ptr_t r =
         ucp_am_send_nbx(j->ep, c.data_id, &h, sizeof(h), data, p.length, &param);
     if (UCS_PTR_IS_ERR(r)) {
+      --j->in_flight;
       if (rndv && UCS_PTR_STATUS(r) == UCS_ERR_UNSUPPORTED) {
         j->no_rndv = true;  // this endpoint has no rendezvous: let UCX choose
         continue;
@@ -197,10 +213,9 @@ void pump(ServeJob* j) {
     }
     ++j->next;
     j->bytes += p.length;
-    if (r == nullptr) {
+    if (r == nullptr) {  // sent at once; no callback comes
+      --j->in_flight;
       ++j->sent;
-    } else {
-      ++j->in_flight;
     }
   }
   j->pumping = false;
@@ -327,6 +342,7 @@ AmSampleServer::AmSampleServer(nb::object worker, uintptr_t worker_handle, nb::o
   c.stall_ns = static_cast<int64_t>(stall_s * 1e9);
   c.base = reinterpret_cast<const uint8_t*>(arena.address());
   c.size = arena.size();
+  c.memh = arena.memh();
   request_id_ = request_id;
   // The handler's argument: the core, held as long as the handler is registered.
   handler_arg_ = new std::shared_ptr<Core>(core_);
@@ -371,6 +387,47 @@ void AmSampleServer::drop_peer(uint64_t client) {
   peers_.erase(client);
 }
 
+uint16_t AmSampleServer::listen(const std::string& host, uint16_t port,
+                                size_t max_connections) {
+  {
+    std::lock_guard<std::mutex> lock(conns_mu_);
+    if (conns_ != nullptr) {
+      throw UcxError(kStatusBadArgument, "AmSampleServer.listen: it listens already");
+    }
+  }
+  {
+    std::lock_guard<std::mutex> lock(core_->mu);
+    if (!core_->open) throw UcxError(UCS_ERR_CANCELED, "AmSampleServer.listen: it is closed");
+  }
+  // Made outside the locks: creating the listener takes the worker's lock,
+  // under which the request handler takes the core's.
+  auto made = std::make_unique<AmConnections>(core_->worker, host, port, max_connections,
+                                              "sample");
+  const uint16_t chosen = made->port();
+  std::lock_guard<std::mutex> lock(conns_mu_);
+  if (conns_ != nullptr) {  // another thread listened meanwhile
+    made->close(kConnCloseTimeout);
+    throw UcxError(kStatusBadArgument, "AmSampleServer.listen: it listens already");
+  }
+  conns_ = std::move(made);
+  return chosen;
+}
+
+AmConnections* AmSampleServer::connections_ptr() const {
+  std::lock_guard<std::mutex> lock(conns_mu_);
+  return conns_.get();
+}
+
+size_t AmSampleServer::reap(double timeout_s) {
+  AmConnections* c = connections_ptr();
+  return c != nullptr ? c->reap(timeout_s) : 0;
+}
+
+AmConnections::Counts AmSampleServer::connections() const {
+  AmConnections* c = connections_ptr();
+  return c != nullptr ? c->counts() : AmConnections::Counts{0, 0, 0, 0, 0};
+}
+
 AmSampleServer::Stats AmSampleServer::stats() const {
   std::lock_guard<std::mutex> lock(core_->mu);
   core_->sweep();
@@ -389,6 +446,9 @@ bool AmSampleServer::close(double timeout_s) {
     set_am_handler(c.worker, request_id_, nullptr, nullptr, "");
     delete handler_arg_;
     handler_arg_ = nullptr;
+    // No learner connects any more, and the sends to those connected end
+    // with an error: their batches finish below.
+    if (AmConnections* conns = connections_ptr()) conns->close(kConnCloseTimeout);
   }
   const auto deadline = clock::now() + std::chrono::duration<double>(timeout_s);
   IdleWait wait;
@@ -616,7 +676,8 @@ ucs_status_t AmSampleClient::receive(const AmSampleReply& h, void* data, size_t 
 void AmSampleClient::fetch(const std::vector<Endpoint*>& eps, const uint32_t* node,
                            const uint64_t* slot_offset, const uint64_t* rows, size_t n,
                            const BatchLayout& layout, const MemoryRegion& dest,
-                           double timeout_s, uint64_t rndv_min, int32_t* statuses) {
+                           double timeout_s, uint64_t rndv_min, double stall_s,
+                           int32_t* statuses) {
   {
     std::lock_guard<std::mutex> lock(life_mu_);
     if (!registered_) throw UcxError(UCS_ERR_CANCELED, "AmSampleClient: closed");
@@ -740,15 +801,34 @@ void AmSampleClient::fetch(const std::vector<Endpoint*>& eps, const uint32_t* no
   // progress thread needs the core we would spin on (idle_wait.h says the
   // same of the gather). Without an event fd, pace with IdleWait.
   const auto deadline = clock::now() + std::chrono::duration<double>(timeout_s);
+  const auto stall = std::chrono::duration<double>(stall_s);
   IdleWait wait;
   bool late = false, forced = false;
   auto quiet_from = clock::now();
+  auto moved = clock::now();  // when a message of this batch last came or a part ended
+  auto force_at = deadline;
   unsigned quiet_rounds = 0;
+  std::vector<uint8_t> awaited(eps.size(), 0);  // nodes with parts not done when late
+  // Force-closes the endpoints (with error handling) of the nodes awaited
+  // that still hold receives under way, or all of them (`all`).
+  auto force_awaited = [&](bool all) {
+    std::vector<uint8_t> hung(eps.size(), 0);
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      for (size_t k = 0; k < b.state.size(); ++k) {
+        if (b.state[k] == Batch::kReceiving) hung[node[k / b.parts]] = 1;
+      }
+    }
+    for (size_t e = 0; e < eps.size(); ++e) {
+      if ((hung[e] || (all && awaited[e])) && eps[e]->error_handling()) eps[e]->close(true, 0.0);
+    }
+  };
   while (true) {
     unsigned events = ucp_worker_progress(worker_h_);
     {
       std::lock_guard<std::mutex> lock(mu_);
       if (b.left == 0) break;
+      if (b.events != 0) moved = clock::now();
       events += b.events;
       b.events = 0;
       // A node whose endpoint failed (error handling) sends nothing more.
@@ -776,28 +856,30 @@ void AmSampleClient::fetch(const std::vector<Endpoint*>& eps, const uint32_t* no
       if (!late && (idle & 63) != 0) continue;
       now = clock::now();
     }
-    if (!late && now > deadline) {
+    const bool stalled = stall_s > 0 && now - moved > stall;
+    if (!late && (now > deadline || stalled)) {
+      // Nothing more is waited for. After a stall nothing moved for
+      // stall_s already: no grace for the receives under way.
       late = true;
+      force_at = stalled ? now : deadline + kGrace;
       std::lock_guard<std::mutex> lock(mu_);
+      for (size_t k = 0; k < b.state.size(); ++k) {
+        if (b.state[k] != Batch::kDone) awaited[node[k / b.parts]] = 1;
+      }
       for (size_t i = 0; i < n; ++i) b.fail_waiting(i, UCS_ERR_TIMED_OUT);
     }
-    if (late && !forced && now > deadline + kGrace) {
+    if (late && !forced && now >= force_at) {
       // Receives still under way from a node that stopped sending: only a
       // forced close ends them (endpoints with error handling); others are
       // waited for, since UCX would still write into dest.
       forced = true;
-      std::vector<Endpoint*> hung;
-      {
-        std::lock_guard<std::mutex> lock(mu_);
-        for (size_t k = 0; k < b.state.size(); ++k) {
-          if (b.state[k] == Batch::kReceiving) hung.push_back(eps[node[k / b.parts]]);
-        }
-      }
-      for (Endpoint* ep : hung) {
-        if (ep->error_handling()) ep->close(true, 0.0);
-      }
+      force_awaited(false);
     }
   }
+  // The nodes that did not answer in time: their endpoints with error
+  // handling are force-closed, as the gather does to a node whose reads
+  // hang, so that dropping them costs no wait (the caller forgets them).
+  if (late) force_awaited(true);
   {
     std::lock_guard<std::mutex> lock(mu_);
     batches_.erase(b.token);  // later messages for it are dropped

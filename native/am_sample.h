@@ -23,34 +23,48 @@
 //
 // Where the node answers (the endpoint mode, `AmSampleServer::Endpoints`):
 //   kReply       on the endpoint the request came on (UCP_AM_SEND_FLAG_REPLY):
-//                the node's end of the learner's endpoint, with the error
-//                handling mode the learner chose for it, or the endpoint
-//                a node's listener accepted when the learner connected
-//                through it;
+//                the endpoint the node's listener accepted when the learner
+//                connected through it (listen(); Endpoint.to_listener), with
+//                peer-failure handling, or the node's end of a learner's
+//                worker-address endpoint, with the error handling mode the
+//                learner chose for it;
 //   kRegistered  on an endpoint the node made to that learner itself and
 //                registered under the learner's client id (set_peer). UCX
 //                refuses two endpoints between the same two workers whose
 //                error handling differs: it must match the learner's.
 // Which endpoints keep the zero-copy rendezvous over TCP: those without
 // peer-failure handling, and those with it made through a listener (a
-// connection-manager lane); worker-address endpoints with it make UCX send
-// eagerly through bounce buffers. perf/am_sample_native.py measures both.
+// connection-manager lane; am_connections.h); worker-address endpoints with
+// it make UCX send eagerly through bounce buffers. perf/am_sample_native.py
+// measures both. Learners connect through the listener: peer-failure
+// handling and zero copy at once.
 //
 // A learner that dies mid-batch fails the node's sends, and the batch's
-// state is freed when its last send ends. UCX 1.21 does not always end
-// them: never on an endpoint without peer-failure handling whose peer died
+// state is freed when its last send ends; the listener's connection to it
+// is closed by reap(). Sends name the arena's own registration: a
+// rendezvous aborted on a failed endpoint then ends at once, where one
+// sent from memory UCX registered through its cache first invalidates that
+// registration, which UCX 1.21 does not always finish (the batch never
+// ended) and, with the cache off, crashes in. UCX does not always end
+// sends on an endpoint without peer-failure handling whose peer died
 // before answering a rendezvous (its maintainers disable rendezvous with
-// error handling for that reason, openucx/ucx#6721), and now and then not
-// even with it. So a batch whose sends made no progress for `stall_s` is
-// abandoned (Core::sweep): it stops counting against max_batches, and what
-// it holds (its state, UCX's requests, never a slot) is freed if UCX ever
-// ends its sends. Nothing on the node waits for it; the node serves on.
+// error handling for that reason, openucx/ucx#6721). So a batch whose
+// sends made no progress for `stall_s` is abandoned (Core::sweep): it
+// stops counting against max_batches, and what it holds (its state, UCX's
+// requests, never a slot) is freed if UCX ever ends its sends. Nothing on
+// the node waits for it; the node serves on.
 //
-// Ownership: the server holds its worker and arena (Python objects), and
-// shares its state with the batches it serves, which hold it until their
-// last send ends; close() unregisters the handler and waits for them (an
-// arena with sends still pending after close's timeout is kept mapped for
-// good rather than freed under UCX). The client holds its worker; a fetch
+// A node that stops answering (a stopped process, a cut link) leaves the
+// learner's fetch without progress: after `stall_s` of none it fails the
+// node's items and force-closes the endpoints with error handling of the
+// nodes it still waits for, as the gather does with gets (gather.h).
+//
+// Ownership: the server holds its worker and arena (Python objects), owns
+// its listener and connections, and shares its state with the batches it
+// serves, which hold it until their last send ends; close() unregisters the
+// handler, closes the connections (their sends end with an error) and
+// waits for the batches (an arena with sends still pending after close's
+// timeout is kept mapped for good rather than freed under UCX). The client holds its worker; a fetch
 // never returns while a receive may still write into its destination.
 // Thread safety: handlers and completions run on whichever thread
 // progresses the worker; every other method may be called from any thread
@@ -73,6 +87,7 @@
 #include <nanobind/nanobind.h>
 #include <ucp/api/ucp.h>
 
+#include "am_connections.h"
 #include "endpoint.h"
 #include "layout.h"
 #include "memory.h"
@@ -140,6 +155,16 @@ class AmSampleServer {
   // Stops posting to learner `client` (its batches in flight fail); GIL held.
   void drop_peer(uint64_t client);
 
+  // Listens on `host`:`port` (port 0: any free one) for learners'
+  // connections (Endpoint.to_listener), at most `max_connections` at once;
+  // requests on them are answered on them (kReply). Returns the port.
+  // Throws UcxError if it listens already, is closed, or UCX cannot listen.
+  uint16_t listen(const std::string& host, uint16_t port, size_t max_connections);
+  // Closes the connections of learners that failed or left; how many.
+  size_t reap(double timeout_s);
+  // The listener's connection counts (all 0 when not listening).
+  AmConnections::Counts connections() const;
+
   struct Stats {
     uint64_t requests = 0;   // requests accepted
     uint64_t refused = 0;    // requests refused (malformed, out of bounds, busy, no endpoint)
@@ -154,11 +179,14 @@ class AmSampleServer {
   };
   Stats stats() const;
 
-  // Unregisters the handler (idempotent), then progresses the worker up to
-  // `timeout_s` while batches are still being sent; true if none is left.
+  // Unregisters the handler and closes the listener's connections
+  // (idempotent), then progresses the worker up to `timeout_s` while
+  // batches are still being sent; true if none is left.
   bool close(double timeout_s);
 
  private:
+  AmConnections* connections_ptr() const;
+
   nanobind::object worker_;
   nanobind::object arena_;
   std::shared_ptr<Core> core_;
@@ -166,6 +194,10 @@ class AmSampleServer {
   unsigned request_id_ = 0;
   std::unordered_map<uint64_t, nanobind::object> peers_;  // kRegistered; GIL held
   bool closed_ = false;
+  // Made by listen(), closed by close(), kept until the server goes (UCX's
+  // callbacks on its endpoints name it). conns_mu_ guards the pointer only.
+  mutable std::mutex conns_mu_;
+  std::unique_ptr<AmConnections> conns_;
 };
 
 class AmSampleClient {
@@ -189,15 +221,18 @@ class AmSampleClient {
   // UCS_ERR_TIMED_OUT (nothing came within `timeout_s`), the endpoint's
   // failure, a node's refusal (UCS_ERR_BUSY, kStatusOutOfBounds...),
   // UCS_ERR_MESSAGE_TRUNCATED, kStatusTorn (the parts carried different
-  // slot headers). Past the timeout, receives under way are cancelled and,
-  // on endpoints with error handling, the endpoint is force-closed; on
-  // others the call waits for them: it never returns while UCX may still
-  // write into `dest`. Throws UcxError before sending anything if an
-  // argument is malformed. Must be called without the GIL.
+  // slot headers). When nothing of the batch arrives for `stall_s` (0:
+  // never), the items still awaited fail with UCS_ERR_TIMED_OUT as at the
+  // timeout. Past the timeout, receives under way get a short grace (none
+  // after a stall) and then, on endpoints with error handling, the
+  // endpoints of the nodes still awaited are force-closed; on others the
+  // call waits for them: it never returns while UCX may still write into
+  // `dest`. Throws UcxError before sending anything if an argument is
+  // malformed. Must be called without the GIL.
   void fetch(const std::vector<Endpoint*>& eps, const uint32_t* node,
              const uint64_t* slot_offset, const uint64_t* rows, size_t n,
              const BatchLayout& layout, const MemoryRegion& dest, double timeout_s,
-             uint64_t rndv_min, int32_t* statuses);
+             uint64_t rndv_min, double stall_s, int32_t* statuses);
 
   struct Stats {
     uint64_t batches = 0;

@@ -61,6 +61,42 @@ void bind_am_sample(nb::module_& m) {
           "until drop_peer).")
       .def("drop_peer", &AmSampleServer::drop_peer, "client"_a,
            "Stop answering `client`: its batches under way fail.")
+      .def(
+          "listen",
+          [](AmSampleServer& self, const std::string& host, uint16_t port,
+             size_t max_connections) {
+            nb::gil_scoped_release release;
+            return self.listen(host, port, max_connections);
+          },
+          "host"_a = "", "port"_a = 0, "max_connections"_a = 4096,
+          "Listen on `host`:`port` ('' all addresses, 0 any free port) for learners'\n"
+          "connections (Endpoint.to_listener), at most `max_connections` at once:\n"
+          "requests on them are answered on them ('reply'), with peer-failure handling\n"
+          "and zero-copy rendezvous over TCP. Returns the port.")
+      .def(
+          "reap",
+          [](AmSampleServer& self, double timeout) {
+            nb::gil_scoped_release release;
+            return self.reap(timeout);
+          },
+          "timeout"_a = 1.0,
+          "Close the listener's connections of learners that failed or left (each\n"
+          "close progresses the worker for at most `timeout` s); returns how many.")
+      .def_prop_ro(
+          "connections",
+          [](const AmSampleServer& self) {
+            const AmConnections::Counts c = self.connections();
+            nb::dict d;
+            d["open"] = c.open;
+            d["accepted"] = c.accepted;
+            d["refused"] = c.refused;
+            d["failed"] = c.failed;
+            d["aborted"] = c.aborted;
+            return d;
+          },
+          "Learners' connections through the listener: open now, accepted, refused\n"
+          "(too many, or closed), failed (the learner died or left), aborted (all 0\n"
+          "when not listening).")
       .def_prop_ro(
           "stats",
           [](const AmSampleServer& self) {
@@ -90,8 +126,9 @@ void bind_am_sample(nb::module_& m) {
             return self.close(timeout);
           },
           "timeout"_a = 5.0,
-          "Unregister the handler and wait up to `timeout` s for batches being sent;\n"
-          "True if none is left (else the arena stays mapped for good).");
+          "Unregister the handler, close the listener and its connections, and wait up\n"
+          "to `timeout` s for batches being sent; True if none is left (else the arena\n"
+          "stays mapped for good).");
 
   nb::class_<AmSampleClient>(
       m, "AmSampleClient",
@@ -112,7 +149,7 @@ void bind_am_sample(nb::module_& m) {
           "fetch",
           [](AmSampleClient& self, std::vector<Endpoint*> endpoints, Vec<uint32_t> node,
              Vec<uint64_t> slot_offsets, Vec<uint64_t> rows, const BatchLayout& layout,
-             const MemoryRegion& dest, double timeout, uint64_t rndv_min) {
+             const MemoryRegion& dest, double timeout, uint64_t rndv_min, double stall) {
             const size_t n = node.shape(0);
             if (slot_offsets.shape(0) != n || rows.shape(0) != n) {
               throw UcxError(kStatusBadArgument,
@@ -122,12 +159,12 @@ void bind_am_sample(nb::module_& m) {
             {
               nb::gil_scoped_release release;
               self.fetch(endpoints, node.data(), slot_offsets.data(), rows.data(), n, layout,
-                         dest, timeout, rndv_min, statuses);
+                         dest, timeout, rndv_min, stall, statuses);
             }
             return array;
           },
           "endpoints"_a, "node"_a, "slot_offsets"_a, "rows"_a, "layout"_a, "dest"_a,
-          "timeout"_a = 30.0, "rndv_min"_a = 8192,
+          "timeout"_a = 30.0, "rndv_min"_a = 8192, "stall"_a = 2.0,
           "Read one batch, in one call: item i's slot (at slot_offsets[i] in the arena of\n"
           "the node behind endpoints[node[i]]) lands in row rows[i] of `layout` in\n"
           "`dest` (host memory): each field in its dense array, sent by the node straight\n"
@@ -135,6 +172,9 @@ void bind_am_sample(nb::module_& m) {
           "header, once the item is whole, in the header array ((0, 0) for an item that\n"
           "failed). Returns the per-item ucs_status_t (0 = UCS_OK); the caller checks the\n"
           "headers against the (key, generation) it asked for, as after gather_dense.\n"
+          "When nothing of the batch arrives for `stall` s (0: never), the items still\n"
+          "awaited fail with UCS_ERR_TIMED_OUT as at `timeout`; then the endpoints with\n"
+          "error handling of the nodes awaited are force-closed (drop them).\n"
           "Raises InvalidArgument / OutOfBoundsError before sending anything if an\n"
           "argument is malformed.")
       .def_prop_ro(

@@ -11,15 +11,19 @@ Each node a learner reads from is a peer of one of two kinds:
   node cannot share its arena, or when the learner's ring is device memory
   (gpu-direct: plain loads cannot write it).
 - "ucx-am:<transports>": a node over UCX whose UCX emulates RMA (TCP) and
-  that serves samples by active message (its descriptor's `am_sample`,
-  storage/sample_server.py): the learner sends it one request per batch
-  and the node sends each item's fields straight into the learner's ring
-  (`_native.AmSampleClient.fetch`, one call per batch for every such
-  node). Its endpoint has no peer-failure handling (zero-copy rendezvous
-  needs none on worker-address endpoints), and its remote key, for the
-  items a busy node refuses, is on the same endpoint (UCX refuses two
-  endpoints between the same two workers whose error handling differs).
-  Not for a device ring (gpu-direct), nor with `DISTORE_AM_SAMPLES=0`.
+  that serves samples by active message (its descriptor's `am_sample` and
+  `sample_port`, storage/sample_server.py): the learner sends it one
+  request per batch and the node sends each item's fields straight into
+  the learner's ring (`_native.AmSampleClient.fetch`, one call per batch
+  for every such node). Its endpoint is made through the node's sample
+  listener (`runtime.listener_endpoint`): it has peer-failure handling and
+  keeps zero-copy rendezvous over TCP (native/am_connections.h). Its remote
+  key, for the items a busy node refuses, is on the same endpoint (UCX
+  refuses two endpoints between the same two workers whose error handling
+  differs). Not for a device ring (gpu-direct), nor for a same-host node
+  that UCX reaches through shared memory, nor with `DISTORE_AM_SAMPLES=0`,
+  nor for a node without a sample listener (an older one) or whose
+  listener cannot be reached: those are read by gets.
 - "cma": a same-host node that is not mapped, when UCX may use shared
   memory: the same gather reads it with process_vm_readv, the call UCX's
   CMA transport makes. UCX cannot detect peer failures on shared memory
@@ -28,9 +32,10 @@ Each node a learner reads from is a peer of one of two kinds:
   our own read turns that into an error status, and the item is resampled.
 
 A read that hangs (a stopped node over TCP) is ended by the gather, which
-force-closes the endpoint after `STALL` s without progress; the node is
-then left alone for `COOLDOWN` s (its items read as unreachable and are
-resampled) while the control plane drops it.
+force-closes the endpoint after `STALL` s without progress (a fetch by
+active message does the same); the node is then left alone for `COOLDOWN`
+s (its items read as unreachable and are resampled) while the control
+plane drops it.
 
 The directory keeps per-node lookup tables (node id -> index into the
 remote keys, into the mappings, into the active-message endpoints, and the
@@ -50,7 +55,7 @@ import time
 import numpy as np
 
 from .._native_loader import _native
-from ..errors import DistoreError, UcxError
+from ..errors import ConnectionFailed, DistoreError, UcxError
 from ..transport.local_map import receive_arena
 from ..transport.runtime import ProcessWatch, host_id
 
@@ -78,6 +83,8 @@ class Peer:
         self.mapping = None
         self.rkey = None
         self.am_endpoint = None  # samples by active message (the "ucx-am" path)
+        self.listener: tuple[str, int] | None = None  # (host, port) of am_endpoint's listener
+        self.why_not_am = ""  # why a node that serves samples by message is read by gets
         same_host = bool(desc.get("host_id")) and desc["host_id"] == host_id()
         # A same-host node's pid tells us at once when it dies (a dead node's
         # items are resampled; under UCX shared memory a read from a dead
@@ -108,21 +115,38 @@ class Peer:
             # Without shared-memory transports nothing is gained by giving up
             # peer-failure handling: keep it (a dead peer then fails reads).
             shm = same_host and runtime.shared_memory
-            # Samples by active message need an endpoint without peer-failure
-            # handling (with it, UCX sends eagerly through bounce buffers).
-            am = am_samples and host_memory and bool(desc.get("am_sample"))
-            # On the reader worker: learners' gathers progress it themselves
-            # (over TCP, sharing the worker whose progress thread wakes on the
-            # same sockets costs bandwidth; docs/performance.md).
-            ep = runtime.endpoint(self.worker_address, self.name,
-                                  detect_failures=not shm and not am, reader=True)
+            ep = None
+            if (am_samples and host_memory and not shm and desc.get("am_sample")
+                    and desc.get("sample_port")):
+                ep = self._listener_endpoint(runtime, desc)
+            if ep is None:
+                # On the reader worker: learners' gathers progress it
+                # themselves (over TCP, sharing the worker whose progress
+                # thread wakes on the same sockets costs bandwidth;
+                # docs/performance.md).
+                ep = runtime.endpoint(self.worker_address, self.name, detect_failures=not shm,
+                                      reader=True)
             self.rkey = _native.RemoteKey(
                 ep, desc["rkey"], desc["arena_base"], desc["arena_size"], self.name
             )
             self.path = f"ucx:{runtime.transports}"
-            if am:
+            if self.listener is not None:
                 self.am_endpoint = ep
                 self.path = f"{UCX_AM}:{runtime.transports}"
+
+    def _listener_endpoint(self, runtime, desc: dict):
+        """The endpoint to the node's sample listener (on the reader worker,
+        which fetches progress), or None where it cannot be reached (the node
+        is then read by gets; why_not_am says why)."""
+        host = desc["address"].rpartition(":")[0].strip("[]")
+        port = int(desc["sample_port"])
+        try:
+            ep = runtime.listener_endpoint(host, port, self.name, reader=True)
+        except ConnectionFailed as exc:
+            self.why_not_am = str(exc)
+            return None
+        self.listener = (host, port)
+        return ep
 
     def release(self, runtime) -> None:
         """Unmap the arena, or drop the remote key and then its endpoint."""
@@ -132,7 +156,10 @@ class Peer:
             self.rkey = None
         elif self.rkey is not None:
             self.rkey = None  # the remote key goes before its endpoint
-            runtime.drop_endpoint(self.worker_address)
+            if self.listener is not None:
+                runtime.drop_listener_endpoint(*self.listener)
+            else:
+                runtime.drop_endpoint(self.worker_address)
         if self.watch is not None:
             self.watch.close()
 
@@ -263,6 +290,9 @@ class PeerDirectory:
             self._logged.add((peer.node_id, peer.path))
             log.info("%s: read path %s%s", peer.name, peer.path,
                      f" ({peer.why_not_mapped})" if peer.why_not_mapped else "")
+            if peer.why_not_am:
+                log.warning("%s: read by one-sided gets, not by active message: %s", peer.name,
+                            peer.why_not_am)
         return peer
 
     def _rebuild(self, size: int | None = None) -> None:

@@ -68,12 +68,12 @@ def am_inserts_enabled() -> bool:
 def am_samples_enabled() -> bool:
     """Whether samples travel as UCX active messages where UCX emulates RMA
     (storage nodes serve them, learners ask for them; native/am_sample.h):
-    opt-in, `DISTORE_AM_SAMPLES=1` on nodes and learners. Off by default:
-    a learner waiting on a stopped (SIGSTOPped) node waits out the node's
-    pause instead of giving up at its timeout as one-sided gets do (the
-    endpoints carry no peer-failure handling), so learners do not route
-    around a stalled node in time (tests/integration/test_liveness.py)."""
-    return switch_from_env("DISTORE_AM_SAMPLES", default=False)
+    on unless `DISTORE_AM_SAMPLES=0` (on nodes or learners). Learners reach
+    a node's sample listener (storage/sample_server.py), over endpoints with
+    peer-failure handling: a stopped node is given up after the gather's
+    stall, as with one-sided gets, and a killed learner fails the node's
+    sends."""
+    return switch_from_env("DISTORE_AM_SAMPLES", default=True)
 
 
 def am_min_item_bytes() -> int:

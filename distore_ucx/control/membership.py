@@ -55,6 +55,7 @@ class Node:
     disk_size: int = 0  # bytes of the node's disk tier (0: none)
     insert_port: int = 0  # its insert listener: inserts by active message (0: none)
     am_sample: bool = False  # serves samples by active message (native/am_sample.h)
+    sample_port: int = 0  # ...through its UCX listener on `host` (0: none, an older node)
     peer: Any = field(repr=False, default=None)
     last_seen: float = 0.0
     used_bytes: int = 0
@@ -101,6 +102,8 @@ class Node:
                 d["insert_port"] = self.insert_port
             if self.am_sample:
                 d["am_sample"] = True
+            if self.sample_port:
+                d["sample_port"] = self.sample_port
         return d
 
 

@@ -192,7 +192,10 @@ def node_families(snap: dict) -> list:
         ss = G("distore_node_sample_batches_stuck", "Abandoned sample batches whose sends UCX "
                "has not ended yet", labels=n)
         ss.add_metric(lv, am["stuck"])
-        out += [sb, sy, sr, si, ss]
+        sc = G("distore_node_sample_connections", "Learners connected to the node's sample "
+               "listener (those that went away are closed within a second)", labels=n)
+        sc.add_metric(lv, am.get("connections", 0))
+        out += [sb, sy, sr, si, ss, sc]
     return out
 
 

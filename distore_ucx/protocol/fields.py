@@ -47,6 +47,7 @@ __all__ = [
     "PRIORITIES",
     "REQUEST",
     "RKEY",
+    "SAMPLE_PORT",
     "SELECTOR",
     "SIZE",
     "SLOT_SIZE",
@@ -138,6 +139,10 @@ AM_SAMPLE = F("am_sample", "bool")
 # The port of a node's insert listener, on its host: writers connect there to
 # send inserts as UCX active messages (storage/puller.py); absent, they don't.
 INSERT_PORT = F("insert_port", "int", lo=1, hi=65535)
+# The port of its UCX listener for those samples (storage/sample_server.py),
+# on the host of its address; absent (an older node), learners read it with
+# one-sided gets.
+SAMPLE_PORT = F("sample_port", "int", lo=1, hi=65535)
 # The slots and items one message moves (an insert, a stage, a re-sent batch).
 SLOT_SIZE = F("slot_size", "int", lo=1, hi=1 << 34)
 ITEM_BYTES = SLOT_SIZE.named("item_bytes")

@@ -48,6 +48,7 @@ from .fields import (
     PAGE_KIND,
     PID,
     RKEY,
+    SAMPLE_PORT,
     SELECTOR,
     SIZE,
     SPEC,
@@ -253,6 +254,7 @@ class NodeDescription(Record):
     rkey: bytes | None = wire(RKEY, optional=True)
     insert_port: int | None = wire(INSERT_PORT, optional=True)  # inserts by active message
     am_sample: bool | None = wire(AM_SAMPLE, optional=True)  # samples by active message
+    sample_port: int | None = wire(SAMPLE_PORT, optional=True)  # ...through its listener
 
 
 @record("a table")

@@ -33,6 +33,7 @@ from .fields import (
     PRIORITIES,
     REQUEST,
     RKEY,
+    SAMPLE_PORT,
     SELECTOR,
     SIZE,
     SLOT_SIZE,
@@ -87,6 +88,9 @@ MESSAGES: dict[str, tuple[F, ...]] = {
         # it serves samples by active message on its worker (absent: learners
         # read it with one-sided gets only)
         AM_SAMPLE.optional(),
+        # ...through the UCX listener on this port of `host` (absent: learners
+        # read it with one-sided gets)
+        SAMPLE_PORT.optional(),
     ),
     "heartbeat": (NODE_ID, USED_BYTES),
     # A node shutting down (SIGTERM): its items leave sampling at once.

@@ -133,7 +133,7 @@ class StorageNode(ControlSession, InsertServer, RoomForInserts, ColdStaging):
             if cfg.disk:
                 self._start_tier()
             _native.allow_remote_reads(self.arena.base, self.arena.size)
-            self.sample_server = SampleServer.start(runtime, self.arena, self.name,
+            self.sample_server = SampleServer.start(runtime, self.arena, self.name, host,
                                                     self._am_samples)
             guard_watch = loop.create_task(watch_guard(
                 self.name, [self.sample_server.check] if self.sample_server else []))

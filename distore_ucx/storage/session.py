@@ -118,7 +118,8 @@ class ControlSession:
                    else {}),
                 **({"disk_size": self.tier.size} if self.tier is not None else {}),
                 **({"insert_port": self.puller.insert_port} if self.puller.insert_port else {}),
-                **({"am_sample": True} if self.sample_server is not None else {}),
+                **({"am_sample": True, "sample_port": self.sample_server.port}
+                   if self.sample_server is not None else {}),
             )
             joined = parse_reply("register_node", msg, control.name)
             self.node_id = joined.node_id

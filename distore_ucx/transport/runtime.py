@@ -218,15 +218,18 @@ class UcxRuntime:
                 self._error_handling = False
         return _native.Endpoint(worker, worker_address, False, peer)
 
-    def listener_endpoint(self, host: str, port: int, peer: str, timeout: float = 5.0):
+    def listener_endpoint(self, host: str, port: int, peer: str, timeout: float = 5.0,
+                          reader: bool = False):
         """The endpoint to the UCX listener at `host`:`port` (a storage node's
-        insert listener, `_native.AmInbox.listen`), made once and reused while
-        it lives. It always has peer-failure handling: made through a
-        listener, UCX still sends rendezvous messages zero-copy on it over
-        TCP (native/am_connections.h). A new one is returned only once its
+        insert listener, `_native.AmInbox.listen`, or its sample listener,
+        `_native.AmSampleServer.listen`), made once and reused while it
+        lives. It always has peer-failure handling: made through a listener,
+        UCX still sends rendezvous messages zero-copy on it over TCP
+        (native/am_connections.h). A new one is returned only once its
         connection is made (within `timeout` s; ConnectionFailed if not, e.g.
         a firewall that lets the node's RPC port through but not this one),
-        so that a batch is never posted to a listener that cannot be reached."""
+        so that a batch is never posted to a listener that cannot be reached.
+        `reader`: on `reader_worker` (a learner's sample fetches progress it)."""
         with self._lock:
             if self._closed:
                 raise ConnectionFailed("the UCX runtime is closed")
@@ -234,7 +237,8 @@ class UcxRuntime:
             if ep is not None and ep.alive:
                 return ep
         try:
-            ep = _native.Endpoint.to_listener(self.worker, host, port, peer)
+            worker = self.reader_worker if reader else self.worker
+            ep = _native.Endpoint.to_listener(worker, host, port, peer)
         except DistoreError as exc:
             raise ConnectionFailed(
                 f"cannot connect to the UCX listener of {peer} at {host}:{port}: {exc}"

@@ -35,7 +35,7 @@ def test_demo_verifies_every_item_and_exits_zero(tls, tmp_path):
     assert "sampled" in out.stderr  # progress lines went to stderr
     # It says how each node is read (the tls fixture turns same-host mapping off).
     # Same host, not mapped; over tcp the nodes send samples as active messages.
-    path = "cma" if tls == "sm" else f"ucx:{tls}"
+    path = "cma" if tls == "sm" else f"ucx-am:{tls}"
     assert set(summary["read_paths"].values()) == {path}
     assert f"reads node 1: {path}" in out.stderr
 

@@ -98,7 +98,7 @@ def test_node_killed_while_the_learner_reads_flat_out(cluster, client, tls):
     # UCX's own CMA transport aborts the reading process).
     fill(client, 20, 100)
     learner = client.learner("t", batch_size=128)
-    expected = {"tcp": "ucx:tcp", "sm": "cma"}.get(
+    expected = {"tcp": "ucx-am:tcp", "sm": "cma"}.get(
         os.environ["UCX_TLS"] if os.environ["DISTORE_LOCAL_MAP"] == "0" else "", "mapped")
     assert set(learner.paths.values()) == {expected}
     killer = threading.Timer(1.0, cluster.kill_node, args=(0,))

@@ -32,7 +32,7 @@ def unmapped(tls: str) -> str:
     """How a same-host node that is not mapped is read: over shared memory
     with process_vm_readv ("cma", a dead node cannot abort us), else UCX:
     over tcp, where UCX emulates RMA, the node sends samples as active messages."""
-    return "cma" if tls == "sm" else f"ucx:{tls}"
+    return "cma" if tls == "sm" else f"ucx-am:{tls}"
 
 
 def test_one_batch_mixes_mapped_and_ucx_nodes(make_cluster, tls, monkeypatch):

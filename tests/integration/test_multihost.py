@@ -93,7 +93,7 @@ class Hosts:
             with open(os.open(token, os.O_WRONLY | os.O_CREAT, 0o600), "w") as fh:
                 fh.write(os.urandom(24).hex())
         env = dict(os.environ, UCX_TLS="tcp", UCX_NET_DEVICES="eth0", PYTHONUNBUFFERED="1",
-                   DISTORE_TOKEN_FILE=token, DISTORE_AM_SAMPLES="1",
+                   DISTORE_TOKEN_FILE=token,
                    UCX_WARN_UNUSED_ENV_VARS="n", UCX_LOG_LEVEL="error",
                    # Find a cut-off peer fast. UCX probes each endpoint every 0.5 s
                    # (data that TCP then retransmits, and gives up on per
@@ -248,7 +248,7 @@ class TwoHosts:
         if not os.path.exists(token):
             with open(os.open(token, os.O_WRONLY | os.O_CREAT, 0o600), "w") as fh:
                 fh.write(os.urandom(24).hex())
-        env = dict(os.environ, DISTORE_AM_SAMPLES="1", UCX_TLS="tcp", UCX_NET_DEVICES="eth0",
+        env = dict(os.environ, UCX_TLS="tcp", UCX_NET_DEVICES="eth0",
                    PYTHONUNBUFFERED="1",
                    DISTORE_TOKEN_FILE=token, UCX_WARN_UNUSED_ENV_VARS="n",
                    UCX_LOG_LEVEL="error")

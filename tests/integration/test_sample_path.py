@@ -89,8 +89,8 @@ def test_every_field_is_a_dense_array_on_every_read_path(client, tls):
             assert np.array_equal(batch.data[name], items[name][idx]), name
     if mapped:
         assert set(learner.paths.values()) == {"mapped"}
-    elif tls == "tcp":  # UCX emulates RMA; samples by message are opt-in
-        assert set(learner.paths.values()) == {"ucx:tcp"}, learner.paths
+    elif tls == "tcp":  # UCX emulates RMA: nodes send samples by active message
+        assert set(learner.paths.values()) == {"ucx-am:tcp"}, learner.paths
     else:
         assert all(p.startswith(("ucx:", "ucx-am:")) or p == "cma"
                    for p in learner.paths.values())

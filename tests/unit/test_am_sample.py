@@ -8,6 +8,7 @@ mid-batch."""
 from __future__ import annotations
 
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -52,8 +53,11 @@ class Node:
                 row[SLOT_HEADER + f.offset:SLOT_HEADER + f.offset + f.nbytes] = data
         self.server = _native.AmSampleServer(self.rt.worker, self.arena, **server_args)
 
-    def close(self):
-        assert self.server.close(5.0)
+    def close(self, sends_ended: bool = True):
+        """`sends_ended`: every batch's sends must have ended (else a batch UCX
+        kept after its learner went is let be)."""
+        done = self.server.close(5.0)
+        assert done or not sends_ended
         self.server = None
         self.arena = None
         self.rt.close()
@@ -81,12 +85,19 @@ class Learner:
     def connect(self, node: Node, error_handling: bool = False):
         self.eps.append(_native.Endpoint(self.worker, node.rt.address, error_handling, "node"))
 
-    def fetch(self, node_index, slots, slot_size, timeout=10.0):
+    def connect_listener(self, port: int):
+        """Through the node's listener (AmSampleServer.listen), as learners do."""
+        ep = _native.Endpoint.to_listener(self.worker, "127.0.0.1", port, "node")
+        assert ep.flush(5.0) == 0  # connected
+        self.eps.append(ep)
+        return ep
+
+    def fetch(self, node_index, slots, slot_size, timeout=10.0, **kw):
         self.buf[:] = 0xAB  # what a failed item must not keep claiming
         return self.client.fetch(self.eps, np.asarray(node_index, np.uint32),
                                  np.asarray(slots, np.uint64) * np.uint64(slot_size),
                                  np.arange(len(slots), dtype=np.uint64), self.reads, self.dest,
-                                 timeout)
+                                 timeout, **kw)
 
     def data(self) -> dict:
         return self.spec.views(self.buf, self.layout)
@@ -279,3 +290,91 @@ def test_threads_fetch_through_one_client_at_once(node, learner):
         t.join(60)
     assert not errors, errors
     assert learner.client.stats["batches"] == 20 and learner.client.stats["late"] == 0
+
+
+def test_learners_connected_through_the_listener_get_every_field(node, learner):
+    # Peer-failure handling and zero-copy rendezvous at once (am_connections.h).
+    port = node.server.listen("127.0.0.1", 0)
+    assert 0 < port < 65536
+    ep = learner.connect_listener(port)
+    assert ep.error_handling
+    slots = np.random.default_rng(5).choice(SLOTS, learner.n, replace=False)
+    for _ in range(3):
+        statuses = learner.fetch(np.zeros(learner.n), slots, node.slot)
+        assert (statuses == 0).all(), statuses
+        check_rows(learner, slots)
+    wait_for(lambda: node.server.stats["batches_done"] == 3, 10.0, "the node's sends to end",
+             lambda: node.server.stats)
+    assert node.server.connections["open"] == 1 and node.server.connections["accepted"] == 1
+    with pytest.raises(InvalidArgument, match="listens already"):
+        node.server.listen("127.0.0.1", 0)
+    # A learner that closes its endpoint (unforced, as runtime.drop_listener_endpoint
+    # does a live one): the node's end fails and is reaped. (A killed
+    # learner's: tests/integration/test_am_sample_path.py.)
+    ep.close(False, 1.0)
+    wait_for(lambda: node.server.reap(0.5) >= 0 and node.server.connections["open"] == 0, 10.0,
+             "the learner's connection to be closed", lambda: node.server.connections)
+    assert node.server.connections["failed"] == 1
+
+
+def test_the_remote_key_for_busy_items_reads_on_the_listener_endpoint(node, learner):
+    # Items a busy node refuses are read by gets through a remote key on the
+    # same endpoint: UCX refuses a second endpoint between the same two
+    # workers whose error handling differs.
+    ep = learner.connect_listener(node.server.listen("127.0.0.1", 0))
+    key = _native.RemoteKey(ep, node.arena.pack_rkey(), node.arena.address, node.arena.size,
+                            "node")
+    slots = np.arange(4)
+    statuses = _native.gather(learner.worker, [key], np.zeros(4, np.uint32),
+                              np.uint64(node.arena.address) + slots.astype(np.uint64)
+                              * np.uint64(node.slot),
+                              np.full(4, 16, np.uint64), learner.dest,
+                              np.arange(4, dtype=np.uint64) * np.uint64(16), 5.0)
+    assert (statuses == 0).all(), statuses
+    got = learner.buf[:64].view(np.uint64).reshape(4, 2)
+    assert (got[:, 0] == header_of(slots)[0]).all() and (got[:, 1] == header_of(slots)[1]).all()
+    # ...and the fetch beside it still works.
+    assert (learner.fetch(np.zeros(learner.n), np.arange(learner.n), node.slot) == 0).all()
+    check_rows(learner, np.arange(learner.n))
+    del key
+
+
+def test_a_node_that_stops_answering_fails_after_the_stall_and_is_closed(learner):
+    node = Node(stall=30.0)
+    try:
+        stop_and_fetch(node, learner)
+    finally:
+        node.close()
+
+
+def stop_and_fetch(node: Node, learner: Learner) -> None:
+    # A stopped node (SIGSTOP) progresses nothing: its sockets stay open.
+    # Its progress thread stops for good here; the test progresses its
+    # worker itself once it "wakes up".
+    ep = learner.connect_listener(node.server.listen("127.0.0.1", 0))
+    node.rt.worker.stop_progress_thread()
+    node.rt._progress = False  # nothing to stop at close
+    t0 = time.monotonic()
+    statuses = learner.fetch(np.zeros(learner.n), np.arange(learner.n), node.slot,
+                             timeout=30.0, stall=0.5)
+    took = time.monotonic() - t0
+    assert {_native.status_name(int(s)) for s in statuses} == {"UCS_ERR_TIMED_OUT"}
+    assert took < 5.0, took  # the stall, not the timeout
+    assert (learner.headers() == 0).all()
+    assert not ep.alive  # force-closed: dropping it costs no wait
+
+    def both_progressed() -> bool:  # the node woke up; the learner's next batch
+        node.rt.worker.progress()
+        learner.worker.progress()
+        return True
+
+    # The node, going on, finds the learner's connection gone (once the
+    # learner's worker is progressed, as its next batch does, UCX closes the
+    # socket): the batch's sends fail and the connection is reaped.
+    wait_for(lambda: both_progressed() and node.server.reap(0.5) >= 0
+             and node.server.connections["open"] == 0 and node.server.stats["in_flight"] == 0,
+             20.0, "the node to drop the learner", lambda: (node.server.connections,
+                                                           node.server.stats),
+             interval=0.005)
+    assert node.server.connections["failed"] == 1
+    assert node.server.stats["stuck"] == 0 and node.server.stats["abandoned"] == 0
