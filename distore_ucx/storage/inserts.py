@@ -17,7 +17,7 @@ import time
 
 import numpy as np
 
-from ..errors import ConnectionFailed, InvalidRequest, SpecMismatch
+from ..errors import ConnectionFailed, DistoreError, InvalidRequest, SpecMismatch
 from ..protocol import check_reply
 from ..spec import SLOT_HEADER
 
@@ -155,12 +155,16 @@ class InsertServer:
                     # The control plane went away before acknowledging: the
                     # batch goes to the one we re-join (a restored control
                     # plane counts it as inserted after its checkpoint).
-        except BaseException:
+        except BaseException as exc:
             if self.arena is not None:  # None: the node stopped while this insert waited
                 self.arena.free(table, offsets)
             self.stats.failed_batches += 1
             if self._leaving:
                 raise ConnectionFailed(f"storage node {self.name} is shutting down") from None
+            if isinstance(exc, DistoreError):  # the writer hears it too; the operator here
+                log.warning("node %s: an insert of %d items into %r from %s failed, its slots "
+                            "are freed (the writer resends or reports it): %s", self.name, k,
+                            table, source.name, exc)
             raise
         twice = np.frombuffer(reply.get("duplicate_offsets", b""), np.uint64)
         if len(twice):

@@ -311,6 +311,13 @@ def test_a_node_whose_insert_listener_cannot_be_reached_reads_batches_with_gets(
     assert whole(client.learner("t", batch_size=100).sample().data).all()
 
 
+def node_logs(cluster) -> str:
+    """Every storage node's log of `cluster` so far."""
+    return "".join(open(os.path.join(cluster.log_dir, name)).read()
+                   for name in sorted(os.listdir(cluster.log_dir))
+                   if name.startswith("node") and name.endswith(".log"))
+
+
 def descriptor(region, keys, **over):
     n = len(keys)
     f = {"table": "t", "slot_size": ds.TableSpec.parse(((ITEM,), "uint8")).slot_size,
@@ -357,7 +364,7 @@ def test_malformed_insert_descriptors_get_an_error_and_the_node_serves_on(client
 
 @pytest.mark.parametrize("tls", ["tcp"], indirect=True)
 def test_insert_messages_that_do_not_match_their_descriptor_fail_and_the_node_serves_on(
-        messages, client, tls):
+        messages, client, cluster, tls):
     # Over TCP writers send items as UCX active messages headed by a batch
     # token that their descriptor names (storage/pulls.py).
     client.create_table("t", capacity=1000, spec=((ITEM,), "uint8"))
@@ -378,6 +385,10 @@ def test_insert_messages_that_do_not_match_their_descriptor_fail_and_the_node_se
                                          am_token=77))
     assert client.table_info("t")["size"] == 0
     wait_for(lambda: node_bytes_match_table(client, "t"), "a refused insert kept its slots")
+    # The node's operator sees it too, not only the writer.
+    wait_for(lambda: "an insert of 4 items into 't'" in node_logs(cluster),
+             "the node did not log the failed insert")
+    assert "could not read 4 of 4 items" in node_logs(cluster)
     # The same items under another token, whole: stored, and read back whole.
     _native.am_send(ep, region, AM_INSERT_ID, 78, offsets, np.full(4, ITEM, np.uint64))
     reply = conn.call("insert", **descriptor(region, keys, worker_address=runtime.address,
