@@ -4,12 +4,10 @@ One control connection, replies in order. The next batch's request is sent
 before the current batch is read, so its round trip overlaps the transfer
 (pipelining). While `sample()` is called back to back, one request asks for
 `sample_ahead` batches at once, and its reply is split into one-batch
-replies (sampling ahead); the next request then goes out as the reply's
-second-to-last batch is taken, so the control plane has two batch reads,
-not one, to answer it (its CPU time per request is a batch read or more).
-While replies carry cold items (read from a node's disk tier while the
-control plane holds the reply) COLD_DEPTH requests are kept in flight, so
-the node reads one batch while the other's reads complete.
+replies (sampling ahead). While replies carry cold items (read from a
+node's disk tier while the control plane holds the reply) COLD_DEPTH
+requests are kept in flight, so the node reads one batch while the other's
+reads complete.
 
 Leases: a reply's lease covers every batch split from it; once the last of
 them is read, the lease is released with the next request (and whatever
@@ -52,10 +50,6 @@ AHEAD_GAP = 0.001
 # current one, and the disk never waits for the learner's round trip. Each
 # adds one batch to the staging space a learner holds (docs/operations.md).
 COLD_DEPTH = 2
-# Batches of a reply sampled ahead still to be taken when the next request
-# goes out: with one, the control plane's answer overlaps only the last
-# batch's read and a learner sampling back to back waits for it.
-TOP_UP_AHEAD = 1
 
 
 def resolve_sample_ahead(asked: int | None, batch_size: int, consuming: bool,
@@ -138,11 +132,10 @@ class SampleStream:
         is new since the last one (its leases are gone: a control plane
         that started afresh numbers nodes anew, so look every node up
         again). With pipelining, the last batch of a reply sends the next
-        requests before it is read (while sampling ahead, the second-to-last
-        already: see TOP_UP_AHEAD)."""
+        requests before it is read."""
         reply = self._next_reply(wait)
-        if self.pipelined and len(self.ahead) <= TOP_UP_AHEAD:
-            self._top_up(wait)  # near the end of a reply: ask for the next ones
+        if self.pipelined and not self.ahead:
+            self._top_up(wait)  # the last batch of a reply: ask for the next ones
         renewed = self.rpc.session != self.session
         if renewed:
             self.session = self.rpc.session
