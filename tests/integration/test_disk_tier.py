@@ -375,7 +375,9 @@ def test_a_truncated_tier_file_loses_its_items_but_sampling_goes_on(make_cluster
 def test_a_staging_area_too_small_for_a_sample_is_a_typed_error_saying_what_to_do(
         make_cluster, tmp_path, tls):
     # Issue 33: a full staging area surfaced as a bare RuntimeError.
-    cluster = tier_cluster(make_cluster, tmp_path, nodes=1, staging="128KiB")
+    # Room for what a learner of one-item batches holds (3 batches: the one
+    # it reads and two asked ahead, docs/operations.md), far from a batch of 32.
+    cluster = tier_cluster(make_cluster, tmp_path, nodes=1, staging=f"{3 * STRIDE}B")
     client = ds.connect(cluster.address)
     client.create_table("t", capacity=300, spec=SPEC)
     key_to_idx: dict = {}
@@ -389,7 +391,7 @@ def test_a_staging_area_too_small_for_a_sample_is_a_typed_error_saying_what_to_d
     # plane handles the release: wait for that, not for the 5 s stage wait.
     wait_for(lambda: client.status()["leases"] == 0, 10, "the closed learner's leases to go",
              lambda: client.status()["leases"])
-    with client.learner("t", batch_size=1) as small:  # one cold item fits: served
+    with client.learner("t", batch_size=1) as small:  # it fits: served
         for _ in range(5):
             assert wrong_items(small.sample(timeout=5.0), key_to_idx) == 0
     client.close()
