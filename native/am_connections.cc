@@ -1,5 +1,7 @@
 #include "am_connections.h"
 
+#include <algorithm>
+
 #include <netdb.h>
 #include <sched.h>
 #include <sys/socket.h>
@@ -140,6 +142,37 @@ bool AmConnections::abort(uint64_t id, double timeout_s) {
   }
   force_close(worker_, ep, timeout_s);
   return true;
+}
+
+std::vector<uint64_t> AmConnections::failed_ids() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<uint64_t> ids;
+  for (ucp_ep_h ep : failed_) {
+    auto it = conns_.find(ep);
+    if (it != conns_.end()) ids.push_back(it->second.id);
+  }
+  return ids;
+}
+
+size_t AmConnections::reap(const std::vector<uint64_t>& ids, double timeout_s) {
+  std::vector<ucp_ep_h> gone;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (auto it = failed_.begin(); it != failed_.end();) {
+      auto conn = conns_.find(*it);
+      const bool named = conn != conns_.end() &&
+                         std::find(ids.begin(), ids.end(), conn->second.id) != ids.end();
+      if (named) {
+        gone.push_back(*it);
+        conns_.erase(conn);
+        it = failed_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+  }
+  for (ucp_ep_h ep : gone) force_close(worker_, ep, timeout_s);
+  return gone.size();
 }
 
 size_t AmConnections::reap(double timeout_s) {

@@ -61,6 +61,11 @@ class AmConnections {
   bool abort(uint64_t id, double timeout_s);
   // Closes the connections whose writer failed or went away; how many.
   size_t reap(double timeout_s);
+  // The ids of the connections that failed and are not closed yet.
+  std::vector<uint64_t> failed_ids() const;
+  // Closes those of the failed connections `ids` names (as failed_ids gave
+  // them; others are left for a later reap); how many.
+  size_t reap(const std::vector<uint64_t>& ids, double timeout_s);
   // Destroys the listener and force-closes every connection (idempotent).
   void close(double timeout_s);
 

@@ -76,7 +76,27 @@ AmConnections* AmInbox::connections_ptr() const {
 
 bool AmInbox::abort(uint64_t conn) {
   AmConnections* c = connections_ptr();
-  return c != nullptr && conn != 0 && c->abort(conn, kCloseTimeout);
+  if (c == nullptr || conn == 0) return false;
+  std::lock_guard<std::mutex> hold(release_mu_);
+  release_messages_of({conn});  // while their endpoint still exists
+  return c->abort(conn, kCloseTimeout);
+}
+
+void AmInbox::release_messages_of(const std::vector<uint64_t>& conns) {
+  if (conns.empty()) return;
+  std::vector<Message> dropped;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (auto it = messages_.begin(); it != messages_.end();) {
+      if (std::find(conns.begin(), conns.end(), it->second.conn) != conns.end()) {
+        dropped.push_back(std::move(it->second));
+        it = messages_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+  }
+  for (auto& m : dropped) release_locked(m);
 }
 
 AmConnections::Counts AmInbox::connections() const {
@@ -112,7 +132,8 @@ void AmInbox::close() {
   param.arg = nullptr;
   ucp_worker_set_am_recv_handler(worker_h_, &param);
   // Released before the connections close: each release tells its sender.
-  for (auto& m : dropped) release(m);
+  std::lock_guard<std::mutex> hold(release_mu_);
+  for (auto& m : dropped) release_locked(m);
   if (AmConnections* c = connections_ptr()) c->close(kCloseTimeout);
 }
 
@@ -134,6 +155,11 @@ uint64_t AmInbox::refused() const {
 // UCX calls (which take the worker's lock) are never made under mu_: the
 // handler runs under the worker's lock and takes mu_.
 void AmInbox::release(Message& m) {
+  std::lock_guard<std::mutex> hold(release_mu_);
+  release_locked(m);
+}
+
+void AmInbox::release_locked(Message& m) {
   if (m.desc != nullptr) ucp_am_data_release(worker_h_, m.desc);
   m.desc = nullptr;
   m.bytes.clear();
@@ -157,8 +183,15 @@ size_t AmInbox::expire(double max_age_s) {
       it = now - it->second > kDiscardMemory ? discarded_.erase(it) : std::next(it);
     }
   }
-  for (auto& m : dropped) release(m);
-  if (AmConnections* c = connections_ptr()) c->reap(kCloseTimeout);
+  std::lock_guard<std::mutex> hold(release_mu_);
+  for (auto& m : dropped) release_locked(m);
+  if (AmConnections* c = connections_ptr()) {
+    // Messages of writers that failed are released while their endpoints
+    // still exist, and only then are those endpoints closed.
+    const std::vector<uint64_t> failed = c->failed_ids();
+    release_messages_of(failed);
+    c->reap(failed, kCloseTimeout);
+  }
   return dropped.size();
 }
 

@@ -119,6 +119,16 @@ class AmInbox {
   unsigned am_id_;
   size_t max_messages_;
   mutable std::mutex mu_;
+  // Held around every release of a held message and around closing
+  // connections: a rendezvous message's release acknowledges it on its
+  // endpoint, so it must never race with that endpoint's close (UCX would
+  // use the freed endpoint). Taken before any UCX call, never under mu_;
+  // the message handler (under the worker's lock) never takes it.
+  std::mutex release_mu_;
+  // Releases, then forgets, the held messages of connections `conns`.
+  // Under release_mu_.
+  void release_messages_of(const std::vector<uint64_t>& conns);
+  void release_locked(Message& m);  // under release_mu_
   // (token, index) -> message; keyed by both to be exact.
   struct Key {
     uint64_t token;
