@@ -54,15 +54,21 @@ def make_cuda_context_current(framework: str) -> None:
     synchronize(framework)
 
 
-@pytest.fixture
-def filled(client):
+def fill(client, n: int, seed: int):
+    """Table "replay" of SPEC with n random items; (items, their keys)."""
     client.create_table("replay", capacity=2000, spec=SPEC)
-    rng = np.random.default_rng(7)
-    items = {"obs": rng.integers(0, 256, (500, 4, 21, 21), dtype=np.uint8),
-             "action": np.arange(500, dtype=np.int64),
-             "reward": rng.standard_normal(500).astype(np.float32)}
+    rng = np.random.default_rng(seed)
+    items = {"obs": rng.integers(0, 256, (n, 4, 21, 21), dtype=np.uint8),
+             "action": np.arange(n, dtype=np.int64),
+             "reward": rng.standard_normal(n).astype(np.float32)}
     with client.writer() as writer:
         keys = writer.insert("replay", items)
+    return items, keys
+
+
+@pytest.fixture
+def filled(client):
+    items, keys = fill(client, 500, seed=7)
     return client, items, keys
 
 
@@ -136,13 +142,7 @@ def test_gpu_direct_with_cuda_transports(make_cluster, tls, monkeypatch):
         # (read-only) staging memory: UCX's cuda_copy would pin it, and
         # pinning a read-only mapping fails (native/memory.cc).
         make_cuda_context_current(framework)
-        client.create_table("replay", capacity=2000, spec=SPEC)
-        rng = np.random.default_rng(11)
-        items = {"obs": rng.integers(0, 256, (300, 4, 21, 21), dtype=np.uint8),
-                 "action": np.arange(300, dtype=np.int64),
-                 "reward": rng.standard_normal(300).astype(np.float32)}
-        with client.writer() as writer:
-            keys = writer.insert("replay", items)
+        items, keys = fill(client, 300, seed=11)
         learner = client.learner("replay", batch_size=32, device="cuda:0", prefetch=2,
                                  framework=framework, path="gpu-direct")
         assert learner.path == "gpu-direct"
