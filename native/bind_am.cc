@@ -33,13 +33,7 @@ void bind_am(nb::module_& m) {
       .def_prop_ro(
           "connections",
           [](const AmInbox& self) {
-            const AmConnections::Counts c = self.connections();
-            nb::dict d;
-            d["open"] = c.open;
-            d["accepted"] = c.accepted;
-            d["refused"] = c.refused;
-            d["failed"] = c.failed;
-            d["aborted"] = c.aborted;
+            nb::dict d = connection_counts(self.connections());
             d["abandoned_receives"] = self.abandoned();
             return d;
           },

@@ -84,16 +84,7 @@ void bind_am_sample(nb::module_& m) {
           "close progresses the worker for at most `timeout` s); returns how many.")
       .def_prop_ro(
           "connections",
-          [](const AmSampleServer& self) {
-            const AmConnections::Counts c = self.connections();
-            nb::dict d;
-            d["open"] = c.open;
-            d["accepted"] = c.accepted;
-            d["refused"] = c.refused;
-            d["failed"] = c.failed;
-            d["aborted"] = c.aborted;
-            return d;
-          },
+          [](const AmSampleServer& self) { return connection_counts(self.connections()); },
           "Learners' connections through the listener: open now, accepted, refused\n"
           "(too many, or closed), failed (the learner died or left), aborted (all 0\n"
           "when not listening).")

@@ -15,6 +15,7 @@
 #include <utility>
 #include <vector>
 
+#include "am_connections.h"
 #include "status.h"
 
 namespace nb = nanobind;
@@ -40,6 +41,17 @@ inline std::pair<StatusArray, int32_t*> new_statuses(size_t n) {
   auto* statuses = new int32_t[n > 0 ? n : 1];
   nb::capsule owner(statuses, [](void* p) noexcept { delete[] static_cast<int32_t*>(p); });
   return {StatusArray(statuses, {n}, owner), statuses};
+}
+
+// A listener's connection counts (AmConnections::counts) as a dict.
+inline nb::dict connection_counts(const AmConnections::Counts& c) {
+  nb::dict d;
+  d["open"] = c.open;
+  d["accepted"] = c.accepted;
+  d["refused"] = c.refused;
+  d["failed"] = c.failed;
+  d["aborted"] = c.aborted;
+  return d;
 }
 
 void bind_status(nb::module_& m);      // error translation, status names, UCX version
