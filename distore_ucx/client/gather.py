@@ -54,6 +54,10 @@ class Gather:
         self._stats = stats
         self._read = item_read  # bytes read per item: slot header and item
         self._rows = np.arange(ring.batch_size, dtype=np.uint64)  # rows of a ring slot's arrays
+        # Every row of a batch, as a new batch is read (read_rows takes it
+        # by identity: its rows are then filled by slices, not masks).
+        self.all_rows = np.arange(ring.batch_size)
+        self.all_rows.setflags(write=False)
         self.resampled = 0
         self.torn = 0
 
@@ -71,9 +75,17 @@ class Gather:
             table_size = reply["table_size"]
             got = self.read(reply, rows, dest, slot, timeout)
             items = np.frombuffer(reply["items"], ITEM_LOCATION)
+            p = np.frombuffer(reply["probabilities"], np.float64)
+            if got is None:  # every row read (the usual case): no masks to apply
+                at = slice(None) if rows is self.all_rows else rows
+                keys[at] = items["key"]
+                locs[at] = items
+                probs[at] = p
+                min_probs[at] = reply.get("min_probability", 0.0)
+                break
             keys[rows[got]] = items["key"][got]
             locs[rows[got]] = items[got]
-            probs[rows[got]] = np.frombuffer(reply["probabilities"], np.float64)[got]
+            probs[rows[got]] = p[got]
             min_probs[rows[got]] = reply.get("min_probability", 0.0)
             rows = rows[~got]
             if len(rows) == 0:
@@ -106,8 +118,9 @@ class Gather:
                               probs, min_probs, locs, wait, timeout)
 
     def read(self, reply: dict, rows: np.ndarray, dest, slot: int,
-             timeout: float) -> np.ndarray:
-        """Read the sampled items into `rows` of dest; mask of rows that are good.
+             timeout: float) -> np.ndarray | None:
+        """Read the sampled items into `rows` of dest; mask of rows that are
+        good, or None when every row is (the usual case, checked once).
 
         Items of mapped (same-host) nodes are copied and checked in one native
         call that takes the control plane's records as they came; the rest
@@ -120,10 +133,14 @@ class Gather:
         peers = self._peers
         peers.sweep()  # a same-host node that died: unmap it now
         raw = reply["items"]
-        dest_rows = self._rows[rows]
+        dest_rows = self._rows if rows is self.all_rows else self._rows[rows]
         statuses = _native.mapped_gather_located(
             peers.mappings, peers.map_lut, raw, dest_rows, self._ring.reads, dest,
             self._copy_pool)
+        if not np.count_nonzero(statuses):  # every item mapped, read and checked
+            self._stats.fetched("mapped", len(rows), len(rows) * self._read)
+            self._stats.gather.observe(time.perf_counter() - t0)
+            return None
         rest = statuses == _native.STATUS_NOT_MAPPED
         unmapped = int(np.count_nonzero(rest))
         if unmapped < len(rows):

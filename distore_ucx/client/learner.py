@@ -328,7 +328,7 @@ class Learner:
             # A new control-plane connection (it restarted, or the link
             # broke): a control plane that started afresh numbers nodes anew.
             self._peers.forget_all("the control-plane connection is new")
-        table_size = self._gather.read_rows(reply, np.arange(n), dest, slot, keys, probs,
+        table_size = self._gather.read_rows(reply, self._gather.all_rows, dest, slot, keys, probs,
                                             min_probs, locs, wait, self.transfer_timeout)
         self._ring.fill(slot, n)
         self._stream.read()

@@ -50,6 +50,7 @@ from __future__ import annotations
 
 import logging
 import os
+import select
 import time
 
 import numpy as np
@@ -194,6 +195,11 @@ class PeerDirectory:
         self.base_lut = np.zeros(0, np.uint64)
         self._logged: set[tuple[int, str]] = set()
         self._failed: dict[int, float] = {}  # node id -> when its reads failed
+        # Same-host nodes' processes, for sweep(): pidfds in one poll set
+        # (pidfd -> node id), and nodes whose watch reads /proc instead.
+        self._watch_poll = select.poll()
+        self._watched: dict[int, int] = {}
+        self._watched_slow: list[int] = []
 
     @property
     def paths(self) -> dict[int, str]:
@@ -236,9 +242,11 @@ class PeerDirectory:
         reading: a dead node's mapping would still read fine, but its items
         are being dropped, and under UCX shared memory a read from it would
         abort us. Mappings go even when no batch names the node any more."""
-        for node_id, peer in list(self._peers.items()):
-            if peer.watch is not None and not peer.watch.alive():
-                self.forget(node_id, "its process is gone")
+        gone = [self._watched[fd] for fd, _ in self._watch_poll.poll(0)] if self._watched else []
+        gone += [node_id for node_id in self._watched_slow
+                 if not self._peers[node_id].watch.alive()]
+        for node_id in gone:  # one poll for all of them: any event means it ended
+            self.forget(node_id, "its process is gone")
 
     def forget(self, node_id: int, why: str, quiet: bool = False) -> None:
         """Drop a node: unmap its arena or drop its key and endpoint. Unless
@@ -318,6 +326,17 @@ class PeerDirectory:
         # them from another thread (client/recheck.py).
         self.rkeys, self.mappings, self.am_endpoints = rkeys, mappings, am_endpoints
         self.key_lut, self.map_lut, self.am_lut, self.base_lut = key_lut, map_lut, am_lut, base_lut
+        poll, watched, slow = select.poll(), {}, []
+        for peer in self._peers.values():
+            if peer.watch is None:
+                continue
+            fd = peer.watch.fileno()
+            if fd is None:
+                slow.append(peer.node_id)
+            else:
+                poll.register(fd, select.POLLIN)
+                watched[fd] = peer.node_id
+        self._watch_poll, self._watched, self._watched_slow = poll, watched, slow
 
 
 def _cma_key(runtime, desc: dict, name: str):

@@ -47,6 +47,7 @@ class ItemStore:
             name: np.zeros(initial, dtype=dt) for name, dt in columns.items()
         }
         self._keys = keys
+        self._places = None  # the place column as (n, 3) uint64 words (`locations`)
         self._limit = limit
         self._next = 0  # ids >= this were never handed out
         self._free = np.empty(0, dtype=np.uint32)  # released ids (a stack)
@@ -81,8 +82,12 @@ class ItemStore:
         """protocol.ITEM_LOCATION records of `recs`, as a sample reply sends them."""
         recs = np.ascontiguousarray(recs, np.int64)
         if self._keys is not None:
-            places = self.cols["place"].view(np.uint64).reshape(-1, 3)
-            return self._keys.locations(places, recs).view(ITEM_LOCATION)
+            place = self.cols["place"]
+            if self._places is None or self._places.base is not place:  # made, or regrown
+                self._places = place.view(np.uint64).reshape(-1, 3)
+            # frombuffer: the same records as .view(ITEM_LOCATION), without
+            # numpy's Python-level check of a view to a structured dtype.
+            return np.frombuffer(self._keys.locations(self._places, recs), ITEM_LOCATION)
         out = np.zeros(len(recs), ITEM_LOCATION)
         place = self.cols["place"][recs]
         for name in _PLACE_FIELDS:

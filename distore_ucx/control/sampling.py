@@ -70,7 +70,8 @@ class Sampling:
         held = self.leases.held(peer)
         n = self._size(table, f["n"], f.get("batch", f["n"]), held)
         self._check_limits(table, n, held)
-        await self.admission.sample(table, n, f.get("timeout", 0.0))
+        if not table.can_sample(n):  # else admission.sample returns at once
+            await self.admission.sample(table, n, f.get("timeout", 0.0))
         self._check_lease_limit_after_wait(table, peer, n)
         t0 = time.perf_counter()  # metrics: the decision, without the wait
         size = table.size  # the size the probabilities refer to

@@ -35,12 +35,19 @@ class Freed:
 
     @classmethod
     def empty(cls) -> Freed:
-        return cls(np.empty(0, np.uint32), np.empty(0, np.uint64))
+        """No slots: one shared instance (every sample and release makes one;
+        its arrays hold nothing to write, and `+` makes a new Freed)."""
+        return _NO_SLOTS
 
     def __add__(self, other: Freed) -> Freed:
         return Freed(
             np.concatenate([self.nodes, other.nodes]), np.concatenate([self.offsets, other.offsets])
         )
+
+
+_NO_SLOTS = Freed(np.empty(0, np.uint32), np.empty(0, np.uint64))
+_NO_SLOTS.nodes.setflags(write=False)
+_NO_SLOTS.offsets.setflags(write=False)
 
 
 @dataclass
@@ -326,12 +333,12 @@ class Table:
 
     def lease(self, recs: np.ndarray) -> None:
         """Protect the records' slots from reuse until `unlease`."""
-        _tables.lease_add(self.store.leases, recs)
+        _tables.lease_add(self.store.cols["leases"], recs)
 
     def unlease(self, recs: np.ndarray) -> Freed:
         """Drop one lease per record; frees RETIRED records left unleased."""
         s = self.store
-        done = _tables.lease_release(s.leases, s.state, recs, RETIRED)
+        done = _tables.lease_release(s.cols["leases"], s.cols["state"], recs, RETIRED)
         if len(done) == 0:
             return Freed.empty()
         freed = Freed(s.node[done].copy(), s.offset[done].copy())

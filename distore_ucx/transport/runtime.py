@@ -401,6 +401,11 @@ class ProcessWatch:
         except (AttributeError, OSError):  # old kernel or Python, or already gone
             self._fd = None
 
+    def fileno(self) -> int | None:
+        """The pidfd, readable once the process has exited (so that many
+        watches can be polled at once); None where alive() reads /proc."""
+        return self._fd
+
     def alive(self) -> bool:
         """True while the process exists and has not exited."""
         if self._fd is not None:
