@@ -122,6 +122,8 @@ void AmInbox::close() {
     registered_ = false;
     for (auto& kv : messages_) dropped.push_back(std::move(kv.second));
     messages_.clear();
+    for (auto& m : deferred_) dropped.push_back(std::move(m));
+    deferred_.clear();
   }
   ucp_am_handler_param_t param;
   std::memset(&param, 0, sizeof(param));
@@ -144,7 +146,7 @@ bool AmInbox::discarded(uint64_t token) const {
 
 size_t AmInbox::waiting() const {
   std::lock_guard<std::mutex> lock(mu_);
-  return messages_.size();
+  return messages_.size() + deferred_.size();
 }
 
 uint64_t AmInbox::refused() const {
@@ -166,9 +168,15 @@ void AmInbox::release_locked(Message& m) {
 }
 
 size_t AmInbox::expire(double max_age_s) {
+  // Connection failures UCX has noticed are handled before any release
+  // below acknowledges a message on its connection (see discard).
+  for (int i = 0; i < 64 && ucp_worker_progress(worker_h_) != 0; ++i) {
+  }
   std::vector<Message> dropped;
   {
     std::lock_guard<std::mutex> lock(mu_);
+    for (auto& m : deferred_) dropped.push_back(std::move(m));
+    deferred_.clear();
     const auto now = clock::now();
     const auto age = std::chrono::duration<double>(max_age_s);
     for (auto it = messages_.begin(); it != messages_.end();) {
@@ -196,18 +204,22 @@ size_t AmInbox::expire(double max_age_s) {
 }
 
 void AmInbox::discard(uint64_t token, uint32_t count) {
-  std::vector<Message> dropped;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    for (uint32_t i = 0; i < count; ++i) {
-      auto it = messages_.find(Key{token, i});
-      if (it == messages_.end()) continue;
-      dropped.push_back(std::move(it->second));
-      messages_.erase(it);
-    }
-    discarded_[token] = clock::now();
+  // No UCX call here: the caller is not the thread that progresses the
+  // worker, and the writer of a discarded batch has usually just died.
+  // Releasing a rendezvous message acknowledges it on its connection; sent
+  // before UCX has handled that connection's failure (the next progress),
+  // the acknowledgement went into a TCP endpoint UCX had half torn down,
+  // and the node crashed inside UCX (uct_tcp_ep_am_short). The messages
+  // are released by the next expire(), on the progressing thread, after a
+  // progress that handles the failure.
+  std::lock_guard<std::mutex> lock(mu_);
+  for (uint32_t i = 0; i < count; ++i) {
+    auto it = messages_.find(Key{token, i});
+    if (it == messages_.end()) continue;
+    deferred_.push_back(std::move(it->second));
+    messages_.erase(it);
   }
-  for (auto& m : dropped) release(m);
+  discarded_[token] = clock::now();
 }
 
 bool AmInbox::take(uint64_t token, uint32_t index, Message* out) {

@@ -79,7 +79,7 @@ class AmInbox {
   AmConnections::Counts connections() const;
   uint64_t abandoned() const;
   void count_abandoned(size_t n);
-  // Messages received and not taken yet.
+  // Messages received and not taken (or released) yet.
   size_t waiting() const;
   // Messages refused so far (malformed header, inbox full, closed).
   uint64_t refused() const;
@@ -87,8 +87,9 @@ class AmInbox {
   // node refused, or whose pull timed out), and closes the connections of
   // writers that failed or left; returns how many messages it released.
   size_t expire(double max_age_s);
-  // Releases the messages of batch `token` and any that arrive for it later
-  // (up to `count` items): the node failed that batch.
+  // Releases the messages of batch `token` (at the next expire(), on the
+  // thread that progresses the worker) and any that arrive for it later (up
+  // to `count` items): the node failed that batch.
   void discard(uint64_t token, uint32_t count);
   // Unregisters the handler and releases every waiting message (idempotent).
   void close();
@@ -141,6 +142,9 @@ class AmInbox {
     }
   };
   std::unordered_map<Key, Message, KeyHash> messages_;
+  // Messages of discarded batches, released by the next expire() (discard
+  // says why not at once).
+  std::vector<Message> deferred_;
   // Batches failed by the node: their late messages are released on arrival.
   std::unordered_map<uint64_t, std::chrono::steady_clock::time_point> discarded_;
   uint64_t refused_ = 0;
