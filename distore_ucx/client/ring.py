@@ -118,7 +118,7 @@ class Ring:
         s.device_address = address
         s.data = self._ops.views(spec, s.device, layout)
         if self.path == "gpu-direct":
-            s.dest = _native.MemoryRegion.register(runtime.context, address, nbytes,
+            s.dest = _native.MemoryRegion.register(runtime.region_owner, address, nbytes,
                                                    s.device, CUDA_MEMORY)
             s.header = self._ops.header_view(s.device, layout)
         return s

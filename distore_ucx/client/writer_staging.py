@@ -38,7 +38,7 @@ class StagingBuffer:
 
     def _map(self, size: int) -> None:
         size = -(-size // _PAGE) * _PAGE
-        self.region = _native.MemoryRegion.write_protected(self._runtime.context, size)
+        self.region = _native.MemoryRegion.write_protected(self._runtime.region_owner, size)
         self.view = self.region.view()  # the writable alias
         self.rkey = self.region.pack_rkey()
         self.base = self.region.address  # what the node reads

@@ -40,7 +40,8 @@ class Arena:
             # a remote write into a fault instead of changed data.
             # The memfd behind it is sealed against writable mappings, so it
             # can also be handed to same-host learners (transport/local_map.py).
-            self.region = _native.MemoryRegion.write_protected(runtime.context, size, hugepages)
+            self.region = _native.MemoryRegion.write_protected(runtime.region_owner, size,
+                                                               hugepages)
         else:
             self.region = runtime.map_region(size, remote_read=True, hugepages=hugepages)
         # Names this arena (not the node): a learner that mapped an arena of a
@@ -56,7 +57,7 @@ class Arena:
         self._tables: dict[str, SlotTable] = {}
         self._generation = 0
         self.used_bytes = 0
-        self._context = runtime.context
+        self._context = runtime.region_owner  # regions hold it: see transport/runtime.py
         self._local = None  # the writable alias, registered for local access (pulls)
         self._words = None  # the writable alias as uint64 words (mark_retired)
 

@@ -29,7 +29,13 @@ zero-copy rendezvous with peer-failure handling over TCP
 
 Teardown order is the reverse of creation and is enforced by ownership:
 remote keys hold their endpoint, endpoints hold the worker, regions hold
-the context, endpoints are closed before the worker's progress thread stops.
+the context and the workers (`region_owner`), endpoints are closed before
+the worker's progress thread stops. Regions hold the workers because UCX
+finishes a rendezvous send that failed while its peer held the sender's
+memory (the peer died, or the endpoint closed under it) only when that
+memory is unmapped, on the sending worker: a worker destroyed first meant
+a crash or a hang in whatever later freed the region (a staging buffer
+kept by an exception's traceback, freed by the garbage collector).
 """
 
 from __future__ import annotations
@@ -52,6 +58,37 @@ log = logging.getLogger(__name__)
 # Loaded after libucx: ucxx sets UCX_RNDV_THRESH and friends in os.environ
 # at import time, so import it once, here, before any context exists.
 import ucxx._lib.libucxx as _ucxx  # noqa: E402
+
+
+class RegionOwner:
+    """What every memory region of a runtime holds on to (the `context`
+    argument of `_native.MemoryRegion`): the UCX context, whose `handle` it
+    passes on, and every worker made on it, so that no worker is destroyed
+    before the last region is unmapped (see the module's docstring).
+
+    Regions are native objects the garbage collector does not track, so what
+    they hold is never torn apart in a cycle: a runtime collected with its
+    writer still leaves these workers to the regions. When the last region
+    goes (and the runtime with it), the workers of a closed runtime are
+    progressed once more, so that sends UCX finished only at the unmap
+    return their requests before the workers are destroyed."""
+
+    __slots__ = ("context", "handle", "workers", "closed")
+
+    def __init__(self, context, worker):
+        self.context = context
+        self.handle = context.handle
+        self.workers = [worker]
+        self.closed = False  # the runtime closed: nobody else progresses the workers
+
+    def __del__(self):
+        if not self.closed:
+            return  # the progress thread, still running, finishes them
+        for worker in self.workers:
+            try:
+                worker.progress()
+            except Exception as exc:  # tearing down anyway
+                log.debug("progressing a closed runtime's worker: %s", exc)
 
 
 class UcxRuntime:
@@ -86,6 +123,8 @@ class UcxRuntime:
             )
         )
         self.worker = _ucxx.UCXWorker(self.context)
+        # Pass this, not the context, to every MemoryRegion of this runtime.
+        self.region_owner = RegionOwner(self.context, self.worker)
         self._progress = progress_thread
         if progress_thread:
             # polling_mode=False: the thread sleeps in epoll until UCX has work.
@@ -127,7 +166,7 @@ class UcxRuntime:
 
     def map_region(self, size: int, remote_read: bool = False, hugepages: bool = False):
         """Allocate and register `size` bytes (page aligned) with this context."""
-        return _native.MemoryRegion(self.context, size, remote_read, hugepages)
+        return _native.MemoryRegion(self.region_owner, size, remote_read, hugepages)
 
     @property
     def reader_worker(self):
@@ -145,6 +184,7 @@ class UcxRuntime:
                 raise ConnectionFailed("the UCX runtime is closed")
             if self._reader is None:
                 self._reader = _ucxx.UCXWorker(self.context)
+                self.region_owner.workers.append(self._reader)
             return self._reader
 
     def am_sample_client(self):
@@ -290,9 +330,10 @@ class UcxRuntime:
             am_client.close()
         for ep in eps:
             _close_endpoint(ep)
-        self._reader = None  # destroyed once its endpoints (closed above) let it go
+        self._reader = None  # destroyed once its endpoints (closed above) and regions let it go
         if self._progress:
             self.worker.stop_progress_thread()
+        self.region_owner.closed = True
 
     def __enter__(self) -> UcxRuntime:
         return self
