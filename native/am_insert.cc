@@ -299,11 +299,19 @@ void am_send(const Endpoint& ep, const MemoryRegion& region, unsigned am_id, uin
   }
   ucp_request_param_t param;
   std::memset(&param, 0, sizeof(param));
-  param.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+  param.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS | UCP_OP_ATTR_FIELD_MEMH;
   // Rendezvous always (the node receives each item straight into its slot);
   // the header is copied, so it need not outlive the call; the reply flag
   // tells the node which of its connections the message came on.
   param.flags = UCP_AM_SEND_FLAG_RNDV | UCP_AM_SEND_FLAG_COPY_HEADER | UCP_AM_SEND_FLAG_REPLY;
+  // The staging buffer's own registration, not one UCX looks up in its
+  // cache: a send aborted after the node was told where to read it (the
+  // node died, or the writer closed while the node still held the batch)
+  // then ends at once. With a cached registration UCX invalidates it and
+  // ends the send only once the buffer is unmapped, on this worker: a
+  // request held until then, and a crash or a hang if the worker went
+  // first (ucp_request_memh_invalidate; test_held_sends.py).
+  param.memh = region.memh();
   auto* base = reinterpret_cast<char*>(region.address());
   for (size_t i = 0; i < n; ++i) {
     AmInsertHeader h{token, static_cast<uint32_t>(i), static_cast<uint32_t>(n)};

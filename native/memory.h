@@ -3,8 +3,11 @@
 // Ownership: a MemoryRegion owns its pages (mmap'd here, or borrowed from a
 // caller-owned allocation such as a torch/CuPy buffer, which it keeps alive
 // through `owner`) and its ucp_mem_h, and holds the Python object that owns
-// the ucp_context_h, so the context cannot be destroyed first. Teardown:
-// ucp_mem_unmap, then munmap, then the context reference is dropped.
+// the ucp_context_h (the runtime's RegionOwner, which also holds every worker
+// made on the context: UCX finishes a rendezvous send aborted while its peer
+// held this memory only at ucp_mem_unmap, on the sending worker), so neither
+// can be destroyed first. Teardown: ucp_mem_unmap, then munmap, then the
+// context reference is dropped.
 // Thread safety: immutable after construction; the bytes themselves are the
 // caller's to synchronise (the storage node writes only slots it owns).
 #pragma once

@@ -2,7 +2,7 @@
 while their receiver holds them, then the writer's runtime closed and
 collected before its staging buffer is freed.
 
-    python held_send_peer.py    # prints "held N", then "ok"; exit status 0
+    python held_send_peer.py staging|bare   # prints "held N", then "ok"; exit 0
 
 A receiver (a UCX runtime with an AmInbox listening on 127.0.0.1, as a
 storage node takes inserts) keeps the insert messages it gets without ever
@@ -14,9 +14,15 @@ the two sends and leaves them to finish when the buffer is unmapped. Then
 the runtime is dropped and collected (its workers too, unless something
 keeps them), and only then the staging buffer: as when an exception's
 traceback keeps a writer's batch until the garbage collector frees it.
-Before regions held their workers this crashed or hung (UCX queued the
-sends' completion on a destroyed worker), and UCX warned that their
-requests were never returned. Not a test module itself.
+
+Two guards stop what once followed (UCX queued the aborted sends'
+completion, at the unmap, on a destroyed worker: a crash or a hang, and
+UCX's warning that their requests were never returned), and each mode
+leaves one of them alone: `staging` stages in a StagingBuffer, whose
+region holds the runtime's workers (RegionOwner), with am_send as writers
+call it; `bare` registers the buffer with the bare UCX context, so only
+am_send's passing the region's own registration (aborted sends end at
+once) stands between it and that crash. Not a test module itself.
 """
 
 from __future__ import annotations
@@ -36,12 +42,17 @@ from distore_ucx.transport.runtime import UcxRuntime
 ITEM = 1 << 19  # bytes per item: well above the rendezvous threshold
 
 
-def main() -> int:
+def main(mode: str) -> int:
     receiver = UcxRuntime(config=rendezvous_config(), env_tls=ucx_tls())
     inbox = _native.AmInbox(receiver.worker, AM_INSERT_ID)
     port = inbox.listen("127.0.0.1", 0)
     writer = UcxRuntime(config=rendezvous_config(), env_tls=ucx_tls())
-    buffer = StagingBuffer(writer, 0, 2 * ITEM)
+    if mode == "staging":
+        buffer = StagingBuffer(writer, 0, 2 * ITEM)
+    else:  # the region holds the context only, not the workers
+        buffer = StagingBuffer.__new__(StagingBuffer)
+        buffer.region = _native.MemoryRegion.write_protected(writer.context, 2 * ITEM)
+        buffer.view = buffer.region.view()
     buffer.view[:] = 7
     ep = writer.listener_endpoint("127.0.0.1", port, "receiver", 10.0)
     _native.am_send(ep, buffer.region, AM_INSERT_ID, 1, np.array([0, ITEM], np.uint64),
@@ -65,4 +76,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(sys.argv[1]))
