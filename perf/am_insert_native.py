@@ -93,7 +93,8 @@ def run(kind: str, item_bytes: int, items: int, seconds: float) -> tuple[float, 
         else:
             ep = _native.Endpoint(runtime.worker, bytes.fromhex(hello["address"]),
                                   kind == "address-peer", "rx")
-        region = _native.MemoryRegion.write_protected(runtime.context, DEPTH * items * item_bytes)
+        region = _native.MemoryRegion.write_protected(runtime.region_owner,
+                                                      DEPTH * items * item_bytes)
         view = region.view()
         view[:] = np.frombuffer(os.urandom(1 << 16), np.uint8).repeat(len(view) >> 16 or 1)[
             : len(view)]

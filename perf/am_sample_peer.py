@@ -80,7 +80,7 @@ def run_node(args) -> int:
     spec = spec_of(args.item_bytes, args.fields)
     slot_size = spec.slot_size
     with UcxRuntime(config=config, env_tls=args.tls) as rt:
-        arena = _native.MemoryRegion.write_protected(rt.context, slot_size * args.slots, False)
+        arena = _native.MemoryRegion.write_protected(rt.region_owner, slot_size * args.slots, False)
         view = arena.view()
         for s in range(args.slots):
             slot = view[s * slot_size:(s + 1) * slot_size]

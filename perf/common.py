@@ -125,7 +125,7 @@ def serve(tls: str, size: int, slots: int) -> int:
     try:
         # As storage nodes make arenas by default: a sealed memfd, registered
         # read-only for UCX, and offered to same-host readers to map.
-        region = _native.MemoryRegion.write_protected(rt.context, size * slots, True)
+        region = _native.MemoryRegion.write_protected(rt.region_owner, size * slots, True)
         fill_arena(region.view()[: size * slots].reshape(slots, size))
         if region.share_fd >= 0:
             share = LocalMapServer(region.share_fd, region.size, 1, region.page_kind, None,

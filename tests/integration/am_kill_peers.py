@@ -179,7 +179,8 @@ def writer(port: int, then: str, tokens: list[int], item_bytes: int) -> None:
     from distore_ucx.transport.runtime import UcxRuntime
 
     runtime = UcxRuntime(config=rendezvous_config(), env_tls=ucx_tls())  # as the client's
-    region = _native.MemoryRegion.write_protected(runtime.context, len(tokens) * ITEMS * item_bytes)
+    region = _native.MemoryRegion.write_protected(runtime.region_owner,
+                                                  len(tokens) * ITEMS * item_bytes)
     staging = region.view()
     ep = runtime.listener_endpoint("127.0.0.1", port, "receiver")  # connected when returned
     lengths = np.full(ITEMS, item_bytes, np.uint64)

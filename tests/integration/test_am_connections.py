@@ -47,7 +47,7 @@ def sides(monkeypatch):
 
     ticks = threading.Thread(target=tick, daemon=True)
     ticks.start()
-    region = _native.MemoryRegion.write_protected(tx.context, N * ITEM)
+    region = _native.MemoryRegion.write_protected(tx.region_owner, N * ITEM)
     items = np.frombuffer(os.urandom(N * ITEM), np.uint8).reshape(N, ITEM)
     region.view()[: N * ITEM] = items.ravel()
     yield rx, tx, arena, inbox, region, items
@@ -129,7 +129,7 @@ def test_a_receive_from_a_hung_connection_ends_by_force_at_the_timeout(sides):
     silent = UcxRuntime(config={"TLS": "tcp", "RNDV_SCHEME": "put_zcopy"},
                         progress_thread=False)
     try:
-        region = _native.MemoryRegion.write_protected(silent.context, N * ITEM)
+        region = _native.MemoryRegion.write_protected(silent.region_owner, N * ITEM)
         region.view()[: N * ITEM] = items.ravel()
         ep = _native.Endpoint.to_listener(silent.worker, "127.0.0.1", port, "rx")
         send(ep, region, 21)

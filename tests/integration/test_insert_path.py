@@ -333,7 +333,7 @@ def descriptor(region, keys, **over):
 def test_malformed_insert_descriptors_get_an_error_and_the_node_serves_on(client, tls):
     client.create_table("t", capacity=1000, spec=((ITEM,), "uint8"))
     runtime = client.runtime
-    region = _native.MemoryRegion.write_protected(runtime.context, 1 << 20)
+    region = _native.MemoryRegion.write_protected(runtime.region_owner, 1 << 20)
     region.view()[: 4 * ITEM] = items(np.arange(4)).ravel()
     node = client.nodes()[0]
     conn = rpc.Client(node["address"], 10.0, name="node", token=client.token)
@@ -369,7 +369,7 @@ def test_insert_messages_that_do_not_match_their_descriptor_fail_and_the_node_se
     # token that their descriptor names (storage/pulls.py).
     client.create_table("t", capacity=1000, spec=((ITEM,), "uint8"))
     runtime = client.runtime
-    region = _native.MemoryRegion.write_protected(runtime.context, 1 << 20)
+    region = _native.MemoryRegion.write_protected(runtime.region_owner, 1 << 20)
     region.view()[: 4 * ITEM] = items(np.arange(4)).ravel()
     node = client.nodes()[0]
     assert node.get("insert_port"), "a node over TCP takes inserts as active messages"
@@ -449,7 +449,7 @@ def test_malformed_mapped_descriptors_get_an_error_and_the_node_serves_on(client
     ranges outside the mapping, a claimed size larger than what was handed,
     a file that is not a sealed memfd: an error each, nothing stored."""
     client.create_table("t", capacity=1000, spec=((ITEM,), "uint8"))
-    region = _native.MemoryRegion.write_protected(client.runtime.context, 1 << 20)
+    region = _native.MemoryRegion.write_protected(client.runtime.region_owner, 1 << 20)
     region.view()[: 4 * ITEM] = items(np.arange(4)).ravel()
     node = client.nodes()[0]
     who = f"node {node['node_id']}"

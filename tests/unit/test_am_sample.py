@@ -43,7 +43,7 @@ class Node:
         self.rt = UcxRuntime(config=CONFIG, env_tls="tcp")
         self.spec = spec
         self.slot = spec.slot_size
-        self.arena = _native.MemoryRegion.write_protected(self.rt.context, self.slot * SLOTS,
+        self.arena = _native.MemoryRegion.write_protected(self.rt.region_owner, self.slot * SLOTS,
                                                           False)
         view = self.arena.view()
         for s in range(SLOTS):

@@ -28,7 +28,7 @@ def runtime():
 
 @pytest.fixture
 def region(runtime):
-    r = _native.MemoryRegion.write_protected(runtime.context, SIZE, False)
+    r = _native.MemoryRegion.write_protected(runtime.region_owner, SIZE, False)
     r.view()[:] = np.arange(SIZE, dtype=np.uint64).astype(np.uint8)
     return r
 

@@ -32,7 +32,7 @@ def runtime():
 
 @pytest.fixture
 def staged(runtime):
-    region = _native.MemoryRegion.write_protected(runtime.context, 1 << 16)
+    region = _native.MemoryRegion.write_protected(runtime.region_owner, 1 << 16)
     rows = np.random.default_rng(0).integers(0, 256, (8, ITEM), dtype=np.uint8)
     region.view()[: rows.size] = rows.ravel()
     return region, rows
@@ -174,7 +174,7 @@ def test_only_a_memfd_sealed_against_shrinking_and_writes_is_mapped(runtime):
 def test_a_mapping_outlives_its_writer(runtime):
     """The writer's region (its mapping and fd) goes away, as when it dies:
     the node's mapping still holds the pages and the copy completes."""
-    region = _native.MemoryRegion.write_protected(runtime.context, 1 << 16)
+    region = _native.MemoryRegion.write_protected(runtime.region_owner, 1 << 16)
     rows = np.random.default_rng(1).integers(0, 256, (4, ITEM), dtype=np.uint8)
     region.view()[: rows.size] = rows.ravel()
     mapping = _native.StagingMap(region.share_fd, region.size, "w")

@@ -32,14 +32,14 @@ def runtime():
 
 @pytest.fixture
 def staging(runtime):
-    r = _native.MemoryRegion.write_protected(runtime.context, SIZE, False)
+    r = _native.MemoryRegion.write_protected(runtime.region_owner, SIZE, False)
     r.view()[:] = np.arange(SIZE, dtype=np.uint64).astype(np.uint8)
     return r
 
 
 @pytest.fixture
 def arena(runtime):
-    return _native.MemoryRegion.write_protected(runtime.context, SIZE, False)
+    return _native.MemoryRegion.write_protected(runtime.region_owner, SIZE, False)
 
 
 def serve(arena, sources, token=None):
