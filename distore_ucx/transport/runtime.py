@@ -68,27 +68,14 @@ class RegionOwner:
 
     Regions are native objects the garbage collector does not track, so what
     they hold is never torn apart in a cycle: a runtime collected with its
-    writer still leaves these workers to the regions. When the last region
-    goes (and the runtime with it), the workers of a closed runtime are
-    progressed once more, so that sends UCX finished only at the unmap
-    return their requests before the workers are destroyed."""
+    writer still leaves these workers to the regions."""
 
-    __slots__ = ("context", "handle", "workers", "closed")
+    __slots__ = ("context", "handle", "workers")
 
     def __init__(self, context, worker):
         self.context = context
         self.handle = context.handle
         self.workers = [worker]
-        self.closed = False  # the runtime closed: nobody else progresses the workers
-
-    def __del__(self):
-        if not self.closed:
-            return  # the progress thread, still running, finishes them
-        for worker in self.workers:
-            try:
-                worker.progress()
-            except Exception:  # noqa: S110 - tearing down (maybe at exit): nobody to tell
-                pass
 
 
 class UcxRuntime:
@@ -333,7 +320,6 @@ class UcxRuntime:
         self._reader = None  # destroyed once its endpoints (closed above) and regions let it go
         if self._progress:
             self.worker.stop_progress_thread()
-        self.region_owner.closed = True
 
     def __enter__(self) -> UcxRuntime:
         return self
