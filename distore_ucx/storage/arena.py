@@ -57,7 +57,7 @@ class Arena:
         self._tables: dict[str, SlotTable] = {}
         self._generation = 0
         self.used_bytes = 0
-        self._context = runtime.region_owner  # regions hold it: see transport/runtime.py
+        self._region_owner = runtime.region_owner  # what its regions hold: transport/runtime.py
         self._local = None  # the writable alias, registered for local access (pulls)
         self._words = None  # the writable alias as uint64 words (mark_retired)
 
@@ -241,7 +241,7 @@ class Arena:
             else:
                 view = self.region.view()  # keeps the region (and its pages) alive
                 self._local = _native.MemoryRegion.register(
-                    self._context, view.ctypes.data, self.size, view, 0)
+                    self._region_owner, view.ctypes.data, self.size, view, 0)
         return self._local
 
     def pull(self, source, offsets: np.ndarray, keys: np.ndarray, generations: np.ndarray,

@@ -17,12 +17,12 @@ traceback keeps a writer's batch until the garbage collector frees it.
 
 Two guards stop what once followed (UCX queued the aborted sends'
 completion, at the unmap, on a destroyed worker: a crash or a hang, and
-UCX's warning that their requests were never returned), and each mode
-leaves one of them alone: `staging` stages in a StagingBuffer, whose
-region holds the runtime's workers (RegionOwner), with am_send as writers
-call it; `bare` registers the buffer with the bare UCX context, so only
-am_send's passing the region's own registration (aborted sends end at
-once) stands between it and that crash. Not a test module itself.
+UCX's warning that their requests were never returned): am_send passes
+the region's own registration, so aborted sends end at once, and a
+runtime's regions hold its workers (RegionOwner). `staging` runs as
+writers do, both guards on; `bare` registers the buffer with the bare UCX
+context, so only the first stands between it and that crash (the second
+is tested alone in test_held_sends.py). Not a test module itself.
 """
 
 from __future__ import annotations
@@ -48,14 +48,12 @@ def main(mode: str) -> int:
     port = inbox.listen("127.0.0.1", 0)
     writer = UcxRuntime(config=rendezvous_config(), env_tls=ucx_tls())
     if mode == "staging":
-        buffer = StagingBuffer(writer, 0, 2 * ITEM)
+        region = StagingBuffer(writer, 0, 2 * ITEM).region
     else:  # the region holds the context only, not the workers
-        buffer = StagingBuffer.__new__(StagingBuffer)
-        buffer.region = _native.MemoryRegion.write_protected(writer.context, 2 * ITEM)
-        buffer.view = buffer.region.view()
-    buffer.view[:] = 7
+        region = _native.MemoryRegion.write_protected(writer.context, 2 * ITEM)
+    region.view()[:] = 7
     ep = writer.listener_endpoint("127.0.0.1", port, "receiver", 10.0)
-    _native.am_send(ep, buffer.region, AM_INSERT_ID, 1, np.array([0, ITEM], np.uint64),
+    _native.am_send(ep, region, AM_INSERT_ID, 1, np.array([0, ITEM], np.uint64),
                     np.array([ITEM, ITEM], np.uint64))
     deadline = time.monotonic() + 10
     while inbox.waiting < 2 and time.monotonic() < deadline:
@@ -64,8 +62,7 @@ def main(mode: str) -> int:
     if inbox.waiting < 2:
         return 2  # the receiver never got both: nothing was tested
     writer.close()  # closes the endpoint: the held sends are aborted
-    region = buffer.region
-    del ep, buffer, writer
+    del ep, writer
     gc.collect()  # the writer's runtime is gone
     del region  # unmapped now: UCX finishes the aborted sends on the writer's worker
     gc.collect()
