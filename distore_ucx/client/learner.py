@@ -88,10 +88,10 @@ class Learner:
     UCX (`learner.paths` says which node is read how); `copy_threads`:
     threads that copy large same-host batches (default: up to 4, at least 2);
     `sample_ahead`: batches the learner asks the control plane for in one
-    request (default: as many as fit in 128 items and 256 MiB, at most 8; 1
+    request (default: as many as fit in 256 items and 256 MiB, at most 8; 1
     for tables whose sampling uses items up; `DISTORE_SAMPLE_AHEAD` overrides the
     default). Each request costs both processes a socket round trip; asking
-    for 4 batches of 32 at once cuts that cost 4-fold. It applies only while
+    for 8 batches of 32 at once cuts that cost 8-fold. It applies only while
     `sample()` is called back to back (under 1 ms between a batch and the
     next call, twice running): with a training step in between, a request
     asks one batch. The price: batches sampled ahead were drawn before the

@@ -33,7 +33,7 @@ log = logging.getLogger(__name__)
 
 # Sampling ahead (see Learner): items one control-plane request asks for at
 # most by default, and whatever the caller asks.
-SAMPLE_AHEAD_ITEMS = 128
+SAMPLE_AHEAD_ITEMS = 256
 MAX_SAMPLE_AHEAD_ITEMS = 4096
 # ... and at most this many bytes of items by default: a request's items stay
 # leased until its last batch is read, and an item evicted while leased keeps

@@ -57,8 +57,8 @@ def test_prioritized_probabilities_weights_and_updates(client):
     assert res == {"updated": 20, "missing": 1}
     assert learner.priority_updates_missing == 1
     # The batches sampled ahead (one request holds sample_ahead of them,
-    # 128 // 64 = 2 here) were drawn before the update; the next is not.
-    assert learner.sample_ahead == 2
+    # 256 // 64 = 4 here) were drawn before the update; the next is not.
+    assert learner.sample_ahead == 4
     for _ in range(learner.sample_ahead):
         learner.sample()
     b = learner.sample()
@@ -257,7 +257,7 @@ def test_sampling_ahead_answers_fewer_batches_under_a_low_max_sample(make_cluste
         with c.writer() as w:
             w.insert("small", items(0, 50))
         learner = c.learner("small", batch_size=32)
-        assert learner.sample_ahead == 4  # asks 128 items, answered 64 at a time
+        assert learner.sample_ahead == 8  # asks 256 items, answered 64 at a time
         for _ in range(6):
             b = learner.sample()
             assert len(b) == 32

@@ -14,11 +14,13 @@ def _no_env(monkeypatch):
 
 
 @pytest.mark.parametrize("batch, item_bytes, expected", [
-    (32, 112_912, 4),         # W1: bounded by 128 items
+    (32, 112_912, 8),         # W1: 256 items, the cap of 8 batches
+    (64, 112_912, 4),         # bounded by 256 items
     (8, 3_145_792, 8),        # W2: 8 batches of 25 MB fit in 256 MiB
     (4, 10_485_824, 6),       # W3: 256 MiB holds 6 batches of 42 MB, not 8
     (32, 10_485_824, 1),      # one batch is already past 256 MiB: no sampling ahead
-    (128, 64, 1),
+    (128, 64, 2),
+    (256, 64, 1),
     (1, 64, 8),
 ])
 def test_default_is_bounded_by_items_and_bytes(batch, item_bytes, expected):
