@@ -188,7 +188,7 @@ def measure_inserts(ds, client, size: int, batch: int, args, pids: dict) -> list
     """insert_bandwidth's one-per-call and batched runs (mapping off, tcp)."""
     ins = argparse.Namespace(
         arena=args.insert_arena, modes=["one", "batched"], batch=batch, seconds=args.seconds,
-        min_bytes=args.min_bytes, batch_bytes=8 * MiB, in_flight=4, insert_gbps=0.0,
+        min_bytes=args.min_bytes, batch_bytes=args.writer_batch_bytes, in_flight=4, insert_gbps=0.0,
         local_map=False, sample_batch=None)
     rows = []
     for mode in ins.modes:
@@ -298,6 +298,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="inserts as active messages over the nodes' insert listeners (the "
                         "default); --no-am-inserts: by one-sided gets (DISTORE_AM_INSERTS=0 "
                         "for the cluster and the writers)")
+    p.add_argument("--writer-batch-bytes", type=size_list_one, default=None,
+                   help="inserts: the writer's batch_bytes, at least 2 items (default: the "
+                        "writer's own, 8 MiB grown to 4 items of up to 32 MiB for large items)")
     p.add_argument("--sample-gets", action="store_true",
                    help="also sample by one-sided gets (DISTORE_AM_SAMPLES=0 for the learner), "
                         "for comparison with the active-message path")

@@ -121,7 +121,8 @@ def run_mode(ds, client, tls: str, size: int, mode: str, args, pids: dict) -> di
     per_call = args.batch if mode == "batched" else 1
     n_src = max(per_call, min(64, (256 * MiB) // size))  # distinct items, at most ~256 MiB
     src = pattern(np.arange(n_src), size)  # made before timing: the writer's data
-    batch_bytes = max(args.batch_bytes, 2 * size)
+    # The writer's default (None) unless --batch-bytes: then at least 2 items.
+    batch_bytes = None if args.batch_bytes is None else max(args.batch_bytes, 2 * size)
     writer = client.writer(batch_bytes=batch_bytes, max_in_flight=args.in_flight)
     # Warm up: buffers registered, connections and endpoints made, and every
     # slot of the table written once, so that the timed part measures the
@@ -263,8 +264,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--min-bytes", type=int, default=64 * MiB, help="at least this much per run")
     p.add_argument("--arena", type=int, default=1 << 30,
                    help="storage arena bytes (every slot is written once before timing)")
-    p.add_argument("--batch-bytes", type=int, default=8 * MiB,
-                   help="writer batch_bytes (default 8 MiB, the writer's)")
+    p.add_argument("--batch-bytes", type=int, default=None,
+                   help="writer batch_bytes, at least 2 items (default: the writer's, 8 MiB "
+                        "grown to 4 items of up to 32 MiB for large items)")
     p.add_argument("--in-flight", type=int, default=4,
                    help="writer max_in_flight (default 4, the writer's)")
     p.add_argument("--perftest-timeout", type=float, default=120.0)

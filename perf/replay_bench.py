@@ -52,9 +52,8 @@ from common import JsonLines, apply_ucx_env, cpu_seconds, fmt, log
 HERE = os.path.dirname(os.path.abspath(__file__))
 DEFAULT_FILE = os.path.join(HERE, "workloads.toml")
 GiB, MiB = 1 << 30, 1 << 20
-WRITER_BATCH_BYTES = 8 * MiB  # the writer's default batch_bytes
-PREFILL_CHUNK_BYTES = WRITER_BATCH_BYTES
-# The writer sends messages of at most 1024 items and WRITER_BATCH_BYTES and places them
+# The writer sends messages of at most 1024 items and of its default batch bytes (8 MiB,
+# grown to 4 items of up to 32 MiB for large items: writer_batch_bytes) and places them
 # round robin over the nodes; chunks of exactly one message keep the nodes evenly filled
 # (chunks of 1398 would go out as 1024 + 374, always the 1024 to the same node).
 WRITER_MAX_ITEMS = 1024
@@ -97,13 +96,28 @@ def slot_bytes(item_bytes: int) -> int:
     return TableSpec.parse(((item_bytes,), "uint8")).slot_size
 
 
+def writer_batch_bytes(item_bytes: int) -> int:
+    """Bytes of one batch of a default writer for items of `item_bytes`
+    (distore_ucx/client/writer.py: BATCH_BYTES, grown for large items)."""
+    from distore_ucx.client import writer as w
+
+    grown = min(w.BATCH_MIN_ITEMS * item_bytes, w.BATCH_GROW_TO // item_bytes * item_bytes)
+    return max(item_bytes, w.BATCH_BYTES, grown)
+
+
+def writer_chunk(item_bytes: int) -> int:
+    """Items of one default writer's batch: what a flat-out writer inserts per flush."""
+    return max(1, min(WRITER_MAX_ITEMS, writer_batch_bytes(item_bytes) // item_bytes))
+
+
 def plan(w: dict, memory: int, nodes: int) -> dict:
     """Capacity scaled to the memory budget, and the arena each node needs for it."""
     slot = slot_bytes(w["item_bytes"])
     capacity = max(w["batch_size"], min(int(w["capacity"]), memory // slot))
-    # Slack: writes go round robin in messages of up to WRITER_BATCH_BYTES, so nodes differ by a
+    # Slack: writes go round robin in messages of up to a writer's batch, so nodes differ by a
     # few messages; evicted slots under lease (the learner's ring) are not reused yet.
-    slack = 4 * max(WRITER_BATCH_BYTES, slot) + 4 * w["batch_size"] * slot
+    message = writer_chunk(w["item_bytes"]) * slot
+    slack = 4 * max(message, slot) + 4 * w["batch_size"] * slot
     arena = math.ceil(capacity * slot / nodes) + slack
     return {"capacity": capacity, "slot": slot, "arena": arena}
 
@@ -122,7 +136,7 @@ def writer_main(address, table, item_bytes, rate, prioritized, seed, ready, go, 
         if rate > 0:
             chunk = max(1, round(rate * PACE_SLICE_S))
         else:
-            chunk = max(1, min(WRITER_MAX_ITEMS, PREFILL_CHUNK_BYTES // item_bytes))
+            chunk = writer_chunk(item_bytes)
         data = rng.integers(0, 256, (chunk, item_bytes), dtype=np.uint8)
         with ds.connect(address) as client:
             writer = client.writer(timeout=30.0, max_items=WRITER_MAX_ITEMS)
@@ -154,7 +168,7 @@ def prefill(client, table: str, item_bytes: int, count: int, prioritized: bool,
     if count <= 0:
         return {"prefill_items": 0, "prefill_s": 0.0, "prefill_gb_per_s": None}
     rng = np.random.default_rng(seed)
-    chunk = max(1, min(count, WRITER_MAX_ITEMS, PREFILL_CHUNK_BYTES // item_bytes))
+    chunk = min(count, writer_chunk(item_bytes))
     data = rng.integers(0, 256, (chunk, item_bytes), dtype=np.uint8)
     t0 = time.perf_counter()
     with client.writer(max_items=WRITER_MAX_ITEMS) as writer:

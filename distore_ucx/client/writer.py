@@ -19,7 +19,9 @@ Staging memory is bounded: a pool of `max_in_flight` buffers of
 (a node cannot write the writer's memory). A buffer is refilled only after
 its batch's acknowledgement. An item larger than `batch_bytes` grows the
 buffer it goes to (to the item's size, kept for later items), so the bound
-is `max_in_flight` x max(`batch_bytes`, largest item). Each buffer has its
+is `max_in_flight` x max(`batch_bytes`, largest item). With `batch_bytes`
+left out (8 MiB) a table of items of megabytes gets batches of 4 of them, up
+to 32 MiB (writer_staging.py says why). Each buffer has its
 own connection to each node, so batches in flight wait on a rate limiter
 side by side and each waits at most `timeout` from when it was sent.
 
@@ -74,6 +76,15 @@ from .writer_staging import OneItemLayout, StagingPool
 
 log = logging.getLogger(__name__)
 
+# The default staging buffer, and how a table of large items grows it: to
+# hold at least BATCH_MIN_ITEMS items, up to BATCH_GROW_TO bytes (3 MB items:
+# 4 a batch, not 2; 10 MB items: 3, not 1). Each batch costs the writer, the
+# node and the control plane a few ms of CPU whatever its size; over TCP
+# that made inserts of such items 40-50% faster (docs/performance.md).
+BATCH_BYTES = 8 << 20
+BATCH_MIN_ITEMS = 4
+BATCH_GROW_TO = 32 << 20
+
 
 def _kept_by(part: str, name: str, doc: str) -> property:
     """A Writer attribute that one of its parts keeps and reads (set it on
@@ -102,7 +113,7 @@ class Writer:
     def __init__(
         self,
         client,
-        batch_bytes: int = 8 << 20,
+        batch_bytes: int | None = None,
         max_items: int = 1024,
         max_in_flight: int = 4,
         timeout: float = 60.0,
@@ -111,7 +122,10 @@ class Writer:
     ):
         """`timeout`: how long a batch may wait for a rate limiter (or a node)
         before failing with RateLimiterTimeout (or Timeout); staging memory is
-        `max_in_flight` buffers of `batch_bytes` (see the module docstring).
+        `max_in_flight` buffers of `batch_bytes` (see the module docstring);
+        left out, `batch_bytes` is 8 MiB, grown for a table of large items to
+        hold 4 of them, up to 32 MiB (items of 2 MiB or more: 4 x 32 MiB of
+        staging at most; set it to bound staging memory exactly).
         `local_map` (default True, `DISTORE_LOCAL_MAP=0` turns it off): hand
         same-host nodes the staging buffers' sealed memfds, so that they copy
         batches with plain loads (otherwise they read this process's memory
@@ -119,6 +133,9 @@ class Writer:
         a batch whose first item is older than this is sent at the next
         `insert`, full or not, so that a slow actor's items do not wait for
         `batch_bytes` of them (`flush` sends at once)."""
+        grow = batch_bytes is None  # the default grows for large items
+        if grow:
+            batch_bytes = BATCH_BYTES
         if batch_bytes < 1 or max_items < 1 or max_in_flight < 1:
             raise ConfigError("batch_bytes, max_items and max_in_flight must be positive")
         if max_delay is not None and not 0 <= max_delay < math.inf:
@@ -128,7 +145,9 @@ class Writer:
         self._keys = KeyRange(client)
         self._layouts: dict[str, OneItemLayout] = {}  # per table, for one-item inserts
         self._pool = StagingPool(client.runtime, batch_bytes, max_items, max_in_flight,
-                                 math.inf if max_delay is None else float(max_delay))
+                                 math.inf if max_delay is None else float(max_delay),
+                                 min_items=BATCH_MIN_ITEMS if grow else 0,
+                                 grow_to=BATCH_GROW_TO if grow else 0)
         self._open = self._pool.open  # one batch being filled per table
         connections = Connections(client)
         self._placement = Placement(client, connections)

@@ -7,6 +7,12 @@ is refilled only after its batch's acknowledgement (the writer's batches in
 flight, client/writer_in_flight.py, hand it back). An item larger than
 `batch_bytes` grows the buffer it goes to (to the item's size, kept for later
 items), so the bound is `max_in_flight` x max(`batch_bytes`, largest item).
+With `batch_bytes` left at its default (`min_items` set), a buffer also grows
+to hold `min_items` items of a table with large items, up to `grow_to` bytes
+(each batch costs every process on its way a few milliseconds of CPU whatever
+its size, so batches of one or two items of megabytes go at half the rate):
+the bound is then `max_in_flight` x max(`batch_bytes`, min(`min_items` x
+largest item, `grow_to`), largest item).
 
 A batch is the items of one table staged in one buffer; each table has at
 most one batch being filled. Thread safety: none (a writer is used by one
@@ -144,9 +150,14 @@ class StagingPool:
     """The writer's staging buffers and the batch being filled for each table."""
 
     def __init__(self, runtime, batch_bytes: int, max_items: int, max_in_flight: int,
-                 max_delay: float):
+                 max_delay: float, min_items: int = 0, grow_to: int = 0):
+        """`min_items` (0: off): a batch holds at least this many items where
+        that takes at most `grow_to` bytes (buffers grow past `batch_bytes`
+        for it; see the module docstring)."""
         self.runtime = runtime
         self.batch_bytes = batch_bytes
+        self.min_items = min_items
+        self.grow_to = grow_to
         self.max_items = max_items
         self.max_in_flight = max_in_flight
         self.max_delay = max_delay
@@ -168,8 +179,13 @@ class StagingPool:
     def open_batch(self, table: str, spec, buf: StagingBuffer) -> Batch:
         """A new batch of `table` in `buf` (grown for one item if need be),
         sent at the next insert once it is `max_delay` old."""
-        buf.grow(spec.item_bytes)
-        capacity = min(self.max_items, max(1, min(self.batch_bytes, buf.size) // spec.item_bytes))
+        ib = spec.item_bytes
+        # Bytes this table's batches hold: batch_bytes, or min_items items of
+        # a table whose items are so large that batch_bytes holds fewer (as
+        # many as fit in grow_to), or one item larger than either.
+        want = max(self.batch_bytes, min(self.min_items * ib, self.grow_to // ib * ib))
+        buf.grow(max(ib, want))
+        capacity = min(self.max_items, max(1, min(want, buf.size) // ib))
         batch = Batch(table, spec, buf, capacity, send_by=time.monotonic() + self.max_delay)
         self.open[table] = batch
         return batch

@@ -164,6 +164,37 @@ def test_an_item_larger_than_batch_bytes_grows_its_buffer(client, tls):
 
 
 @pytest.mark.parametrize("tls", ["tcp"], indirect=True)
+def test_default_batches_hold_four_large_items_and_explicit_batch_bytes_is_kept(client, tls):
+    """Each batch costs milliseconds of CPU whatever its size: by default a
+    table of items of megabytes gets batches of 4 (up to 32 MiB), not the
+    one or two that 8 MiB holds; a batch_bytes the caller sets is kept."""
+    size = 3 << 20  # 8 MiB holds 2
+    client.create_table("r2d2", capacity=40, spec=((size,), "uint8"))
+    client.create_table("w3", capacity=8, spec=((10 << 20,), "uint8"))
+    data = np.random.default_rng(4).integers(0, 256, (16, size), dtype=np.uint8)
+    with client.writer() as writer:
+        assert writer.batch_bytes == 8 << 20
+        keys = [writer.insert("r2d2", row)[0] for row in data]  # one item per call
+        writer.flush()
+        assert writer.stats.batches == 4 and writer.stats.items == 16
+        assert max(b.size for b in writer._pool.buffers) == 4 * size
+        writer.insert("w3", np.zeros((3, 10 << 20), np.uint8))  # 3 x 10 MiB fill 32 MiB
+        writer.flush()
+        assert writer.stats.batches == 5
+    with client.writer(batch_bytes=8 << 20) as writer:
+        for row in data[:8]:
+            writer.insert("r2d2", row)
+        writer.flush()
+        assert writer.stats.batches == 4  # 2 items each, as asked
+        assert max(b.size for b in writer._pool.buffers) == 8 << 20
+    batch = client.learner("r2d2", batch_size=16, sample_ahead=1).sample()
+    for key, row in zip(batch.keys, batch.data):
+        k = int(key)
+        if k in keys:
+            assert np.array_equal(row, data[keys.index(k)])
+
+
+@pytest.mark.parametrize("tls", ["tcp"], indirect=True)
 def test_next_keys_are_the_keys_the_next_inserts_get(client, tls):
     client.create_table("k", capacity=100, spec=((ITEM,), "uint8"))
     with client.writer() as writer:
