@@ -71,10 +71,12 @@ def min_arena(nodes: int, batch_size: int) -> int:
     """The smallest arena per node (bytes) the demo runs on: room for the
     items its learner may hold under lease (two requests of sampling ahead)
     and the writer's batch in flight, spread over the nodes."""
+    from .client.sample_stream import resolve_sample_ahead
     from .spec import TableSpec
 
     slot = TableSpec.parse(SPEC).slot_size
-    ahead = max(1, min(8, 128 // max(1, batch_size)))  # the learner's default sample_ahead
+    # the demo learner's sample_ahead (its default, or DISTORE_SAMPLE_AHEAD)
+    ahead = resolve_sample_ahead(None, max(1, batch_size), consuming=False, slot_bytes=slot)
     held = 2 * ahead * batch_size + WRITE_BATCH
     return -(-held // max(1, nodes)) * slot
 
