@@ -53,7 +53,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 DEFAULT_FILE = os.path.join(HERE, "workloads.toml")
 GiB, MiB = 1 << 30, 1 << 20
 # The writer sends messages of at most 1024 items and of its default batch bytes (8 MiB,
-# grown to 4 items of up to 32 MiB for large items: writer_batch_bytes) and places them
+# grown to 4 items of up to 32 MiB for large items: default_batch_bytes) and places them
 # round robin over the nodes; chunks of exactly one message keep the nodes evenly filled
 # (chunks of 1398 would go out as 1024 + 374, always the 1024 to the same node).
 WRITER_MAX_ITEMS = 1024
@@ -96,18 +96,11 @@ def slot_bytes(item_bytes: int) -> int:
     return TableSpec.parse(((item_bytes,), "uint8")).slot_size
 
 
-def writer_batch_bytes(item_bytes: int) -> int:
-    """Bytes of one batch of a default writer for items of `item_bytes`
-    (distore_ucx/client/writer.py: BATCH_BYTES, grown for large items)."""
-    from distore_ucx.client import writer as w
-
-    grown = min(w.BATCH_MIN_ITEMS * item_bytes, w.BATCH_GROW_TO // item_bytes * item_bytes)
-    return max(item_bytes, w.BATCH_BYTES, grown)
-
-
 def writer_chunk(item_bytes: int) -> int:
     """Items of one default writer's batch: what a flat-out writer inserts per flush."""
-    return max(1, min(WRITER_MAX_ITEMS, writer_batch_bytes(item_bytes) // item_bytes))
+    from distore_ucx.client.writer import default_batch_bytes
+
+    return max(1, min(WRITER_MAX_ITEMS, default_batch_bytes(item_bytes) // item_bytes))
 
 
 def plan(w: dict, memory: int, nodes: int) -> dict:

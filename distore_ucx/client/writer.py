@@ -72,7 +72,7 @@ from .writer_failures import Failed
 from .writer_in_flight import InFlight
 from .writer_keys import KeyRange
 from .writer_send import Sender
-from .writer_staging import OneItemLayout, StagingPool
+from .writer_staging import OneItemLayout, StagingPool, batch_bytes_for
 
 log = logging.getLogger(__name__)
 
@@ -84,6 +84,12 @@ log = logging.getLogger(__name__)
 BATCH_BYTES = 8 << 20
 BATCH_MIN_ITEMS = 4
 BATCH_GROW_TO = 32 << 20
+
+
+def default_batch_bytes(item_bytes: int) -> int:
+    """Bytes of one batch of a writer with `batch_bytes` left out, for a
+    table of items of `item_bytes` (8 MiB, or 4 large items up to 32 MiB)."""
+    return batch_bytes_for(item_bytes, BATCH_BYTES, BATCH_MIN_ITEMS, BATCH_GROW_TO)
 
 
 def _kept_by(part: str, name: str, doc: str) -> property:

@@ -146,6 +146,15 @@ class Batch:
         return self.keys[: self.n].copy()
 
 
+def batch_bytes_for(item_bytes: int, batch_bytes: int, min_items: int = 0,
+                    grow_to: int = 0) -> int:
+    """Bytes a batch of items of `item_bytes` takes: `batch_bytes`, or
+    `min_items` items of a table whose items are so large that `batch_bytes`
+    holds fewer (as many as fit in `grow_to`), or one item larger than either."""
+    grown = min(min_items * item_bytes, grow_to // item_bytes * item_bytes)
+    return max(item_bytes, batch_bytes, grown)
+
+
 class StagingPool:
     """The writer's staging buffers and the batch being filled for each table."""
 
@@ -180,12 +189,9 @@ class StagingPool:
         """A new batch of `table` in `buf` (grown for one item if need be),
         sent at the next insert once it is `max_delay` old."""
         ib = spec.item_bytes
-        # Bytes this table's batches hold: batch_bytes, or min_items items of
-        # a table whose items are so large that batch_bytes holds fewer (as
-        # many as fit in grow_to), or one item larger than either.
-        want = max(self.batch_bytes, min(self.min_items * ib, self.grow_to // ib * ib))
-        buf.grow(max(ib, want))
-        capacity = min(self.max_items, max(1, min(want, buf.size) // ib))
+        want = batch_bytes_for(ib, self.batch_bytes, self.min_items, self.grow_to)
+        buf.grow(want)
+        capacity = min(self.max_items, min(want, buf.size) // ib)
         batch = Batch(table, spec, buf, capacity, send_by=time.monotonic() + self.max_delay)
         self.open[table] = batch
         return batch
