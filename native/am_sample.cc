@@ -66,6 +66,14 @@ struct AmSampleServer::Core {
   const uint8_t* base = nullptr;  // the arena as registered (read-only where write-protected)
   ucp_mem_h memh = nullptr;       // its registration (the server holds the arena)
   uint64_t size = 0;
+  // Runs: a part of several consecutive items of a batch is copied into a
+  // chunk of `bounce` and sent as one message (fewer, larger rendezvous;
+  // the server holds the region). No bounce region: one message per item.
+  uint8_t* bounce = nullptr;
+  ucp_mem_h bounce_memh = nullptr;
+  size_t chunk = 0;                 // bytes of one chunk
+  size_t max_run = 1;               // items one message may carry
+  std::vector<uint32_t> free_chunks;  // under mu
 
   struct Link {  // a registered endpoint to one learner
     Endpoint* ep;
@@ -95,8 +103,15 @@ struct ServeJob {
   uint64_t token = 0, rndv_min = 0;
   std::vector<AmSamplePart> parts;
   std::vector<AmSampleItem> items;
+  // What to send, in order: part `part` of items [pos, pos + count) of
+  // `items` (a run of joined items when count > 1), `sub` of them sent.
+  struct Unit {
+    uint32_t pos, count, sub;
+    uint16_t part;
+  };
+  std::vector<Unit> units;
   size_t next = 0, total = 0, in_flight = 0;
-  uint64_t sent = 0, bytes = 0, errors = 0;
+  uint64_t sent = 0, bytes = 0, errors = 0, runs = 0, unpacked = 0;
   bool failed = false, pumping = false, no_rndv = false;
   bool abandoned = false;           // under core->mu
   std::atomic<int64_t> last_ns{0};  // when a send was last posted or ended
@@ -119,6 +134,20 @@ using Core = AmSampleServer::Core;
 
 void pump(ServeJob* j);
 
+// A chunk of the bounce region, or -1 if none is free.
+int64_t take_chunk(Core& c) {
+  std::lock_guard<std::mutex> lock(c.mu);
+  if (c.free_chunks.empty()) return -1;
+  const uint32_t k = c.free_chunks.back();
+  c.free_chunks.pop_back();
+  return k;
+}
+
+void give_chunk(Core& c, uint32_t k) {
+  std::lock_guard<std::mutex> lock(c.mu);
+  c.free_chunks.push_back(k);
+}
+
 void finish(ServeJob* j) {
   {
     std::lock_guard<std::mutex> lock(j->core->mu);
@@ -129,6 +158,8 @@ void finish(ServeJob* j) {
     s.messages += j->sent;
     s.bytes += j->bytes;
     s.send_errors += j->errors;
+    s.runs += j->runs;
+    s.unpacked += j->unpacked;
   }
   delete j;
 }
@@ -147,6 +178,20 @@ void on_sent(void* request, ucs_status_t status, void* user_data) {
   pump(j);
 }
 
+// A message sent from a bounce chunk: the chunk goes back when it ends.
+struct ChunkSend {
+  ServeJob* job;
+  uint32_t chunk;
+};
+
+void on_sent_chunk(void* request, ucs_status_t status, void* user_data) {
+  auto* cs = static_cast<ChunkSend*>(user_data);
+  ServeJob* j = cs->job;
+  give_chunk(*j->core, cs->chunk);
+  delete cs;
+  on_sent(request, status, j);
+}
+
 bool link_open(const ServeJob* j) {
   if (!j->link) return true;
   std::lock_guard<std::mutex> lock(j->core->mu);
@@ -160,49 +205,87 @@ void pump(ServeJob* j) {
   if (j->pumping) return;
   j->pumping = true;
   j->last_ns.store(now_ns(), std::memory_order_relaxed);
-  const Core& c = *j->core;
-  const size_t parts = j->parts.size();
+  Core& c = *j->core;
   while (!j->failed && j->next < j->total && j->in_flight < c.max_in_flight) {
     if (!link_open(j)) {
       j->failed = true;
       break;
     }
-    const AmSampleItem& it = j->items[j->next / parts];
-    const AmSamplePart& p = j->parts[j->next % parts];
-    const auto* slot = reinterpret_cast<const uint64_t*>(c.base + it.slot);
-    AmSampleReply h{j->token,
-                    it.index,
-                    static_cast<uint16_t>(j->next % parts),
-                    0,
-                    __atomic_load_n(&slot[0], __ATOMIC_RELAXED),
-                    __atomic_load_n(&slot[1], __ATOMIC_RELAXED)};
-    const bool rndv = p.length >= j->rndv_min && p.length > 0 && !j->no_rndv;
+    ServeJob::Unit& u = j->units[j->next];
+    const AmSamplePart& p = j->parts[u.part];
+    // A run goes whole, from a chunk its parts are copied into (headers
+    // alone need none); without a free chunk, item by item from the arena.
+    uint32_t count = 1;
+    int64_t chunk = -1;
+    if (u.sub == 0 && u.count > 1) {
+      if (p.length == 0) {
+        count = u.count;
+      } else if ((chunk = take_chunk(c)) >= 0) {
+        count = u.count;
+      } else {
+        ++j->unpacked;
+      }
+    }
+    const uint32_t first = u.pos + u.sub;
+    alignas(8) uint8_t header[sizeof(AmSampleReply) + kAmSampleMaxRun * sizeof(AmSampleSlotHeader)];
+    const AmSampleReply h{j->token, j->items[first].index, u.part, 0, count, 0, 0};
+    std::memcpy(header, &h, sizeof(h));
+    auto* slots = reinterpret_cast<AmSampleSlotHeader*>(header + sizeof(h));
+    uint8_t* packed = chunk >= 0 ? c.bounce + static_cast<size_t>(chunk) * c.chunk : nullptr;
+    for (uint32_t k = 0; k < count; ++k) {
+      const uint64_t at = j->items[first + k].slot;
+      const auto* slot = reinterpret_cast<const uint64_t*>(c.base + at);
+      slots[k] = {__atomic_load_n(&slot[0], __ATOMIC_RELAXED),
+                  __atomic_load_n(&slot[1], __ATOMIC_RELAXED)};
+      if (packed != nullptr) std::memcpy(packed + k * p.length, c.base + at + p.src, p.length);
+    }
+    const uint64_t length = count * p.length;
+    const bool rndv = length >= j->rndv_min && length > 0 && !j->no_rndv;
     ucp_request_param_t param;
     std::memset(&param, 0, sizeof(param));
     param.op_attr_mask =
         UCP_OP_ATTR_FIELD_FLAGS | UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
-    // The arena's own registration: UCX then registers nothing through its
-    // cache, and a rendezvous aborted because the learner went away
+    // The region's own registration: UCX then registers nothing through
+    // its cache, and a rendezvous aborted because the learner went away
     // (ucp_proto_rndv_rts_abort) ends at once instead of first invalidating
     // a cached registration, which UCX 1.21 does not always finish and,
     // with its memory cache off, crashes in (ucs_rcache_region_invalidate
-    // on no cache). A send still pending at close keeps the arena (close).
-    if (c.memh != nullptr) {
+    // on no cache). A send still pending at close keeps the arena and the
+    // bounce region (close).
+    ucp_mem_h memh = packed != nullptr ? c.bounce_memh : c.memh;
+    if (memh != nullptr) {
       param.op_attr_mask |= UCP_OP_ATTR_FIELD_MEMH;
-      param.memh = c.memh;
+      param.memh = memh;
     }
     param.flags = UCP_AM_SEND_FLAG_COPY_HEADER | (rndv ? UCP_AM_SEND_FLAG_RNDV : 0);
-    param.cb.send = &on_sent;
-    param.user_data = j;
-    const void* data = p.length > 0 ? c.base + it.slot + p.src : nullptr;
+    ChunkSend* cs = nullptr;
+    if (packed != nullptr) {
+      cs = new ChunkSend{j, static_cast<uint32_t>(chunk)};
+      param.cb.send = &on_sent_chunk;
+      param.user_data = cs;
+    } else {
+      param.cb.send = &on_sent;
+      param.user_data = j;
+    }
+    const void* data = length == 0 ? nullptr
+                       : packed != nullptr
+                           ? static_cast<const void*>(packed)
+                           : static_cast<const void*>(c.base + j->items[first].slot + p.src);
     // Counted before the call: UCX may end the request, and call on_sent,
     // inside it (an endpoint that fails while the message is posted); a
     // count taken after would then never come back to 0.
     ++j->in_flight;
-    ucs_status_ptr_t r =
-        ucp_am_send_nbx(j->ep, c.data_id, &h, sizeof(h), data, p.length, &param);
-    if (UCS_PTR_IS_ERR(r)) {
+    ucs_status_ptr_t r = ucp_am_send_nbx(j->ep, c.data_id, header,
+                                         sizeof(h) + count * sizeof(AmSampleSlotHeader), data,
+                                         length, &param);
+    if (UCS_PTR_IS_ERR(r) || r == nullptr) {
+      if (cs != nullptr) {  // no callback comes: the chunk is free again
+        give_chunk(c, cs->chunk);
+        delete cs;
+      }
       --j->in_flight;
+    }
+    if (UCS_PTR_IS_ERR(r)) {
       if (rndv && UCS_PTR_STATUS(r) == UCS_ERR_UNSUPPORTED) {
         j->no_rndv = true;  // this endpoint has no rendezvous: let UCX choose
         continue;
@@ -211,20 +294,19 @@ void pump(ServeJob* j) {
       ++j->errors;
       break;
     }
-    ++j->next;
-    j->bytes += p.length;
-    if (r == nullptr) {  // sent at once; no callback comes
-      --j->in_flight;
-      ++j->sent;
-    }
+    u.sub += count;
+    if (u.sub >= u.count) ++j->next;
+    j->bytes += length;
+    if (count > 1) ++j->runs;
+    if (r == nullptr) ++j->sent;  // sent at once; no callback comes
   }
   j->pumping = false;
   if (j->in_flight == 0 && (j->failed || j->next == j->total)) finish(j);
 }
 
 void send_refusal(const Core& c, ucp_ep_h ep, const AmSampleRequest& q, int status) {
-  AmSampleReply h{q.token, q.node, 0, kAmSampleRefused,
-                  static_cast<uint64_t>(static_cast<int64_t>(status)), 0};
+  AmSampleReply h{q.token, q.node, 0, kAmSampleRefused, 0, 0,
+                  static_cast<uint64_t>(static_cast<int64_t>(status))};
   ucp_request_param_t param;
   std::memset(&param, 0, sizeof(param));
   param.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS | UCP_OP_ATTR_FIELD_CALLBACK;
@@ -285,6 +367,30 @@ ucs_status_t on_request(void* arg, const void* header, size_t header_length, voi
     }
   }
   if (job->parts.empty()) job->parts.push_back({0, 0});  // the slot header alone
+  // Runs of joined items, each cut to what one message may carry (a chunk
+  // holds the largest part of that many items); item-major order.
+  uint64_t widest = 0;
+  for (const AmSamplePart& part : job->parts) widest = std::max(widest, part.length);
+  size_t per = 1;
+  if (widest == 0) {
+    per = c.max_run;
+  } else if (c.bounce != nullptr) {
+    per = std::min<size_t>(c.max_run, c.chunk / widest);
+  }
+  per = std::max<size_t>(per, 1);
+  job->units.reserve(job->items.size() * job->parts.size());
+  for (size_t s = 0; s < job->items.size();) {
+    size_t e = s + 1;
+    while (e < job->items.size() && e - s < per && job->items[e].joined == 1 &&
+           job->items[e].index == job->items[e - 1].index + 1) {
+      ++e;
+    }
+    for (size_t k = 0; k < job->parts.size(); ++k) {
+      job->units.push_back(ServeJob::Unit{static_cast<uint32_t>(s), static_cast<uint32_t>(e - s),
+                                          0, static_cast<uint16_t>(k)});
+    }
+    s = e;
+  }
 
   ucp_ep_h ep = reply_ep;
   int why_not = UCS_OK;
@@ -317,7 +423,7 @@ ucs_status_t on_request(void* arg, const void* header, size_t header_length, voi
   job->ep = ep;
   job->token = q.token;
   job->rndv_min = q.rndv_min;
-  job->total = job->items.size() * job->parts.size();
+  job->total = job->units.size();
   pump(job.release());
   return UCS_OK;
 }
@@ -327,8 +433,11 @@ ucs_status_t on_request(void* arg, const void* header, size_t header_length, voi
 AmSampleServer::AmSampleServer(nb::object worker, uintptr_t worker_handle, nb::object arena_obj,
                                const MemoryRegion& arena, unsigned request_id, unsigned data_id,
                                Endpoints endpoints, size_t max_in_flight, size_t max_batches,
-                               double stall_s)
-    : worker_(std::move(worker)), arena_(std::move(arena_obj)), core_(new Core) {
+                               double stall_s, nb::object bounce_obj, size_t chunk_bytes)
+    : worker_(std::move(worker)),
+      arena_(std::move(arena_obj)),
+      bounce_(std::move(bounce_obj)),
+      core_(new Core) {
   if (worker_handle == 0) throw UcxError(kStatusBadArgument, "AmSampleServer: no worker");
   if (max_in_flight == 0 || max_batches == 0) {
     throw UcxError(kStatusBadArgument, "AmSampleServer: max_in_flight and max_batches must be > 0");
@@ -343,6 +452,30 @@ AmSampleServer::AmSampleServer(nb::object worker, uintptr_t worker_handle, nb::o
   c.base = reinterpret_cast<const uint8_t*>(arena.address());
   c.size = arena.size();
   c.memh = arena.memh();
+  if (!bounce_.is_none()) {
+    const MemoryRegion& b = nb::cast<const MemoryRegion&>(bounce_);
+    if (chunk_bytes == 0 || b.size() / chunk_bytes == 0) {
+      throw UcxError(kStatusBadArgument,
+                     "AmSampleServer: the bounce region holds no chunk of chunk_bytes");
+    }
+    // A run's slot headers travel in its message header: as many as fit.
+    ucp_worker_attr_t attr;
+    std::memset(&attr, 0, sizeof(attr));
+    attr.field_mask = UCP_WORKER_ATTR_FIELD_MAX_AM_HEADER;
+    size_t room = kAmSampleMaxRun;
+    if (ucp_worker_query(c.worker, &attr) == UCS_OK && attr.max_am_header > sizeof(AmSampleReply)) {
+      room = (attr.max_am_header - sizeof(AmSampleReply)) / sizeof(AmSampleSlotHeader);
+    } else {
+      room = 1;
+    }
+    c.max_run = std::max<size_t>(1, std::min<size_t>(kAmSampleMaxRun, room));
+    c.bounce = reinterpret_cast<uint8_t*>(b.local_address());
+    c.bounce_memh = b.memh();
+    c.chunk = chunk_bytes;
+    const size_t chunks = b.size() / chunk_bytes;
+    c.free_chunks.reserve(chunks);
+    for (size_t k = chunks; k-- > 0;) c.free_chunks.push_back(static_cast<uint32_t>(k));
+  }
   request_id_ = request_id;
   // The handler's argument: the core, held as long as the handler is registered.
   handler_arg_ = new std::shared_ptr<Core>(core_);
@@ -461,8 +594,9 @@ bool AmSampleServer::close(double timeout_s) {
     if (ucp_worker_progress(c.worker) == 0) wait.pause(false);
   }
   // Sends still pending (a learner that neither reads nor fails): UCX may
-  // still read the arena, so it stays mapped for good.
+  // still read the arena and the bounce region, so they stay mapped for good.
   arena_.release();
+  bounce_.release();
   return false;
 }
 
@@ -486,6 +620,8 @@ struct AmSampleClient::Batch {
   std::vector<uint8_t> state;   // per part
   std::vector<void*> requests;  // per part: a receive's request, freed by fetch
   std::vector<Ref> refs;        // per part: a receive's user data
+  std::vector<uint32_t> span;   // per part: items a receive starting there carries
+  std::vector<uint32_t> run;    // per item: the first item of its run (joined items)
   std::vector<int32_t> status;  // per item
   std::vector<uint64_t> key, generation;
   std::vector<uint8_t> have_header;
@@ -507,6 +643,13 @@ struct AmSampleClient::Batch {
       if (state[k] == kWaiting) done(k, s);
     }
   }
+  // The receive into `part` (and the same part of the span - 1 items after
+  // it) ended.
+  void done_span(size_t part, int32_t s) {
+    for (size_t k = 0, at = part; k < span[part]; ++k, at += parts) {
+      if (state[at] == kReceiving) done(at, s);
+    }
+  }
 };
 
 namespace {
@@ -520,7 +663,7 @@ void on_received(void*, ucs_status_t status, size_t, void* user_data) {
 
 void AmSampleClient::received(Batch* b, size_t part, int32_t status) {
   std::lock_guard<std::mutex> lock(mu_);
-  if (b->state[part] == Batch::kReceiving) b->done(part, status);
+  b->done_span(part, status);
 }
 
 AmSampleClient::AmSampleClient(nb::object worker, uintptr_t worker_handle, unsigned request_id,
@@ -583,16 +726,28 @@ ucs_status_t AmSampleClient::on_data(void* arg, const void* header, size_t heade
                                      const ucp_am_recv_param_t* param) {
   auto* self = static_cast<AmSampleClient*>(arg);
   AmSampleReply h;
-  if (header_length != sizeof(h)) {
+  if (header_length >= sizeof(h)) std::memcpy(&h, header, sizeof(h));
+  const size_t carried = (header_length - sizeof(h)) / sizeof(AmSampleSlotHeader);
+  if (header_length < sizeof(h) ||
+      (header_length - sizeof(h)) % sizeof(AmSampleSlotHeader) != 0 ||
+      carried != ((h.flags & kAmSampleRefused) ? 0 : h.count)) {
     std::lock_guard<std::mutex> lock(self->mu_);
     ++self->stats_.malformed;
     return UCS_OK;  // dropped (a rendezvous sender's request ends)
   }
-  std::memcpy(&h, header, sizeof(h));
-  return self->receive(h, data, length, param);
+  AmSampleSlotHeader slots[kAmSampleMaxRun];
+  if (carried > kAmSampleMaxRun) {
+    std::lock_guard<std::mutex> lock(self->mu_);
+    ++self->stats_.malformed;
+    return UCS_OK;
+  }
+  std::memcpy(slots, static_cast<const uint8_t*>(header) + sizeof(h),
+              carried * sizeof(AmSampleSlotHeader));
+  return self->receive(h, slots, data, length, param);
 }
 
-ucs_status_t AmSampleClient::receive(const AmSampleReply& h, void* data, size_t length,
+ucs_status_t AmSampleClient::receive(const AmSampleReply& h, const AmSampleSlotHeader* slots,
+                                     void* data, size_t length,
                                      const ucp_am_recv_param_t* param) {
   std::unique_lock<std::mutex> lock(mu_);
   auto found = batches_.find(h.token);
@@ -604,50 +759,63 @@ ucs_status_t AmSampleClient::receive(const AmSampleReply& h, void* data, size_t 
   ++b->events;
   if (h.flags & kAmSampleRefused) {
     ++stats_.refused;
-    const auto s = static_cast<int32_t>(static_cast<int64_t>(h.key));
+    const auto s = static_cast<int32_t>(static_cast<int64_t>(h.status));
     for (size_t i = 0; i < b->n; ++i) {
       if (b->node[i] == h.index) b->fail_waiting(i, s == UCS_OK ? UCS_ERR_REJECTED : s);
     }
     return UCS_OK;
   }
-  if (h.index >= b->n || h.part >= b->parts) {
+  const size_t count = h.count;
+  if (count == 0 || h.index >= b->n || count > b->n - h.index || h.part >= b->parts ||
+      b->run[h.index + count - 1] != b->run[h.index]) {  // several items: one run only
     ++stats_.malformed;
     return UCS_OK;
   }
-  const size_t item = h.index;
-  const size_t part = item * b->parts + h.part;
-  if (b->state[part] != Batch::kWaiting) {
-    ++stats_.late;  // a duplicate, or an item already failed
-    return UCS_OK;
+  const size_t first = h.index;
+  const size_t head = first * b->parts + h.part;  // the first item's part
+  for (size_t k = 0, at = head; k < count; ++k, at += b->parts) {
+    if (b->state[at] != Batch::kWaiting) {
+      ++stats_.late;  // a duplicate, or an item already failed
+      return UCS_OK;
+    }
   }
-  const uint64_t want = b->header_only ? 0 : b->layout->fields()[h.part].length;
+  const uint64_t want = b->header_only ? 0 : b->layout->fields()[h.part].length * count;
+  b->span[head] = static_cast<uint32_t>(count);
   if (length != want) {
     ++stats_.malformed;
-    b->done(part, UCS_ERR_MESSAGE_TRUNCATED);
+    for (size_t k = 0, at = head; k < count; ++k, at += b->parts) {
+      b->done(at, UCS_ERR_MESSAGE_TRUNCATED);
+    }
     return UCS_OK;
   }
-  if (!b->have_header[item]) {
-    b->have_header[item] = 1;
-    b->key[item] = h.key;
-    b->generation[item] = h.generation;
-  } else if (b->key[item] != h.key || b->generation[item] != h.generation) {
-    if (b->status[item] == UCS_OK) b->status[item] = kStatusTorn;
+  for (size_t k = 0; k < count; ++k) {
+    const size_t item = first + k;
+    if (!b->have_header[item]) {
+      b->have_header[item] = 1;
+      b->key[item] = slots[k].key;
+      b->generation[item] = slots[k].generation;
+    } else if (b->key[item] != slots[k].key || b->generation[item] != slots[k].generation) {
+      if (b->status[item] == UCS_OK) b->status[item] = kStatusTorn;
+    }
   }
   if (length == 0) {
-    b->done(part, UCS_OK);
+    for (size_t k = 0, at = head; k < count; ++k, at += b->parts) b->done(at, UCS_OK);
     return UCS_OK;
   }
-  uint8_t* dest = b->base + b->layout->field_at(h.part, b->rows[item]);
+  // The run's rows are consecutive (fetch joined them): one stretch.
+  uint8_t* dest = b->base + b->layout->field_at(h.part, b->rows[first]);
   if (!(param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV)) {
     std::memcpy(dest, data, length);  // eager: UCX hands the bytes to this call only
-    b->done(part, UCS_OK);
+    for (size_t k = 0, at = head; k < count; ++k, at += b->parts) b->done(at, UCS_OK);
     return UCS_OK;
   }
   // Claimed before the mutex is let go: fetch does not end the batch while
   // a part is being received.
-  b->state[part] = Batch::kReceiving;
-  ++b->receiving;
-  Batch::Ref* ref = &b->refs[part];
+  for (size_t k = 0, at = head; k < count; ++k, at += b->parts) {
+    b->state[at] = Batch::kReceiving;
+    ++b->receiving;
+  }
+  Batch::Ref* ref = &b->refs[head];
   ucp_mem_h memh = b->memh;
   lock.unlock();
   ucp_request_param_t p;
@@ -662,11 +830,11 @@ ucs_status_t AmSampleClient::receive(const AmSampleReply& h, void* data, size_t 
   ucs_status_ptr_t r = ucp_am_recv_data_nbx(worker_h_, data, dest, length, &p);
   lock.lock();
   if (r == nullptr) {
-    if (b->state[part] == Batch::kReceiving) b->done(part, UCS_OK);
+    b->done_span(head, UCS_OK);
   } else if (UCS_PTR_IS_ERR(r)) {
-    if (b->state[part] == Batch::kReceiving) b->done(part, UCS_PTR_STATUS(r));
+    b->done_span(head, UCS_PTR_STATUS(r));
   } else {
-    b->requests[part] = r;  // completes through on_received; freed by fetch
+    b->requests[head] = r;  // completes through on_received; freed by fetch
   }
   // A receive under way keeps the descriptor; UCS_OK is what the API wants
   // once ucp_am_recv_data_nbx was called from the callback.
@@ -739,6 +907,23 @@ void AmSampleClient::fetch(const std::vector<Endpoint*>& eps, const uint32_t* no
   b.state.assign(n * b.parts, Batch::kWaiting);
   b.requests.assign(n * b.parts, nullptr);
   b.refs.resize(n * b.parts);
+  b.span.assign(n * b.parts, 1);
+  // Runs: a node's item joins the one before it in the request when it is
+  // the next item of the batch and goes to the next row (always so for a
+  // batch from one node read whole); the node may then send a part of
+  // several of them in one message, which lands in one stretch.
+  b.run.resize(n);
+  for (size_t i = 0; i < n; ++i) b.run[i] = static_cast<uint32_t>(i);
+  std::vector<uint8_t> joined(n, 0);
+  for (size_t e = 0; e < eps.size(); ++e) {
+    for (size_t j = 1; j < of[e].size(); ++j) {
+      const uint32_t i = of[e][j], prev = of[e][j - 1];
+      if (i == prev + 1 && rows[i] == rows[prev] + 1) {
+        joined[i] = 1;
+        b.run[i] = b.run[prev];
+      }
+    }
+  }
   for (size_t k = 0; k < b.refs.size(); ++k) b.refs[k] = Batch::Ref{this, &b, k};
   b.status.assign(n, UCS_OK);
   b.key.assign(n, 0);
@@ -778,7 +963,7 @@ void AmSampleClient::fetch(const std::vector<Endpoint*>& eps, const uint32_t* no
       if (!parts.empty()) std::memcpy(buf.data(), parts.data(), parts.size() * sizeof(AmSamplePart));
       auto* items = reinterpret_cast<AmSampleItem*>(buf.data() + parts.size() * sizeof(AmSamplePart));
       for (size_t j = 0; j < of[e].size(); ++j) {
-        items[j] = AmSampleItem{slot_offset[of[e][j]], of[e][j], 0};
+        items[j] = AmSampleItem{slot_offset[of[e][j]], of[e][j], joined[of[e][j]]};
       }
       ucs_status_ptr_t r =
           ucp_am_send_nbx(ep.ep(), request_id_, &q, sizeof(q), buf.data(), buf.size(), &sp);

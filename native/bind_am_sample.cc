@@ -32,16 +32,18 @@ void bind_am_sample(nb::module_& m) {
           "__init__",
           [](AmSampleServer* self, nb::object worker, nb::object arena, unsigned request_id,
              unsigned data_id, const std::string& endpoints, size_t max_in_flight,
-             size_t max_batches, double stall) {
+             size_t max_batches, double stall, nb::object bounce, size_t chunk_bytes) {
             uintptr_t h = handle_of(worker, "worker");
             const MemoryRegion& region = nb::cast<const MemoryRegion&>(arena);
+            if (!bounce.is_none()) (void)nb::cast<const MemoryRegion&>(bounce);
             new (self) AmSampleServer(std::move(worker), h, std::move(arena), region, request_id,
                                       data_id, endpoints_mode(endpoints), max_in_flight,
-                                      max_batches, stall);
+                                      max_batches, stall, std::move(bounce), chunk_bytes);
           },
           "worker"_a, "arena"_a, "request_id"_a = kAmSampleRequestId,
           "data_id"_a = kAmSampleDataId, "endpoints"_a = "reply", "max_in_flight"_a = 16,
-          "max_batches"_a = 256, "stall"_a = 10.0,
+          "max_batches"_a = 256, "stall"_a = 10.0, "bounce"_a = nb::none(),
+          "chunk_bytes"_a = 1 << 20,
           "Register the sample request handler on `worker` (a ucxx worker: the one\n"
           "learners connect to; its progress thread runs the handler); parts are\n"
           "sent from `arena` (a MemoryRegion; offsets are relative to its address).\n"
@@ -50,7 +52,11 @@ void bind_am_sample(nb::module_& m) {
           "`max_in_flight` messages per batch and `max_batches` batches at a time\n"
           "(more are refused with UCS_ERR_BUSY). A batch whose sends made no progress\n"
           "for `stall` s (a learner that went away where UCX does not fail the sends)\n"
-          "stops counting against max_batches (stats: abandoned, stuck).")
+          "stops counting against max_batches (stats: abandoned, stuck).\n"
+          "`bounce` (a MemoryRegion, or None): cut into chunks of `chunk_bytes`; a part of\n"
+          "several items the learner reads into consecutive rows is copied into a free\n"
+          "chunk and sent as one message (up to 64 items; stats: runs), else item by item\n"
+          "(stats: unpacked). None: one message per item and part.")
       .def(
           "set_peer",
           [](AmSampleServer& self, uint64_t client, nb::handle_t<Endpoint> ep) {
@@ -103,13 +109,16 @@ void bind_am_sample(nb::module_& m) {
             d["in_flight"] = s.in_flight;
             d["abandoned"] = s.abandoned;
             d["stuck"] = s.stuck;
+            d["runs"] = s.runs;
+            d["unpacked"] = s.unpacked;
             return d;
           },
           "Counters: requests accepted and refused, batches sent whole and failed (the\n"
           "learner went away), messages sent, bytes of batches sent, send errors,\n"
           "batches being sent now, batches abandoned after `stall` s without progress\n"
-          "and, of those, the ones UCX still holds (stuck). Reading it abandons stalled\n"
-          "batches.")
+          "and, of those, the ones UCX still holds (stuck), messages that carried several\n"
+          "items (runs) and runs sent item by item for want of a free chunk (unpacked).\n"
+          "Reading it abandons stalled batches.")
       .def(
           "close",
           [](AmSampleServer& self, double timeout) {

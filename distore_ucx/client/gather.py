@@ -18,6 +18,12 @@ in the slot's (n, 2) header array and each field in that field's own
 the control plane gave; a row that fails (slot reused, torn while copied,
 node gone) is never used: it is resampled (a new request of the learner's
 sample stream) and read again, up to MAX_RESAMPLES times.
+
+A batch's items are put in node order first (by_node): each node's items
+then go to consecutive rows, which a node serving by active message sends
+as one message per field (native/am_sample.h, runs) rather than one per
+item. The order of a batch's items carries no meaning (they were drawn at
+random); keys, probabilities and locations follow their items.
 """
 
 from __future__ import annotations
@@ -32,6 +38,18 @@ from ..protocol import ITEM_LOCATION
 
 MAX_RESAMPLES = 20
 UCS_ERR_BUSY = -15  # ucs/type/status.h: a node refused a batch by active message (too many)
+
+
+def by_node(reply: dict) -> dict:
+    """`reply` with its items (and their probabilities) in node order,
+    stable; itself if they are already."""
+    items = np.frombuffer(reply["items"], ITEM_LOCATION)
+    nodes = items["node"]
+    if len(nodes) < 3 or not (nodes[1:] < nodes[:-1]).any():
+        return reply
+    order = np.argsort(nodes, kind="stable")
+    probs = np.frombuffer(reply["probabilities"], np.float64)
+    return dict(reply, items=items[order].tobytes(), probabilities=probs[order])
 
 
 class Gather:
@@ -70,6 +88,7 @@ class Gather:
         n = len(rows)
         leases = []
         for attempt in range(MAX_RESAMPLES):
+            reply = by_node(reply)
             if reply["lease"] is not None:  # None: not the last batch of a reply
                 leases.append(reply["lease"])
             table_size = reply["table_size"]

@@ -4,8 +4,9 @@ Where UCX has no RDMA transport (TCP), a one-sided get is emulated: UCX
 copies the bytes through bounce buffers on both sides and the node's
 progress thread does the work. There a learner instead sends the node one
 small request per batch (each item's slot offset and the row it goes to)
-and the node sends each field of each item as an active message whose
-rendezvous (`UCX_RNDV_SCHEME=put_zcopy`, set on the node's runtime by
+and the node sends each field of each item (of a run of items bound for
+consecutive rows, up to a 1 MiB chunk of them copied together) as an
+active message whose rendezvous (`UCX_RNDV_SCHEME=put_zcopy`, set on the node's runtime by
 config.rendezvous_config) puts the bytes from the arena straight into the
 learner's registered ring. The handler runs on the progress thread of the
 node's worker, the one whose address learners are given. Learners connect
@@ -45,6 +46,13 @@ MAX_BATCHES = 256  # batches served at a time; more are refused (the learner rea
 STALL = 10.0  # s without progress after which a batch's sends are given up
 CLOSE_TIMEOUT = 5.0  # s that closing waits for batches still being sent
 MAX_CONNECTIONS = 4096  # learners' connections at once; more are refused (they read by gets)
+# Runs: a field of consecutive items of a batch (up to 64, as many as fit a
+# chunk) is copied into a chunk and sent as one message. Over TCP each
+# rendezvous costs both sides a handshake and system calls: 110 KB items
+# move faster and cheaper in ~1 MiB messages (docs/performance.md). The
+# region is touched only as chunks are used.
+RUN_CHUNK_BYTES = 1 << 20
+RUN_CHUNKS = 32
 REAP_TIMEOUT = 0.2  # s each close of a dead learner's connection may progress the worker
 
 # Counters whose increase is worth a log line: (stats key, what it means).
@@ -92,10 +100,11 @@ class SampleServer:
             log.info("node %s: learners on other hosts read it with one-sided gets: %s",
                      name, why)
             return None
+        bounce = runtime.map_region(RUN_CHUNKS * RUN_CHUNK_BYTES)
         native = _native.AmSampleServer(
             runtime.worker, arena.region, request_id=AM_SAMPLE_REQUEST_ID,
             data_id=AM_SAMPLE_DATA_ID, endpoints="reply", max_in_flight=MAX_IN_FLIGHT,
-            max_batches=MAX_BATCHES, stall=STALL)
+            max_batches=MAX_BATCHES, stall=STALL, bounce=bounce, chunk_bytes=RUN_CHUNK_BYTES)
         try:
             port = native.listen(host, 0, MAX_CONNECTIONS)
         except DistoreError as exc:  # e.g. UCX has no connection manager for this address

@@ -37,9 +37,11 @@ def header_of(s) -> tuple:
 
 
 class Node:
-    """An arena of SLOTS patterned slots and a server over it."""
+    """An arena of SLOTS patterned slots and a server over it; with
+    `chunk_bytes`, a bounce region of `chunks` chunks for runs."""
 
-    def __init__(self, spec: TableSpec = SPEC, **server_args):
+    def __init__(self, spec: TableSpec = SPEC, chunk_bytes: int | None = None, chunks: int = 8,
+                 **server_args):
         self.rt = UcxRuntime(config=CONFIG, env_tls="tcp")
         self.spec = spec
         self.slot = spec.slot_size
@@ -51,6 +53,10 @@ class Node:
             row[:SLOT_HEADER].view(np.uint64)[:] = header_of(s)
             for f, data in zip(spec.fields, slot_bytes(spec, s)):
                 row[SLOT_HEADER + f.offset:SLOT_HEADER + f.offset + f.nbytes] = data
+        self.runs = chunk_bytes is not None
+        if self.runs:
+            server_args.update(bounce=self.rt.map_region(chunks * chunk_bytes),
+                               chunk_bytes=chunk_bytes)
         self.server = _native.AmSampleServer(self.rt.worker, self.arena, **server_args)
 
     def close(self, sends_ended: bool = True):
@@ -114,9 +120,11 @@ class Learner:
         self.rt.close()
 
 
-@pytest.fixture
-def node():
-    n = Node()
+@pytest.fixture(params=["item-by-item", "runs"])
+def node(request):
+    """A node sending each item's part alone, or runs of items from 1 MiB
+    chunks (as storage/sample_server.py makes it)."""
+    n = Node(chunk_bytes=(1 << 20) if request.param == "runs" else None)
     yield n
     n.close()
 
@@ -156,24 +164,87 @@ def test_every_field_lands_in_its_dense_array_and_the_header_beside(node, learne
              lambda: node.server.stats)
     stats = node.server.stats
     assert stats["in_flight"] == 0 and stats["batches_failed"] == 0
-    assert stats["messages"] == 3 * learner.n * len(SPEC.fields)
-    assert learner.client.stats["batches"] == 3
+    if node.runs:  # 16 rows in a row: each field of the batch in one message
+        assert stats["messages"] == stats["runs"] == 3 * len(SPEC.fields)
+    else:
+        assert stats["messages"] == 3 * learner.n * len(SPEC.fields) and stats["runs"] == 0
+    assert learner.client.stats["batches"] == 3 and learner.client.stats["malformed"] == 0
 
 
-def test_one_call_reads_from_several_nodes():
-    nodes = [Node(), Node()]
+def fetch_rows(learner: Learner, node: Node, slots: np.ndarray, rows: np.ndarray) -> np.ndarray:
+    """Read slot slots[i] into row rows[i]; the slot each row holds."""
+    learner.buf[:] = 0xAB
+    statuses = learner.client.fetch(learner.eps, np.zeros(len(slots), np.uint32),
+                                    slots.astype(np.uint64) * np.uint64(node.slot),
+                                    rows.astype(np.uint64), learner.reads, learner.dest, 10.0)
+    assert (statuses == 0).all(), statuses
+    at_row = np.empty(learner.n, np.int64)
+    at_row[rows] = slots
+    return at_row
+
+
+def test_runs_are_cut_at_the_chunk_and_where_the_rows_do_not_follow(learner):
+    # 3 items of 20000 bytes fill a 64 KiB chunk; rows 0-7, 9, 8, 10-15 make
+    # the runs 0-7 (cut 3+3+2), 9, 8 and 10-15 (3+3): 7 messages a field.
+    node = Node(chunk_bytes=1 << 16, chunks=64)
+    try:
+        learner.connect(node)
+        slots = np.random.default_rng(7).choice(SLOTS, learner.n, replace=False)
+        rows = np.array([0, 1, 2, 3, 4, 5, 6, 7, 9, 8, 10, 11, 12, 13, 14, 15])
+        for _ in range(2):
+            check_rows(learner, fetch_rows(learner, node, slots, rows))
+        wait_for(lambda: node.server.stats["batches_done"] == 2, 10.0, "the node's sends to end",
+                 lambda: node.server.stats)
+        stats = node.server.stats
+        assert stats["messages"] == 2 * 7 * len(SPEC.fields), stats
+        assert stats["runs"] == 2 * 5 * len(SPEC.fields) and stats["unpacked"] == 0, stats
+    finally:
+        node.close()
+
+
+def test_without_a_free_chunk_a_run_goes_item_by_item(learner):
+    # One chunk: the first field's run takes it; while its rendezvous is
+    # under way the other two fields go item by item from the arena.
+    node = Node(chunk_bytes=1 << 20, chunks=1)
+    try:
+        learner.connect(node)
+        slots = np.random.default_rng(8).choice(SLOTS, learner.n, replace=False)
+        for k in range(1, 4):
+            assert (learner.fetch(np.zeros(learner.n), slots, node.slot) == 0).all()
+            check_rows(learner, slots)
+            wait_for(lambda k=k: node.server.stats["batches_done"] == k, 10.0,
+                     "the node's sends to end", lambda: node.server.stats)
+        stats = node.server.stats
+        assert stats["runs"] >= 3 and stats["unpacked"] >= 3, stats
+        assert stats["runs"] + stats["unpacked"] == 3 * len(SPEC.fields), stats
+        assert stats["messages"] == stats["runs"] + learner.n * stats["unpacked"], stats
+    finally:
+        node.close()
+
+
+def test_a_bounce_region_without_a_chunk_is_refused(node):
+    with pytest.raises(InvalidArgument, match="no chunk"):
+        _native.AmSampleServer(node.rt.worker, node.arena, request_id=0x4461,
+                               bounce=node.rt.map_region(4096), chunk_bytes=8192)
+
+
+@pytest.mark.parametrize("runs", [False, True])
+def test_one_call_reads_from_several_nodes(runs):
+    nodes = [Node(chunk_bytes=(1 << 20) if runs else None) for _ in range(2)]
     learner = Learner(16)
     try:
         for n in nodes:
             learner.connect(n)
-        which = np.arange(16) % 2
         slots = np.random.default_rng(1).choice(SLOTS, 16, replace=False)
-        statuses = learner.fetch(which, slots, nodes[0].slot)
-        assert (statuses == 0).all(), statuses
-        check_rows(learner, slots)  # both arenas hold the same pattern
-        assert [n.server.stats["requests"] for n in nodes] == [1, 1]
+        # Alternating nodes join no items; halves make one run per node.
+        for which in (np.arange(16) % 2, np.arange(16) // 8):
+            statuses = learner.fetch(which, slots, nodes[0].slot)
+            assert (statuses == 0).all(), statuses
+            check_rows(learner, slots)  # both arenas hold the same pattern
+        assert [n.server.stats["requests"] for n in nodes] == [2, 2]
         wait_for(lambda: all(n.server.stats["in_flight"] == 0 for n in nodes), 10.0,
                  "the nodes' sends to end")
+        assert [n.server.stats["runs"] for n in nodes] == [3 * runs, 3 * runs]
     finally:
         learner.close()
         for n in nodes:
