@@ -167,11 +167,12 @@ def run_mode(ds, client, tls: str, size: int, mode: str, args, pids: dict) -> di
         out, _ = sampler.communicate(timeout=args.seconds + 60)
         sampled = json.loads(out.strip().splitlines()[-1])
     paths = sorted(set(writer.paths.values()))
+    batch_bytes = writer.batch_bytes  # grown if the writer ran flat out (writer_staging.py)
     writer.close()
     ok = verify(client, table, src, size)
     gb = n * size / 1e9
     row = {"tls": tls, "item_bytes": size, "mode": mode, "per_call": per_call,
-           "items": n, "seconds": elapsed, "gbps": gb / elapsed,
+           "items": n, "seconds": elapsed, "gbps": gb / elapsed, "batch_bytes": batch_bytes,
            "items_per_s": n / elapsed, "via": ",".join(paths), "verified": ok,
            "local_map": args.local_map, "paced_gbps": pace / 1e9 if pace else None,
            **{f"cpu_s_per_gb_{k}": v / gb for k, v in cpu.items()}}
