@@ -195,7 +195,13 @@ def node_families(snap: dict) -> list:
         sc = G("distore_node_sample_connections", "Learners connected to the node's sample "
                "listener (those that went away are closed within a second)", labels=n)
         sc.add_metric(lv, am.get("connections", 0))
-        out += [sb, sy, sr, si, ss, sc]
+        sm = C("distore_node_sample_run_messages", "Sample messages that carried a field of "
+               "several items bound for consecutive rows, copied into a bounce chunk", labels=n)
+        sm.add_metric(lv, am.get("runs", 0))
+        su = C("distore_node_sample_unpacked_runs", "Runs sent item by item because no bounce "
+               "chunk was free (many batches at once): slower, never wrong", labels=n)
+        su.add_metric(lv, am.get("unpacked", 0))
+        out += [sb, sy, sr, si, ss, sc, sm, su]
     return out
 
 
