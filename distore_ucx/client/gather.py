@@ -18,14 +18,6 @@ in the slot's (n, 2) header array and each field in that field's own
 the control plane gave; a row that fails (slot reused, torn while copied,
 node gone) is never used: it is resampled (a new request of the learner's
 sample stream) and read again, up to MAX_RESAMPLES times.
-
-Where a table's sampler draws at random (uniform, prioritized: the order
-of a batch's items carries no meaning), a batch's items are put in node
-order first (by_node): each node's items then go to consecutive rows, which
-a node serving by active message sends as one message per field
-(native/am_sample.h, runs) rather than one per item; keys, probabilities
-and locations follow their items. Fifo, lifo and heap samplers keep the
-order the control plane gave (a Queue hands items out as inserted).
 """
 
 from __future__ import annotations
@@ -39,21 +31,7 @@ from ..errors import ConnectionFailed
 from ..protocol import ITEM_LOCATION
 
 MAX_RESAMPLES = 20
-# Samplers whose batches are random draws: their items may be read in node order.
-RANDOM_SAMPLERS = ("uniform", "prioritized")
 UCS_ERR_BUSY = -15  # ucs/type/status.h: a node refused a batch by active message (too many)
-
-
-def by_node(reply: dict) -> dict:
-    """`reply` with its items (and their probabilities) in node order,
-    stable; itself if they are already."""
-    items = np.frombuffer(reply["items"], ITEM_LOCATION)
-    nodes = items["node"]
-    if len(nodes) < 3 or not (nodes[1:] < nodes[:-1]).any():
-        return reply
-    order = np.argsort(nodes, kind="stable")
-    probs = np.frombuffer(reply["probabilities"], np.float64)
-    return dict(reply, items=items[order].tobytes(), probabilities=probs[order])
 
 
 class Gather:
@@ -62,15 +40,12 @@ class Gather:
     `stream` (a SampleStream) for new items in place of rows that fail;
     counts what it read in `stats` (metrics.LearnerStats). Used from one
     thread at a time (the prefetch thread, while the learner is iterated).
-    `node_order`: read each batch's items in node order (by_node; only for
-    tables whose sampler draws at random).
 
     `resampled`: items dropped (slot reused, node gone) and sampled again;
     `torn`: items whose slot was rewritten while they were copied.
     """
 
-    def __init__(self, runtime, ring, peers, copy_pool, stream, stats, item_read: int,
-                 node_order: bool = False):
+    def __init__(self, runtime, ring, peers, copy_pool, stream, stats, item_read: int):
         self._runtime = runtime
         self._ring = ring
         self._peers = peers
@@ -78,7 +53,6 @@ class Gather:
         self._stream = stream
         self._stats = stats
         self._read = item_read  # bytes read per item: slot header and item
-        self._node_order = node_order  # read a batch's items in node order (by_node)
         self._rows = np.arange(ring.batch_size, dtype=np.uint64)  # rows of a ring slot's arrays
         # Every row of a batch, as a new batch is read (read_rows takes it
         # by identity: its rows are then filled by slices, not masks).
@@ -96,8 +70,6 @@ class Gather:
         n = len(rows)
         leases = []
         for attempt in range(MAX_RESAMPLES):
-            if self._node_order:
-                reply = by_node(reply)
             if reply["lease"] is not None:  # None: not the last batch of a reply
                 leases.append(reply["lease"])
             table_size = reply["table_size"]

@@ -47,7 +47,7 @@ from ..spec import SLOT_HEADER
 from ..transport import capabilities
 from .batch import Batch
 from .device import Device, choose_path, resolve_framework
-from .gather import RANDOM_SAMPLERS, Gather
+from .gather import Gather
 from .lifecycle import ensure_open, mark_closed
 from .peers import PeerDirectory
 from .prefetch import Prefetcher, Stopped
@@ -197,12 +197,8 @@ class Learner:
                 if part is not None:
                     part.close()
             raise
-        # Items drawn at random may be read in node order (gather.by_node);
-        # fifo, lifo and heap samplers hand items out in an order that means
-        # something, kept as it came.
         self._gather = Gather(runtime, self._ring, self._peers, self._copy_pool, self._stream,
-                              self.stats, self._read,
-                              node_order=info["sampler"]["kind"] in RANDOM_SAMPLERS)
+                              self.stats, self._read)
         self._recheck = HeaderRecheck(client, runtime, self._peers)
         metrics.track("learner", self)
         log.info("learner on table %r: device=%s, path=%s, framework=%s, prefetch=%d, "

@@ -155,12 +155,10 @@ def test_learners_killed_mid_sample_leave_the_node_serving(make_cluster, tls, tm
         m = node_sample_metrics(cluster)
         print(f"{KILLS} learners killed: {m}")
         assert m["failed"] >= 1 and m["stuck"] == 0, m
-        # Items of 30 KB go in runs (a field of a node's items of a batch in
-        # one message, from a bounce chunk); the killed learners' failed
-        # runs gave their chunks back: the next batches still go in runs.
-        # A uniform table's batch is read in node order: each of the 4
-        # fields of each node's 16-odd items is one message (8 a batch;
-        # in the order drawn, the two nodes' items would interleave).
+        # Items of 30 KB go in runs (a field of a node's items that follow
+        # one another in a batch, in one message from a bounce chunk); the
+        # killed learners' failed runs gave their chunks back: the next
+        # batches still go in runs.
         assert m["runs"] > 0, m
         time.sleep(2.5)  # the nodes' counters, read each second, are all in
         before = node_sample_metrics(cluster)["runs"]
@@ -169,7 +167,7 @@ def test_learners_killed_mid_sample_leave_the_node_serving(make_cluster, tls, tm
             assert set(learner.paths.values()) == {"ucx-am:tcp"}
         time.sleep(2.5)
         runs = node_sample_metrics(cluster)["runs"] - before
-        assert 5 * 4 <= runs <= 5 * 8, (runs, m)
+        assert runs >= 5 * 4, (runs, m)
         nodes = client.status()["nodes"]
         assert len(nodes) == 2 and all(n["state"] == "live" for n in nodes), nodes
 
