@@ -93,12 +93,6 @@ class Placement:
         """`node_id` answered StorageFull: pass it over for FULL_PASS_OVER s."""
         self._full[node_id] = time.monotonic() + FULL_PASS_OVER
 
-    @property
-    def smallest_arena(self) -> int:
-        """Bytes of the smallest arena among the nodes last listed (0: none
-        listed yet)."""
-        return min((n.get("arena_size", 0) for n in self._nodes), default=0)
-
     def _room(self, node: dict) -> int:
         """Bytes `node` may still take: its arena and disk tier less what its
         heartbeats said it used, less what this writer sent it since."""

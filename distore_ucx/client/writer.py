@@ -21,9 +21,7 @@ its batch's acknowledgement. An item larger than `batch_bytes` grows the
 buffer it goes to (to the item's size, kept for later items), so the bound
 is `max_in_flight` x max(`batch_bytes`, largest item). With `batch_bytes`
 left out (8 MiB) a table of items of megabytes gets batches of 4 of them, up
-to 32 MiB, and a writer that waited with every buffer in flight (flat out)
-gets 32 MiB batches where that is at most an eighth of the smallest node's
-arena (writer_staging.py says why). Each buffer has its
+to 32 MiB (writer_staging.py says why). Each buffer has its
 own connection to each node, so batches in flight wait on a rate limiter
 side by side and each waits at most `timeout` from when it was sent.
 
@@ -132,11 +130,8 @@ class Writer:
         before failing with RateLimiterTimeout (or Timeout); staging memory is
         `max_in_flight` buffers of `batch_bytes` (see the module docstring);
         left out, `batch_bytes` is 8 MiB, grown for a table of large items to
-        hold 4 of them, up to 32 MiB, and to 32 MiB for a writer that waited
-        for an acknowledgement with every buffer in flight, where that is at
-        most an eighth of the smallest node's arena (then, or for items of
-        2 MiB or more: 4 x 32 MiB of staging at most; set it to bound
-        staging memory exactly).
+        hold 4 of them, up to 32 MiB (items of 2 MiB or more: 4 x 32 MiB of
+        staging at most; set it to bound staging memory exactly).
         `local_map` (default True, `DISTORE_LOCAL_MAP=0` turns it off): hand
         same-host nodes the staging buffers' sealed memfds, so that they copy
         batches with plain loads (otherwise they read this process's memory

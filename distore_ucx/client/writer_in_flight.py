@@ -61,10 +61,6 @@ class InFlight:
         pool = self._pool
         while (buf := pool.spare()) is None:
             if self.queue:
-                # Every buffer is in flight: the writer inserts faster than
-                # batches are acknowledged. With batch_bytes left out, its
-                # batches grow (staging_pool.flat_out).
-                pool.flat_out(self._placement.smallest_arena)
                 self.complete_oldest()
             else:  # every buffer holds another table's open batch: send one
                 self.send(pool.open.pop(next(iter(pool.open))), set())

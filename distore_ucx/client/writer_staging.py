@@ -14,16 +14,6 @@ its size, so batches of one or two items of megabytes go at half the rate):
 the bound is then `max_in_flight` x max(`batch_bytes`, min(`min_items` x
 largest item, `grow_to`), largest item).
 
-Flat out: with `batch_bytes` left at its default, a writer that had to wait
-for an acknowledgement because every buffer was in flight (it inserts faster
-than its batches are stored) makes batches of `grow_to` bytes from then on,
-as long as that is at most 1/FLAT_OUT_SHARE of the smallest node's arena:
-per-batch costs then weigh a quarter as much (110 KB items over TCP: about
-+20-35% GB/s, docs/performance.md). A writer that never waits (a slow actor)
-keeps `batch_bytes`; its `max_delay` bounds how long an item waits either way.
-Staging then grows to `max_in_flight` x `grow_to` (buffers grow as they are
-reused, and pages are touched only as items fill them).
-
 A batch is the items of one table staged in one buffer; each table has at
 most one batch being filled. Thread safety: none (a writer is used by one
 thread).
@@ -42,8 +32,6 @@ from .._native_loader import _native
 from ..transport.local_map import TICKET_BYTES
 
 _PAGE = 1 << 12
-# A flat-out writer's batches take at most this share of the smallest arena.
-FLAT_OUT_SHARE = 8
 
 
 class StagingBuffer:
@@ -185,17 +173,6 @@ class StagingPool:
         self.buffers: list[StagingBuffer] = []
         self.free: list[StagingBuffer] = []
         self.open: dict[str, Batch] = {}  # one batch being filled per table
-
-    def flat_out(self, smallest_arena: int) -> None:
-        """The writer waited for an acknowledgement with every buffer in
-        flight: with the default batch size (`min_items` set), later batches
-        take `grow_to` bytes where that is at most 1/FLAT_OUT_SHARE of
-        `smallest_arena` (the smallest listed node's arena, 0 if unknown)."""
-        if not self.min_items or self.batch_bytes >= self.grow_to:
-            return
-        grown = min(self.grow_to, smallest_arena // FLAT_OUT_SHARE)
-        if grown > self.batch_bytes:
-            self.batch_bytes = grown
 
     def spare(self) -> StagingBuffer | None:
         """A buffer no batch uses (a new one while fewer than `max_in_flight`

@@ -195,46 +195,6 @@ def test_default_batches_hold_four_large_items_and_explicit_batch_bytes_is_kept(
 
 
 @pytest.mark.parametrize("tls", ["tcp"], indirect=True)
-def test_a_writer_that_waits_with_every_buffer_in_flight_grows_its_batches(make_cluster, tls):
-    """Flat out (it waited for an acknowledgement with every buffer in
-    flight), a default writer makes 32 MiB batches where that is at most an
-    eighth of the smallest arena; one that never waits, or whose batch_bytes
-    was given, keeps its batch size. Every item reads back whole."""
-    size = 110 << 10
-    cluster = make_cluster(nodes=1, arena_bytes=256 << 20)
-    with ds.connect(cluster.address) as client:
-        client.create_table("t", capacity=2000, spec=((size,), "uint8"))
-        with client.writer(max_in_flight=2) as slow:  # flushes each batch: never waits
-            for i in range(0, 280, 70):  # 70 items: one batch of 8 MiB
-                slow.insert("t", items(np.arange(i, i + 70), size))
-                slow.flush()
-            assert slow.batch_bytes == 8 << 20 and slow.stats.batches == 4
-        with client.writer(batch_bytes=8 << 20, max_in_flight=2) as given:
-            given.insert("t", items(np.arange(300, 900), size))
-            given.flush()
-            assert given.batch_bytes == 8 << 20 and given.stats.batches >= 8
-        with client.writer(max_in_flight=2) as fast:
-            first = 900
-            while fast.batch_bytes < 32 << 20 and first < 1900:
-                fast.insert("t", items(np.arange(first, first + 10), size))
-                first += 10
-            assert fast.batch_bytes == 32 << 20, "the writer never waited for a buffer"
-            fast.insert("t", items(np.arange(first, first + 300), size))  # one 32 MiB batch
-            fast.flush()
-            assert max(b.size for b in fast._pool.buffers) >= 32 << 20
-        with client.learner("t", batch_size=64, sample_ahead=1) as learner:
-            for _ in range(10):
-                assert whole(np.stack(learner.sample().data)).all()
-    with ds.connect(make_cluster(nodes=1, arena_bytes=128 << 20).address) as client:
-        client.create_table("t", capacity=1000, spec=((size,), "uint8"))
-        with client.writer(max_in_flight=2) as fast:  # 128 MiB / 8: 16 MiB batches
-            for i in range(0, 900, 10):
-                fast.insert("t", items(np.arange(i, i + 10), size))
-            fast.flush()
-            assert fast.batch_bytes in (8 << 20, 16 << 20)
-
-
-@pytest.mark.parametrize("tls", ["tcp"], indirect=True)
 def test_next_keys_are_the_keys_the_next_inserts_get(client, tls):
     client.create_table("k", capacity=100, spec=((ITEM,), "uint8"))
     with client.writer() as writer:
