@@ -369,15 +369,11 @@ ucs_status_t on_request(void* arg, const void* header, size_t header_length, voi
   if (job->parts.empty()) job->parts.push_back({0, 0});  // the slot header alone
   // Runs of joined items, each cut to what one message may carry (a chunk
   // holds the largest part of that many items); item-major order.
+  // Without a bounce region max_run is 1 and chunk 0: one item a message.
   uint64_t widest = 0;
   for (const AmSamplePart& part : job->parts) widest = std::max(widest, part.length);
-  size_t per = 1;
-  if (widest == 0) {
-    per = c.max_run;
-  } else if (c.bounce != nullptr) {
-    per = std::min<size_t>(c.max_run, c.chunk / widest);
-  }
-  per = std::max<size_t>(per, 1);
+  const size_t per = std::max<size_t>(
+      1, widest == 0 ? c.max_run : std::min<size_t>(c.max_run, c.chunk / widest));
   job->units.reserve(job->items.size() * job->parts.size());
   for (size_t s = 0; s < job->items.size();) {
     size_t e = s + 1;
@@ -462,12 +458,10 @@ AmSampleServer::AmSampleServer(nb::object worker, uintptr_t worker_handle, nb::o
     ucp_worker_attr_t attr;
     std::memset(&attr, 0, sizeof(attr));
     attr.field_mask = UCP_WORKER_ATTR_FIELD_MAX_AM_HEADER;
-    size_t room = kAmSampleMaxRun;
-    if (ucp_worker_query(c.worker, &attr) == UCS_OK && attr.max_am_header > sizeof(AmSampleReply)) {
-      room = (attr.max_am_header - sizeof(AmSampleReply)) / sizeof(AmSampleSlotHeader);
-    } else {
-      room = 1;
-    }
+    const bool known =
+        ucp_worker_query(c.worker, &attr) == UCS_OK && attr.max_am_header > sizeof(AmSampleReply);
+    const size_t room =
+        known ? (attr.max_am_header - sizeof(AmSampleReply)) / sizeof(AmSampleSlotHeader) : 1;
     c.max_run = std::max<size_t>(1, std::min<size_t>(kAmSampleMaxRun, room));
     c.bounce = reinterpret_cast<uint8_t*>(b.local_address());
     c.bounce_memh = b.memh();
@@ -726,21 +720,20 @@ ucs_status_t AmSampleClient::on_data(void* arg, const void* header, size_t heade
                                      const ucp_am_recv_param_t* param) {
   auto* self = static_cast<AmSampleClient*>(arg);
   AmSampleReply h;
-  if (header_length >= sizeof(h)) std::memcpy(&h, header, sizeof(h));
-  const size_t carried = (header_length - sizeof(h)) / sizeof(AmSampleSlotHeader);
-  if (header_length < sizeof(h) ||
-      (header_length - sizeof(h)) % sizeof(AmSampleSlotHeader) != 0 ||
-      carried != ((h.flags & kAmSampleRefused) ? 0 : h.count)) {
+  size_t carried = 0;  // slot headers after the reply header
+  bool ok = header_length >= sizeof(h) &&
+            (header_length - sizeof(h)) % sizeof(AmSampleSlotHeader) == 0;
+  if (ok) {
+    std::memcpy(&h, header, sizeof(h));
+    carried = (header_length - sizeof(h)) / sizeof(AmSampleSlotHeader);
+    ok = carried <= kAmSampleMaxRun && carried == ((h.flags & kAmSampleRefused) ? 0 : h.count);
+  }
+  if (!ok) {
     std::lock_guard<std::mutex> lock(self->mu_);
     ++self->stats_.malformed;
     return UCS_OK;  // dropped (a rendezvous sender's request ends)
   }
   AmSampleSlotHeader slots[kAmSampleMaxRun];
-  if (carried > kAmSampleMaxRun) {
-    std::lock_guard<std::mutex> lock(self->mu_);
-    ++self->stats_.malformed;
-    return UCS_OK;
-  }
   std::memcpy(slots, static_cast<const uint8_t*>(header) + sizeof(h),
               carried * sizeof(AmSampleSlotHeader));
   return self->receive(h, slots, data, length, param);

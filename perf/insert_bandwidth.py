@@ -167,7 +167,7 @@ def run_mode(ds, client, tls: str, size: int, mode: str, args, pids: dict) -> di
         out, _ = sampler.communicate(timeout=args.seconds + 60)
         sampled = json.loads(out.strip().splitlines()[-1])
     paths = sorted(set(writer.paths.values()))
-    batch_bytes = writer.batch_bytes  # grown if the writer ran flat out (writer_staging.py)
+    batch_bytes = writer.batch_bytes  # the writer's own (8 MiB, or as given)
     writer.close()
     ok = verify(client, table, src, size)
     gb = n * size / 1e9
