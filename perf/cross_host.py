@@ -197,7 +197,7 @@ def measure_inserts(ds, client, size: int, batch: int, args, pids: dict) -> list
         rows.append({"op": f"insert {mode}" + (" (am)" if args.am_inserts else " (gets)"),
                      "per_call": r["per_call"], "items": r["items"],
                      "gbps": r["gbps"], "via": r["via"], "verified": r["verified"],
-                     "batch_bytes": r["batch_bytes"],
+                     "batch_bytes": r["batch_bytes"], "batch_mean_bytes": r["batch_mean_bytes"],
                      "cpu_s_per_gb_client": r["cpu_s_per_gb_writer"],
                      **{f"cpu_s_per_gb_{k}": r[f"cpu_s_per_gb_{k}"] for k in pids}})
     return rows

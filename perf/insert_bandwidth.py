@@ -139,6 +139,8 @@ def run_mode(ds, client, tls: str, size: int, mode: str, args, pids: dict) -> di
         sampler.stdin.write("go\n")
         sampler.stdin.flush()
     n = 0
+    st = writer.stats
+    batches0, bytes0 = st.batches, st.bytes  # the timed part's batches (warm-up left out)
     cpu0 = {k: cpu_seconds(pid) for k, pid in pids.items()}
     cpu0["writer"] = time.process_time()
     t0 = time.perf_counter()
@@ -168,11 +170,15 @@ def run_mode(ds, client, tls: str, size: int, mode: str, args, pids: dict) -> di
         sampled = json.loads(out.strip().splitlines()[-1])
     paths = sorted(set(writer.paths.values()))
     batch_bytes = writer.batch_bytes  # the writer's own (8 MiB, or as given)
+    # What a batch held on average: a table of items of megabytes gets
+    # batches of several items past batch_bytes (writer_staging.py).
+    batch_mean = (st.bytes - bytes0) / max(1, st.batches - batches0)
     writer.close()
     ok = verify(client, table, src, size)
     gb = n * size / 1e9
     row = {"tls": tls, "item_bytes": size, "mode": mode, "per_call": per_call,
            "items": n, "seconds": elapsed, "gbps": gb / elapsed, "batch_bytes": batch_bytes,
+           "batch_mean_bytes": batch_mean,
            "items_per_s": n / elapsed, "via": ",".join(paths), "verified": ok,
            "local_map": args.local_map, "paced_gbps": pace / 1e9 if pace else None,
            **{f"cpu_s_per_gb_{k}": v / gb for k, v in cpu.items()}}

@@ -53,3 +53,8 @@ def test_cross_host_script_measures_sample_and_inserts_over_tcp(tmp_path):
     assert 0 < sample["p50_ms"] <= sample["p99_ms"]
     assert 0 < sample["gather_mean_ms"] <= sample["mean_ms"] * 1.5
     assert "vs_am" in proc.stdout and "sample" in proc.stdout  # the table
+    for r in rows[2:]:
+        # What a timed batch held on average: at least an item, at most a
+        # writer's default batch (8 MiB for items of 64 KiB).
+        assert r["batch_bytes"] == 8 << 20
+        assert r["item_bytes"] <= r["batch_mean_bytes"] <= r["batch_bytes"]
