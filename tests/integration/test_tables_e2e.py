@@ -49,7 +49,10 @@ def test_prioritized_probabilities_weights_and_updates(client):
         counts += np.bincount(idx, minlength=20)
     exact = prios / prios.sum()
     chi2 = ((counts - exact * counts.sum()) ** 2 / (exact * counts.sum())).sum()
-    assert chi2 < 50.0  # 19 dof: P(chi2 > 50) < 1e-4
+    # 19 dof: P(chi2 > 70) < 1e-7 for a right sampler (the bound was 50, at
+    # 1.3e-4, and a suite run met it once; 150 runs of this check averaged
+    # 19.4). A uniform sampler scores in the hundreds here.
+    assert chi2 < 70.0
     # Make item 3 dominant; evicted or unknown keys are skipped and counted.
     new = np.full(20, 1e-3)
     new[3] = 1e6
