@@ -16,7 +16,10 @@ sample
     Over TCP UCX emulates RMA, so nodes send samples as active messages (a
     rendezvous ``put_zcopy`` from the arena into the learner's ring: ``via``
     ``ucx-am:tcp``); ``--sample-gets`` adds a row of the same learner reading by
-    one-sided gets (``DISTORE_AM_SAMPLES=0`` for that learner, ``via ucx:tcp``).
+    one-sided gets (``DISTORE_AM_SAMPLES=0`` for that learner, ``via ucx:tcp``);
+    ``--iterate`` a row of a learner iterated (``for batch in learner``, ``prefetch=2``:
+    a background thread reads ahead, and each batch's slot headers are read again
+    as it is handed out, so that none holds an item evicted meanwhile).
 insert one / insert batched
     ``writer.insert()`` of one item per call, or of a whole batch per call, for
     ``--seconds`` then ``flush()`` (perf/insert_bandwidth.py's measurement: a FIFO table
@@ -121,21 +124,27 @@ def dense(batch) -> bool:
 
 
 def measure_sample(ds, client, table: str, size: int, batch: int, args, pids: dict,
-                   gets: bool = False) -> dict:
+                   gets: bool = False, iterate: bool = False) -> dict:
     """learner.sample() back to back, mapping off: GB/s, latency, CPU per GB.
     `gets`: the learner reads by one-sided gets even from nodes that send
-    samples as active messages."""
+    samples as active messages. `iterate`: batches are taken from the
+    learner's iterator (prefetch=2) instead of sample()."""
     os.environ["DISTORE_AM_SAMPLES"] = "0" if gets else "1"  # read as the learner starts
     try:
-        learner = client.learner(table, batch_size=batch, local_map=False)
+        learner = client.learner(table, batch_size=batch, local_map=False, prefetch=2)
     finally:
         os.environ["DISTORE_AM_SAMPLES"] = "1"  # the next size's nodes serve them again
     with learner:
-        first = learner.sample()
+        if iterate:
+            batches = iter(learner)
+            take = batches.__next__
+        else:
+            take = learner.sample
+        first = take()
         ok = sample_path.check(first, size)
         contiguous = dense(first)
         for _ in range(5):
-            learner.sample()
+            take()
         lat = []
         g0 = (learner.stats.gather.sum, learner.stats.gather.count)
         cpu0 = {k: cpu_seconds(pid) for k, pid in pids.items()}
@@ -143,21 +152,22 @@ def measure_sample(ds, client, table: str, size: int, batch: int, args, pids: di
         t0 = time.perf_counter()
         while time.perf_counter() - t0 < args.seconds or len(lat) < args.min_batches:
             t = time.perf_counter()
-            learner.sample()
+            take()
             lat.append(time.perf_counter() - t)
         wall = time.perf_counter() - t0
         cpu = {k: (cpu_seconds(pid) or 0.0) - (cpu0[k] or 0.0) for k, pid in pids.items()}
         cpu["learner"] = time.process_time() - cpu0["learner"]
         gathers = learner.stats.gather.count - g0[1]
         gather_ms = (learner.stats.gather.sum - g0[0]) / max(1, gathers) * 1e3
-        last = learner.sample()
+        last = take()
         ok &= sample_path.check(last, size)
         contiguous &= dense(last)
         paths = sorted(set(learner.paths.values()))
         resampled = learner.resampled
     lat = np.array(lat)
     gb = len(lat) * batch * size / 1e9
-    return {"op": "sample (gets)" if gets else "sample", "per_call": batch,
+    op = "sample (gets)" if gets else "sample (iterated)" if iterate else "sample"
+    return {"op": op, "per_call": batch,
             "batches": len(lat), "gbps": gb / wall,
             "p50_ms": float(np.percentile(lat, 50)) * 1e3,
             "p99_ms": float(np.percentile(lat, 99)) * 1e3,
@@ -227,6 +237,10 @@ def run_size(args, size: int, out) -> list[dict]:
             log(f"[{size} B] sample by gets")
             found.append(repeated(lambda: measure_sample(ds, client, "sampled", size, batch, args,
                                                          pids, gets=True), args.sample_repeats))
+        if args.iterate:
+            log(f"[{size} B] sample, iterated")
+            found.append(repeated(lambda: measure_sample(ds, client, "sampled", size, batch, args,
+                                                         pids, iterate=True), args.sample_repeats))
         found += measure_inserts(ds, client, size, batch, args, pids)
     # Again after: on a shared machine the best of the two is what UCX could
     # do in the minutes the store was measured.
@@ -305,6 +319,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--sample-gets", action="store_true",
                    help="also sample by one-sided gets (DISTORE_AM_SAMPLES=0 for the learner), "
                         "for comparison with the active-message path")
+    p.add_argument("--iterate", action="store_true",
+                   help="also take batches from the learner's iterator (prefetch=2: read "
+                        "ahead on a thread, headers read again at hand-out)")
     p.add_argument("--sample-repeats", type=int, default=1,
                    help="runs of each sample measurement (the median run is reported, with "
                         "vs_sl_med: its median GB/s over the median am_sleep run); default 1")

@@ -14,6 +14,7 @@ from __future__ import annotations
 import numpy as np
 
 from .._native_loader import _native
+from .gather import UCS_ERR_BUSY
 
 
 class HeaderRecheck:
@@ -37,9 +38,10 @@ class HeaderRecheck:
         table since they were read (evicted while this learner held them:
         their node marked the slots, control/retirements.py), found by
         reading every slot header again in place: one native call for mapped
-        nodes, one small UCX gather (of `timeout` s at most) for the rest. A
-        header that cannot be read counts as retired (the row is
-        resampled)."""
+        nodes; for nodes that send samples by active message (over TCP), one
+        headers-only request each, the node's reply carrying the headers;
+        one small UCX gather (of `timeout` s at most) for the rest. A header
+        that cannot be read counts as retired (the row is resampled)."""
         n = len(locs)
         if self._headers is None:
             self._headers = self._runtime.map_region(n * 16)
@@ -59,6 +61,7 @@ class HeaderRecheck:
         if len(rest):
             statuses[rest] = _native.STATUS_UNREACHABLE  # unless read below
             header = self._headers.view().view(np.uint64).reshape(n, 2)
+            rest = self._reread_by_message(locs, rest, statuses, header, timeout)
             for node_id in np.unique(locs["node"][rest]).tolist():
                 u = rest[locs["node"][rest] == node_id]
                 worker, key = self._check_key(node_id, rkeys, key_lut)
@@ -74,6 +77,37 @@ class HeaderRecheck:
                 if (got != 0).any():
                     self._check_keys.pop(node_id, None)  # made again next time
         return np.flatnonzero(statuses != 0)
+
+    def _reread_by_message(self, locs: np.ndarray, rest: np.ndarray, statuses: np.ndarray,
+                           header: np.ndarray, timeout: float) -> np.ndarray:
+        """Re-read the headers of rows `rest` on nodes that send samples by
+        active message with one headers-only request per node (one native
+        call): over TCP a one-sided get of 16 bytes is a round trip of its
+        own, emulated by the node, where this is one message each way. Sets
+        their statuses; returns the rows left to read with gets (other
+        nodes, and nodes that refused the request as busy)."""
+        eps, am_lut = self._peers.am_endpoints, self._peers.am_lut
+        nodes = locs["node"][rest].astype(np.int64)
+        known = nodes < len(am_lut)
+        index = np.full(len(rest), -1, np.int64)
+        index[known] = am_lut[nodes[known]]
+        # The two tables are swapped one after the other by the prefetch
+        # thread: an index past this list is left to the gets below (one
+        # naming another node's endpoint reads headers that cannot match,
+        # as keys are never reused: those rows are resampled, never kept).
+        by_message = (index >= 0) & (index < len(eps))
+        if not by_message.any():
+            return rest
+        u = rest[by_message]
+        got = self._runtime.am_sample_client().fetch(
+            eps, index[by_message].astype(np.uint32), locs["offset"][u], self._rows[u],
+            self._header_layout, self._headers, timeout)
+        busy = got == UCS_ERR_BUSY
+        done, got = u[~busy], got[~busy]
+        same = ((header[done, 0] == locs["key"][done])
+                & (header[done, 1] == locs["generation"][done]))
+        statuses[done] = np.where((got == 0) & ~same, _native.STATUS_STALE, got)
+        return np.concatenate([rest[~by_message], u[busy]])
 
     def _check_key(self, node_id: int, rkeys: list, key_lut: np.ndarray):
         """(worker, remote key) to re-read a node's headers from the consumer's

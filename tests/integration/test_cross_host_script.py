@@ -20,16 +20,17 @@ def test_cross_host_script_measures_sample_and_inserts_over_tcp(tmp_path):
         [sys.executable, os.path.join(REPO, "perf", "cross_host.py"), "--sizes", "64K",
          "--seconds", "0.3", "--min-batches", "3", "--min-bytes", "1M", "--fill-bytes", "8M",
          "--insert-arena", "128M", "--perftest-bytes", "4M", "--perftest-repeats", "1",
-         "--sample-gets", "--sample-repeats", "2", "--json-out", str(out_file)],
+         "--sample-gets", "--iterate", "--sample-repeats", "2", "--json-out", str(out_file)],
         capture_output=True, text=True, timeout=240, cwd=str(tmp_path), check=False)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     rows = [json.loads(line) for line in out_file.read_text().splitlines()]
     # Inserts go as active messages over the nodes' insert listeners by default.
-    assert [r["op"] for r in rows] == ["sample", "sample (gets)", "insert one (am)",
-                                       "insert batched (am)"]
-    assert all(r["via"] == "ucx active messages (UCX_TLS=tcp)" for r in rows[2:]), rows[2:]
-    # Over tcp nodes send samples as active messages; --sample-gets reads by gets.
-    assert rows[0]["via"] == "ucx-am:tcp" and rows[1]["via"] == "ucx:tcp", rows[:2]
+    assert [r["op"] for r in rows] == ["sample", "sample (gets)", "sample (iterated)",
+                                       "insert one (am)", "insert batched (am)"]
+    assert all(r["via"] == "ucx active messages (UCX_TLS=tcp)" for r in rows[3:]), rows[3:]
+    # Over tcp nodes send samples as active messages; --sample-gets reads by
+    # gets; --iterate takes batches from the iterator (prefetch thread).
+    assert [r["via"] for r in rows[:3]] == ["ucx-am:tcp", "ucx:tcp", "ucx-am:tcp"], rows[:3]
     for r in rows:
         assert r["verified"] and r["tls"] == "tcp" and r["local_map"] is False
         assert r["item_bytes"] == 64 << 10 and r["batch"] == 32 and r["gbps"] > 0
@@ -43,7 +44,8 @@ def test_cross_host_script_measures_sample_and_inserts_over_tcp(tmp_path):
     sample = rows[0]
     # --sample-repeats: every run's GB/s kept, the median run reported, and
     # the like-with-like ratio (median over the median am_sleep run).
-    for r in rows[:2]:
+    for r in rows[:3]:
+        assert r["c_contiguous"] is True
         assert len(r["gbps_runs"]) == 2 and r["gbps"] in r["gbps_runs"]
         assert r["gbps_best"] == max(r["gbps_runs"])
         if r["am_sleep_median_gbps"] is not None:
@@ -53,7 +55,7 @@ def test_cross_host_script_measures_sample_and_inserts_over_tcp(tmp_path):
     assert 0 < sample["p50_ms"] <= sample["p99_ms"]
     assert 0 < sample["gather_mean_ms"] <= sample["mean_ms"] * 1.5
     assert "vs_am" in proc.stdout and "sample" in proc.stdout  # the table
-    for r in rows[2:]:
+    for r in rows[3:]:
         # What a timed batch held on average: at least an item, at most a
         # writer's default batch (8 MiB for items of 64 KiB).
         assert r["batch_bytes"] == 8 << 20

@@ -99,3 +99,31 @@ def test_two_nodes_evicting_insert_on_one_retires_slots_on_the_other(make_cluste
         for _ in range(20):
             check(next(it), set(range(8)))
         learner.close()
+
+
+@pytest.mark.parametrize("tls", ["tcp"], indirect=True)
+def test_rechecks_over_tcp_go_by_message_and_catch_evictions(make_cluster, tls):
+    # Over TCP a node that sends samples by active message also answers the
+    # hand-out re-check: one headers-only request per node, not a one-sided
+    # get (an emulated round trip) per row. Evictions are still caught.
+    import distore_ucx as ds
+
+    cluster = make_cluster(nodes=1)
+    with ds.connect(cluster.address) as client:
+        client.create_table("t", capacity=5, spec=SPEC)
+        fill(client, 0, 3)
+        learner = client.learner("t", batch_size=2, prefetch=2)
+        assert all(p.startswith("ucx-am:") for p in learner.paths.values()), learner.paths
+        rechecks = learner._recheck
+        it = iter(learner)
+        for _ in range(2):
+            check(next(it), set())
+        locs = learner._locs[learner._held].copy()  # the batch handed out last
+        assert len(rechecks.retired_rows(locs, 5.0)) == 0  # all still in the table
+        fill(client, 100, 5)  # evicts items 0, 1, 2: every row of `locs`
+        assert np.array_equal(rechecks.retired_rows(locs, 5.0), np.arange(len(locs)))
+        for _ in range(20):
+            check(next(it), {0, 1, 2})
+        assert learner.resampled > 0  # batches read ahead were repaired, not handed out
+        assert rechecks._check_keys == {}, "a re-check went by one-sided gets"
+        learner.close()
