@@ -127,3 +127,41 @@ def test_rechecks_over_tcp_go_by_message_and_catch_evictions(make_cluster, tls):
         assert learner.resampled > 0  # batches read ahead were repaired, not handed out
         assert rechecks._check_keys == {}, "a re-check went by one-sided gets"
         learner.close()
+
+
+@pytest.mark.parametrize("tls", ["tcp"], indirect=True)
+def test_a_recheck_the_node_refuses_as_busy_goes_by_gets(make_cluster, tls, monkeypatch):
+    # A node serving too many batches refuses a request (UCS_ERR_BUSY): the
+    # re-check of those rows then reads the headers with gets, and evictions
+    # are caught all the same.
+    import distore_ucx as ds
+    from distore_ucx.client.gather import UCS_ERR_BUSY
+
+    cluster = make_cluster(nodes=1)
+    with ds.connect(cluster.address) as client:
+        client.create_table("t", capacity=5, spec=SPEC)
+        fill(client, 0, 3)
+        learner = client.learner("t", batch_size=2, prefetch=2)
+        rechecks = learner._recheck
+        real = client.runtime.am_sample_client()
+        refused = []
+
+        class Busy:  # refuses the re-checks' headers-only requests only
+            def fetch(self, endpoints, node, offsets, rows, layout, dest, timeout):
+                if layout is rechecks._header_layout:
+                    refused.append(len(node))
+                    return np.full(len(node), UCS_ERR_BUSY, np.int32)
+                return real.fetch(endpoints, node, offsets, rows, layout, dest, timeout)
+
+        monkeypatch.setattr(client.runtime, "am_sample_client", Busy)
+        it = iter(learner)
+        for _ in range(2):
+            check(next(it), set())
+        locs = learner._locs[learner._held].copy()
+        assert len(rechecks.retired_rows(locs, 5.0)) == 0
+        fill(client, 100, 5)  # evicts items 0, 1, 2
+        assert np.array_equal(rechecks.retired_rows(locs, 5.0), np.arange(len(locs)))
+        for _ in range(10):
+            check(next(it), {0, 1, 2})
+        assert refused and rechecks._check_keys, "the refused rows were not read by gets"
+        learner.close()
