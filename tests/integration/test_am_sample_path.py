@@ -174,10 +174,13 @@ def test_learners_killed_mid_sample_leave_the_node_serving(make_cluster, tls, tm
         assert len(nodes) == 2 and all(n["state"] == "live" for n in nodes), nodes
 
 
-def test_a_node_stopped_mid_batch_is_routed_around(make_cluster, tls, monkeypatch):
+@pytest.mark.parametrize("iterate", [False, True], ids=["sample", "iterated"])
+def test_a_node_stopped_mid_batch_is_routed_around(make_cluster, tls, monkeypatch, iterate):
     # A stopped node (SIGSTOP) keeps its sockets open and answers nothing:
     # the learner's fetch gives up after its stall, force-closes the
     # endpoint, and resamples; the control plane marks the node unresponsive.
+    # Iterated, batches read ahead are also re-checked at hand-out by a
+    # headers-only request to the stopped node, which gives up the same way.
     monkeypatch.delenv("DISTORE_AM_SAMPLES", raising=False)
     cluster = make_cluster()
     with ds.connect(cluster.address) as client:
@@ -186,6 +189,8 @@ def test_a_node_stopped_mid_batch_is_routed_around(make_cluster, tls, monkeypatc
         with client.writer(max_items=64) as writer:
             keys = writer.insert("t", items)
         with client.learner("t", batch_size=32) as learner:
+            if iterate:
+                next(iter(learner))  # sample() now takes the prefetch thread's batches
             check_batches(learner, keys, items, 3)
             assert set(learner.paths.values()) == {"ucx-am:tcp"}, learner.paths
             victim = cluster.nodes[0]
