@@ -14,7 +14,10 @@ time and slots are reused. In this process, on threads:
   tick catches up, so a healthy store delivers exactly the rate asked);
 - a learner samples `--sample-rate` batches of `--batch` a second, checks
   every item's bytes (its payload is a function of its key), and updates the
-  priorities of what it sampled, as a prioritized-replay learner does.
+  priorities of what it sampled, as a prioritized-replay learner does;
+  `--iterate` takes the batches from the learner's iterator instead (a
+  prefetch thread reads ahead; each batch's headers are read again as it
+  is taken, so that none holds an item evicted meanwhile).
 
 Every `--interval` seconds (default 60) it prints one line and one JSON line:
 insert and sample rates, sample and flush latency p50/p99/max, and the RSS of
@@ -147,6 +150,7 @@ class Soak:
         rng = np.random.default_rng(a.seed)
         try:
             lrn = self.client.learner(self.table, batch_size=a.batch)
+            batches = iter(lrn) if a.iterate else None
             try:
                 start, done = time.monotonic(), 0
                 while not self.stop.is_set():
@@ -156,7 +160,7 @@ class Soak:
                                                 - (time.monotonic() - start))))
                         continue
                     t0 = time.perf_counter()
-                    batch = lrn.sample(timeout=30)
+                    batch = next(batches) if batches is not None else lrn.sample(timeout=30)
                     took = time.perf_counter() - t0
                     d = batch.data
                     bad = (d["key"] != batch.keys) | (
@@ -312,6 +316,8 @@ def main(argv=None) -> int:
     ap.add_argument("--insert-rate", type=float, default=1000.0, help="items/s")
     ap.add_argument("--sample-rate", type=float, default=50.0, help="batches/s")
     ap.add_argument("--batch", type=int, default=32)
+    ap.add_argument("--iterate", action="store_true",
+                    help="the learner takes batches from its iterator (prefetch thread)")
     ap.add_argument("--max-rate-drop", type=float, default=0.10)
     ap.add_argument("--max-rss-growth", type=float, default=0.05)
     ap.add_argument("--seed", type=int, default=0)
