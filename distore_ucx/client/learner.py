@@ -26,7 +26,9 @@ learner's sampling: the control connection and the UCX gather are used
 from one thread only. A batch it read ahead has its slot headers read again
 when handed out (client/recheck.py): rows whose items were evicted since
 are resampled in place by the thread first, so no batch handed out holds
-an item evicted before.
+an item evicted before. For that, a batch read ahead keeps its leases until
+it is handed out (an item evicted while leased has its slot marked by its
+node; one evicted unleased would be freed with its header intact).
 """
 
 from __future__ import annotations
@@ -181,6 +183,9 @@ class Learner:
         self._held: int | None = None  # ring slot of the batch the caller holds (GPU fences)
         self._locs: list = [None] * (prefetch + 1)  # per ring slot: its items' locations
         self._min_probs: list = [None] * (prefetch + 1)  # per ring slot: each row's P_min
+        # Per ring slot, while iterating: (session, leases) of the batch read
+        # into it, held until it is handed out (SampleStream.collect_leases).
+        self._slot_leases: list = [None] * (prefetch + 1)
         self.stats = metrics.LearnerStats()  # ds.metrics.registry() reads it
         self._ring = self._peers = None
         try:
@@ -263,6 +268,12 @@ class Learner:
         while True:
             yield self._take(self.timeout)
 
+    def _give_back_leases(self, slot: int) -> None:
+        """Release (with the next request) the leases held for ring slot `slot`."""
+        held, self._slot_leases[slot] = self._slot_leases[slot], None
+        if held is not None:
+            self._stream.give_back(*held)
+
     def _take(self, wait: float) -> Batch:
         """The next batch from the prefetch thread, its errors re-raised here."""
         if self._held is not None:
@@ -289,6 +300,7 @@ class Learner:
             # marked): never handed out, resampled in place by the thread.
             batch = self._prefetcher.call(lambda: self._repair(slot, batch, stale, wait),
                                           wait + self.transfer_timeout + 10.0)
+        self._give_back_leases(slot)  # re-checked: its items may go now
         return self._hand_out(slot, batch)
 
     def _produce(self, stopping) -> tuple[int, Batch]:
@@ -298,7 +310,7 @@ class Learner:
         while True:
             remaining = deadline - time.monotonic()
             try:
-                return self._sample(max(min(PREFETCH_POLL, remaining), 0.01))
+                return self._sample(max(min(PREFETCH_POLL, remaining), 0.01), hold=True)
             except RateLimiterTimeout:  # NoData too: keep polling in slices
                 if stopping():
                     raise Stopped() from None
@@ -311,11 +323,14 @@ class Learner:
         batch.data = self._ring.hand_out(slot)  # ordered after its staging copy
         return batch
 
-    def _sample(self, wait: float) -> tuple[int, Batch]:
-        """Sample and read one batch into the next ring slot: (slot, batch)."""
+    def _sample(self, wait: float, hold: bool = False) -> tuple[int, Batch]:
+        """Sample and read one batch into the next ring slot: (slot, batch).
+        `hold` (the prefetch thread): its leases are kept for the slot until
+        the batch is handed out (_take), not released with the next request."""
         self._stream.starting()
         slot = self._next
         self._next = (self._next + 1) % len(self._ring)
+        self._give_back_leases(slot)  # a batch of this slot never handed out (an error)
         dest = self._ring.acquire(slot)
         n = self.batch_size
         keys = np.empty(n, np.uint64)
@@ -328,8 +343,15 @@ class Learner:
             # A new control-plane connection (it restarted, or the link
             # broke): a control plane that started afresh numbers nodes anew.
             self._peers.forget_all("the control-plane connection is new")
-        table_size = self._gather.read_rows(reply, self._gather.all_rows, dest, slot, keys, probs,
-                                            min_probs, locs, wait, self.transfer_timeout)
+        if hold:
+            self._stream.collect_leases()
+        try:
+            table_size = self._gather.read_rows(reply, self._gather.all_rows, dest, slot, keys,
+                                                probs, min_probs, locs, wait,
+                                                self.transfer_timeout)
+        finally:
+            if hold:
+                self._slot_leases[slot] = self._stream.collected()
         self._ring.fill(slot, n)
         self._stream.read()
         weights = None
@@ -342,9 +364,20 @@ class Learner:
         (their items were evicted since) into the same ring slot."""
         dest = self._ring.acquire(slot)
         min_probs = self._min_probs[slot]
-        batch.table_size = self._gather.reread_rows(rows, dest, slot, batch.keys,
-                                                    batch.probabilities, min_probs,
-                                                    self._locs[slot], wait, self.transfer_timeout)
+        self._stream.collect_leases()  # the new rows' leases, held with the batch's
+        try:
+            batch.table_size = self._gather.reread_rows(rows, dest, slot, batch.keys,
+                                                        batch.probabilities, min_probs,
+                                                        self._locs[slot], wait,
+                                                        self.transfer_timeout)
+        finally:
+            session, leases = self._stream.collected()
+            held = self._slot_leases[slot]
+            if held is not None and held[0] == session:
+                leases = held[1] + leases
+            elif held is not None:
+                self._stream.give_back(*held)  # an earlier connection's: dropped
+            self._slot_leases[slot] = (session, leases)
         self._ring.fill(slot, self.batch_size)
         if batch.weights is not None:
             batch.weights = importance_weights(batch.probabilities, min_probs, self.beta)
@@ -378,6 +411,9 @@ class Learner:
         if self._prefetcher is not None:
             self._prefetcher.close()
             self._prefetcher = None
+            # Batches read ahead and never handed out: their leases go too.
+            for slot in range(len(self._slot_leases)):
+                self._give_back_leases(slot)
 
     def close(self) -> None:
         """Stop the prefetch thread; release the last lease, the learner's

@@ -53,7 +53,6 @@ class HeaderRecheck:
         peers = self._peers
         mappings, map_lut = peers.mappings, peers.map_lut
         rkeys, key_lut, base_lut = peers.rkeys, peers.key_lut, peers.base_lut
-        rows16 = np.arange(n, dtype=np.uint64) * np.uint64(16)
         statuses = _native.mapped_gather_located(mappings, map_lut, locs.tobytes(),
                                                  self._rows[:n], self._header_layout,
                                                  self._headers, None)
@@ -70,7 +69,7 @@ class HeaderRecheck:
                 got = _native.gather(
                     worker, [key], np.zeros(len(u), np.uint32),
                     base_lut[node_id] + locs["offset"][u], np.full(len(u), 16, np.uint64),
-                    self._headers, rows16[u], timeout)
+                    self._headers, self._rows[u] * np.uint64(16), timeout)
                 same = ((header[u, 0] == locs["key"][u])
                         & (header[u, 1] == locs["generation"][u]))
                 statuses[u] = np.where((got == 0) & ~same, _native.STATUS_STALE, got)

@@ -11,7 +11,12 @@ reads complete.
 
 Leases: a reply's lease covers every batch split from it; once the last of
 them is read, the lease is released with the next request (and whatever
-is still held, when the stream is closed).
+is still held, when the stream is closed). A learner's prefetch thread
+collects the leases of each batch it reads ahead instead
+(`collect_leases`) and gives them back once the batch is handed out
+(`give_back`, from the consumer's thread): an item evicted while its batch
+waits to be taken is then still leased, so its node marks its slot and
+the hand-out re-check finds it (client/recheck.py).
 
 Each reply is checked against its declaration as it arrives (`check_reply`,
 cheap enough for once per batch): a malformed one fails here, naming the
@@ -21,6 +26,7 @@ field, not in the gather that reads it.
 from __future__ import annotations
 
 import logging
+import threading
 import time
 
 import numpy as np
@@ -97,6 +103,12 @@ class SampleStream:
         self.session = rpc.session  # a new one means a new control-plane connection
         self.requests = 0  # sample requests sent to the control plane
         self.done_leases: list[int] = []  # leases of batches already read
+        # done_leases is also extended by the consumer's thread (give_back)
+        # while the prefetch thread sends requests: this guards it.
+        self._leases_lock = threading.Lock()
+        # Leases being collected for a batch read ahead (collect_leases), or
+        # None: released with the next request as read.
+        self._collecting: list[int] | None = None
         # Replies received but not yet used (a resample had to wait behind
         # them); the requests still in flight are self.rpc.in_flight.
         self.received: list[dict] = []
@@ -139,14 +151,40 @@ class SampleStream:
         renewed = self.rpc.session != self.session
         if renewed:
             self.session = self.rpc.session
-            self.done_leases = []
+            with self._leases_lock:
+                self.done_leases = []
             self.ahead = []  # sampled under the old connection: its leases are gone
             self.received = []
         return reply, renewed
 
     def release_later(self, leases: list[int]) -> None:
-        """Leases of rows read: released with the next request."""
-        self.done_leases.extend(leases)
+        """Leases of rows read: released with the next request (or kept for
+        the batch being read ahead, see collect_leases)."""
+        if self._collecting is not None:
+            self._collecting.extend(leases)
+            return
+        with self._leases_lock:
+            self.done_leases.extend(leases)
+
+    def collect_leases(self) -> None:
+        """From now until `collected()`, keep the leases of the rows read
+        instead of releasing them (the prefetch thread, reading a batch that
+        will wait to be taken)."""
+        self._collecting = []
+
+    def collected(self) -> tuple[int, list[int]]:
+        """Stop collecting: (session, the leases collected), for give_back."""
+        leases, self._collecting = self._collecting or [], None
+        return self.session, leases
+
+    def give_back(self, session: int, leases: list[int]) -> None:
+        """Leases collected for a batch that was handed out (or dropped):
+        released with the next request. Any thread. Leases of an earlier
+        control-plane connection are dropped: they went with it."""
+        if not leases or session != self.session:
+            return
+        with self._leases_lock:
+            self.done_leases.extend(leases)
 
     def resample(self, n: int, wait: float) -> dict:
         """n items now, for rows that failed their read; replies of the
@@ -186,7 +224,8 @@ class SampleStream:
     # -- requests (one connection, replies in order) -----------------------
     def _fields(self, n: int, wait: float) -> dict:
         self.requests += 1
-        release, self.done_leases = self.done_leases, []
+        with self._leases_lock:
+            release, self.done_leases = self.done_leases, []
         fields = {"table": self.table, "n": n, "release": release, "timeout": wait}
         if n > self.batch_size:  # sampled ahead: the answer may hold fewer batches
             fields["batch"] = self.batch_size

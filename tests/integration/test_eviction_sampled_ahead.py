@@ -165,3 +165,37 @@ def test_a_recheck_the_node_refuses_as_busy_goes_by_gets(make_cluster, tls, monk
             check(next(it), {0, 1, 2})
         assert refused and rechecks._check_keys, "the refused rows were not read by gets"
         learner.close()
+
+
+@pytest.mark.parametrize("tls", PATHS, indirect=True)
+def test_batches_waiting_in_the_prefetch_queue_keep_their_leases(make_cluster, tls):
+    # One batch a request (sample_ahead=1, as for tables with a rate limiter
+    # or large batches): every batch's reply has its own lease. The batches
+    # the prefetch thread read ahead and that wait to be taken must still
+    # hold theirs, so that an eviction marks their slots and the hand-out
+    # re-check finds them; a lease released as soon as the thread had read
+    # the batch let an evicted item through whenever its slot was not
+    # reused yet (freed slots keep their headers).
+    import time
+
+    import distore_ucx as ds
+
+    cluster = make_cluster(nodes=1)
+    with ds.connect(cluster.address) as client:
+        client.create_table("t", capacity=20, spec=SPEC)
+        fill(client, 0, 20)
+        learner = client.learner("t", batch_size=4, prefetch=3, sample_ahead=1)
+        it = iter(learner)
+        check(next(it), set())  # held: two more wait in the queue, a third is in flight
+        queue = learner._prefetcher._state
+        deadline = time.monotonic() + 10
+        while len(queue.items) < 2 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert len(queue.items) == 2, "the prefetch thread did not read ahead"
+        time.sleep(0.2)  # the thread has sent what it sends before waiting
+        fill(client, 100, 20)  # evicts every item the queued batches hold
+        old = set(range(20))
+        for _ in range(10):
+            check(next(it), old)
+        assert learner.resampled > 0  # the queued batches were repaired, not handed out
+        learner.close()
