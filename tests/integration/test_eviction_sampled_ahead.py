@@ -30,6 +30,20 @@ def check(batch, evicted: set[int]) -> None:
     assert not back, f"evicted items {sorted(back)} were returned"
 
 
+def queued_locs(learner) -> np.ndarray:
+    """Item locations of the next batch waiting in the learner's prefetch
+    queue (read ahead, not handed out: it still holds its leases)."""
+    import time
+
+    queue = learner._prefetcher._state
+    deadline = time.monotonic() + 10
+    while not queue.items and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert queue.items, "the prefetch thread did not read ahead"
+    slot, _ = queue.items[0]
+    return learner._locs[slot].copy()
+
+
 def fill(client, first: int, n: int) -> None:
     with client.writer(max_items=n) as writer:
         writer.insert("t", items(range(first, first + n)))
@@ -118,7 +132,7 @@ def test_rechecks_over_tcp_go_by_message_and_catch_evictions(make_cluster, tls):
         it = iter(learner)
         for _ in range(2):
             check(next(it), set())
-        locs = learner._locs[learner._held].copy()  # the batch handed out last
+        locs = queued_locs(learner)
         assert len(rechecks.retired_rows(locs, 5.0)) == 0  # all still in the table
         fill(client, 100, 5)  # evicts items 0, 1, 2: every row of `locs`
         assert np.array_equal(rechecks.retired_rows(locs, 5.0), np.arange(len(locs)))
@@ -157,7 +171,7 @@ def test_a_recheck_the_node_refuses_as_busy_goes_by_gets(make_cluster, tls, monk
         it = iter(learner)
         for _ in range(2):
             check(next(it), set())
-        locs = learner._locs[learner._held].copy()
+        locs = queued_locs(learner)
         assert len(rechecks.retired_rows(locs, 5.0)) == 0
         fill(client, 100, 5)  # evicts items 0, 1, 2
         assert np.array_equal(rechecks.retired_rows(locs, 5.0), np.arange(len(locs)))
