@@ -30,18 +30,18 @@ def check(batch, evicted: set[int]) -> None:
     assert not back, f"evicted items {sorted(back)} were returned"
 
 
-def queued_locs(learner) -> np.ndarray:
-    """Item locations of the next batch waiting in the learner's prefetch
-    queue (read ahead, not handed out: it still holds its leases)."""
+def queued(learner, k: int) -> list:
+    """The (ring slot, batch) of the first `k` batches waiting in the
+    learner's prefetch queue (read ahead, not handed out: they hold their
+    leases), once the thread has read that many (10 s at most)."""
     import time
 
     queue = learner._prefetcher._state
     deadline = time.monotonic() + 10
-    while not queue.items and time.monotonic() < deadline:
+    while len(queue.items) < k and time.monotonic() < deadline:
         time.sleep(0.01)
-    assert queue.items, "the prefetch thread did not read ahead"
-    slot, _ = queue.items[0]
-    return learner._locs[slot].copy()
+    assert len(queue.items) >= k, "the prefetch thread did not read ahead"
+    return list(queue.items)[:k]
 
 
 def fill(client, first: int, n: int) -> None:
@@ -116,38 +116,14 @@ def test_two_nodes_evicting_insert_on_one_retires_slots_on_the_other(make_cluste
 
 
 @pytest.mark.parametrize("tls", ["tcp"], indirect=True)
-def test_rechecks_over_tcp_go_by_message_and_catch_evictions(make_cluster, tls):
+@pytest.mark.parametrize("busy", [False, True], ids=["by-message", "busy-node-by-gets"])
+def test_rechecks_over_tcp_go_by_message_and_catch_evictions(make_cluster, tls, monkeypatch,
+                                                             busy):
     # Over TCP a node that sends samples by active message also answers the
     # hand-out re-check: one headers-only request per node, not a one-sided
-    # get (an emulated round trip) per row. Evictions are still caught.
-    import distore_ucx as ds
-
-    cluster = make_cluster(nodes=1)
-    with ds.connect(cluster.address) as client:
-        client.create_table("t", capacity=5, spec=SPEC)
-        fill(client, 0, 3)
-        learner = client.learner("t", batch_size=2, prefetch=2)
-        assert all(p.startswith("ucx-am:") for p in learner.paths.values()), learner.paths
-        rechecks = learner._recheck
-        it = iter(learner)
-        for _ in range(2):
-            check(next(it), set())
-        locs = queued_locs(learner)
-        assert len(rechecks.retired_rows(locs, 5.0)) == 0  # all still in the table
-        fill(client, 100, 5)  # evicts items 0, 1, 2: every row of `locs`
-        assert np.array_equal(rechecks.retired_rows(locs, 5.0), np.arange(len(locs)))
-        for _ in range(20):
-            check(next(it), {0, 1, 2})
-        assert learner.resampled > 0  # batches read ahead were repaired, not handed out
-        assert rechecks._check_keys == {}, "a re-check went by one-sided gets"
-        learner.close()
-
-
-@pytest.mark.parametrize("tls", ["tcp"], indirect=True)
-def test_a_recheck_the_node_refuses_as_busy_goes_by_gets(make_cluster, tls, monkeypatch):
-    # A node serving too many batches refuses a request (UCS_ERR_BUSY): the
-    # re-check of those rows then reads the headers with gets, and evictions
-    # are caught all the same.
+    # get (an emulated round trip) per row. A node serving too many batches
+    # refuses the request (UCS_ERR_BUSY; `busy`): those rows are read with
+    # gets. Evictions are caught either way.
     import distore_ucx as ds
     from distore_ucx.client.gather import UCS_ERR_BUSY
 
@@ -156,6 +132,7 @@ def test_a_recheck_the_node_refuses_as_busy_goes_by_gets(make_cluster, tls, monk
         client.create_table("t", capacity=5, spec=SPEC)
         fill(client, 0, 3)
         learner = client.learner("t", batch_size=2, prefetch=2)
+        assert all(p.startswith("ucx-am:") for p in learner.paths.values()), learner.paths
         rechecks = learner._recheck
         real = client.runtime.am_sample_client()
         refused = []
@@ -167,17 +144,22 @@ def test_a_recheck_the_node_refuses_as_busy_goes_by_gets(make_cluster, tls, monk
                     return np.full(len(node), UCS_ERR_BUSY, np.int32)
                 return real.fetch(endpoints, node, offsets, rows, layout, dest, timeout)
 
-        monkeypatch.setattr(client.runtime, "am_sample_client", Busy)
+        if busy:
+            monkeypatch.setattr(client.runtime, "am_sample_client", Busy)
         it = iter(learner)
         for _ in range(2):
             check(next(it), set())
-        locs = queued_locs(learner)
-        assert len(rechecks.retired_rows(locs, 5.0)) == 0
-        fill(client, 100, 5)  # evicts items 0, 1, 2
+        locs = learner._locs[queued(learner, 1)[0][0]].copy()
+        assert len(rechecks.retired_rows(locs, 5.0)) == 0  # all still in the table
+        fill(client, 100, 5)  # evicts items 0, 1, 2: every row of `locs`
         assert np.array_equal(rechecks.retired_rows(locs, 5.0), np.arange(len(locs)))
-        for _ in range(10):
+        for _ in range(20):
             check(next(it), {0, 1, 2})
-        assert refused and rechecks._check_keys, "the refused rows were not read by gets"
+        assert learner.resampled > 0  # batches read ahead were repaired, not handed out
+        if busy:
+            assert refused and rechecks._check_keys, "the refused rows were not read by gets"
+        else:
+            assert rechecks._check_keys == {}, "a re-check went by one-sided gets"
         learner.close()
 
 
@@ -201,11 +183,7 @@ def test_batches_waiting_in_the_prefetch_queue_keep_their_leases(make_cluster, t
         learner = client.learner("t", batch_size=4, prefetch=3, sample_ahead=1)
         it = iter(learner)
         check(next(it), set())  # held: two more wait in the queue, a third is in flight
-        queue = learner._prefetcher._state
-        deadline = time.monotonic() + 10
-        while len(queue.items) < 2 and time.monotonic() < deadline:
-            time.sleep(0.01)
-        assert len(queue.items) == 2, "the prefetch thread did not read ahead"
+        queued(learner, 2)
         time.sleep(0.2)  # the thread has sent what it sends before waiting
         fill(client, 100, 20)  # evicts every item the queued batches hold
         old = set(range(20))
