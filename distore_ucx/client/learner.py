@@ -183,9 +183,10 @@ class Learner:
         self._held: int | None = None  # ring slot of the batch the caller holds (GPU fences)
         self._locs: list = [None] * (prefetch + 1)  # per ring slot: its items' locations
         self._min_probs: list = [None] * (prefetch + 1)  # per ring slot: each row's P_min
-        # Per ring slot, while iterating: (session, leases) of the batch read
-        # into it, held until it is handed out (SampleStream.collect_leases).
-        self._slot_leases: list = [None] * (prefetch + 1)
+        # Per ring slot, while iterating: the (session, leases) of each read
+        # into it (the batch, then any repair), held until it is handed out
+        # (SampleStream.collect_leases).
+        self._slot_leases: list[list] = [[] for _ in range(prefetch + 1)]
         self.stats = metrics.LearnerStats()  # ds.metrics.registry() reads it
         self._ring = self._peers = None
         try:
@@ -270,9 +271,9 @@ class Learner:
 
     def _give_back_leases(self, slot: int) -> None:
         """Release (with the next request) the leases held for ring slot `slot`."""
-        held, self._slot_leases[slot] = self._slot_leases[slot], None
-        if held is not None:
-            self._stream.give_back(*held)
+        held, self._slot_leases[slot] = self._slot_leases[slot], []
+        for session, leases in held:
+            self._stream.give_back(session, leases)
 
     def _take(self, wait: float) -> Batch:
         """The next batch from the prefetch thread, its errors re-raised here."""
@@ -351,7 +352,7 @@ class Learner:
                                                 self.transfer_timeout)
         finally:
             if hold:
-                self._slot_leases[slot] = self._stream.collected()
+                self._slot_leases[slot].append(self._stream.collected())
         self._ring.fill(slot, n)
         self._stream.read()
         weights = None
@@ -371,13 +372,7 @@ class Learner:
                                                         self._locs[slot], wait,
                                                         self.transfer_timeout)
         finally:
-            session, leases = self._stream.collected()
-            held = self._slot_leases[slot]
-            if held is not None and held[0] == session:
-                leases = held[1] + leases
-            elif held is not None:
-                self._stream.give_back(*held)  # an earlier connection's: dropped
-            self._slot_leases[slot] = (session, leases)
+            self._slot_leases[slot].append(self._stream.collected())
         self._ring.fill(slot, self.batch_size)
         if batch.weights is not None:
             batch.weights = importance_weights(batch.probabilities, min_probs, self.beta)
