@@ -53,11 +53,13 @@ class LocalCluster:
         disk_dir: str | None = None,
         disk_staging: int | str = 0,
         unresponsive_grace: float | None = None,
+        lease_timeout: float | None = None,
     ):
         """`checkpoint`: the control plane's checkpoint file (then
         `restart_control(restore=True)` brings the store back);
-        `checkpoint_interval`, `restore_grace`, `unresponsive_grace` and the nodes'
-        `reconnect_timeout` as the flags of the same names (None: defaults);
+        `checkpoint_interval`, `restore_grace`, `unresponsive_grace`,
+        `lease_timeout` and the nodes' `reconnect_timeout` as the flags of
+        the same names (None: defaults);
         `metrics`: every process serves Prometheus /metrics on a free port
         (`cluster.metrics_urls()`); off by default. `disk_bytes`: give every
         node a disk tier of that size, its file `node<i>.tier` in `disk_dir`
@@ -92,6 +94,7 @@ class LocalCluster:
         self.checkpoint_interval = checkpoint_interval
         self.restore_grace = restore_grace
         self.unresponsive_grace = unresponsive_grace
+        self.lease_timeout = lease_timeout
         self.reconnect_timeout = reconnect_timeout
         self.metrics = metrics
         self.port = 0  # the control plane's, fixed after its first start
@@ -124,7 +127,8 @@ class LocalCluster:
             args += ["--checkpoint", os.path.abspath(self.checkpoint)]
         for flag, value in (("--checkpoint-interval", self.checkpoint_interval),
                             ("--restore-grace", self.restore_grace),
-                            ("--unresponsive-grace", self.unresponsive_grace)):
+                            ("--unresponsive-grace", self.unresponsive_grace),
+                            ("--lease-timeout", self.lease_timeout)):
             if value is not None:
                 args += [flag, str(value)]
         if restore:

@@ -34,6 +34,7 @@ node; one evicted unleased would be freed with its header intact).
 from __future__ import annotations
 
 import logging
+import math
 import os
 import time
 from collections.abc import Iterator
@@ -183,10 +184,12 @@ class Learner:
         self._held: int | None = None  # ring slot of the batch the caller holds (GPU fences)
         self._locs: list = [None] * (prefetch + 1)  # per ring slot: its items' locations
         self._min_probs: list = [None] * (prefetch + 1)  # per ring slot: each row's P_min
-        # Per ring slot, while iterating: the (session, leases) of each read
-        # into it (the batch, then any repair), held until it is handed out
-        # (SampleStream.collect_leases).
+        # Per ring slot, while iterating: the (session, leases, deadline) of
+        # each read into it (the batch, then any repair), held until it is
+        # handed out (SampleStream.collect_leases), before the earliest
+        # deadline.
         self._slot_leases: list[list] = [[] for _ in range(prefetch + 1)]
+        self._expired = 0  # batches read ahead, past their deadline when taken
         self.stats = metrics.LearnerStats()  # ds.metrics.registry() reads it
         self._ring = self._peers = None
         try:
@@ -232,6 +235,15 @@ class Learner:
         return self._gather.resampled
 
     @property
+    def expired(self) -> int:
+        """Batches sampled or read ahead, then dropped unused and sampled
+        again because their lease might have expired: the learner paused
+        longer than the control plane's lease_timeout (control.lease_timeout)
+        less a quarter. Not an error; a count that grows steadily means
+        steps (or a prefetch queue) slower than the lease, so raise it."""
+        return self._stream.expired + self._expired
+
+    @property
     def torn(self) -> int:
         """Items whose slot was rewritten while copied (resampled)."""
         return self._gather.torn
@@ -272,7 +284,7 @@ class Learner:
     def _give_back_leases(self, slot: int) -> None:
         """Release (with the next request) the leases held for ring slot `slot`."""
         held, self._slot_leases[slot] = self._slot_leases[slot], []
-        for session, leases in held:
+        for session, leases, _ in held:
             self._stream.give_back(session, leases)
 
     def _take(self, wait: float) -> Batch:
@@ -295,6 +307,16 @@ class Learner:
         except BaseException:
             self._stop_prefetch()  # the thread has ended; the next iteration restarts it
             raise
+        if time.monotonic() >= min((d for _, _, d in self._slot_leases[slot]), default=math.inf):
+            # Read so long ago that its leases may have expired (the caller
+            # paused longer than the control plane's lease_timeout): an item
+            # evicted since may have been freed unmarked, which no re-check
+            # can see. Every row is sampled and read again.
+            self._give_back_leases(slot)
+            self._expired += 1
+            batch = self._prefetcher.call(
+                lambda: self._repair(slot, batch, self._gather.all_rows, wait),
+                wait + self.transfer_timeout + 10.0)
         stale = self._recheck.retired_rows(self._locs[slot], self.transfer_timeout)
         if len(stale):
             # Items evicted after the thread read them (their slots are
@@ -339,14 +361,14 @@ class Learner:
         locs = self._locs[slot] = np.empty(n, ITEM_LOCATION)  # re-checked at hand-out
         # each row's reply's smallest probability (the weights' P_min)
         min_probs = self._min_probs[slot] = np.empty(n, np.float64)
-        reply, renewed = self._stream.next(wait)
-        if renewed:
-            # A new control-plane connection (it restarted, or the link
-            # broke): a control plane that started afresh numbers nodes anew.
-            self._peers.forget_all("the control-plane connection is new")
         if hold:
-            self._stream.collect_leases()
+            self._stream.collect_leases()  # and the deadline of the reply read
         try:
+            reply, renewed = self._stream.next(wait)
+            if renewed:
+                # A new control-plane connection (it restarted, or the link
+                # broke): a control plane that started afresh numbers nodes anew.
+                self._peers.forget_all("the control-plane connection is new")
             table_size = self._gather.read_rows(reply, self._gather.all_rows, dest, slot, keys,
                                                 probs, min_probs, locs, wait,
                                                 self.transfer_timeout)

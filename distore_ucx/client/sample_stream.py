@@ -18,6 +18,16 @@ collects the leases of each batch it reads ahead instead
 waits to be taken is then still leased, so its node marks its slot and
 the hand-out re-check finds it (client/recheck.py).
 
+A lease lasts the control plane's lease_timeout from its grant, which the
+reply gives with the time the request waited there (`held`). Each reply's
+`deadline` counts from when its request was sent, less a quarter of the
+timeout for the read and the hand-out re-check: a batch of a reply past it
+(a learner that paused longer than the lease, with a reply asked ahead or
+sampled ahead) is dropped and sampled again, never read: an item evicted
+once its lease expired is freed unmarked, header intact, and no check
+could tell it from a live one. The prefetch thread's batches carry the
+earliest deadline of their replies (`collected`) for the hand-out.
+
 Each reply is checked against its declaration as it arrives (`check_reply`,
 cheap enough for once per batch): a malformed one fails here, naming the
 field, not in the gather that reads it.
@@ -25,7 +35,9 @@ field, not in the gather that reads it.
 
 from __future__ import annotations
 
+import collections
 import logging
+import math
 import threading
 import time
 
@@ -56,6 +68,10 @@ AHEAD_GAP = 0.001
 # current one, and the disk never waits for the learner's round trip. Each
 # adds one batch to the staging space a learner holds (docs/operations.md).
 COLD_DEPTH = 2
+# A reply's batches are read, and the prefetch thread's handed out, within
+# this share of its lease (from the request's sending); the rest is margin
+# for the read and the hand-out re-check to finish while it still holds.
+LEASE_USE = 0.75
 
 
 def resolve_sample_ahead(asked: int | None, batch_size: int, consuming: bool,
@@ -109,6 +125,11 @@ class SampleStream:
         # Leases being collected for a batch read ahead (collect_leases), or
         # None: released with the next request as read.
         self._collecting: list[int] | None = None
+        self._collect_deadline = math.inf  # the earliest deadline of those rows' replies
+        # When each request in flight was sent (replies come in order): a
+        # reply's deadline counts from its request's.
+        self._sent: collections.deque[float] = collections.deque()
+        self.expired = 0  # batches dropped unread: their lease might have expired
         # Replies received but not yet used (a resample had to wait behind
         # them); the requests still in flight are self.rpc.in_flight.
         self.received: list[dict] = []
@@ -171,11 +192,20 @@ class SampleStream:
         instead of releasing them (the prefetch thread, reading a batch that
         will wait to be taken)."""
         self._collecting = []
+        self._collect_deadline = math.inf
 
-    def collected(self) -> tuple[int, list[int]]:
-        """Stop collecting: (session, the leases collected), for give_back."""
+    def collected(self) -> tuple[int, list[int], float]:
+        """Stop collecting: (session, the leases collected, the earliest
+        deadline of the replies read meanwhile: the batch must be handed
+        out before it), for give_back."""
         leases, self._collecting = self._collecting or [], None
-        return self.session, leases
+        return self.session, leases, self._collect_deadline
+
+    def _using(self, reply: dict) -> dict:
+        """`reply` is about to be read: its deadline joins the collected one."""
+        if self._collecting is not None:
+            self._collect_deadline = min(self._collect_deadline, reply["deadline"])
+        return reply
 
     def give_back(self, session: int, leases: list[int]) -> None:
         """Leases collected for a batch that was handed out (or dropped):
@@ -191,11 +221,10 @@ class SampleStream:
         requests in flight are kept for the next batches."""
         while self.rpc.in_flight:  # their replies come first: keep them for the next batches
             try:
-                self.received.append(self._checked(self.rpc.receive(wait + 10.0)))
+                self.received.append(self._receive(wait + 10.0))
             except ConnectionFailed as exc:  # the rest went with the connection
                 log.warning("table %r: %s; asking again", self.table, exc)
-        return self._checked(self.rpc.call("sample", reply_timeout=wait + 10.0,
-                                           **self._fields(n, wait)))
+        return self._using(self._call(n, wait))
 
     def release_all(self, timeout: float) -> None:
         """Release every lease the stream holds: of batches read, sampled
@@ -210,7 +239,7 @@ class SampleStream:
             self.ahead = []
             while self.rpc.in_flight:
                 try:
-                    self.received.append(self._checked(self.rpc.receive(timeout + 10.0)))
+                    self.received.append(self._receive(timeout + 10.0))
                 except (NoData, RateLimiterTimeout):
                     pass  # that request was answered without a lease
             self.done_leases.extend(r["lease"] for r in self.received)
@@ -224,6 +253,7 @@ class SampleStream:
     # -- requests (one connection, replies in order) -----------------------
     def _fields(self, n: int, wait: float) -> dict:
         self.requests += 1
+        self._sent.append(time.monotonic())
         with self._leases_lock:
             release, self.done_leases = self.done_leases, []
         fields = {"table": self.table, "n": n, "release": release, "timeout": wait}
@@ -233,12 +263,22 @@ class SampleStream:
 
     def _next_reply(self, wait: float) -> dict:
         """The next batch's reply: one sampled ahead, or a new reply split
-        into `sample_ahead` batches."""
-        if not self.ahead:
-            reply = self._new_reply(wait)
-            self.depth = COLD_DEPTH if reply.get("staged", 0) else 1
-            self.ahead = self._split(reply)
-        return self.ahead.pop(0)
+        into `sample_ahead` batches; never one past its deadline (see the
+        module's docstring): those are dropped, their leases released."""
+        while True:
+            if not self.ahead:
+                reply = self._new_reply(wait)
+                self.depth = COLD_DEPTH if reply.get("staged", 0) else 1
+                self.ahead = self._split(reply)
+            reply = self.ahead.pop(0)
+            if time.monotonic() < reply["deadline"]:
+                return self._using(reply)
+            # Sampled too long ago: it and the rest of its reply go unread.
+            self.expired += 1 + len(self.ahead)
+            leases = [r["lease"] for r in [reply, *self.ahead] if r["lease"] is not None]
+            self.ahead = []
+            with self._leases_lock:
+                self.done_leases.extend(leases)
 
     def _split(self, reply: dict) -> list[dict]:
         """A reply of k x batch_size items as k one-batch replies, in order;
@@ -261,7 +301,7 @@ class SampleStream:
         while self.rpc.in_flight:
             early, self._early = self._early, False
             try:
-                return self._checked(self.rpc.receive(wait + 10.0))
+                return self._receive(wait + 10.0)
             except ConnectionFailed as exc:
                 # The control plane went away with our requests (in_flight is
                 # now 0), or answered this one with a failure (a node left
@@ -274,12 +314,39 @@ class SampleStream:
                     raise
                 # The request made at creation does not wait for data: this
                 # one does, up to the caller's timeout.
-        return self._checked(self.rpc.call("sample", reply_timeout=wait + 10.0,
-                                           **self._fields(self._ask, wait)))
+        return self._call(self._ask, wait)
 
-    def _checked(self, reply: dict) -> dict:
-        """A sample reply, checked against its declaration (protocol/replies.py)."""
-        return check_reply("sample", reply, self.rpc.name)
+    def _receive(self, timeout: float) -> dict:
+        """The reply to the oldest request in flight, checked and given its
+        deadline."""
+        sent = self._sent[0] if self._sent else time.monotonic()
+        try:
+            return self._checked(self.rpc.receive(timeout), sent)
+        finally:
+            self._answered()
+
+    def _call(self, n: int, wait: float) -> dict:
+        """Ask for n items and wait for them (nothing else in flight)."""
+        fields = self._fields(n, wait)
+        sent = self._sent[-1]
+        try:
+            return self._checked(self.rpc.call("sample", reply_timeout=wait + 10.0, **fields),
+                                 sent)
+        finally:
+            self._answered()
+
+    def _answered(self) -> None:
+        """Forget the send times of requests answered (replies come in
+        order) or gone with the connection."""
+        while len(self._sent) > self.rpc.in_flight:
+            self._sent.popleft()
+
+    def _checked(self, reply: dict, sent: float) -> dict:
+        """A sample reply, checked against its declaration (protocol/replies.py),
+        with its `deadline`: past it, none of its batches is used."""
+        reply = check_reply("sample", reply, self.rpc.name)
+        reply["deadline"] = sent + reply["held"] + reply["lease_timeout"] * LEASE_USE
+        return reply
 
     @property
     def _ask(self) -> int:

@@ -65,6 +65,7 @@ class Sampling:
         earlier batches) is handled first; ids of another connection's
         leases are refused and counted in the reply's `refused`, not failed:
         the sample itself is still answered."""
+        arrived = time.monotonic()
         refused = self.reclaim.release_owned(peer, f["release"]) if "release" in f else 0
         table = self.catalog.table(f["table"])
         held = self.leases.held(peer)
@@ -77,7 +78,8 @@ class Sampling:
         size = table.size  # the size the probabilities refer to
         min_probability = table.min_probability  # ... and the smallest of them (weights)
         recs, probs = self._draw(table, n)
-        lease = self.leases.grant(table.name, recs, peer)
+        granted = time.monotonic()
+        lease = self.leases.grant(table.name, recs, peer, now=granted)
         items = table.locations(recs)  # protocol.ITEM_LOCATION records
         table.stats.decision.observe(time.perf_counter() - t0)
         staged = int(np.count_nonzero(items["offset"] >= COLD))
@@ -91,6 +93,12 @@ class Sampling:
             "probabilities": probs,
             "min_probability": min_probability,
             "staged": staged,  # cold items read from disk for it (learners ask further ahead)
+            # The lease lasts lease_timeout s from its grant, `held` s after
+            # the request came in: a learner counts from when it sent the
+            # request and uses no batch of it once the lease may be gone
+            # (client/sample_stream.py).
+            "lease_timeout": self.leases.timeout,
+            "held": granted - arrived,
         }
 
     def _size(self, table: Table, n: int, batch: int, held: int) -> int:

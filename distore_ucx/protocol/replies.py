@@ -344,6 +344,11 @@ class SampleReply(Record):
     probabilities: np.ndarray = wire("f64[]")
     min_probability: float = wire("float", lo=0, hi=1)  # the smallest any item had
     staged: int = wire(COUNT)  # cold items read from disk for it
+    # The lease expires lease_timeout s after it was granted, which was
+    # `held` s after the request arrived (waiting for data): no batch of
+    # the reply is read or handed out once it may have expired.
+    lease_timeout: float = wire("float", lo=0, hi=1e9)
+    held: float = wire("float", lo=0, hi=1e9)
 
 
 @declare("reply to release", "release")

@@ -191,3 +191,39 @@ def test_batches_waiting_in_the_prefetch_queue_keep_their_leases(make_cluster, t
             check(next(it), old)
         assert learner.resampled > 0  # the queued batches were repaired, not handed out
         learner.close()
+
+
+@pytest.mark.parametrize("tls", PATHS, indirect=True)
+@pytest.mark.parametrize("how", ["sample", "iterate"])
+def test_a_batch_kept_past_its_lease_never_returns_evicted_items(make_cluster, tls, how):
+    # A learner that pauses longer than the control plane's lease_timeout
+    # (an evaluation, a checkpoint) between batches: the reply asked for
+    # ahead (pipelining), or the batches its prefetch thread read ahead,
+    # were leased when sampled, but those leases have expired. An item
+    # evicted then is freed unmarked (its header intact until the slot is
+    # reused), so neither the read's header check nor the hand-out re-check
+    # can see it: such a batch must be sampled again, not used.
+    import time
+
+    import distore_ucx as ds
+
+    cluster = make_cluster(nodes=1, lease_timeout=1.0)
+    with ds.connect(cluster.address) as client:
+        client.create_table("t", capacity=20, spec=SPEC)
+        fill(client, 0, 20)
+        learner = client.learner("t", batch_size=4, prefetch=3, sample_ahead=1)
+        if how == "sample":
+            take = learner.sample
+            check(take(), set())  # the next batch's request is in flight now
+        else:
+            it = iter(learner)
+            take = it.__next__
+            check(take(), set())
+            queued(learner, 2)  # read ahead, waiting to be taken
+        time.sleep(1.6)  # the pause: every lease the learner holds expires
+        fill(client, 100, 20)  # evicts every item it sampled
+        old = set(range(20))
+        for _ in range(10):
+            check(take(), old)
+        assert learner.expired > 0  # dropped, not read: its leases might have gone
+        learner.close()

@@ -23,7 +23,8 @@ def sample_reply(n: int, **change) -> dict:
     loc = np.zeros(n, ITEM_LOCATION)
     loc["node"], loc["offset"], loc["key"] = 1, np.arange(n) * 64, np.arange(n) + 1
     fields = dict(lease=7, refused=0, table_size=100, items=loc,
-                  probabilities=np.full(n, 0.01), min_probability=0.01, staged=0)
+                  probabilities=np.full(n, 0.01), min_probability=0.01, staged=0,
+                  lease_timeout=30.0, held=0.0)
     head, meta = protocol.encode(protocol.reply(1, **{**fields, **change}))
     return protocol.decode(meta, protocol.read_header(head)[1])
 
