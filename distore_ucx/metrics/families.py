@@ -242,6 +242,9 @@ def client_families(learners: Iterable[tuple[str, Any]],
            "sampled again", labels=lt)
     torn = C("distore_learner_torn_items", "Items whose slot was rewritten while copied "
              "(resampled)", labels=lt)
+    ex = C("distore_learner_expired_batches", "Batches sampled or read ahead, then dropped "
+           "unread and sampled again: held past their lease (the learner paused longer "
+           "than control.lease_timeout less a quarter)", labels=lt)
     pm = C("distore_learner_priority_updates_missing", "Priority updates for keys no longer "
            "in the table", labels=lt)
     gl = H("distore_learner_gather_seconds", "Time of one gather: reading a sampled batch's "
@@ -259,6 +262,7 @@ def client_families(learners: Iterable[tuple[str, Any]],
         nb.add_metric(lv, st.batches)
         rs.add_metric(lv, learner.resampled)
         torn.add_metric(lv, learner.torn)
+        ex.add_metric(lv, learner.expired)
         pm.add_metric(lv, learner.priority_updates_missing)
         buckets, total = st.gather.snapshot()
         gl.add_metric(lv, buckets, total)
@@ -277,7 +281,7 @@ def client_families(learners: Iterable[tuple[str, Any]],
         wn.add_metric([name], st.batches)
         buckets, total = st.latency.snapshot()
         wl.add_metric([name], buckets, total)
-    return [fi, fb, nb, rs, torn, pm, gl, ws, wr, wi, wb, wn, wl]
+    return [fi, fb, nb, rs, torn, ex, pm, gl, ws, wr, wi, wb, wn, wl]
 
 
 def catalog() -> dict[str, tuple[str, str]]:

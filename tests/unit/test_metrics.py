@@ -177,7 +177,7 @@ def test_metrics_port_in_distore_toml(tmp_path):
 def test_learner_and_writer_stats_reach_the_registry():
     class FakeLearner:
         table = "replay"
-        resampled, torn, priority_updates_missing = 3, 1, 0
+        resampled, torn, expired, priority_updates_missing = 3, 1, 2, 0
 
         def __init__(self):
             self.stats = metrics.LearnerStats()
@@ -192,6 +192,7 @@ def test_learner_and_writer_stats_reach_the_registry():
     assert got["distore_learner_fetched_bytes_total"][lv | {("path", "mapped")}] == 3200
     assert got["distore_learner_fetched_items_total"][lv | {("path", "ucx")}] == 8
     assert got["distore_learner_resampled_items_total"][lv] == 3
+    assert got["distore_learner_expired_batches_total"][lv] == 2
     assert got["distore_learner_gather_seconds_count"][lv] == 1
     del learner  # tracked weakly: gone from the registry with the learner
     got = parse(generate_latest(metrics.registry()).decode())
