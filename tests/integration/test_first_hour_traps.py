@@ -45,7 +45,8 @@ def store():
 # The learner holds a read lease and has nothing in flight: closing it on ^C
 # releases that lease, to a control plane the same ^C has just stopped.
 INTERRUPTED = """
-import time
+import faulthandler, signal, time
+faulthandler.register(signal.SIGUSR1, all_threads=True)  # the test's stacks on a hang
 import numpy as np
 import distore_ucx as ds
 cluster = ds.LocalCluster(nodes=1, arena_bytes=4 << 20, log_level="WARNING").start()
@@ -73,7 +74,17 @@ def test_ctrl_c_on_a_local_cluster_script_exits_at_once():
         assert said == "sampling", proc.stderr.read()
         os.killpg(proc.pid, signal.SIGINT)
         start = time.monotonic()
-        _, err = proc.communicate(timeout=90)
+        try:
+            _, err = proc.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            # Hung: show where (every thread's stack, and what is left of the group).
+            left = subprocess.run(["ps", "-o", "pid,stat,wchan:20,args", "-g", str(proc.pid)],
+                                  capture_output=True, text=True, check=False).stdout
+            os.kill(proc.pid, signal.SIGUSR1)
+            time.sleep(2)
+            os.killpg(proc.pid, signal.SIGKILL)
+            _, err = proc.communicate(timeout=30)
+            pytest.fail(f"still running 60 s after ^C; processes:\n{left}\nstacks:\n{err}")
         took = time.monotonic() - start
     finally:
         if proc.poll() is None:
