@@ -203,6 +203,11 @@ def main(argv: list[str] | None = None) -> int:
             with _listening("control plane", config.host, config.port, "--port"):
                 return control_main(config, args.ready_file)
         if args.command == "node":
+            # Loading UCX patches mmap, munmap and brk in place, then spins a
+            # grace period per function patched (50 ms) for other threads
+            # running them to move on: 0.4 s of a core per node start. No
+            # thread here runs them yet (numpy's BLAS pool idles), so none.
+            os.environ.setdefault("UCX_MEM_BISTRO_GRACE_DURATION", "0")
             from .storage.node import main as node_main
             from .storage.node import route_address
             from .transport.rpc import parse_address

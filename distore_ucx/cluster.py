@@ -108,8 +108,10 @@ class LocalCluster:
         """Start the control plane, then the nodes; wait until all are serving."""
         try:
             self.start_control()
-            for _ in range(self.n_nodes):
-                self.add_node()
+            # Started side by side, then waited for: a node's start is mostly
+            # its own (importing, loading UCX, mapping its arena).
+            for proc in [self._spawn_node() for _ in range(self.n_nodes)]:
+                proc.info = self._wait_ready(proc)
         except BaseException:
             self.stop()
             raise
@@ -159,6 +161,13 @@ class LocalCluster:
                  extra_args: list[str] | None = None) -> Process:
         """Start one more storage node and wait until it has registered.
         `extra_args`: more `distore node` flags (e.g. ["--no-write-protect"])."""
+        proc = self._spawn_node(arena_bytes, extra_args)
+        proc.info = self._wait_ready(proc)
+        return proc
+
+    def _spawn_node(self, arena_bytes: int | None = None,
+                    extra_args: list[str] | None = None) -> Process:
+        """Start one more storage node (see add_node); not waited for."""
         args = ["node", "--control", self.address, "--host", self.host,
                 "--arena", str(arena_bytes or self.arena_bytes), *(extra_args or [])]
         if not self.hugepages:
@@ -173,7 +182,6 @@ class LocalCluster:
                 args += ["--disk-staging", str(self.disk_staging)]
         proc = self._spawn(f"node{len(self.nodes)}", args)
         self.nodes.append(proc)
-        proc.info = self._wait_ready(proc)
         return proc
 
     def disk_path(self, index: int) -> str:

@@ -14,6 +14,12 @@ import pytest
 os.environ.setdefault("UCX_WARN_UNUSED_ENV_VARS", "n")
 os.environ.setdefault("UCX_LOG_LEVEL", "error")
 os.environ.setdefault("UCX_NET_DEVICES", "lo")
+# The test processes and every client process they start load UCX before
+# running any thread of their own: UCX's grace period after patching each
+# memory function (50 ms, for other threads running it) only adds 0.4 s of
+# a core to each of the suite's hundreds of process starts (distore node
+# sets it so for itself; see cli.py).
+os.environ.setdefault("UCX_MEM_BISTRO_GRACE_DURATION", "0")
 
 TRANSPORTS = ["tcp", "sm"]
 # Read paths a test can ask for with
