@@ -31,6 +31,21 @@ def _ip(*args: str, check: bool = True) -> subprocess.CompletedProcess:
     return subprocess.run(["ip", *args], capture_output=True, text=True, timeout=30, check=check)
 
 
+def _wait_link_up(namespaces: list[str], timeout: float = 10.0) -> None:
+    """Wait until eth0 is operationally up in every namespace. The kernel
+    sets a link's operational state (IFF_RUNNING) a moment after `link set
+    up`, and until then UCX finds no usable device there ("No such device")."""
+    deadline = time.monotonic() + timeout
+    for ns in namespaces:
+        while True:
+            state = _ip("netns", "exec", ns, "cat", "/sys/class/net/eth0/operstate").stdout
+            if state.strip() == "up":
+                break
+            if time.monotonic() > deadline:
+                pytest.fail(f"eth0 in namespace {ns} is still {state.strip()!r} after {timeout} s")
+            time.sleep(0.05)  # polling the kernel's link state, with a deadline
+
+
 def _cannot_make_namespaces() -> str | None:
     if shutil.which("ip") is None:
         return "the ip command (iproute2) is not installed"
@@ -76,6 +91,7 @@ class Hosts:
             _ip("-n", bridge, "link", "set", f"p{role}", "master", "br0", "up")
             _ip("-n", self.ns(role), "addr", "add", f"{self.addr(role)}/24", "dev", "eth0")
             _ip("-n", self.ns(role), "link", "set", "eth0", "up")
+        _wait_link_up([self.ns(r) for r in ROLES])
 
     def fast_tcp_failure_detection(self, role: str) -> None:
         """Make TCP in `role`'s namespace give up on a silent peer within about
@@ -241,6 +257,7 @@ class TwoHosts:
         for side in ("store", "client"):
             _ip("-n", self.ns(side), "addr", "add", f"{self.addr(side)}/24", "dev", "eth0")
             _ip("-n", self.ns(side), "link", "set", "eth0", "up")
+        _wait_link_up([self.ns("store"), self.ns("client")])
 
     def start(self, role: str, side: str, args: list[str]) -> subprocess.Popen:
         # Listening on a non-loopback address: the store needs a token.
