@@ -11,6 +11,7 @@ with the reason elsewhere.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -29,6 +30,16 @@ ROLES = {"ctl": 1, "n1": 2, "n2": 3, "lrn": 4}
 
 def _ip(*args: str, check: bool = True) -> subprocess.CompletedProcess:
     return subprocess.run(["ip", *args], capture_output=True, text=True, timeout=30, check=check)
+
+
+def _descendants(pid: int) -> list[int]:
+    """Every process below `pid` (children first)."""
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children") as fh:
+            kids = [int(k) for k in fh.read().split()]
+    except OSError:  # gone
+        return []
+    return kids + [d for k in kids for d in _descendants(k)]
 
 
 def _wait_link_up(namespaces: list[str], timeout: float = 10.0) -> None:
@@ -150,14 +161,20 @@ class Hosts:
             return json.load(fh)
 
     def teardown(self) -> None:
+        # SIGTERM goes to the store's process itself: `unshare --fork`, which
+        # `ip netns exec` runs it under, does not pass it on (each process
+        # took the whole 5 s, then a SIGKILL).
         for _, proc, _ in self.procs:
             if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
+                for pid in _descendants(proc.pid):
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(pid, signal.SIGTERM)
+        deadline = time.monotonic() + 5
         for _, proc, _ in self.procs:
             try:
-                proc.wait(timeout=5)
+                proc.wait(timeout=max(0.1, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
-                proc.kill()
+                proc.kill()  # unshare's --kill-child then ends what it runs
                 proc.wait()
         for name in reversed(self.made):
             _ip("netns", "del", name, check=False)
