@@ -81,9 +81,12 @@ def main(argv=None) -> int:
     def measure(tls: str, size: int):
         batch = batch_for(size, args.batch_bytes)
         iters, warmup = iters_for(size, batch, args.bytes)
+        # The sweep measures the UCX gather; the same-host mapped copy is
+        # gather_bandwidth.py's (--mapped-pass there).
         one = argparse.Namespace(batch=batch, arena=args.arena, iters=iters,
                                  warmup=warmup, seed=args.seed,
-                                 perftest_timeout=args.perftest_timeout)
+                                 perftest_timeout=args.perftest_timeout, mapped_pass=None,
+                                 copy_threads=2)
         row, ok = gather_bandwidth.run_one(one, tls, size)
         row["iters"] = iters
         return row, ok

@@ -51,6 +51,23 @@ def test_replay_bench_quick_reports_sane_figures(tmp_path):
     assert "workload" in proc.stdout and "ratio" in proc.stdout  # the table
 
 
+def test_bandwidth_sweep_runs_and_verifies_a_size(tmp_path):
+    # perf/bandwidth.py, one of `distore bench`'s three scripts, failed
+    # before measuring anything ("'Namespace' object has no attribute
+    # 'mapped_pass'") since gather_bandwidth.py measured mapped copies too.
+    # One small size here; the sweep itself is `distore bench`'s.
+    out_file = tmp_path / "bandwidth.jsonl"
+    proc = subprocess.run(
+        [sys.executable, os.path.join(REPO, "perf", "bandwidth.py"), "--tls", "sm",
+         "--sizes", "65536", "--bytes", str(4 << 20), "--arena", str(16 << 20),
+         "--json-out", str(out_file)],
+        capture_output=True, text=True, timeout=120, cwd=str(tmp_path), check=False)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    (row,) = [json.loads(line) for line in out_file.read_text().splitlines()]
+    assert row["item_bytes"] == 65536 and row["verified"] is True
+    assert row["ours_gbps"] > 0 and row["numpy_gbps"] > 0
+
+
 def test_distore_bench_without_a_checkout_says_what_to_do(tmp_path):
     # The installed distore_ucx, never the uncompiled sources of this checkout.
     env = dict(os.environ)
