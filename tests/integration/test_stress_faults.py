@@ -18,7 +18,7 @@ SCRIPT = os.path.join(REPO, "perf", "stress_faults.py")
 @pytest.mark.parametrize("tls", ["tcp", "sm"])
 def test_faults_under_flat_out_reads_give_no_wrong_item(tls, tmp_path):
     proc = subprocess.run(
-        [sys.executable, SCRIPT, "--seconds", "20", "--tls", tls, "--interval", "2",
+        [sys.executable, SCRIPT, "--seconds", "12", "--tls", tls, "--interval", "2",
          "--seed", "7"],
         check=False, capture_output=True, text=True, timeout=240, cwd=tmp_path,
     )
