@@ -227,9 +227,9 @@ def test_a_raw_tcp_put_without_ucx_or_token_is_refused(make_cluster, tls):
                             select.select([], [], [], 0.001)  # let each byte go alone
                 except OSError:  # refused before the last byte: the node closed it
                     pass
-                # The node closes the connection (b"" or a reset) or leaves
-                # it silent (UCX's own listener, 4 of the 6 here): 2 s for
-                # any put it let through to land, then the arena is compared.
+                # The node closes the connection (b"" or a reset) or leaves it
+                # silent (4 connections here): 2 s for any put it let through
+                # to land, then the arena is compared.
                 sock.settimeout(2)
                 try:
                     while sock.recv(4096):
