@@ -11,6 +11,7 @@ import pytest
 from helpers import check_keyed, keyed_items
 
 import distore_ucx as ds
+from distore_ucx.control.retirements import RETIRE_TIMEOUT
 
 SPEC = {"obs": ((1024,), "uint8"), "key": ((), "uint64")}
 
@@ -216,12 +217,18 @@ def test_stopped_node_holds_neither_learner_nor_writer(cluster, client, tls):
         writer.join(timeout=60)
     drop = dropped_at - stopped_at
     # Every sample() and every insert+flush that began after the stop ended
-    # within the drop time plus a margin (a busy 2-core machine: 3 s).
+    # within the drop time plus a margin (a busy 2-core machine: 3 s). An
+    # insert that evicts items the learner holds leases on from the stopped
+    # node (the table is full, the learner samples ahead) is acknowledged
+    # only once that node has marked them retired, or RETIRE_TIMEOUT (5 s)
+    # has passed: no learner may read them after flush() returns
+    # (control/retirements.py). That wait is the writer's bound then (5.53 s
+    # in 5 runs of 8 here, with the code of 2026-11-26 as well).
     after = [g for start, g in gaps if start >= stopped_at - 0.5]
     w_after = [g for start, g in writer_gaps if start >= stopped_at - 0.5]
     assert not writer_errors, writer_errors[:3]
     assert after and max(after) < drop + 3.0, (drop, max(after))
-    assert w_after and max(w_after) < drop + 3.0, (drop, max(w_after))
+    assert w_after and max(w_after) < max(drop + 3.0, RETIRE_TIMEOUT + 1.5), (drop, max(w_after))
     assert written[0] > 0 and sampled > 1000
     # Woken up, the node serves its items again; all stop cleanly.
     for _ in range(20):
