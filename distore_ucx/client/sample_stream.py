@@ -275,10 +275,9 @@ class SampleStream:
                 return self._using(reply)
             # Sampled too long ago: it and the rest of its reply go unread.
             self.expired += 1 + len(self.ahead)
-            leases = [r["lease"] for r in [reply, *self.ahead] if r["lease"] is not None]
+            self.give_back(self.session, [r["lease"] for r in [reply, *self.ahead]
+                                          if r["lease"] is not None])
             self.ahead = []
-            with self._leases_lock:
-                self.done_leases.extend(leases)
 
     def _split(self, reply: dict) -> list[dict]:
         """A reply of k x batch_size items as k one-batch replies, in order;
