@@ -94,16 +94,21 @@ def ucx_info() -> dict:
 def _remote_inserts(rdma: bool) -> str:
     """How a storage node on this host reads inserts from writers on other
     hosts (storage/pulls.py)."""
-    from .config import am_min_item_bytes
+    from ._native_loader import _native
+    from .config import am_insert_runs_enabled, am_min_item_bytes
     from .storage.pulls import am_inserts
 
     why_not = am_inserts(rdma)
     if why_not:
         return f"one-sided gets ({why_not})"
+    runs = (f"items that fit several to {_native.AmInbox.run_bytes >> 20} MiB go several to a "
+            "message, received through a bounce chunk (DISTORE_AM_INSERT_RUNS=0: one a message)"
+            if am_insert_runs_enabled() else
+            "one item a message (DISTORE_AM_INSERT_RUNS=0)")
     return (f"UCX active messages for items of {am_min_item_bytes() >> 10} KiB and more "
             "(rendezvous over connections to the node's insert listener, with peer-failure "
             "handling, received into the slots: UCX emulates RMA in software here; "
-            "DISTORE_AM_INSERTS=0 turns them off), one-sided gets below")
+            f"DISTORE_AM_INSERTS=0 turns them off; {runs}), one-sided gets below")
 
 
 def _remote_samples(rdma: bool) -> str:

@@ -234,19 +234,44 @@ bool AmInbox::take(uint64_t token, uint32_t index, Message* out) {
 ucs_status_t AmInbox::on_message(void* arg, const void* header, size_t header_length,
                                  void* data, size_t length, const ucp_am_recv_param_t* param) {
   auto* self = static_cast<AmInbox*>(arg);
-  AmInsertHeader h;
-  if (self == nullptr || header_length != sizeof(h)) {
+  AmInsertRunHeader h{};
+  const bool single = header_length == sizeof(AmInsertHeader);
+  if (self == nullptr || (!single && header_length != sizeof(AmInsertRunHeader))) {
     if (self != nullptr) {
       std::lock_guard<std::mutex> lock(self->mu_);
       ++self->refused_;
     }
     return UCS_OK;  // not ours to keep: UCX releases it (a rendezvous sender gets an error)
   }
-  std::memcpy(&h, header, sizeof(h));
-  return self->receive(h, data, length, param);
+  std::memcpy(&h, header, header_length);
+  return self->receive(h.head, single ? 1 : h.run, data, length, param);
 }
 
-ucs_status_t AmInbox::receive(const AmInsertHeader& h, void* data, size_t length,
+uint8_t* AmInbox::take_chunk() {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (chunks_out_ >= kMaxChunks) return nullptr;
+  if (free_chunks_.empty()) {
+    chunks_.emplace_back(new uint8_t[kRunBytes]);
+    free_chunks_.push_back(chunks_.back().get());
+  }
+  uint8_t* chunk = free_chunks_.back();
+  free_chunks_.pop_back();
+  ++chunks_out_;
+  return chunk;
+}
+
+void AmInbox::give_chunk(uint8_t* chunk, bool tainted) {
+  std::lock_guard<std::mutex> lock(mu_);
+  --chunks_out_;
+  if (!tainted) free_chunks_.push_back(chunk);
+}
+
+size_t AmInbox::chunks() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return chunks_.size();
+}
+
+ucs_status_t AmInbox::receive(const AmInsertHeader& h, uint32_t run, void* data, size_t length,
                               const ucp_am_recv_param_t* param) {
   std::lock_guard<std::mutex> lock(mu_);
   const bool rndv = param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV;
@@ -264,7 +289,8 @@ ucs_status_t AmInbox::receive(const AmInsertHeader& h, void* data, size_t length
       return UCS_OK;
     }
   }
-  if (!registered_ || h.index >= h.count || messages_.size() >= max_messages_ ||
+  if (!registered_ || h.index >= h.count || run == 0 || run > h.count - h.index ||
+      (run > 1 && length > kRunBytes) || messages_.size() >= max_messages_ ||
       discarded_.count(h.token) != 0 || messages_.count(Key{h.token, h.index}) != 0) {
     ++refused_;
     return UCS_OK;  // dropped: a rendezvous sender's request completes with an error
@@ -273,6 +299,7 @@ ucs_status_t AmInbox::receive(const AmInsertHeader& h, void* data, size_t length
   m.conn = conn;
   m.length = length;
   m.rndv = rndv;
+  m.run = run;
   m.arrived = clock::now();
   if (rndv || persistent) {
     m.desc = data;  // kept until a pull receives or releases it
@@ -285,7 +312,7 @@ ucs_status_t AmInbox::receive(const AmInsertHeader& h, void* data, size_t length
 }
 
 void am_send(const Endpoint& ep, const MemoryRegion& region, unsigned am_id, uint64_t token,
-             const uint64_t* offsets, const uint64_t* lengths, size_t n) {
+             const uint64_t* offsets, const uint64_t* lengths, size_t n, uint64_t run_bytes) {
   if (n > UINT32_MAX) throw UcxError(kStatusBadArgument, "am_send: too many items", ep.peer());
   for (size_t i = 0; i < n; ++i) {
     if (lengths[i] > region.size() || offsets[i] > region.size() - lengths[i]) {
@@ -313,10 +340,21 @@ void am_send(const Endpoint& ep, const MemoryRegion& region, unsigned am_id, uin
   // first (ucp_request_memh_invalidate; test_held_sends.py).
   param.memh = region.memh();
   auto* base = reinterpret_cast<char*>(region.address());
-  for (size_t i = 0; i < n; ++i) {
-    AmInsertHeader h{token, static_cast<uint32_t>(i), static_cast<uint32_t>(n)};
+  for (size_t i = 0; i < n;) {
+    // A run: the items after i that follow it in the buffer, up to run_bytes.
+    size_t k = 1;
+    uint64_t bytes = lengths[i];
+    while (run_bytes > 0 && i + k < n && offsets[i + k] == offsets[i + k - 1] + lengths[i + k - 1] &&
+           bytes + lengths[i + k] <= run_bytes) {
+      bytes += lengths[i + k];
+      ++k;
+    }
+    AmInsertRunHeader h{{token, static_cast<uint32_t>(i), static_cast<uint32_t>(n)},
+                        static_cast<uint32_t>(k), 0};
+    // A single item keeps the short header (what nodes without runs take).
+    const size_t header_length = k == 1 ? sizeof(AmInsertHeader) : sizeof(AmInsertRunHeader);
     ucs_status_ptr_t r =
-        ucp_am_send_nbx(ep.ep(), am_id, &h, sizeof(h), base + offsets[i], lengths[i], &param);
+        ucp_am_send_nbx(ep.ep(), am_id, &h, header_length, base + offsets[i], bytes, &param);
     if (UCS_PTR_IS_ERR(r)) {
       throw UcxError(UCS_PTR_STATUS(r),
                      "posting insert message " + std::to_string(i) + " to " + ep.peer() +
@@ -324,6 +362,7 @@ void am_send(const Endpoint& ep, const MemoryRegion& region, unsigned am_id, uin
                      ep.peer());
     }
     if (r != nullptr) ucp_request_free(r);  // released by UCX once complete
+    i += k;
   }
 }
 
@@ -339,16 +378,28 @@ void pull_am(const MemoryRegion& arena, const MemoryRegion& dest, AmInbox& inbox
   for (size_t i = 0; i < n; ++i) store_header(base, items[i].slot_offset, 0, 0);
   std::atomic_thread_fence(std::memory_order_release);
 
-  ucp_request_param_t param;
-  std::memset(&param, 0, sizeof(param));
-  param.op_attr_mask = UCP_OP_ATTR_FIELD_MEMH;
-  param.memh = dest.memh();
+  // Straight into a slot: the arena alias's registration; into a bounce
+  // chunk (a run): UCX's own (its registration cache).
+  ucp_request_param_t to_slot;
+  std::memset(&to_slot, 0, sizeof(to_slot));
+  to_slot.op_attr_mask = UCP_OP_ATTR_FIELD_MEMH;
+  to_slot.memh = dest.memh();
+  ucp_request_param_t to_chunk;
+  std::memset(&to_chunk, 0, sizeof(to_chunk));
 
-  enum : uint8_t { kWaiting, kReceiving, kDone };
+  // An item waits for its message; the first item of a message holds it
+  // until a bounce chunk is free (a run), or is being received; the run's
+  // other items are covered by it meanwhile; then each is done.
+  enum : uint8_t { kWaiting, kHeld, kReceiving, kCovered, kDone };
   std::vector<uint8_t> state(n, kWaiting);
+  // Per message, at the index of its first item: the request, the
+  // connection it is on, the items it carries, the chunk it lands in.
   std::vector<void*> requests(n, nullptr);
-  std::vector<uint64_t> conns(n, 0);  // the connection each receive is on
-  size_t left = n, receiving = 0, next = 0;  // first item perhaps not done: next
+  std::vector<uint64_t> conns(n, 0);
+  std::vector<uint32_t> runs(n, 1);
+  std::vector<uint8_t*> chunks(n, nullptr);
+  std::vector<AmInbox::Message> held;  // messages of kHeld runs, by first item
+  size_t left = n, receiving = 0, next = 0;  // receiving: messages; next: first item perhaps not done
   const auto deadline = clock::now() + std::chrono::duration<double>(timeout_s);
   // When receives still under way are ended by force (their connections
   // closed), and when that was done.
@@ -358,17 +409,63 @@ void pull_am(const MemoryRegion& arena, const MemoryRegion& dest, AmInbox& inbox
   unsigned idle = 0, checks = 0;
   bool late = false, discarded = false;
   // A rendezvous receive is the one place a peer's TCP put may land in this
-  // process (guard.h): its slot is open to puts until the receive ends.
-  std::vector<uint8_t> window(n, 0);
+  // process (guard.h): its slot, or its chunk, is open to puts until the
+  // receive ends.
+  std::vector<uint64_t> window(n, 0);  // per message: the open window's length
   auto slot_of = [&](size_t i) { return base + items[i].slot_offset + kHeader; };
-  auto finish = [&](size_t i, int32_t s) {
-    statuses[i] = s;
+  auto landing = [&](size_t i) { return chunks[i] != nullptr ? chunks[i] : slot_of(i); };
+  // Ends the message whose first item is i: each of its items gets status s.
+  // `tainted`: UCX may still write its chunk (a receive left to it).
+  auto finish = [&](size_t i, int32_t s, bool tainted = false) {
     if (state[i] == kReceiving) --receiving;
-    state[i] = kDone;
-    --left;
     if (window[i]) {
-      close_put_window(reinterpret_cast<uint64_t>(slot_of(i)), items[i].length);
+      close_put_window(reinterpret_cast<uint64_t>(landing(i)), window[i]);
       window[i] = 0;
+    }
+    if (chunks[i] != nullptr) {
+      inbox.give_chunk(chunks[i], tainted);
+      chunks[i] = nullptr;
+    }
+    for (size_t j = i; j < i + runs[i]; ++j) {
+      statuses[j] = s;
+      state[j] = kDone;
+      --left;
+    }
+  };
+  // A run's items from where they landed (`from`) into their slots.
+  auto scatter = [&](size_t i, const uint8_t* from) {
+    for (size_t j = i; j < i + runs[i]; ++j) {
+      std::memcpy(slot_of(j), from, items[j].length);
+      from += items[j].length;
+    }
+  };
+  // Posts the receive of message m (items i .. i + runs[i] - 1) into where
+  // it lands; the run's chunk, if any, is chunks[i] already.
+  auto start = [&](size_t i, AmInbox::Message& m) {
+    uint8_t* to = landing(i);
+    open_put_window(reinterpret_cast<uint64_t>(to), m.length);
+    window[i] = m.length;
+    conns[i] = m.conn;
+    state[i] = kReceiving;
+    for (size_t j = i + 1; j < i + runs[i]; ++j) state[j] = kCovered;
+    ++receiving;
+    ucs_status_ptr_t r = ucp_am_recv_data_nbx(worker, m.desc, to, m.length,
+                                              chunks[i] != nullptr ? &to_chunk : &to_slot);
+    if (r == nullptr) {
+      if (chunks[i] != nullptr) scatter(i, chunks[i]);
+      finish(i, UCS_OK);
+    } else if (UCS_PTR_IS_ERR(r)) {
+      finish(i, UCS_PTR_STATUS(r));
+    } else {
+      requests[i] = r;
+    }
+  };
+  // Messages held for a chunk go back to UCX unreceived; their items fail.
+  auto drop_held = [&](int32_t s) {
+    for (size_t i = 0; i < n; ++i) {
+      if (state[i] != kHeld) continue;
+      inbox.release(held[i]);
+      finish(i, s);
     }
   };
   // Receives UCX will not end (see the header): their requests go back to UCX.
@@ -379,7 +476,7 @@ void pull_am(const MemoryRegion& arena, const MemoryRegion& dest, AmInbox& inbox
       ucp_request_free(requests[i]);  // UCX releases it if it ever ends
       requests[i] = nullptr;
       left_to_ucx += conns[i] != 0;
-      finish(i, s);
+      finish(i, s, true);
     }
     if (left_to_ucx) inbox.count_abandoned(left_to_ucx);
   };
@@ -391,7 +488,14 @@ void pull_am(const MemoryRegion& arena, const MemoryRegion& dest, AmInbox& inbox
         if (s == UCS_INPROGRESS) continue;
         ucp_request_free(requests[i]);
         requests[i] = nullptr;
+        if (s == UCS_OK && chunks[i] != nullptr) scatter(i, chunks[i]);
         finish(i, s);
+        events = 1;
+        continue;
+      }
+      if (state[i] == kHeld) {
+        if ((chunks[i] = inbox.take_chunk()) == nullptr) continue;
+        start(i, held[i]);
         events = 1;
         continue;
       }
@@ -399,28 +503,35 @@ void pull_am(const MemoryRegion& arena, const MemoryRegion& dest, AmInbox& inbox
       AmInbox::Message m;
       if (!inbox.take(token, static_cast<uint32_t>(i), &m)) continue;
       events = 1;
-      uint8_t* slot = slot_of(i);
-      if (m.length != items[i].length) {
+      // The message's items: all still waiting, and its length theirs.
+      size_t k = m.run, bytes = 0, waiting = 0;
+      for (size_t j = i; j < std::min(n, i + k); ++j) {
+        bytes += items[j].length;
+        waiting += state[j] == kWaiting;
+      }
+      if (i + k > n || waiting != k || m.length != bytes) {
         inbox.release(m);
-        finish(i, UCS_ERR_MESSAGE_TRUNCATED);
-      } else if (m.rndv) {
-        open_put_window(reinterpret_cast<uint64_t>(slot), m.length);
-        window[i] = 1;
-        conns[i] = m.conn;
-        ucs_status_ptr_t r = ucp_am_recv_data_nbx(worker, m.desc, slot, m.length, &param);
-        if (r == nullptr) {
-          finish(i, UCS_OK);
-        } else if (UCS_PTR_IS_ERR(r)) {
-          finish(i, UCS_PTR_STATUS(r));
-        } else {
-          requests[i] = r;
-          state[i] = kReceiving;
-          ++receiving;
+        // Its items fail (those no other message has taken): a writer that
+        // sends such a run sends nothing else for them.
+        for (size_t j = i; j < std::min(n, i + k); ++j) {
+          if (state[j] == kWaiting) finish(j, UCS_ERR_MESSAGE_TRUNCATED);
         }
-      } else {
-        std::memcpy(slot, m.desc != nullptr ? m.desc : m.bytes.data(), m.length);
+        continue;
+      }
+      runs[i] = static_cast<uint32_t>(k);
+      if (!m.rndv) {  // eager: the bytes are here already
+        scatter(i, m.desc != nullptr ? static_cast<const uint8_t*>(m.desc) : m.bytes.data());
         inbox.release(m);
         finish(i, UCS_OK);
+      } else if (k == 1) {
+        start(i, m);
+      } else if ((chunks[i] = inbox.take_chunk()) != nullptr) {
+        start(i, m);
+      } else {  // every chunk is out: held until one comes back
+        if (held.size() < n) held.resize(n);
+        held[i] = std::move(m);
+        state[i] = kHeld;
+        for (size_t j = i + 1; j < i + k; ++j) state[j] = kCovered;
       }
     }
     while (next < n && state[next] == kDone) ++next;
@@ -429,6 +540,7 @@ void pull_am(const MemoryRegion& arena, const MemoryRegion& dest, AmInbox& inbox
         inbox.discarded(token)) {
       // The writer is gone (or the node stops): nothing more will come.
       discarded = true;
+      drop_held(UCS_ERR_CANCELED);
       for (size_t i = 0; i < n; ++i) {
         if (state[i] == kWaiting) finish(i, UCS_ERR_CANCELED);
       }
@@ -438,9 +550,10 @@ void pull_am(const MemoryRegion& arena, const MemoryRegion& dest, AmInbox& inbox
       events = 1;
     }
     if (!late && (idle & 255) == 0 && clock::now() > deadline) {
-      // Items whose message never came fail now; receives under way are
-      // ended by force below.
+      // Items whose message never came (or waits for a chunk) fail now;
+      // receives under way are ended by force below.
       late = true;
+      drop_held(UCS_ERR_TIMED_OUT);
       for (size_t i = 0; i < n; ++i) {
         if (state[i] == kWaiting) finish(i, UCS_ERR_TIMED_OUT);
       }

@@ -2,7 +2,14 @@
 // one message per staged item (header: batch token, item index, item
 // count; data: the item in its registered staging buffer, rendezvous
 // forced); the storage node receives each straight into the item's arena
-// slot (ucp_am_recv_data_nbx at slot + 16). Over a transport whose RMA UCX
+// slot (ucp_am_recv_data_nbx at slot + 16). Items much smaller than a
+// megabyte travel as runs instead: one message carries several items that
+// follow one another in the staging buffer (the header also says how
+// many), which the node receives into a bounce chunk and copies into the
+// items' slots. Over TCP each rendezvous is a handshake of four messages
+// (RTS, RTR, the data, its acknowledgement), which cost more than the copy
+// at 110 KB (docs/performance.md); the node says whether it takes runs,
+// and how large (AmInbox::kRunBytes). Over a transport whose RMA UCX
 // emulates in software (TCP), UCX's rendezvous moves the bytes with
 // zero-copy sends and receives into the slot, where an emulated get copies
 // them through bounce buffers on both sides; over RDMA the rendezvous is
@@ -50,8 +57,16 @@ namespace distore {
 // The header every insert message starts with (little-endian on the wire).
 struct AmInsertHeader {
   uint64_t token;  // names the batch; random, chosen by the writer
-  uint32_t index;  // the item in the batch
+  uint32_t index;  // the item in the batch (of a run: its first item)
   uint32_t count;  // items in the batch
+};
+
+// The header of a run: items index .. index + run - 1, back to back in the
+// message's data.
+struct AmInsertRunHeader {
+  AmInsertHeader head;
+  uint32_t run;       // items in this message, at least 2
+  uint32_t reserved;  // 0
 };
 
 class AmInbox {
@@ -64,6 +79,13 @@ class AmInbox {
   ~AmInbox();
   AmInbox(const AmInbox&) = delete;
   AmInbox& operator=(const AmInbox&) = delete;
+
+  // The largest run message (bytes of data) a pull receives: the size of
+  // its bounce chunks, which writers are told (register_node's
+  // insert_run_bytes).
+  static constexpr uint64_t kRunBytes = 1 << 20;
+  // Bounce chunks a pull may receive runs into at once (more wait).
+  static constexpr size_t kMaxChunks = 16;
 
   ucp_worker_h worker() const { return worker_h_; }
   unsigned am_id() const { return am_id_; }
@@ -102,17 +124,26 @@ class AmInbox {
     bool rndv = false;           // the bytes are still at the sender
     std::vector<uint8_t> bytes;  // eager data that UCX did not let us keep
     uint64_t conn = 0;           // the connection it came on (0: not one of the listener's)
+    uint32_t run = 1;            // items it carries, back to back
     std::chrono::steady_clock::time_point arrived;
   };
   // Moves the message of (token, index) into `out`; false if none arrived yet.
   bool take(uint64_t token, uint32_t index, Message* out);
   // Gives a taken message's descriptor back to UCX without receiving it.
   void release(Message& m);
+  // A bounce chunk of kRunBytes for a run's receive, or nullptr when
+  // kMaxChunks are out; give_chunk returns it. A chunk whose receive was
+  // left to UCX (it may still write there) is given back as `tainted` and
+  // never handed out again (kept until the inbox goes).
+  uint8_t* take_chunk();
+  void give_chunk(uint8_t* chunk, bool tainted);
+  // Chunks made so far (at most kMaxChunks in use at once).
+  size_t chunks() const;
 
  private:
   static ucs_status_t on_message(void* arg, const void* header, size_t header_length,
                                  void* data, size_t length, const ucp_am_recv_param_t* param);
-  ucs_status_t receive(const AmInsertHeader& h, void* data, size_t length,
+  ucs_status_t receive(const AmInsertHeader& h, uint32_t run, void* data, size_t length,
                        const ucp_am_recv_param_t* param);
 
   nanobind::object worker_;
@@ -149,6 +180,10 @@ class AmInbox {
   std::unordered_map<uint64_t, std::chrono::steady_clock::time_point> discarded_;
   uint64_t refused_ = 0;
   uint64_t abandoned_ = 0;
+  // Bounce chunks: all made, the free ones, how many are out (under mu_).
+  std::vector<std::unique_ptr<uint8_t[]>> chunks_;
+  std::vector<uint8_t*> free_chunks_;
+  size_t chunks_out_ = 0;
   bool registered_ = false;
   // Made by listen(), closed by close(), kept until the inbox goes (a pull
   // may still call abort on it).
@@ -159,14 +194,15 @@ class AmInbox {
 // Writer side: posts one rendezvous active message per item of `region`
 // (items at `offsets`, `lengths` bytes each) to `ep`, headed by `token`,
 // with UCP_AM_SEND_FLAG_REPLY (the node learns which connection it came
-// on). No memory handle is passed (UCX registers through its cache): a
+// on); with `run_bytes` > 0, items that follow one another in `region` go
+// as runs of up to `run_bytes` bytes (a node that takes runs of that size). No memory handle is passed (UCX registers through its cache): a
 // send still pending when the node dies must not hold one of ours.
 // Requests are released at once: they complete when the node has received
 // the bytes (or released the message); the node's acknowledgement over the
 // control channel is what tells the writer the batch landed. Throws
 // UcxError if UCX refuses to post (a failed endpoint), before or during.
 void am_send(const Endpoint& ep, const MemoryRegion& region, unsigned am_id, uint64_t token,
-             const uint64_t* offsets, const uint64_t* lengths, size_t n);
+             const uint64_t* offsets, const uint64_t* lengths, size_t n, uint64_t run_bytes);
 
 // Node side: receives batch `token`'s n items, each straight into its slot
 // of `arena` (payload at slot + 16, through `dest`, the arena's writable
@@ -174,7 +210,8 @@ void am_send(const Endpoint& ep, const MemoryRegion& region, unsigned am_id, uin
 // headers invalidated first, real headers after the payloads. Items
 // validated first (slot inside the arena; `lengths` as the descriptor
 // said; a message whose length differs fails that item with
-// UCS_ERR_MESSAGE_TRUNCATED). Progresses the inbox's worker until every
+// UCS_ERR_MESSAGE_TRUNCATED; a run whose items are not all waiting, or
+// whose length is not theirs, fails them all so). Progresses the inbox's worker until every
 // item has landed or failed, and writes each item's status into
 // `statuses`. It returns only once no receive of the batch is under way
 // (UCX writes no byte of it into a slot afterwards), but for receives

@@ -41,6 +41,10 @@ void bind_am(nb::module_& m) {
           "failed (the writer died or left), aborted (force-closed to end a receive\n"
           "that did not end by itself), and receives left to UCX (abandoned_receives).")
       .def_prop_ro("waiting", &AmInbox::waiting, "Messages received and not taken yet.")
+      .def_prop_ro("chunks", &AmInbox::chunks,
+                   "Bounce chunks made so far for runs (at most 16 in use at once).")
+      .def_ro_static("run_bytes", &AmInbox::kRunBytes,
+                     "The largest run (bytes of data in one message) a pull receives.")
       .def_prop_ro("refused", &AmInbox::refused,
                    "Messages refused so far (malformed, inbox full, batch failed).")
       .def(
@@ -72,18 +76,21 @@ void bind_am(nb::module_& m) {
   m.def(
       "am_send",
       [](const Endpoint& ep, const MemoryRegion& region, unsigned am_id, uint64_t token,
-         Vec<uint64_t> offsets, Vec<uint64_t> lengths) {
+         Vec<uint64_t> offsets, Vec<uint64_t> lengths, uint64_t run_bytes) {
         const size_t n = offsets.shape(0);
         if (lengths.shape(0) != n) {
           throw UcxError(kStatusBadArgument, "am_send: offsets and lengths differ in length");
         }
         nb::gil_scoped_release release;
-        am_send(ep, region, am_id, token, offsets.data(), lengths.data(), n);
+        am_send(ep, region, am_id, token, offsets.data(), lengths.data(), n, run_bytes);
       },
       "endpoint"_a, "region"_a, "am_id"_a, "token"_a, "offsets"_a, "lengths"_a,
+      "run_bytes"_a = 0,
       "Post one rendezvous active message per item of `region` (at `offsets`, `lengths`\n"
-      "bytes) to `endpoint`, headed by batch `token`, in one call. The node's\n"
-      "acknowledgement, not this call, says the batch landed.");
+      "bytes) to `endpoint`, headed by batch `token`, in one call; with `run_bytes`,\n"
+      "items that follow one another in `region` go as runs of up to that many bytes\n"
+      "(a node that takes them: AmInbox.run_bytes). The node's acknowledgement, not\n"
+      "this call, says the batch landed.");
 
   m.def(
       "pull_am",

@@ -62,7 +62,12 @@ import weakref
 import numpy as np
 
 from .. import metrics
-from ..config import am_inserts_enabled, am_min_item_bytes, local_map_default
+from ..config import (
+    am_insert_runs_enabled,
+    am_inserts_enabled,
+    am_min_item_bytes,
+    local_map_default,
+)
 from ..errors import ConfigError
 from ..transport.runtime import close_at_exit
 from .lifecycle import ensure_open
@@ -161,7 +166,8 @@ class Writer:
         # Nodes that offer it get items of at least this many bytes as UCX
         # active messages (storage/pulls.py); None: never.
         am_min_item = am_min_item_bytes() if am_inserts_enabled() else None
-        self._sender = Sender(client, connections, self._keys, local_map, am_min_item)
+        self._sender = Sender(client, connections, self._keys, local_map, am_min_item,
+                              am_insert_runs_enabled())
         self._flight = InFlight(client, self._pool, self._placement, self._sender, self._keys,
                                 timeout)
         metrics.track("writer", self)

@@ -15,7 +15,9 @@ node then reads the items itself, straight into its arena slots
   bytes go as UCX active messages with rendezvous over a connection to the
   node's insert listener (peer-failure handling, zero-copy), posted just
   before the descriptor, which names them by a random batch token; the
-  node receives each into its slot. Otherwise, and for a while after the
+  node receives each into its slot. Items that follow one another go
+  several to a message, up to the node's `insert_run_bytes` (runs,
+  native/am_insert.h), unless DISTORE_AM_INSERT_RUNS=0. Otherwise, and for a while after the
   listener could not be reached, the node reads them with UCX gets.
 
 Thread safety: none (a writer is used by one thread).
@@ -55,10 +57,11 @@ class Sender:
     as active messages."""
 
     def __init__(self, client, connections: Connections, keys: KeyRange, local_map: bool,
-                 am_min_item: int | None):
+                 am_min_item: int | None, runs: bool = True):
         """`local_map`: hand same-host nodes the staging buffers' memfds;
         `am_min_item`: the least item size sent as active messages to nodes
-        that offer them (None: never)."""
+        that offer them (None: never); `runs`: several small items to a
+        message where the node takes them (its `insert_run_bytes`)."""
         self._client = client
         self._connections = connections
         self._keys = keys
@@ -67,6 +70,7 @@ class Sender:
                    "host_id": host_id()}
         self.local_map = local_map
         self._am_min_item = am_min_item
+        self._runs = runs
         # Nodes that could not map our buffers: until when they read them otherwise.
         self._no_map: dict[int, float] = {}
         # Nodes whose insert listener could not be reached: until when they
@@ -173,7 +177,9 @@ class Sender:
             return None
         token = secrets.randbits(64) | 1
         try:
-            _native.am_send(ep, batch.buffer.region, AM_INSERT_ID, token, offsets, lengths)
+            run_bytes = node.get("insert_run_bytes", 0) if self._runs else 0
+            _native.am_send(ep, batch.buffer.region, AM_INSERT_ID, token, offsets, lengths,
+                            run_bytes)
         except UcxError as exc:
             self._runtime.drop_listener_endpoint(host, port)
             raise ConnectionFailed(f"{name}: sending an insert batch failed: {exc}") from exc

@@ -26,6 +26,7 @@ from .auth import MIN_TOKEN_BYTES, read_token
 from .checks import check_exposure, check_file, is_loopback
 from .environment import (
     AM_MIN_ITEM_BYTES,
+    am_insert_runs_enabled,
     am_inserts_enabled,
     am_min_item_bytes,
     am_samples_enabled,
@@ -59,7 +60,8 @@ __all__ = [
     "TableProblems", "check_exposure", "is_loopback",
     "BY_NAME", "SECTIONS", "METRICS_PORT_CONTROL", "METRICS_PORT_NODE",
     "MIN_TOKEN_BYTES", "read_token",
-    "AM_MIN_ITEM_BYTES", "am_inserts_enabled", "am_min_item_bytes", "am_samples_enabled",
+    "AM_MIN_ITEM_BYTES", "am_insert_runs_enabled", "am_inserts_enabled", "am_min_item_bytes",
+    "am_samples_enabled",
     "disk_bounce",
     "local_map_default", "rendezvous_config", "sample_ahead_from_env", "size_from_env",
     "switch_from_env", "ucx_tls",

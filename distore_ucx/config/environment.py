@@ -65,6 +65,16 @@ def am_inserts_enabled() -> bool:
     return switch_from_env("DISTORE_AM_INSERTS", default=True)
 
 
+def am_insert_runs_enabled() -> bool:
+    """Whether items much smaller than a megabyte go to a node's insert
+    listener several to a message (runs, native/am_insert.h): on unless
+    `DISTORE_AM_INSERT_RUNS=0` (on nodes, which then take one item a
+    message, or writers, which then send so). A run saves three of the
+    four messages each item's rendezvous costs over TCP; the node copies
+    the run's items from a bounce chunk into their slots."""
+    return switch_from_env("DISTORE_AM_INSERT_RUNS", default=True)
+
+
 def am_samples_enabled() -> bool:
     """Whether samples travel as UCX active messages where UCX emulates RMA
     (storage nodes serve them, learners ask for them; native/am_sample.h):

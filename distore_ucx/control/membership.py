@@ -54,6 +54,7 @@ class Node:
     local_socket: str = ""
     disk_size: int = 0  # bytes of the node's disk tier (0: none)
     insert_port: int = 0  # its insert listener: inserts by active message (0: none)
+    insert_run_bytes: int = 0  # the largest run of items one such message may carry
     am_sample: bool = False  # serves samples by active message (native/am_sample.h)
     sample_port: int = 0  # ...through its UCX listener on `host` (0: none, an older node)
     peer: Any = field(repr=False, default=None)
@@ -100,6 +101,8 @@ class Node:
             d["rkey"] = self.rkey
             if self.insert_port:
                 d["insert_port"] = self.insert_port
+                if self.insert_run_bytes:
+                    d["insert_run_bytes"] = self.insert_run_bytes
             if self.am_sample:
                 d["am_sample"] = True
             if self.sample_port:

@@ -27,6 +27,7 @@ __all__ = [
     "GENERATIONS",
     "HOST_ID",
     "INSERT_PORT",
+    "INSERT_RUN_BYTES",
     "ITEM_BYTES",
     "ITEM_LOCATION",
     "KEYS",
@@ -139,6 +140,9 @@ AM_SAMPLE = F("am_sample", "bool")
 # The port of a node's insert listener, on its host: writers connect there to
 # send inserts as UCX active messages (storage/puller.py); absent, they don't.
 INSERT_PORT = F("insert_port", "int", lo=1, hi=65535)
+# The largest run of items (bytes) one insert message to that listener may
+# carry (native/am_insert.h); absent, one item per message.
+INSERT_RUN_BYTES = F("insert_run_bytes", "int", lo=1, hi=1 << 30)
 # The port of its UCX listener for those samples (storage/sample_server.py),
 # on the host of its address; absent (an older node), learners read it with
 # one-sided gets.

@@ -36,6 +36,7 @@ from .fields import (
     EPOCH,
     GENERATIONS,
     INSERT_PORT,
+    INSERT_RUN_BYTES,
     KEYS,
     LEASE,
     LISTED_HOST_ID,
@@ -253,6 +254,7 @@ class NodeDescription(Record):
     worker_address: bytes | None = wire(WORKER_ADDRESS, optional=True)
     rkey: bytes | None = wire(RKEY, optional=True)
     insert_port: int | None = wire(INSERT_PORT, optional=True)  # inserts by active message
+    insert_run_bytes: int | None = wire(INSERT_RUN_BYTES, optional=True)  # ...in runs
     am_sample: bool | None = wire(AM_SAMPLE, optional=True)  # samples by active message
     sample_port: int | None = wire(SAMPLE_PORT, optional=True)  # ...through its listener
 

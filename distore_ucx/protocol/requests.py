@@ -19,6 +19,7 @@ from .fields import (
     GENERATIONS,
     HOST_ID,
     INSERT_PORT,
+    INSERT_RUN_BYTES,
     ITEM_BYTES,
     KEYS,
     LOCAL_SOCKET,
@@ -85,6 +86,9 @@ MESSAGES: dict[str, tuple[F, ...]] = {
         # its insert listener, where writers send inserts as active messages
         # (absent: the node reads writers' staging buffers with gets only)
         INSERT_PORT.optional(),
+        # ...which takes runs of items up to this many bytes in one message
+        # (absent: one item per message)
+        INSERT_RUN_BYTES.optional(),
         # it serves samples by active message on its worker (absent: learners
         # read it with one-sided gets only)
         AM_SAMPLE.optional(),

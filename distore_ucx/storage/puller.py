@@ -24,6 +24,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 import numpy as np
 
 from .._native_loader import _native
+from ..config import am_insert_runs_enabled
 from ..errors import ConnectionFailed, DistoreError, from_native
 from ..protocol import AM_INSERT_ID
 from ..transport.capabilities import query
@@ -59,6 +60,9 @@ class Puller:
         self.name = name
         self.am_inbox = None  # writers' inserts by UCX active message (storage/pulls.py)
         self.insert_port = 0  # the inbox's listener's port (0: none)
+        # The largest run of items one insert message may carry (0: one item
+        # a message; native/am_insert.h).
+        self.insert_run_bytes = 0
         self._loop = None  # the event loop watching the reader worker's event fd
         self._reader_fd = -1
         self._thread: ThreadPoolExecutor | None = None  # the pull thread
@@ -94,6 +98,7 @@ class Puller:
                         host or "every address", exc)
             return
         self.am_inbox, self.insert_port = inbox, port
+        self.insert_run_bytes = _native.AmInbox.run_bytes if am_insert_runs_enabled() else 0
         # Connection set-ups are handled only while the worker is progressed:
         # wake on its event fd (armed after each tick) rather than poll it.
         worker.init_blocking_progress_mode()

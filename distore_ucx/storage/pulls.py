@@ -28,7 +28,10 @@ A `Source` is one staging buffer as the node reads it:
   the node advertises its port as `insert_port`) and posts each staged
   item as a rendezvous message, headed by a random batch token that its
   descriptor names, and the node receives each straight into its slot
-  (`_native.pull_am`). Made through a listener, the writer's endpoint has
+  (`_native.pull_am`); items that fit several to a megabyte go as runs
+  (several to a message, if the node advertises `insert_run_bytes`;
+  DISTORE_AM_INSERT_RUNS=0 turns them off), received into a bounce chunk
+  and copied into their slots. Made through a listener, the writer's endpoint has
   peer-failure handling and still sends zero-copy: a writer that dies
   mid-batch fails the node's receives (its slots are freed) instead of
   leaving them under way or crashing the node. Where UCX emulates RMA in

@@ -118,6 +118,8 @@ class ControlSession:
                    else {}),
                 **({"disk_size": self.tier.size} if self.tier is not None else {}),
                 **({"insert_port": self.puller.insert_port} if self.puller.insert_port else {}),
+                **({"insert_run_bytes": self.puller.insert_run_bytes}
+                   if self.puller.insert_port and self.puller.insert_run_bytes else {}),
                 **({"am_sample": True, "sample_port": self.sample_server.port}
                    if self.sample_server is not None else {}),
             )

@@ -2,7 +2,7 @@
 messages as a storage node does, and a zygote that forks writers to kill.
 
     python am_kill_peers.py receiver ITEM_BYTES   # commands on stdin, JSON lines out
-    python am_kill_peers.py zygote ITEM_BYTES     # "spawn PORT THEN TOKEN..." -> a writer
+    python am_kill_peers.py zygote ITEM_BYTES     # "spawn PORT THEN RUN TOKEN..." -> a writer
 
 The receiver runs the node's pieces, not the node: its UCX runtime with the
 remote-write guard installed first (storage/guard.py), an
@@ -27,11 +27,12 @@ canary and kept until the next `stats`, which checks that nothing wrote
 into them after their pull returned, and frees them.
 
 The zygote imports distore_ucx once and forks a writer per `spawn PORT
-THEN TOKEN...` line (fork, not exec: starting Python and UCX for each of
+THEN RUN TOKEN...` line (fork, not exec: starting Python and UCX for each of
 100 writers would take most of the test's time). No UCX context exists in
 the zygote; each child makes its own, connects to the receiver's listener
 (UcxRuntime.listener_endpoint), posts one batch per token from its own part of a
-staging buffer (am_send), prints {"sent", "pid"}, and then (THEN) either
+staging buffer (am_send; RUN > 0: items in runs of up to RUN bytes, as
+to a node that takes them, else one a message), prints {"sent", "pid"}, and then (THEN) either
 `waits` to be killed or, once its endpoint has failed (the receiver died),
 `closes` everything as a writer does and prints {"writer_closed", "status"}.
 Not a test module itself.
@@ -170,7 +171,7 @@ def receiver(item_bytes: int) -> None:
     emit({"closed": True})  # the rest goes at interpreter exit (its exit status is checked)
 
 
-def writer(port: int, then: str, tokens: list[int], item_bytes: int) -> None:
+def writer(port: int, then: str, run_bytes: int, tokens: list[int], item_bytes: int) -> None:
     """A forked child: connect, post one batch per token, then wait to be
     killed, or close once the receiver is gone."""
     from distore_ucx._native_loader import _native
@@ -188,7 +189,7 @@ def writer(port: int, then: str, tokens: list[int], item_bytes: int) -> None:
         offsets = (np.arange(ITEMS, dtype=np.uint64) + np.uint64(b * ITEMS)) * np.uint64(item_bytes)
         for i, off in enumerate(offsets.tolist()):
             staging[off: off + item_bytes] = pattern(token, i, item_bytes)
-        _native.am_send(ep, region, AM_INSERT_ID, token, offsets, lengths)
+        _native.am_send(ep, region, AM_INSERT_ID, token, offsets, lengths, run_bytes)
     emit({"sent": tokens, "pid": os.getpid()})
     while then == "waits" or ep.alive:  # UCX's progress thread sends meanwhile
         time.sleep(0.01)
@@ -218,7 +219,8 @@ def zygote(item_bytes: int) -> None:
             signal.signal(signal.SIGCHLD, signal.SIG_DFL)
             try:
                 os.close(0)  # the zygote's commands are not the child's
-                writer(int(args[0]), args[1], [int(t) for t in args[2:]], item_bytes)
+                writer(int(args[0]), args[1], int(args[2]), [int(t) for t in args[3:]],
+                       item_bytes)
                 os._exit(0)
             finally:
                 os._exit(1)

@@ -150,3 +150,48 @@ def test_a_receive_from_a_hung_connection_ends_by_force_at_the_timeout(sides):
             silent.worker.progress()
     finally:
         silent.close()
+
+
+def test_runs_land_whole_and_a_run_that_is_not_the_items_fails_them(sides):
+    # Items that follow one another go several to a message (a run), received
+    # through a bounce chunk and copied into their slots; a run whose length
+    # is not its items' fails them (the next batch lands all the same); a
+    # run larger than the node's chunks is refused on arrival.
+    rx, tx, arena, inbox, region, items = sides
+    port = inbox.listen("127.0.0.1", 0)
+    ep = tx.listener_endpoint("127.0.0.1", port, "rx")
+    offsets = np.arange(N, dtype=np.uint64) * np.uint64(ITEM)
+    lengths = np.full(N, ITEM, np.uint64)
+
+    _native.am_send(ep, region, AM_INSERT_ID, 31, offsets, lengths, 2 * ITEM)
+    statuses, rows = pull(arena, inbox, 31, 30.0)
+    assert not statuses.any() and np.array_equal(rows, items)
+    assert 1 <= inbox.chunks <= 2 and inbox.waiting == 0
+
+    # The node expects shorter items than the runs carry: every item fails.
+    _native.am_send(ep, region, AM_INSERT_ID, 32, offsets, lengths, 2 * ITEM)
+    slots = arena.allocate("t", SLOT_HEADER + ITEM, N)
+    statuses = arena.pull_am(inbox, 32, slots, np.arange(1, N + 1, dtype=np.uint64),
+                             arena.next_generations(N), lengths - np.uint64(8), 30.0)
+    assert [_native.status_name(s) for s in statuses] == ["UCS_ERR_MESSAGE_TRUNCATED"] * N
+    view = arena.region.view().view(np.uint64)
+    assert not view[(slots // np.uint64(8)).astype(np.int64) + 1].any()  # no valid header
+    arena.free("t", slots)
+
+    # A run over AmInbox.run_bytes: refused when it arrives.
+    big_n = _native.AmInbox.run_bytes // ITEM + 1
+    big = _native.MemoryRegion.write_protected(tx.region_owner, big_n * ITEM)
+    refused = inbox.refused
+    _native.am_send(ep, big, AM_INSERT_ID, 33, np.arange(big_n, dtype=np.uint64) * np.uint64(ITEM),
+                    np.full(big_n, ITEM, np.uint64), 8 << 20)
+    slots = arena.allocate("t", SLOT_HEADER + ITEM, big_n)
+    statuses = arena.pull_am(inbox, 33, slots, np.arange(1, big_n + 1, dtype=np.uint64),
+                             arena.next_generations(big_n), np.full(big_n, ITEM, np.uint64), 1.0)
+    assert [_native.status_name(s) for s in statuses] == ["UCS_ERR_TIMED_OUT"] * big_n
+    assert inbox.refused == refused + 1
+    arena.free("t", slots)
+
+    # The connection still serves: the next batch lands whole, in runs.
+    _native.am_send(ep, region, AM_INSERT_ID, 34, offsets, lengths, 2 * ITEM)
+    statuses, rows = pull(arena, inbox, 34, 30.0)
+    assert not statuses.any() and np.array_equal(rows, items)

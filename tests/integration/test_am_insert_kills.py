@@ -3,7 +3,9 @@ as UCX active messages (native/am_insert.h, am_connections.h).
 
 Over UCX_TLS=tcp, a receiver running the node's pieces (am_kill_peers.py:
 the guarded runtime, an Arena, an AmInbox listening for writers, pull_am on
-one pull thread) takes batches from 100 writers in turn, each SIGKILLed at
+one pull thread) takes batches from 100 writers in turn, every other one
+sending its items in runs (several to a message, received through a bounce
+chunk) and the rest one a message, each SIGKILLed at
 a random moment while the receiver pulls its batches (every tenth is
 SIGSTOPped instead, a writer that hangs, and killed once its batches have
 timed out). After each kill the batches' pulls all end; every item they
@@ -30,7 +32,8 @@ from pathlib import Path
 from distore_ucx._native_loader import _native
 
 PEERS = Path(__file__).with_name("am_kill_peers.py")
-ITEM = 1 << 20  # bytes per item
+ITEM = 256 << 10  # bytes per item: runs of 4 fill a node's bounce chunk
+RUN = _native.AmInbox.run_bytes  # what a node takes in one message
 ITEMS = 8  # per batch (am_kill_peers.ITEMS)
 BATCHES = 2  # per writer
 KILLS = int(os.environ.get("DISTORE_AM_KILLS", "100"))
@@ -93,13 +96,14 @@ def test_writers_killed_mid_batch_never_crash_wedge_or_leak_the_receiver(tmp_pat
         zygote.read("zygote", "the zygote")
         rng = random.Random(20261125)
         tally: Counter = Counter()
-        mid, rss = 0, []
+        mid, rss = Counter(), []
 
-        def writer_batches(timeout: float, landed: int) -> tuple[int, list[int]]:
-            """Start a writer, have its batches pulled, return once `landed` of
-            its items' bytes have started landing (TCP puts into slots)."""
+        def writer_batches(timeout: float, landed: int, run: int = 0) -> tuple[int, list[int]]:
+            """Start a writer (items in runs of up to `run` bytes, or one a
+            message), have its batches pulled, return once `landed` TCP puts
+            of its items' bytes have landed (into slots, or bounce chunks)."""
             tokens = [rng.getrandbits(62) | 1 for _ in range(BATCHES)]
-            zygote.send(f"spawn {port} waits " + " ".join(map(str, tokens)))
+            zygote.send(f"spawn {port} waits {run} " + " ".join(map(str, tokens)))
             pid = zygote.read("sent", "a writer")["pid"]
             receiver.send("puts")
             puts = receiver.read("puts", "the put count")["puts"]
@@ -121,17 +125,22 @@ def test_writers_killed_mid_batch_never_crash_wedge_or_leak_the_receiver(tmp_pat
                 tally.update(_native.status_name(s) for s in r["statuses"])
             return out
 
-        # A writer left alone: every item lands whole.
-        pid, tokens = writer_batches(30.0, 1)
-        first = results(tokens, "an undisturbed writer")
-        assert all(s == 0 for r in first for s in r["statuses"])
-        os.kill(pid, signal.SIGKILL)
+        # Writers left alone: every item lands whole, one a message or in runs.
+        for run in (0, RUN):
+            pid, tokens = writer_batches(30.0, 1, run)
+            first = results(tokens, "an undisturbed writer")
+            assert all(s == 0 for r in first for s in r["statuses"])
+            os.kill(pid, signal.SIGKILL)
 
         for k in range(KILLS):
             hang = k % 10 == 9
-            # Killed once some of its items have started landing, not all.
+            # Every other writer sends runs; of the hung ones (every tenth), too.
+            run = RUN if (k + k // 10) % 2 else 0
+            # Killed once some of its messages have started landing (a TCP put
+            # each), not all.
+            messages = BATCHES * (-(-ITEMS * ITEM // run) if run else ITEMS)
             pid, tokens = writer_batches(1.0 if hang else 30.0,
-                                         rng.randint(1, BATCHES * ITEMS - 2))
+                                         rng.randint(1, messages - 1), run)
             if hang:
                 # A writer that hangs mid-batch: its batches time out, their
                 # receives end by a forced close of its connection.
@@ -144,7 +153,8 @@ def test_writers_killed_mid_batch_never_crash_wedge_or_leak_the_receiver(tmp_pat
                 for token in tokens:  # the node's watcher: the control connection closed
                     receiver.send(f"discard {token} 8")
                 out = results(tokens, f"killed writer {k}")
-            mid += any(_native.status_name(s) == RESET for r in out for s in r["statuses"])
+            mid["runs" if run else "single"] += any(
+                _native.status_name(s) == RESET for r in out for s in r["statuses"])
             if k % 10 == 9:
                 receiver.send("stats")
                 s = receiver.read("waiting", "stats")
@@ -162,12 +172,13 @@ def test_writers_killed_mid_batch_never_crash_wedge_or_leak_the_receiver(tmp_pat
                 break
             time.sleep(0.1)
         c = s["connections"]
-        assert c["open"] == 0 and c["accepted"] == KILLS + 1 and c["refused"] == 0, c
-        assert c["failed"] + c["aborted"] == KILLS + 1, c
+        assert c["open"] == 0 and c["accepted"] == KILLS + 2 and c["refused"] == 0, c
+        assert c["failed"] + c["aborted"] == KILLS + 2, c
         assert c["abandoned_receives"] == 0, c
         assert s["waiting"] == 0 and s["used_bytes"] == 0 and s["late_writes"] == 0, s
         # The kills did land mid-rendezvous, and batches were received whole too.
-        assert tally["UCS_OK"] > 0 and mid >= KILLS // 4, (tally, mid)
+        assert tally["UCS_OK"] > 0 and mid["single"] >= KILLS // 8, (tally, mid)
+        assert mid["runs"] >= KILLS // 8, (tally, mid)
         if len(rss) >= 3:  # after warm-up, memory stays flat (the arena is touched at start)
             assert rss[-1] - rss[1] < 16 * 1024, rss
         # A writer still connected when the receiver closes: its connection
@@ -178,7 +189,7 @@ def test_writers_killed_mid_batch_never_crash_wedge_or_leak_the_receiver(tmp_pat
         assert receiver.read("closed", "the receiver's close")["closed"]
         assert receiver.proc.wait(30) == 0
         os.kill(pid, signal.SIGKILL)
-        print(json.dumps({"kills": KILLS, "mid_rendezvous": mid, "statuses": dict(tally),
+        print(json.dumps({"kills": KILLS, "mid_rendezvous": dict(mid), "statuses": dict(tally),
                           "connections": c, "rss_kb": rss}))
     finally:
         receiver.stop()
@@ -201,7 +212,8 @@ def test_writers_whose_receiver_dies_mid_batch_close_cleanly(tmp_path):
             try:
                 port = receiver.read("port", "the receiver's port")["port"]
                 tokens = [rng.getrandbits(62) | 1 for _ in range(BATCHES)]
-                zygote.send(f"spawn {port} closes " + " ".join(map(str, tokens)))
+                run = RUN if round_ % 2 else 0
+                zygote.send(f"spawn {port} closes {run} " + " ".join(map(str, tokens)))
                 zygote.read("sent", "a writer")
                 receiver.send("puts")
                 puts = receiver.read("puts", "the put count")["puts"]

@@ -474,6 +474,39 @@ def test_am_inserts_are_on_unless_turned_off(messages, make_cluster, tls, monkey
         assert whole(client.learner("t", batch_size=50).sample().data).all()
 
 
+@pytest.mark.parametrize("tls", ["tcp"], indirect=True)
+@pytest.mark.parametrize("node_runs", ["1", "0"], ids=["node-runs", "node-no-runs"])
+def test_small_items_go_in_runs_to_nodes_that_take_them(messages, make_cluster, tls,
+                                                        monkeypatch, node_runs):
+    # A node that takes runs says how large (insert_run_bytes); the writer
+    # then sends several items a message, and one a message to a node that
+    # does not (DISTORE_AM_INSERT_RUNS=0 there): every item whole either way.
+    monkeypatch.setenv("DISTORE_AM_INSERT_RUNS", node_runs)
+    cluster = make_cluster(nodes=1)
+    monkeypatch.delenv("DISTORE_AM_INSERT_RUNS")  # the writer: runs on (the default)
+    with ds.connect(cluster.address) as client:
+        node = client.nodes()[0]
+        if node_runs == "1":
+            assert node["insert_run_bytes"] == _native.AmInbox.run_bytes
+        else:
+            assert "insert_run_bytes" not in node and node["insert_port"]
+        client.create_table("t", capacity=1000, spec=((ITEM,), "uint8"))
+        with client.writer() as writer:
+            for i in range(300):  # one per call, then batched: runs across a batch's items
+                writer.insert("t", items(np.array([i]))[0])
+            writer.insert("t", items(np.arange(300, 700)))
+            writer.flush()
+            assert set(writer.paths.values()) == {VIA["tcp"]}
+        assert client.table_info("t")["size"] == 700
+        seen = set()
+        learner = client.learner("t", batch_size=100)
+        for _ in range(30):
+            rows = np.asarray(learner.sample().data)
+            assert whole(rows).all()
+            seen |= set(rows[:, :8].copy().view(np.uint64).ravel().tolist())
+        assert len(seen) > 600  # most of the 700 items sampled, each whole
+
+
 @pytest.mark.parametrize("tls", ["mapped"], indirect=True)
 def test_malformed_mapped_descriptors_get_an_error_and_the_node_serves_on(client, tls):
     """Descriptors naming a handed-over staging buffer: unknown tickets,

@@ -53,6 +53,18 @@ def test_doctor_says_inserts_go_by_gets_once_messages_are_off(monkeypatch):
             "active-message inserts off)") in out.stdout
 
 
+def test_doctor_says_whether_small_inserts_go_in_runs(monkeypatch):
+    monkeypatch.delenv("DISTORE_AM_INSERTS", raising=False)
+    monkeypatch.delenv("DISTORE_AM_INSERT_RUNS", raising=False)
+    out = doctor()
+    assert out.returncode == 0, out.stderr
+    assert "items that fit several to 1 MiB go several to a message" in out.stdout
+    monkeypatch.setenv("DISTORE_AM_INSERT_RUNS", "0")
+    out = doctor()
+    assert out.returncode == 0, out.stderr
+    assert "one item a message (DISTORE_AM_INSERT_RUNS=0)" in out.stdout
+
+
 def test_doctor_json():
     out = doctor("--json")
     assert out.returncode == 0, out.stderr
