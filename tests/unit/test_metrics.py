@@ -220,13 +220,15 @@ def test_serve_listens_on_loopback_unless_asked():
 
 
 def test_slow_scrapers_hold_a_bounded_number_of_threads(monkeypatch):
-    monkeypatch.setattr(metrics.exposition, "SCRAPE_IO_TIMEOUT", 1.0)
+    monkeypatch.setattr(metrics.exposition, "SCRAPE_IO_TIMEOUT", 0.3)
     with metrics.serve(0) as server:
         before = threading.active_count()
-        # Clients that connect and never send a request.
-        idle = [socket.create_connection(("127.0.0.1", server.port)) for _ in range(50)]
+        # Clients that connect and never send a request: three times as many
+        # as may be served at once.
+        idle = [socket.create_connection(("127.0.0.1", server.port))
+                for _ in range(3 * getattr(metrics, "MAX_SCRAPERS", 8))]
         try:
-            deadline = time.monotonic() + 2.0
+            deadline = time.monotonic() + 1.0
             while time.monotonic() < deadline:
                 assert threading.active_count() - before <= getattr(metrics, "MAX_SCRAPERS", 8)
                 time.sleep(0.05)
