@@ -13,6 +13,9 @@ acknowledges each batch; two batches are in flight. Endpoint kinds:
 
 - listener: AmInbox.listen + Endpoint.to_listener, peer-failure handling
   (the safe path, native/am_connections.h);
+- listener-runs: the same, items sent several to a message (runs of up to
+  AmInbox.run_bytes, received through the node's bounce chunks: what
+  writers do for items that fit several to a megabyte);
 - address: the node's worker address, no peer-failure handling (the path
   DISTORE_AM_INSERTS=1 took before listeners);
 - address-peer: the worker address with peer-failure handling (UCX then
@@ -82,13 +85,14 @@ def run(kind: str, item_bytes: int, items: int, seconds: float) -> tuple[float, 
     from distore_ucx.transport.runtime import UcxRuntime
 
     proc = subprocess.Popen([sys.executable, __file__, "--receiver", str(item_bytes), str(items),
-                             "1" if kind == "listener" else "0"],
+                             "1" if kind.startswith("listener") else "0"],
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
                             cwd=os.environ.get("TMPDIR", "/tmp"))
     hello = json.loads(proc.stdout.readline())
     runtime = UcxRuntime(config=rendezvous_config(), env_tls=ucx_tls())
     try:
-        if kind == "listener":
+        run_bytes = _native.AmInbox.run_bytes if kind == "listener-runs" else 0
+        if kind.startswith("listener"):
             ep = _native.Endpoint.to_listener(runtime.worker, "127.0.0.1", hello["port"], "rx")
         else:
             ep = _native.Endpoint(runtime.worker, bytes.fromhex(hello["address"]),
@@ -108,7 +112,7 @@ def run(kind: str, item_bytes: int, items: int, seconds: float) -> tuple[float, 
                 offsets = (np.arange(items, dtype=np.uint64) + np.uint64(b * items)) * np.uint64(
                     item_bytes)
                 token = secrets.randbits(62) | 1
-                _native.am_send(ep, region, AM_INSERT_ID, token, offsets, lengths)
+                _native.am_send(ep, region, AM_INSERT_ID, token, offsets, lengths, run_bytes)
                 proc.stdin.write(f"pull {token}\n")
                 proc.stdin.flush()
                 sent += 1
@@ -146,7 +150,7 @@ def main() -> None:
     args = p.parse_args()
     apply_ucx_env("tcp")
     os.environ.setdefault("UCX_LOG_LEVEL", "error")
-    kinds = ["listener", "address", "address-peer"]
+    kinds = ["listener", "listener-runs", "address", "address-peer"]
     rows = []
     for size in args.sizes:
         items = BATCH.get(size, max(1, (8 << 20) // size))
