@@ -161,6 +161,11 @@ void AmInbox::release(Message& m) {
   release_locked(m);
 }
 
+void AmInbox::release_later(Message&& m) {
+  std::lock_guard<std::mutex> lock(mu_);
+  deferred_.push_back(std::move(m));
+}
+
 void AmInbox::release_locked(Message& m) {
   if (m.desc != nullptr) ucp_am_data_release(worker_h_, m.desc);
   m.desc = nullptr;
@@ -460,11 +465,12 @@ void pull_am(const MemoryRegion& arena, const MemoryRegion& dest, AmInbox& inbox
       requests[i] = r;
     }
   };
-  // Messages held for a chunk go back to UCX unreceived; their items fail.
+  // Messages held for a chunk go back to UCX unreceived, at the inbox's
+  // next expire (their writer may have just died); their items fail.
   auto drop_held = [&](int32_t s) {
     for (size_t i = 0; i < n; ++i) {
       if (state[i] != kHeld) continue;
-      inbox.release(held[i]);
+      inbox.release_later(std::move(held[i]));
       finish(i, s);
     }
   };

@@ -131,6 +131,10 @@ class AmInbox {
   bool take(uint64_t token, uint32_t index, Message* out);
   // Gives a taken message's descriptor back to UCX without receiving it.
   void release(Message& m);
+  // Gives it back at the next expire(), after a progress that handles its
+  // connection's failure (a pull's message of a writer that died: see
+  // discard).
+  void release_later(Message&& m);
   // A bounce chunk of kRunBytes for a run's receive, or nullptr when
   // kMaxChunks are out; give_chunk returns it. A chunk whose receive was
   // left to UCX (it may still write there) is given back as `tainted` and

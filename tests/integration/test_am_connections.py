@@ -195,3 +195,27 @@ def test_runs_land_whole_and_a_run_that_is_not_the_items_fails_them(sides):
     _native.am_send(ep, region, AM_INSERT_ID, 34, offsets, lengths, 2 * ITEM)
     statuses, rows = pull(arena, inbox, 34, 30.0)
     assert not statuses.any() and np.array_equal(rows, items)
+
+
+def test_a_batch_of_more_runs_than_bounce_chunks_waits_for_chunks_and_lands_whole(sides):
+    # 32 runs of two 4 KiB items in one batch: twice the chunks a pull may
+    # have out, so half the runs wait for a chunk to come back.
+    rx, tx, arena, inbox, region, _ = sides
+    port = inbox.listen("127.0.0.1", 0)
+    ep = tx.listener_endpoint("127.0.0.1", port, "rx")
+    item, n = 4096, 64
+    data = np.frombuffer(os.urandom(n * item), np.uint8).reshape(n, item)
+    region.view()[: n * item] = data.ravel()
+    _native.am_send(ep, region, AM_INSERT_ID, 41, np.arange(n, dtype=np.uint64) * np.uint64(item),
+                    np.full(n, item, np.uint64), 2 * item)
+    # All 32 arrived before the pull starts: it takes 16 and holds the rest.
+    wait_for(lambda: inbox.waiting == n // 2, 10, "the batch's messages", lambda: inbox.waiting)
+    slots = arena.allocate("small", SLOT_HEADER + item, n)
+    statuses = arena.pull_am(inbox, 41, slots, np.arange(1, n + 1, dtype=np.uint64),
+                             arena.next_generations(n), np.full(n, item, np.uint64), 30.0)
+    assert not statuses.any(), statuses
+    view = arena.region.view()
+    rows = np.stack([view[o + SLOT_HEADER: o + SLOT_HEADER + item] for o in slots.tolist()])
+    assert np.array_equal(rows, data)
+    assert inbox.chunks == 16 and inbox.waiting == 0  # no more made than may be out
+    arena.free("small", slots)
