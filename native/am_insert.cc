@@ -465,12 +465,17 @@ void pull_am(const MemoryRegion& arena, const MemoryRegion& dest, AmInbox& inbox
       requests[i] = r;
     }
   };
-  // Messages held for a chunk go back to UCX unreceived, at the inbox's
-  // next expire (their writer may have just died); their items fail.
-  auto drop_held = [&](int32_t s) {
+  // Messages held for a chunk go back to UCX unreceived; their items fail.
+  // `later`: at the inbox's next expire (their writer may have just died,
+  // see discard); else now, before their connection may be force-closed.
+  auto drop_held = [&](int32_t s, bool later) {
     for (size_t i = 0; i < n; ++i) {
       if (state[i] != kHeld) continue;
-      inbox.release_later(std::move(held[i]));
+      if (later) {
+        inbox.release_later(std::move(held[i]));
+      } else {
+        inbox.release(held[i]);
+      }
       finish(i, s);
     }
   };
@@ -546,7 +551,7 @@ void pull_am(const MemoryRegion& arena, const MemoryRegion& dest, AmInbox& inbox
         inbox.discarded(token)) {
       // The writer is gone (or the node stops): nothing more will come.
       discarded = true;
-      drop_held(UCS_ERR_CANCELED);
+      drop_held(UCS_ERR_CANCELED, true);
       for (size_t i = 0; i < n; ++i) {
         if (state[i] == kWaiting) finish(i, UCS_ERR_CANCELED);
       }
@@ -559,7 +564,7 @@ void pull_am(const MemoryRegion& arena, const MemoryRegion& dest, AmInbox& inbox
       // Items whose message never came (or waits for a chunk) fail now;
       // receives under way are ended by force below.
       late = true;
-      drop_held(UCS_ERR_TIMED_OUT);
+      drop_held(UCS_ERR_TIMED_OUT, false);
       for (size_t i = 0; i < n; ++i) {
         if (state[i] == kWaiting) finish(i, UCS_ERR_TIMED_OUT);
       }
