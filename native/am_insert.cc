@@ -413,19 +413,19 @@ void pull_am(const MemoryRegion& arena, const MemoryRegion& dest, AmInbox& inbox
   IdleWait wait;
   unsigned idle = 0, checks = 0;
   bool late = false, discarded = false;
-  // A rendezvous receive is the one place a peer's TCP put may land in this
-  // process (guard.h): its slot, or its chunk, is open to puts until the
-  // receive ends.
-  std::vector<uint64_t> window(n, 0);  // per message: the open window's length
   auto slot_of = [&](size_t i) { return base + items[i].slot_offset + kHeader; };
   auto landing = [&](size_t i) { return chunks[i] != nullptr ? chunks[i] : slot_of(i); };
+  auto bytes_of = [&](size_t i) {  // of the message whose first item is i
+    uint64_t b = 0;
+    for (size_t j = i; j < i + runs[i]; ++j) b += items[j].length;
+    return b;
+  };
   // Ends the message whose first item is i: each of its items gets status s.
   // `tainted`: UCX may still write its chunk (a receive left to it).
   auto finish = [&](size_t i, int32_t s, bool tainted = false) {
-    if (state[i] == kReceiving) --receiving;
-    if (window[i]) {
-      close_put_window(reinterpret_cast<uint64_t>(landing(i)), window[i]);
-      window[i] = 0;
+    if (state[i] == kReceiving) {
+      --receiving;
+      close_put_window(reinterpret_cast<uint64_t>(landing(i)), bytes_of(i));
     }
     if (chunks[i] != nullptr) {
       inbox.give_chunk(chunks[i], tainted);
@@ -444,12 +444,19 @@ void pull_am(const MemoryRegion& arena, const MemoryRegion& dest, AmInbox& inbox
       from += items[j].length;
     }
   };
+  // A receive ended: a run's items go from its chunk into their slots.
+  auto received = [&](size_t i, int32_t s) {
+    if (s == UCS_OK && chunks[i] != nullptr) scatter(i, chunks[i]);
+    finish(i, s);
+  };
   // Posts the receive of message m (items i .. i + runs[i] - 1) into where
   // it lands; the run's chunk, if any, is chunks[i] already.
   auto start = [&](size_t i, AmInbox::Message& m) {
+    // A rendezvous receive is the one place a peer's TCP put may land in
+    // this process (guard.h): where the message lands (its slot, or its
+    // chunk) is open to puts until finish() ends it.
     uint8_t* to = landing(i);
-    open_put_window(reinterpret_cast<uint64_t>(to), m.length);
-    window[i] = m.length;
+    open_put_window(reinterpret_cast<uint64_t>(to), m.length);  // == bytes_of(i)
     conns[i] = m.conn;
     state[i] = kReceiving;
     for (size_t j = i + 1; j < i + runs[i]; ++j) state[j] = kCovered;
@@ -457,8 +464,7 @@ void pull_am(const MemoryRegion& arena, const MemoryRegion& dest, AmInbox& inbox
     ucs_status_ptr_t r = ucp_am_recv_data_nbx(worker, m.desc, to, m.length,
                                               chunks[i] != nullptr ? &to_chunk : &to_slot);
     if (r == nullptr) {
-      if (chunks[i] != nullptr) scatter(i, chunks[i]);
-      finish(i, UCS_OK);
+      received(i, UCS_OK);
     } else if (UCS_PTR_IS_ERR(r)) {
       finish(i, UCS_PTR_STATUS(r));
     } else {
@@ -499,8 +505,7 @@ void pull_am(const MemoryRegion& arena, const MemoryRegion& dest, AmInbox& inbox
         if (s == UCS_INPROGRESS) continue;
         ucp_request_free(requests[i]);
         requests[i] = nullptr;
-        if (s == UCS_OK && chunks[i] != nullptr) scatter(i, chunks[i]);
-        finish(i, s);
+        received(i, s);
         events = 1;
         continue;
       }
