@@ -100,6 +100,23 @@ def actor(address: str, seed: int, weights_q, returns_q, stop) -> None:
         writer.close()
 
 
+def let_actor_finish(learner, proc, errors, seconds: float = 30.0) -> None:
+    """Sample (and drop) batches until the actor process has exited, at most
+    `seconds`, then kill it. The table's SampleToInsertRatio holds the
+    actor's last inserts until the learner samples again: without this,
+    the actor waited in `writer.flush()` until it was killed 30 s later."""
+    deadline = time.monotonic() + seconds
+    while proc.is_alive() and time.monotonic() < deadline:
+        try:
+            learner.sample(timeout=0.5)
+        except errors:  # nothing to sample just now, or the store is gone
+            pass
+        proc.join(0.01)
+    if proc.is_alive():
+        proc.kill()
+        proc.join(5)
+
+
 def train(args) -> dict:
     """Runs the actor and the learner; returns a summary dict."""
     require_extras()
@@ -175,9 +192,7 @@ def train(args) -> dict:
                     break
         finally:
             stop.set()
-            proc.join(30)
-            if proc.is_alive():
-                proc.kill()
+            let_actor_finish(learner, proc, ds.DistoreError)
             learner.close()
             client.close()
     return {
