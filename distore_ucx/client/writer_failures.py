@@ -40,21 +40,31 @@ class Failed(Exception):
         raise exc
 
 
+def waiting_for_samples(client, table: str, n: int) -> dict | None:
+    """The table's info when its rate limiter admits no more inserts (`n`
+    more items) until it is sampled; None when it does not, or when the
+    control plane cannot say."""
+    try:
+        info = client.table_info(table)
+    except Exception:  # a courtesy to the user: nothing depends on it
+        return None
+    state = info.get("rate_limiter_state")
+    if not state:
+        return None
+    if (info["size"] + n <= state["min_size_to_sample"]
+            or state["diff"] + n * state["samples_per_insert"] <= state["max_diff"]):
+        return None  # it is not waiting for samples
+    return info
+
+
 def deadlock_hint(client, exc: Exception, table: str, n: int) -> str:
     """When the table admits no more inserts until it is sampled, say that
     a process that both inserts and samples on one thread waits forever."""
     if not isinstance(exc, RateLimiterTimeout):
         return ""
-    try:
-        info = client.table_info(table)
-    except Exception:  # the hint is a courtesy; the error stands without it
+    info = waiting_for_samples(client, table, n)
+    if info is None:
         return ""
-    state = info.get("rate_limiter_state")
-    if not state:
-        return ""
-    if (info["size"] + n <= state["min_size_to_sample"]
-            or state["diff"] + n * state["samples_per_insert"] <= state["max_diff"]):
-        return ""  # it was not waiting for samples
     return (
         f" Table {table!r} takes no more inserts until it is sampled (samples so far: "
         f"{info['samples']}). If the process that samples it is this one (inserting and "

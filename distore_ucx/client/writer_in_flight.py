@@ -5,6 +5,11 @@ in a queue, oldest first, for the node's acknowledgement; its staging buffer
 is refilled only after that. Each batch waits at most the writer's
 `timeout` from when it was sent; while a node's reply takes longer than
 HUNG_CHECK s, the control plane is asked whether the node is still live.
+A batch unacknowledged for WAIT_NOTICE s is logged once (until the next
+acknowledgement), saying why it waits where the control plane can tell: a
+table whose rate limiter holds inserts until learners sample it (a
+process whose learners have stopped otherwise sits silent in `flush()`,
+or at exit, for the whole timeout).
 
 A node that dies (or is marked unresponsive) with a batch in flight: the
 batch goes to another node (the control plane drops whatever the dead node
@@ -28,7 +33,7 @@ from ..protocol import check_reply
 from ..transport import rpc
 from .placement import Placement
 from .writer_connections import node_state
-from .writer_failures import Failed, deadlock_hint
+from .writer_failures import Failed, deadlock_hint, waiting_for_samples
 from .writer_keys import KeyRange
 from .writer_send import Sender
 from .writer_staging import Batch, StagingPool
@@ -38,6 +43,8 @@ log = logging.getLogger(__name__)
 # While a node's reply takes longer than this, the writer checks every this
 # often that the control plane still lists the node.
 HUNG_CHECK = 0.5
+# A batch unacknowledged this many seconds after it was sent is logged.
+WAIT_NOTICE = 5.0
 
 
 class InFlight:
@@ -53,6 +60,7 @@ class InFlight:
         self.timeout = timeout
         self.queue: deque[tuple[rpc.Client, Batch, int, set[int]]] = deque()
         self.inserted = 0
+        self._noticed = False  # a wait was logged since the last acknowledgement
         self.stats = metrics.WriterStats()  # ds.metrics.registry() reads it (writer.stats)
 
     def open_batch(self, table: str, spec) -> Batch:
@@ -101,7 +109,7 @@ class InFlight:
         back; resend it when its node was lost or full."""
         conn, batch, node_id, exclude = self.queue.popleft()
         try:
-            self._wait_for_node(conn, node_id)
+            self._wait_for_node(conn, node_id, batch)
             # the node's own deadline comes first
             reply = check_reply("insert", conn.receive(self.timeout + 15.0), conn.name)
         except ConnectionFailed as exc:
@@ -121,14 +129,19 @@ class InFlight:
             raise self._settle(exc, batch) from None
         self._stored(batch, node_id, reply)
 
-    def _wait_for_node(self, conn: rpc.Client, node_id: int) -> None:
+    def _wait_for_node(self, conn: rpc.Client, node_id: int, batch: Batch | None = None) -> None:
         """Wait for a node's reply; while it takes more than HUNG_CHECK s, ask
         the control plane every HUNG_CHECK s whether the node is still live.
         A node it marked unresponsive or gone (stopped, hung, cut off) fails
         like a lost one (the batch goes to another node) instead of holding
-        the writer for the whole timeout."""
+        the writer for the whole timeout. `batch` (the one waited for) is
+        logged once it has waited WAIT_NOTICE s."""
         deadline = time.monotonic() + self.timeout + 15.0
         while not conn.wait_readable(HUNG_CHECK) and time.monotonic() < deadline:
+            if (batch is not None and not self._noticed
+                    and time.perf_counter() - batch.sent >= WAIT_NOTICE):
+                self._noticed = True
+                self._notice_wait(batch, node_id)
             # Only a node this control plane knows as unresponsive or gone is
             # given up on: it can no longer register the batch (the control
             # plane refuses inserts placed before a node's latest unresponsive
@@ -143,7 +156,24 @@ class InFlight:
                     "off) while it held an insert"
                 )
 
+    def _notice_wait(self, batch: Batch, node_id: int) -> None:
+        """Log that `batch` has waited WAIT_NOTICE s or more, and why if the
+        control plane can tell."""
+        waited = time.perf_counter() - batch.sent
+        info = waiting_for_samples(self._client, batch.table, batch.n)
+        if info is not None:
+            why = (f"table {batch.table!r} takes no more inserts until it is sampled "
+                   f"(its rate limiter; samples so far: {info['samples']}): are its learners "
+                   "still sampling?")
+        else:
+            why = "the node is live and has not answered yet."
+        log.warning("writer %d: %d items for table %r have waited %.0f s for storage node %d "
+                    "to store them: %s The writer waits up to its timeout (%g s) for each "
+                    "batch, then fails it.", self._keys.writer_id, batch.n, batch.table, waited,
+                    node_id, why, self.timeout)
+
     def _stored(self, batch: Batch, node_id: int, reply: dict) -> None:
+        self._noticed = False
         self.inserted += batch.n
         st = self.stats  # metrics: once per batch
         st.batches, st.items = st.batches + 1, st.items + batch.n
@@ -166,7 +196,7 @@ class InFlight:
         while self.queue:
             conn, batch, node_id, _ = self.queue.popleft()
             try:
-                self._wait_for_node(conn, node_id)
+                self._wait_for_node(conn, node_id, batch)
                 reply = check_reply("insert", conn.receive(self.timeout + 15.0), conn.name)
             except Exception:
                 unstored.append(batch.all_keys())

@@ -13,6 +13,7 @@ its timeout with the exact keys stored and not stored.
 from __future__ import annotations
 
 import inspect
+import logging
 import os
 import signal
 import socket
@@ -26,6 +27,7 @@ import pytest
 
 import distore_ucx as ds
 from distore_ucx._native_loader import _native
+from distore_ucx.client import writer_in_flight
 from distore_ucx.config import AM_MIN_ITEM_BYTES
 from distore_ucx.errors import RemoteError
 from distore_ucx.protocol import AM_INSERT_ID
@@ -599,6 +601,31 @@ def test_a_writer_held_by_a_rate_limiter_fails_at_its_timeout_with_exact_keys(cl
     batch = learner.sample()
     assert not set(batch.keys.tolist()) & set(exc.unstored_keys.tolist())
     learner.close()
+    writer.close()
+
+
+@pytest.mark.parametrize("tls", ["tcp"], indirect=True)
+def test_a_writer_held_by_a_rate_limiter_says_so_while_it_waits(client, tls, monkeypatch,
+                                                                caplog):
+    # A learner that stopped sampling leaves the writer's batches held by the
+    # table's rate limiter: the writer says why it waits, once, instead of
+    # sitting silent in flush() (or at exit) for its whole timeout.
+    monkeypatch.setattr(writer_in_flight, "WAIT_NOTICE", 0.5)
+    client.create_table("t", capacity=10_000, spec=((ITEM,), "uint8"),
+                        rate_limiter=ds.SampleToInsertRatio(samples_per_insert=1.0,
+                                                            min_size_to_sample=1,
+                                                            error_buffer=100))
+    writer = client.writer(max_items=40, max_in_flight=3, timeout=2.0)
+    with caplog.at_level(logging.WARNING, logger="distore_ucx.client.writer_in_flight"):
+        with pytest.raises(ds.RateLimiterTimeout):
+            for i in range(20):
+                writer.insert("t", items(np.arange(40 * i, 40 * i + 40)))
+            writer.flush()
+    notices = [r.getMessage() for r in caplog.records if "have waited" in r.getMessage()]
+    assert len(notices) == 1, notices
+    assert "takes no more inserts until it is sampled" in notices[0], notices[0]
+    assert "are its learners still sampling?" in notices[0]
+    assert "timeout (2 s)" in notices[0]
     writer.close()
 
 
