@@ -46,14 +46,13 @@ def waiting_for_samples(client, table: str, n: int) -> dict | None:
     control plane cannot say."""
     try:
         info = client.table_info(table)
+        state = info.get("rate_limiter_state")
+        if not state or (info["size"] + n <= state["min_size_to_sample"]
+                         or state["diff"] + n * state["samples_per_insert"]
+                         <= state["max_diff"]):
+            return None  # it is not waiting for samples
     except Exception:  # a courtesy to the user: nothing depends on it
         return None
-    state = info.get("rate_limiter_state")
-    if not state:
-        return None
-    if (info["size"] + n <= state["min_size_to_sample"]
-            or state["diff"] + n * state["samples_per_insert"] <= state["max_diff"]):
-        return None  # it is not waiting for samples
     return info
 
 

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from distore_ucx.client.writer import Writer
-from distore_ucx.client.writer_failures import Failed
+from distore_ucx.client.writer_failures import Failed, waiting_for_samples
 from distore_ucx.client.writer_staging import OneItemLayout
 from distore_ucx.errors import ConfigError, RateLimiterTimeout
 from distore_ucx.spec import TableSpec
@@ -147,3 +147,34 @@ def test_priorities_and_options_are_checked_before_anything_is_staged(runtime):
     w.flush()
     assert sent == [] and w.next_keys(1)[0] == 1 << 24  # no key was given
     w.close()
+
+
+class _Tables:
+    """A client whose table_info returns `info` (or raises it)."""
+
+    def __init__(self, info):
+        self.info = info
+
+    def table_info(self, table):
+        if isinstance(self.info, Exception):
+            raise self.info
+        return self.info
+
+
+def _limited(size, diff, **state):
+    return {"size": size, "samples": 3, "rate_limiter_state": {
+        "min_size_to_sample": 10, "samples_per_insert": 1.0, "max_diff": 100.0, "diff": diff,
+        **state}}
+
+
+def test_a_writer_says_its_batch_waits_for_samples_only_when_the_limiter_holds_it():
+    held = _limited(size=500, diff=95.0)
+    assert waiting_for_samples(_Tables(held), "t", 10) is held  # 95 + 10 > 100
+    assert waiting_for_samples(_Tables(_limited(size=500, diff=80.0)), "t", 10) is None
+    assert waiting_for_samples(_Tables(_limited(size=0, diff=95.0)), "t", 10) is None  # below min
+    # Anything the control plane cannot tell, or tells oddly, is no reason:
+    # the notice is a courtesy and never fails the writer.
+    assert waiting_for_samples(_Tables({"size": 5}), "t", 10) is None  # no rate limiter
+    assert waiting_for_samples(_Tables(_limited(size=500, diff=95.0, max_diff=None)), "t",
+                               10) is None
+    assert waiting_for_samples(_Tables(ConnectionError("gone")), "t", 10) is None
