@@ -349,7 +349,8 @@ void am_send(const Endpoint& ep, const MemoryRegion& region, unsigned am_id, uin
     // A run: the items after i that follow it in the buffer, up to run_bytes.
     size_t k = 1;
     uint64_t bytes = lengths[i];
-    while (run_bytes > 0 && i + k < n && offsets[i + k] == offsets[i + k - 1] + lengths[i + k - 1] &&
+    while (run_bytes > 0 && i + k < n &&
+           offsets[i + k] == offsets[i + k - 1] + lengths[i + k - 1] &&
            bytes + lengths[i + k] <= run_bytes) {
       bytes += lengths[i + k];
       ++k;
@@ -404,7 +405,8 @@ void pull_am(const MemoryRegion& arena, const MemoryRegion& dest, AmInbox& inbox
   std::vector<uint32_t> runs(n, 1);
   std::vector<uint8_t*> chunks(n, nullptr);
   std::vector<AmInbox::Message> held;  // messages of kHeld runs, by first item
-  size_t left = n, receiving = 0, next = 0;  // receiving: messages; next: first item perhaps not done
+  // receiving: messages under way; next: the first item perhaps not done.
+  size_t left = n, receiving = 0, next = 0;
   const auto deadline = clock::now() + std::chrono::duration<double>(timeout_s);
   // When receives still under way are ended by force (their connections
   // closed), and when that was done.

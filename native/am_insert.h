@@ -199,8 +199,10 @@ class AmInbox {
 // (items at `offsets`, `lengths` bytes each) to `ep`, headed by `token`,
 // with UCP_AM_SEND_FLAG_REPLY (the node learns which connection it came
 // on); with `run_bytes` > 0, items that follow one another in `region` go
-// as runs of up to `run_bytes` bytes (a node that takes runs of that size). No memory handle is passed (UCX registers through its cache): a
-// send still pending when the node dies must not hold one of ours.
+// as runs of up to `run_bytes` bytes (a node that takes runs of that size).
+// The sends use the region's own registration, not one from UCX's cache: a
+// send aborted after the node was told where to read it then ends at once
+// (test_held_sends.py).
 // Requests are released at once: they complete when the node has received
 // the bytes (or released the message); the node's acknowledgement over the
 // control channel is what tells the writer the batch landed. Throws
@@ -215,11 +217,11 @@ void am_send(const Endpoint& ep, const MemoryRegion& region, unsigned am_id, uin
 // validated first (slot inside the arena; `lengths` as the descriptor
 // said; a message whose length differs fails that item with
 // UCS_ERR_MESSAGE_TRUNCATED; a run whose items are not all waiting, or
-// whose length is not theirs, fails them all so). Progresses the inbox's worker until every
-// item has landed or failed, and writes each item's status into
-// `statuses`. It returns only once no receive of the batch is under way
-// (UCX writes no byte of it into a slot afterwards), but for receives
-// left to UCX as below:
+// whose length is not theirs, fails them all so). Progresses the inbox's
+// worker until every item has landed or failed, and writes each item's
+// status into `statuses`. It returns only once no receive of the batch is
+// under way (UCX writes no byte of it into a slot afterwards), but for
+// receives left to UCX as below:
 //
 // - an item whose message has not arrived `timeout_s` after the call gets
 //   UCS_ERR_TIMED_OUT; a receive still under way then has its connection

@@ -129,7 +129,7 @@ class InFlight:
             raise self._settle(exc, batch) from None
         self._stored(batch, node_id, reply)
 
-    def _wait_for_node(self, conn: rpc.Client, node_id: int, batch: Batch | None = None) -> None:
+    def _wait_for_node(self, conn: rpc.Client, node_id: int, batch: Batch) -> None:
         """Wait for a node's reply; while it takes more than HUNG_CHECK s, ask
         the control plane every HUNG_CHECK s whether the node is still live.
         A node it marked unresponsive or gone (stopped, hung, cut off) fails
@@ -138,8 +138,7 @@ class InFlight:
         logged once it has waited WAIT_NOTICE s."""
         deadline = time.monotonic() + self.timeout + 15.0
         while not conn.wait_readable(HUNG_CHECK) and time.monotonic() < deadline:
-            if (batch is not None and not self._noticed
-                    and time.perf_counter() - batch.sent >= WAIT_NOTICE):
+            if not self._noticed and time.perf_counter() - batch.sent >= WAIT_NOTICE:
                 self._noticed = True
                 self._notice_wait(batch, node_id)
             # Only a node this control plane knows as unresponsive or gone is

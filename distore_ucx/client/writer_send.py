@@ -17,8 +17,9 @@ node then reads the items itself, straight into its arena slots
   before the descriptor, which names them by a random batch token; the
   node receives each into its slot. Items that follow one another go
   several to a message, up to the node's `insert_run_bytes` (runs,
-  native/am_insert.h), unless DISTORE_AM_INSERT_RUNS=0. Otherwise, and for a while after the
-  listener could not be reached, the node reads them with UCX gets.
+  native/am_insert.h), unless DISTORE_AM_INSERT_RUNS=0. Otherwise, and
+  for a while after the listener could not be reached, the node reads
+  them with UCX gets.
 
 Thread safety: none (a writer is used by one thread).
 """

@@ -31,8 +31,8 @@ A `Source` is one staging buffer as the node reads it:
   (`_native.pull_am`); items that fit several to a megabyte go as runs
   (several to a message, if the node advertises `insert_run_bytes`;
   DISTORE_AM_INSERT_RUNS=0 turns them off), received into a bounce chunk
-  and copied into their slots. Made through a listener, the writer's endpoint has
-  peer-failure handling and still sends zero-copy: a writer that dies
+  and copied into their slots. Made through a listener, the writer's
+  endpoint has peer-failure handling and still sends zero-copy: a writer that dies
   mid-batch fails the node's receives (its slots are freed) instead of
   leaving them under way or crashing the node. Where UCX emulates RMA in
   software (TCP), a get is a request message answered with the bytes
