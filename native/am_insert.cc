@@ -52,7 +52,8 @@ AmInbox::AmInbox(nanobind::object worker, uintptr_t worker_handle, unsigned am_i
 
 AmInbox::~AmInbox() { close(); }
 
-uint16_t AmInbox::listen(const std::string& host, uint16_t port, size_t max_connections) {
+uint16_t AmInbox::listen(const std::string& host, uint16_t port, size_t max_connections,
+                         const std::string& key) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (connections_ != nullptr) {
@@ -62,7 +63,8 @@ uint16_t AmInbox::listen(const std::string& host, uint16_t port, size_t max_conn
   }
   // Made outside the lock: creating the listener takes the worker's lock,
   // under which the message handler takes ours.
-  auto made = std::make_unique<AmConnections>(worker_h_, host, port, max_connections);
+  auto made = std::make_unique<AmConnections>(worker_h_, host, port, max_connections, "insert",
+                                              key, kAmInsertAuthId);
   const uint16_t chosen = made->port();
   std::lock_guard<std::mutex> lock(mu_);
   connections_ = std::move(made);
@@ -89,6 +91,7 @@ void AmInbox::release_messages_of(const std::vector<uint64_t>& conns) {
     std::lock_guard<std::mutex> lock(mu_);
     for (auto it = messages_.begin(); it != messages_.end();) {
       if (std::find(conns.begin(), conns.end(), it->second.conn) != conns.end()) {
+        unhold_locked(it->second);
         dropped.push_back(std::move(it->second));
         it = messages_.erase(it);
       } else {
@@ -101,7 +104,7 @@ void AmInbox::release_messages_of(const std::vector<uint64_t>& conns) {
 
 AmConnections::Counts AmInbox::connections() const {
   AmConnections* c = connections_ptr();
-  return c != nullptr ? c->counts() : AmConnections::Counts{0, 0, 0, 0, 0};
+  return c != nullptr ? c->counts() : AmConnections::Counts{};
 }
 
 uint64_t AmInbox::abandoned() const {
@@ -122,6 +125,8 @@ void AmInbox::close() {
     registered_ = false;
     for (auto& kv : messages_) dropped.push_back(std::move(kv.second));
     messages_.clear();
+    held_.clear();
+    eager_ = 0;
     for (auto& m : deferred_) dropped.push_back(std::move(m));
     deferred_.clear();
   }
@@ -186,6 +191,7 @@ size_t AmInbox::expire(double max_age_s) {
     const auto age = std::chrono::duration<double>(max_age_s);
     for (auto it = messages_.begin(); it != messages_.end();) {
       if (now - it->second.arrived > age) {
+        unhold_locked(it->second);
         dropped.push_back(std::move(it->second));
         it = messages_.erase(it);
       } else {
@@ -221,6 +227,7 @@ void AmInbox::discard(uint64_t token, uint32_t count) {
   for (uint32_t i = 0; i < count; ++i) {
     auto it = messages_.find(Key{token, i});
     if (it == messages_.end()) continue;
+    unhold_locked(it->second);
     deferred_.push_back(std::move(it->second));
     messages_.erase(it);
   }
@@ -231,6 +238,7 @@ bool AmInbox::take(uint64_t token, uint32_t index, Message* out) {
   std::lock_guard<std::mutex> lock(mu_);
   auto it = messages_.find(Key{token, index});
   if (it == messages_.end()) return false;
+  unhold_locked(it->second);
   *out = std::move(it->second);
   messages_.erase(it);
   return true;
@@ -250,6 +258,14 @@ ucs_status_t AmInbox::on_message(void* arg, const void* header, size_t header_le
   }
   std::memcpy(&h, header, header_length);
   return self->receive(h.head, single ? 1 : h.run, data, length, param);
+}
+
+void AmInbox::unhold_locked(const Message& m) {
+  eager_ -= m.eager;
+  auto it = held_.find(m.conn);
+  if (it == held_.end()) return;
+  it->second.eager -= m.eager;
+  if (--it->second.messages == 0) held_.erase(it);
 }
 
 uint8_t* AmInbox::take_chunk() {
@@ -294,14 +310,26 @@ ucs_status_t AmInbox::receive(const AmInsertHeader& h, uint32_t run, void* data,
       return UCS_OK;
     }
   }
+  // Eager data is held here (persistent) or copied: counted against the
+  // bounds; a rendezvous message holds only UCX's descriptor.
+  const uint64_t eager = rndv ? 0 : length;
+  auto held = held_.find(conn);
+  const Held mine = held != held_.end() ? held->second : Held{};
   if (!registered_ || h.index >= h.count || run == 0 || run > h.count - h.index ||
       (run > 1 && length > kRunBytes) || messages_.size() >= max_messages_ ||
-      discarded_.count(h.token) != 0 || messages_.count(Key{h.token, h.index}) != 0) {
+      mine.messages >= kMaxPerConnection || mine.eager + eager > kMaxEagerPerConnection ||
+      eager_ + eager > kMaxEagerBytes || discarded_.count(h.token) != 0 ||
+      messages_.count(Key{h.token, h.index}) != 0) {
     ++refused_;
     return UCS_OK;  // dropped: a rendezvous sender's request completes with an error
   }
+  Held& hold = held_[conn];
+  ++hold.messages;
+  hold.eager += eager;
+  eager_ += eager;
   Message m;
   m.conn = conn;
+  m.eager = eager;
   m.length = length;
   m.rndv = rndv;
   m.run = run;
@@ -370,6 +398,49 @@ void am_send(const Endpoint& ep, const MemoryRegion& region, unsigned am_id, uin
     if (r != nullptr) ucp_request_free(r);  // released by UCX once complete
     i += k;
   }
+}
+
+size_t am_send_raw(const Endpoint& ep, unsigned am_id, const std::string& header,
+                   const std::string& data, size_t count, bool eager, double timeout_s) {
+  // Kept until every request ended (or for good, if one never does).
+  auto* payload = new std::string(data);
+  ucp_request_param_t param;
+  std::memset(&param, 0, sizeof(param));
+  param.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+  param.flags = UCP_AM_SEND_FLAG_COPY_HEADER | (eager ? UCP_AM_SEND_FLAG_EAGER
+                                                      : UCP_AM_SEND_FLAG_RNDV);
+  std::vector<void*> pending;
+  size_t ok = 0;
+  for (size_t i = 0; i < count && ep.alive(); ++i) {
+    ucs_status_ptr_t r = ucp_am_send_nbx(ep.ep(), am_id, header.data(), header.size(),
+                                         payload->data(), payload->size(), &param);
+    if (r == nullptr) {
+      ++ok;
+    } else if (!UCS_PTR_IS_ERR(r)) {
+      pending.push_back(r);
+    }
+    if (pending.size() >= 256 || i + 1 == count) {
+      const auto deadline = clock::now() + std::chrono::duration<double>(timeout_s);
+      while (!pending.empty() && clock::now() < deadline) {
+        ucp_worker_progress(ep.worker());
+        for (size_t k = 0; k < pending.size();) {
+          const ucs_status_t s = ucp_request_check_status(pending[k]);
+          if (s == UCS_INPROGRESS) {
+            ++k;
+            continue;
+          }
+          ok += s == UCS_OK;
+          ucp_request_free(pending[k]);
+          pending[k] = pending.back();
+          pending.pop_back();
+        }
+      }
+      if (!pending.empty()) break;  // the node does not take them: stop sending
+    }
+  }
+  for (void* r : pending) ucp_request_free(r);  // UCX releases them if they ever end
+  if (pending.empty()) delete payload;
+  return ok;
 }
 
 void pull_am(const MemoryRegion& arena, const MemoryRegion& dest, AmInbox& inbox,

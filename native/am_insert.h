@@ -24,6 +24,17 @@
 // listeners: a receive from an endpoint without peer-failure handling is
 // left to UCX when its writer is gone (pull_am).
 //
+// Who may send (with listen()'s key; am_connections.h): only connections
+// that authenticated with the node's capability, which the control plane
+// gives writers on the authenticated channel; messages from any other are
+// dropped at once, nothing of them kept. A batch's messages are matched to
+// its descriptor (the writer's authenticated RPC connection) by its token,
+// 63 random bits only the writer and the node learn. What one connection
+// can make the inbox hold is bounded: kMaxPerConnection messages and
+// kMaxEagerPerConnection bytes of eagerly sent data (a rendezvous message
+// holds a small descriptor, its bytes stay at the writer), and
+// kMaxEagerBytes of eager data for all; more are refused.
+//
 // Ownership: an AmInbox holds the Python worker object (and through it the
 // context) it registered its handler on, owns its listener and the
 // connections it accepted, and owns the messages it has been handed until
@@ -86,13 +97,19 @@ class AmInbox {
   static constexpr uint64_t kRunBytes = 1 << 20;
   // Bounce chunks a pull may receive runs into at once (more wait).
   static constexpr size_t kMaxChunks = 16;
+  // What one connection's messages may hold at once (see above), and all.
+  static constexpr size_t kMaxPerConnection = 16384;
+  static constexpr uint64_t kMaxEagerPerConnection = 16ull << 20;
+  static constexpr uint64_t kMaxEagerBytes = 128ull << 20;
 
   ucp_worker_h worker() const { return worker_h_; }
   unsigned am_id() const { return am_id_; }
   // Listens on `host`:`port` (0: any free port) for writers' connections,
   // at most `max_connections` at once, and from then on takes messages
-  // only from the connections it accepted. Returns the port. Once only.
-  uint16_t listen(const std::string& host, uint16_t port, size_t max_connections);
+  // only from the connections it accepted (with `key`, the node's: only
+  // once they authenticated; see above). Returns the port. Once only.
+  uint16_t listen(const std::string& host, uint16_t port, size_t max_connections,
+                  const std::string& key = "");
   // Force-closes connection `conn` (Message::conn): its receives end with
   // an error. False if it is not open (or the inbox does not listen).
   bool abort(uint64_t conn);
@@ -124,6 +141,7 @@ class AmInbox {
     bool rndv = false;           // the bytes are still at the sender
     std::vector<uint8_t> bytes;  // eager data that UCX did not let us keep
     uint64_t conn = 0;           // the connection it came on (0: not one of the listener's)
+    uint64_t eager = 0;          // bytes of eager data it holds (persistent or copied)
     uint32_t run = 1;            // items it carries, back to back
     std::chrono::steady_clock::time_point arrived;
   };
@@ -177,6 +195,15 @@ class AmInbox {
     }
   };
   std::unordered_map<Key, Message, KeyHash> messages_;
+  // What the messages in messages_ hold, per connection and in all.
+  struct Held {
+    size_t messages = 0;
+    uint64_t eager = 0;
+  };
+  std::unordered_map<uint64_t, Held> held_;
+  uint64_t eager_ = 0;
+  // Under mu_: message `m` leaves messages_ (its hold is given back).
+  void unhold_locked(const Message& m);
   // Messages of discarded batches, released by the next expire() (discard
   // says why not at once).
   std::vector<Message> deferred_;
@@ -209,6 +236,14 @@ class AmInbox {
 // UcxError if UCX refuses to post (a failed endpoint), before or during.
 void am_send(const Endpoint& ep, const MemoryRegion& region, unsigned am_id, uint64_t token,
              const uint64_t* offsets, const uint64_t* lengths, size_t n, uint64_t run_bytes);
+
+// Posts `count` messages `am_id` of `header` and `data` on `ep` (eager or
+// rendezvous) and progresses its worker until they end or `timeout_s`
+// passes (then their requests are left to UCX, their buffers kept);
+// returns how many ended with UCS_OK. Arbitrary bytes: what a hostile peer
+// can send (tests/integration/am_attacker.py).
+size_t am_send_raw(const Endpoint& ep, unsigned am_id, const std::string& header,
+                   const std::string& data, size_t count, bool eager, double timeout_s);
 
 // Node side: receives batch `token`'s n items, each straight into its slot
 // of `arena` (payload at slot + 16, through `dest`, the arena's writable

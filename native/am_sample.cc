@@ -10,6 +10,7 @@
 #include <thread>
 #include <unordered_set>
 
+#include "am_grant.h"
 #include "idle_wait.h"
 #include "status.h"
 
@@ -80,6 +81,15 @@ struct AmSampleServer::Core {
     bool open;  // under mu
   };
   std::mutex mu;  // everything below; never held across a UCX call
+  // With a key (listen()): requests only on authenticated connections of
+  // `conns`, with grants (am_grant.h). Set before the listener exists.
+  bool auth = false;
+  uint8_t key[kAmKeyBytes] = {};
+  AmConnections* conns = nullptr;  // the server's listener's (it outlives the handler)
+  // Request state held (bytes), in all and per connection (0: not a
+  // listener connection).
+  uint64_t held = 0;
+  std::unordered_map<uint64_t, uint64_t> held_by;
   std::unordered_map<uint64_t, std::shared_ptr<Link>> links;
   std::unordered_set<ServeJob*> live;  // batches not ended (abandoned ones included)
   bool open = true;
@@ -101,16 +111,16 @@ struct ServeJob {
   std::shared_ptr<AmSampleServer::Core::Link> link;  // kRegistered
   ucp_ep_h ep = nullptr;
   uint64_t token = 0, rndv_min = 0;
+  uint64_t conn = 0, held = 0;  // its connection, and the bytes it counts against the bounds
   std::vector<AmSamplePart> parts;
   std::vector<AmSampleItem> items;
-  // What to send, in order: part `part` of items [pos, pos + count) of
-  // `items` (a run of joined items when count > 1), `sub` of them sent.
-  struct Unit {
-    uint32_t pos, count, sub;
-    uint16_t part;
-  };
-  std::vector<Unit> units;
-  size_t next = 0, total = 0, in_flight = 0;
+  // What to send next, in order: part `part` of the run of joined items
+  // [pos, end) (at most `per` of them; end found when the run starts),
+  // `sub` of them sent. Derived as it goes: a request's state is its items
+  // and parts, nothing per (item, part).
+  size_t pos = 0, end = 0, per = 1, in_flight = 0;
+  uint32_t sub = 0;
+  uint16_t part = 0;
   uint64_t sent = 0, bytes = 0, errors = 0, runs = 0, unpacked = 0;
   bool failed = false, pumping = false, no_rndv = false;
   bool abandoned = false;           // under core->mu
@@ -148,11 +158,25 @@ void give_chunk(Core& c, uint32_t k) {
   c.free_chunks.push_back(k);
 }
 
+// The end of the run that starts at item `pos` of `j` (see ServeJob).
+size_t run_end(const ServeJob& j, size_t pos) {
+  size_t e = pos + 1;
+  while (e < j.items.size() && e - pos < j.per && j.items[e].joined == 1 &&
+         j.items[e].index == j.items[e - 1].index + 1) {
+    ++e;
+  }
+  return e;
+}
+
 void finish(ServeJob* j) {
   {
     std::lock_guard<std::mutex> lock(j->core->mu);
-    AmSampleServer::Stats& s = j->core->stats;
-    j->core->live.erase(j);
+    Core& c = *j->core;
+    AmSampleServer::Stats& s = c.stats;
+    c.live.erase(j);
+    c.held -= j->held;
+    auto by = c.held_by.find(j->conn);
+    if (by != c.held_by.end() && (by->second -= j->held) == 0) c.held_by.erase(by);
     --(j->abandoned ? s.stuck : s.in_flight);
     ++(j->failed ? s.batches_failed : s.batches_done);
     s.messages += j->sent;
@@ -206,29 +230,30 @@ void pump(ServeJob* j) {
   j->pumping = true;
   j->last_ns.store(now_ns(), std::memory_order_relaxed);
   Core& c = *j->core;
-  while (!j->failed && j->next < j->total && j->in_flight < c.max_in_flight) {
+  while (!j->failed && j->pos < j->items.size() && j->in_flight < c.max_in_flight) {
     if (!link_open(j)) {
       j->failed = true;
       break;
     }
-    ServeJob::Unit& u = j->units[j->next];
-    const AmSamplePart& p = j->parts[u.part];
+    if (j->end <= j->pos) j->end = run_end(*j, j->pos);
+    const uint32_t run = static_cast<uint32_t>(j->end - j->pos);
+    const AmSamplePart& p = j->parts[j->part];
     // A run goes whole, from a chunk its parts are copied into (headers
     // alone need none); without a free chunk, item by item from the arena.
     uint32_t count = 1;
     int64_t chunk = -1;
-    if (u.sub == 0 && u.count > 1) {
+    if (j->sub == 0 && run > 1) {
       if (p.length == 0) {
-        count = u.count;
+        count = run;
       } else if ((chunk = take_chunk(c)) >= 0) {
-        count = u.count;
+        count = run;
       } else {
         ++j->unpacked;
       }
     }
-    const uint32_t first = u.pos + u.sub;
+    const size_t first = j->pos + j->sub;
     alignas(8) uint8_t header[sizeof(AmSampleReply) + kAmSampleMaxRun * sizeof(AmSampleSlotHeader)];
-    const AmSampleReply h{j->token, j->items[first].index, u.part, 0, count, 0, 0};
+    const AmSampleReply h{j->token, j->items[first].index, j->part, 0, count, 0, 0};
     std::memcpy(header, &h, sizeof(h));
     auto* slots = reinterpret_cast<AmSampleSlotHeader*>(header + sizeof(h));
     uint8_t* packed = chunk >= 0 ? c.bounce + static_cast<size_t>(chunk) * c.chunk : nullptr;
@@ -294,14 +319,20 @@ void pump(ServeJob* j) {
       ++j->errors;
       break;
     }
-    u.sub += count;
-    if (u.sub >= u.count) ++j->next;
+    j->sub += count;
+    if (j->sub >= run) {  // the next part of the run, or the next run
+      j->sub = 0;
+      if (++j->part == j->parts.size()) {
+        j->part = 0;
+        j->pos = j->end;
+      }
+    }
     j->bytes += length;
     if (count > 1) ++j->runs;
     if (r == nullptr) ++j->sent;  // sent at once; no callback comes
   }
   j->pumping = false;
-  if (j->in_flight == 0 && (j->failed || j->next == j->total)) finish(j);
+  if (j->in_flight == 0 && (j->failed || j->pos >= j->items.size())) finish(j);
 }
 
 void send_refusal(const Core& c, ucp_ep_h ep, const AmSampleRequest& q, int status) {
@@ -323,6 +354,25 @@ ucs_status_t on_request(void* arg, const void* header, size_t header_length, voi
   Core& c = *core;
   const ucp_ep_h reply_ep =
       (param->recv_attr & UCP_AM_RECV_ATTR_FIELD_REPLY_EP) ? param->reply_ep : nullptr;
+  // With a key, only an authenticated connection's requests are read: any
+  // other is dropped unanswered (its sender learns nothing).
+  uint64_t conn = 0;
+  AmConnections* conns = nullptr;
+  bool auth;
+  {
+    std::lock_guard<std::mutex> lock(c.mu);
+    auth = c.auth;
+    conns = c.conns;
+  }
+  if (auth) {
+    conn = (conns != nullptr && reply_ep != nullptr) ? conns->id_of(reply_ep) : 0;
+    if (conn == 0) {
+      std::lock_guard<std::mutex> lock(c.mu);
+      ++c.stats.refused;
+      ++c.stats.unauthorized;
+      return UCS_OK;
+    }
+  }
   AmSampleRequest q;
   if (header_length != sizeof(q)) {
     std::lock_guard<std::mutex> lock(c.mu);
@@ -356,14 +406,32 @@ ucs_status_t on_request(void* arg, const void* header, size_t header_length, voi
   }
   // Every byte a message will carry lies inside the arena, and every slot
   // header it reads.
-  uint64_t end = 16;
+  uint64_t end = 16, total = 0;
   for (const AmSamplePart& part : job->parts) {
     if (part.src > c.size || part.length > c.size - part.src) return refuse(kStatusOutOfBounds);
     end = std::max(end, part.src + part.length);
+    total += part.length;
   }
   for (const AmSampleItem& it : job->items) {
     if (it.slot % 8 != 0 || end > c.size || it.slot > c.size - end) {
       return refuse(kStatusOutOfBounds);
+    }
+  }
+  if (auth) {
+    // Only what the control plane granted: each item's slot, of the
+    // request's slot size, and no part outside it (nor parts that add up
+    // to more than it: no slot is sent twice over).
+    bool granted = q.slot_size >= 16 && end <= q.slot_size && total <= q.slot_size;
+    for (size_t i = 0; granted && i < job->items.size(); ++i) {
+      granted = job->items[i].tag == am_item_tag(c.key, job->items[i].slot, q.slot_size);
+    }
+    if (!granted) {
+      {
+        std::lock_guard<std::mutex> lock(c.mu);
+        ++c.stats.unauthorized;
+      }
+      conns->kick(conn);  // a learner never sends that: closed at the next reap
+      return refuse(UCS_ERR_REJECTED);
     }
   }
   if (job->parts.empty()) job->parts.push_back({0, 0});  // the slot header alone
@@ -372,21 +440,11 @@ ucs_status_t on_request(void* arg, const void* header, size_t header_length, voi
   // Without a bounce region max_run is 1 and chunk 0: one item a message.
   uint64_t widest = 0;
   for (const AmSamplePart& part : job->parts) widest = std::max(widest, part.length);
-  const size_t per = std::max<size_t>(
+  job->per = std::max<size_t>(
       1, widest == 0 ? c.max_run : std::min<size_t>(c.max_run, c.chunk / widest));
-  job->units.reserve(job->items.size() * job->parts.size());
-  for (size_t s = 0; s < job->items.size();) {
-    size_t e = s + 1;
-    while (e < job->items.size() && e - s < per && job->items[e].joined == 1 &&
-           job->items[e].index == job->items[e - 1].index + 1) {
-      ++e;
-    }
-    for (size_t k = 0; k < job->parts.size(); ++k) {
-      job->units.push_back(ServeJob::Unit{static_cast<uint32_t>(s), static_cast<uint32_t>(e - s),
-                                          0, static_cast<uint16_t>(k)});
-    }
-    s = e;
-  }
+  job->conn = conn;
+  job->held = sizeof(ServeJob) + job->items.capacity() * sizeof(AmSampleItem) +
+              job->parts.capacity() * sizeof(AmSamplePart);
 
   ucp_ep_h ep = reply_ep;
   int why_not = UCS_OK;
@@ -406,11 +464,15 @@ ucs_status_t on_request(void* arg, const void* header, size_t header_length, voi
       why_not = UCS_ERR_NOT_CONNECTED;
     } else if (!c.open) {
       why_not = UCS_ERR_CANCELED;
-    } else if (c.stats.in_flight >= c.max_batches) {
-      why_not = UCS_ERR_BUSY;
+    } else if (c.stats.in_flight >= c.max_batches || c.held + job->held > kMaxHeldBytes ||
+               c.held_by[conn] + job->held > kMaxHeldBytesPerPeer) {
+      why_not = UCS_ERR_BUSY;  // the learner reads these items by gets
+      if (c.held_by[conn] == 0) c.held_by.erase(conn);
     } else {
       ++c.stats.in_flight;
       ++c.stats.requests;
+      c.held += job->held;
+      c.held_by[conn] += job->held;
       c.live.insert(job.get());
     }
   }
@@ -419,7 +481,6 @@ ucs_status_t on_request(void* arg, const void* header, size_t header_length, voi
   job->ep = ep;
   job->token = q.token;
   job->rndv_min = q.rndv_min;
-  job->total = job->units.size();
   pump(job.release());
   return UCS_OK;
 }
@@ -515,21 +576,31 @@ void AmSampleServer::drop_peer(uint64_t client) {
 }
 
 uint16_t AmSampleServer::listen(const std::string& host, uint16_t port,
-                                size_t max_connections) {
+                                size_t max_connections, const std::string& key) {
   {
     std::lock_guard<std::mutex> lock(conns_mu_);
     if (conns_ != nullptr) {
       throw UcxError(kStatusBadArgument, "AmSampleServer.listen: it listens already");
     }
   }
+  if (!key.empty() && key.size() != kAmKeyBytes) {
+    throw UcxError(kStatusBadArgument, "AmSampleServer.listen: the key must be " +
+                                           std::to_string(kAmKeyBytes) + " bytes");
+  }
   {
     std::lock_guard<std::mutex> lock(core_->mu);
     if (!core_->open) throw UcxError(UCS_ERR_CANCELED, "AmSampleServer.listen: it is closed");
+    // From now on requests must be authenticated and granted (none can be,
+    // until the listener below accepts their connection).
+    if (!key.empty()) {
+      core_->auth = true;
+      std::memcpy(core_->key, key.data(), kAmKeyBytes);
+    }
   }
   // Made outside the locks: creating the listener takes the worker's lock,
   // under which the request handler takes the core's.
   auto made = std::make_unique<AmConnections>(core_->worker, host, port, max_connections,
-                                              "sample");
+                                              "sample", key, kAmSampleAuthId);
   const uint16_t chosen = made->port();
   std::lock_guard<std::mutex> lock(conns_mu_);
   if (conns_ != nullptr) {  // another thread listened meanwhile
@@ -537,6 +608,10 @@ uint16_t AmSampleServer::listen(const std::string& host, uint16_t port,
     throw UcxError(kStatusBadArgument, "AmSampleServer.listen: it listens already");
   }
   conns_ = std::move(made);
+  {
+    std::lock_guard<std::mutex> core_lock(core_->mu);
+    core_->conns = conns_.get();
+  }
   return chosen;
 }
 
@@ -552,13 +627,15 @@ size_t AmSampleServer::reap(double timeout_s) {
 
 AmConnections::Counts AmSampleServer::connections() const {
   AmConnections* c = connections_ptr();
-  return c != nullptr ? c->counts() : AmConnections::Counts{0, 0, 0, 0, 0};
+  return c != nullptr ? c->counts() : AmConnections::Counts{};
 }
 
 AmSampleServer::Stats AmSampleServer::stats() const {
   std::lock_guard<std::mutex> lock(core_->mu);
   core_->sweep();
-  return core_->stats;
+  Stats s = core_->stats;
+  s.held_bytes = core_->held;
+  return s;
 }
 
 bool AmSampleServer::close(double timeout_s) {
@@ -835,7 +912,8 @@ ucs_status_t AmSampleClient::receive(const AmSampleReply& h, const AmSampleSlotH
 }
 
 void AmSampleClient::fetch(const std::vector<Endpoint*>& eps, const uint32_t* node,
-                           const uint64_t* slot_offset, const uint64_t* rows, size_t n,
+                           const uint64_t* slot_offset, const uint32_t* tags,
+                           uint64_t slot_size, const uint64_t* rows, size_t n,
                            const BatchLayout& layout, const MemoryRegion& dest,
                            double timeout_s, uint64_t rndv_min, double stall_s,
                            int32_t* statuses) {
@@ -950,13 +1028,15 @@ void AmSampleClient::fetch(const std::vector<Endpoint*>& eps, const uint32_t* no
                         client_id_,
                         static_cast<uint32_t>(of[e].size()),
                         static_cast<uint32_t>(parts.size()),
-                        rndv_min};
+                        rndv_min,
+                        slot_size};
       std::vector<uint8_t> buf(parts.size() * sizeof(AmSamplePart) +
                                of[e].size() * sizeof(AmSampleItem));
       if (!parts.empty()) std::memcpy(buf.data(), parts.data(), parts.size() * sizeof(AmSamplePart));
       auto* items = reinterpret_cast<AmSampleItem*>(buf.data() + parts.size() * sizeof(AmSamplePart));
       for (size_t j = 0; j < of[e].size(); ++j) {
-        items[j] = AmSampleItem{slot_offset[of[e][j]], of[e][j], joined[of[e][j]]};
+        const uint32_t i = of[e][j];
+        items[j] = AmSampleItem{slot_offset[i], i, joined[i], tags != nullptr ? tags[i] : 0, 0};
       }
       ucs_status_ptr_t r =
           ucp_am_send_nbx(ep.ep(), request_id_, &q, sizeof(q), buf.data(), buf.size(), &sp);

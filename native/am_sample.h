@@ -50,6 +50,18 @@
 // measures both. Learners connect through the listener: peer-failure
 // handling and zero copy at once.
 //
+// Who may read (with a key: listen()'s; am_grant.h): a request is served
+// only on a listener connection that authenticated (am_connections.h), and
+// only whole: every item must carry the grant the control plane gave for
+// its slot and the request's slot size, and every part must lie inside
+// that slot, the parts together no larger than it; else the request is
+// refused (UCS_ERR_REJECTED) and its connection closed. Requests that
+// come any other way (another endpoint to the worker) are dropped unread.
+// What a request makes the node hold is bounded in bytes: its items and
+// parts (24 and 16 bytes each; what to send next is derived from them, not
+// listed), at most kMaxHeldBytes for the node and kMaxHeldBytesPerPeer for
+// one connection, abandoned batches included (else UCS_ERR_BUSY).
+//
 // A learner that dies mid-batch fails the node's sends, and the batch's
 // state is freed when its last send ends; the listener's connection to it
 // is closed by reap(). Sends name the arena's own registration: a
@@ -108,13 +120,17 @@ namespace distore {
 // Active message ids (protocol.AM_INSERT_ID is 0x4453, "DS").
 constexpr unsigned kAmSampleRequestId = 0x4454;
 constexpr unsigned kAmSampleDataId = 0x4455;
-constexpr uint32_t kAmSampleVersion = 2;
+constexpr uint32_t kAmSampleVersion = 3;
 // Limits of one request, checked on both sides.
 constexpr uint32_t kAmSampleMaxItems = 1u << 16;
 constexpr uint32_t kAmSampleMaxParts = 256;
 // Most items one message may carry (a run's slot headers travel in its
 // message header: 24 + 16 bytes each).
 constexpr uint32_t kAmSampleMaxRun = 64;
+// Bytes of request state (items and parts of the batches being sent,
+// abandoned ones included) a node holds at most, and for one connection.
+constexpr uint64_t kMaxHeldBytes = 64ull << 20;
+constexpr uint64_t kMaxHeldBytesPerPeer = 16ull << 20;
 
 // Wire formats (little-endian, as both ends are x86-64 or aarch64).
 struct AmSampleRequest {  // header of a request message
@@ -124,7 +140,8 @@ struct AmSampleRequest {  // header of a request message
   uint64_t client;    // the learner's client id (kRegistered)
   uint32_t items;
   uint32_t parts;
-  uint64_t rndv_min;  // parts of at least this many bytes go by rendezvous
+  uint64_t rndv_min;   // parts of at least this many bytes go by rendezvous
+  uint64_t slot_size;  // the slots' size, which the items' grants name
 };
 struct AmSamplePart {  // request data: `parts` of these, then `items` AmSampleItem
   uint64_t src;        // offset in a slot (the slot header included)
@@ -134,6 +151,8 @@ struct AmSampleItem {
   uint64_t slot;   // offset of the slot in the arena
   uint32_t index;  // the item in the learner's batch
   uint32_t joined; // 1: this item's rows follow the previous item's (a run), else 0
+  uint32_t tag;    // the control plane's grant for the slot (am_grant.h)
+  uint32_t reserved;
 };
 // Header of each data message: this, then one AmSampleSlotHeader per item
 // it carries (`count` of them; a refusal carries none). A message carries a
@@ -185,9 +204,12 @@ class AmSampleServer {
 
   // Listens on `host`:`port` (port 0: any free one) for learners'
   // connections (Endpoint.to_listener), at most `max_connections` at once;
-  // requests on them are answered on them (kReply). Returns the port.
+  // requests on them are answered on them (kReply). With `key` (the node's,
+  // am_grant.h), connections must authenticate and requests carry grants
+  // (see above); empty: any connection is served. Returns the port.
   // Throws UcxError if it listens already, is closed, or UCX cannot listen.
-  uint16_t listen(const std::string& host, uint16_t port, size_t max_connections);
+  uint16_t listen(const std::string& host, uint16_t port, size_t max_connections,
+                  const std::string& key = "");
   // Closes the connections of learners that failed or left; how many.
   size_t reap(double timeout_s);
   // The listener's connection counts (all 0 when not listening).
@@ -196,6 +218,8 @@ class AmSampleServer {
   struct Stats {
     uint64_t requests = 0;   // requests accepted
     uint64_t refused = 0;    // requests refused (malformed, out of bounds, busy, no endpoint)
+    uint64_t unauthorized = 0;  // of those, from no authenticated connection or without grants
+    uint64_t held_bytes = 0;    // request state held now (kMaxHeldBytes)
     uint64_t batches_done = 0;
     uint64_t batches_failed = 0;  // a send failed (the learner went away)
     uint64_t messages = 0;        // messages whose send completed
@@ -243,7 +267,9 @@ class AmSampleClient {
   AmSampleClient& operator=(const AmSampleClient&) = delete;
 
   // One batch: item i (slot at slot_offset[i] in the arena of node
-  // eps[node[i]]) lands in row rows[i] of `layout` in `dest` (host memory:
+  // eps[node[i]], of `slot_size` bytes, granted by tags[i]: the control
+  // plane's, protocol.ITEM_LOCATION's `pad`; tags may be null where the
+  // nodes ask for none) lands in row rows[i] of `layout` in `dest` (host memory:
   // headers and eagerly sent fields are copied by the CPU): each field in
   // its dense array, straight from the node; its slot header, once every
   // part has landed, in the header array ((0, 0) for an item that failed).
@@ -261,9 +287,10 @@ class AmSampleClient {
   // `dest`. Throws UcxError before sending anything if an argument is
   // malformed. Must be called without the GIL.
   void fetch(const std::vector<Endpoint*>& eps, const uint32_t* node,
-             const uint64_t* slot_offset, const uint64_t* rows, size_t n,
-             const BatchLayout& layout, const MemoryRegion& dest, double timeout_s,
-             uint64_t rndv_min, double stall_s, int32_t* statuses);
+             const uint64_t* slot_offset, const uint32_t* tags, uint64_t slot_size,
+             const uint64_t* rows, size_t n, const BatchLayout& layout,
+             const MemoryRegion& dest, double timeout_s, uint64_t rndv_min, double stall_s,
+             int32_t* statuses);
 
   struct Stats {
     uint64_t batches = 0;

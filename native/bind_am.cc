@@ -9,6 +9,41 @@
 namespace distore {
 
 void bind_am(nb::module_& m) {
+  m.attr("AM_INSERT_AUTH_ID") = kAmInsertAuthId;
+  m.attr("AM_SAMPLE_AUTH_ID") = kAmSampleAuthId;
+  m.attr("AM_AUTH_ACK_ID") = kAmAuthAckId;
+  nb::class_<AmAuthClient>(
+      m, "AmAuthClient",
+      "A client's side of a node listener's authentication, on one worker: sends the\n"
+      "node's capability on a new connection and waits for the answer.")
+      .def(
+          "__init__",
+          [](AmAuthClient* self, nb::object worker) {
+            new (self) AmAuthClient(reinterpret_cast<ucp_worker_h>(handle_of(worker, "worker")));
+          },
+          "worker"_a, nb::keep_alive<1, 2>(),
+          "Register the answer handler on `worker` (a ucxx worker).")
+      .def(
+          "authenticate",
+          [](AmAuthClient& self, const Endpoint& ep, unsigned auth_id, nb::bytes cap,
+             double timeout) {
+            std::string c(cap.c_str(), cap.size());
+            nb::gil_scoped_release release;
+            return self.authenticate(ep.ep(), auth_id, c, timeout);
+          },
+          "endpoint"_a, "auth_id"_a, "cap"_a, "timeout"_a = 5.0,
+          "Authenticate `endpoint` (to a node's listener, on this worker) with the node's\n"
+          "capability `cap` (16 bytes) as message `auth_id` (AM_INSERT_AUTH_ID or\n"
+          "AM_SAMPLE_AUTH_ID): 0 once the node took it, else its refusal's status\n"
+          "(UCS_ERR_REJECTED: a wrong capability), or UCS_ERR_TIMED_OUT after `timeout`.")
+      .def(
+          "close",
+          [](AmAuthClient& self) {
+            nb::gil_scoped_release release;
+            self.close();
+          },
+          "Unregister the answer handler (idempotent).");
+
   nb::class_<AmInbox>(m, "AmInbox",
                       "A storage node's inbox of writers' insert messages on one UCX worker.")
       .def(
@@ -22,14 +57,18 @@ void bind_am(nb::module_& m) {
           "worker); at most `max_messages` wait to be received, more are refused.")
       .def(
           "listen",
-          [](AmInbox& self, const std::string& host, uint16_t port, size_t max_connections) {
+          [](AmInbox& self, const std::string& host, uint16_t port, size_t max_connections,
+             nb::bytes key) {
+            std::string k(key.c_str(), key.size());
             nb::gil_scoped_release release;
-            return self.listen(host, port, max_connections);
+            return self.listen(host, port, max_connections, k);
           },
-          "host"_a = "", "port"_a = 0, "max_connections"_a = 4096,
+          "host"_a = "", "port"_a = 0, "max_connections"_a = 4096, "key"_a = nb::bytes(""),
           "Listen on `host`:`port` ('' all addresses, 0 any free port) for writers'\n"
           "connections (Endpoint.to_listener), at most `max_connections` at once, and\n"
-          "from then on take messages only from them. Returns the port.")
+          "from then on take messages only from them. With `key` (the node's 16 bytes),\n"
+          "only from those that authenticated with its capability (AmAuthClient), each\n"
+          "given a second to. Returns the port.")
       .def_prop_ro(
           "connections",
           [](const AmInbox& self) {
@@ -37,9 +76,11 @@ void bind_am(nb::module_& m) {
             d["abandoned_receives"] = self.abandoned();
             return d;
           },
-          "Writers' connections: open now, accepted, refused (too many, or closed),\n"
-          "failed (the writer died or left), aborted (force-closed to end a receive\n"
-          "that did not end by itself), and receives left to UCX (abandoned_receives).")
+          "Writers' connections: open now (authenticated), accepted, refused (too many,\n"
+          "or closed), failed (the writer died or left), aborted (force-closed to end a\n"
+          "receive that did not end by itself), pending (not authenticated yet),\n"
+          "unauthenticated (closed: a wrong capability or none in time), and receives\n"
+          "left to UCX (abandoned_receives).")
       .def_prop_ro("waiting", &AmInbox::waiting, "Messages received and not taken yet.")
       .def_prop_ro("chunks", &AmInbox::chunks,
                    "Bounce chunks made so far for runs (at most 16 in use at once).")
@@ -91,6 +132,21 @@ void bind_am(nb::module_& m) {
       "items that follow one another in `region` go as runs of up to that many bytes\n"
       "(a node that takes them: AmInbox.run_bytes). The node's acknowledgement, not\n"
       "this call, says the batch landed.");
+
+  m.def(
+      "am_send_raw",
+      [](const Endpoint& ep, unsigned am_id, nb::bytes header, nb::bytes data, size_t count,
+         bool eager, double timeout) {
+        const std::string h(header.c_str(), header.size()), d(data.c_str(), data.size());
+        nb::gil_scoped_release release;
+        return am_send_raw(ep, am_id, h, d, count, eager, timeout);
+      },
+      "endpoint"_a, "am_id"_a, "header"_a, "data"_a = nb::bytes(""), "count"_a = 1,
+      "eager"_a = true, "timeout"_a = 5.0,
+      "Post `count` active messages `am_id` of `header` and `data` on `endpoint`\n"
+      "(eagerly, or by rendezvous) and progress its worker until they end or\n"
+      "`timeout` s pass; returns how many ended well. Any bytes, any id: what a\n"
+      "hostile peer can send a node's listeners (the security tests' attacker).");
 
   m.def(
       "pull_am",

@@ -2,6 +2,8 @@
 // node's server, the learner's client and its one call per batch.
 #include "bindings.h"
 
+#include <nanobind/stl/optional.h>
+
 #include "am_sample.h"
 #include "endpoint.h"
 #include "layout.h"
@@ -70,15 +72,19 @@ void bind_am_sample(nb::module_& m) {
       .def(
           "listen",
           [](AmSampleServer& self, const std::string& host, uint16_t port,
-             size_t max_connections) {
+             size_t max_connections, nb::bytes key) {
+            std::string k(key.c_str(), key.size());
             nb::gil_scoped_release release;
-            return self.listen(host, port, max_connections);
+            return self.listen(host, port, max_connections, k);
           },
-          "host"_a = "", "port"_a = 0, "max_connections"_a = 4096,
+          "host"_a = "", "port"_a = 0, "max_connections"_a = 4096, "key"_a = nb::bytes(""),
           "Listen on `host`:`port` ('' all addresses, 0 any free port) for learners'\n"
           "connections (Endpoint.to_listener), at most `max_connections` at once:\n"
           "requests on them are answered on them ('reply'), with peer-failure handling\n"
-          "and zero-copy rendezvous over TCP. Returns the port.")
+          "and zero-copy rendezvous over TCP. With `key` (the node's 16 bytes), only\n"
+          "connections that authenticated with its capability are served (others are\n"
+          "closed after a second), and only requests whose items carry the control\n"
+          "plane's grants (am_grant.h). Returns the port.")
       .def(
           "reap",
           [](AmSampleServer& self, double timeout) {
@@ -101,6 +107,8 @@ void bind_am_sample(nb::module_& m) {
             nb::dict d;
             d["requests"] = s.requests;
             d["refused"] = s.refused;
+            d["unauthorized"] = s.unauthorized;
+            d["held_bytes"] = s.held_bytes;
             d["batches_done"] = s.batches_done;
             d["batches_failed"] = s.batches_failed;
             d["messages"] = s.messages;
@@ -113,7 +121,9 @@ void bind_am_sample(nb::module_& m) {
             d["unpacked"] = s.unpacked;
             return d;
           },
-          "Counters: requests accepted and refused, batches sent whole and failed (the\n"
+          "Counters: requests accepted and refused (unauthorized: of those, from no\n"
+          "authenticated connection or without grants), request state held now\n"
+          "(held_bytes), batches sent whole and failed (the\n"
           "learner went away), messages sent, bytes of batches sent, send errors,\n"
           "batches being sent now, batches abandoned after `stall` s without progress\n"
           "and, of those, the ones UCX still holds (stuck), messages that carried several\n"
@@ -149,24 +159,29 @@ void bind_am_sample(nb::module_& m) {
           "fetch",
           [](AmSampleClient& self, std::vector<Endpoint*> endpoints, Vec<uint32_t> node,
              Vec<uint64_t> slot_offsets, Vec<uint64_t> rows, const BatchLayout& layout,
-             const MemoryRegion& dest, double timeout, uint64_t rndv_min, double stall) {
+             const MemoryRegion& dest, double timeout, uint64_t rndv_min, double stall,
+             std::optional<Vec<uint32_t>> tags, uint64_t slot_size) {
             const size_t n = node.shape(0);
-            if (slot_offsets.shape(0) != n || rows.shape(0) != n) {
-              throw UcxError(kStatusBadArgument,
-                             "AmSampleClient.fetch: node, slot_offsets and rows differ in length");
+            if (slot_offsets.shape(0) != n || rows.shape(0) != n ||
+                (tags && tags->shape(0) != n)) {
+              throw UcxError(kStatusBadArgument, "AmSampleClient.fetch: node, slot_offsets, "
+                                                 "rows and tags differ in length");
             }
+            const uint32_t* t = tags ? tags->data() : nullptr;
             auto [array, statuses] = new_statuses(n);
             {
               nb::gil_scoped_release release;
-              self.fetch(endpoints, node.data(), slot_offsets.data(), rows.data(), n, layout,
-                         dest, timeout, rndv_min, stall, statuses);
+              self.fetch(endpoints, node.data(), slot_offsets.data(), t, slot_size, rows.data(),
+                         n, layout, dest, timeout, rndv_min, stall, statuses);
             }
             return array;
           },
           "endpoints"_a, "node"_a, "slot_offsets"_a, "rows"_a, "layout"_a, "dest"_a,
-          "timeout"_a = 30.0, "rndv_min"_a = 8192, "stall"_a = 2.0,
+          "timeout"_a = 30.0, "rndv_min"_a = 8192, "stall"_a = 2.0, "tags"_a = nb::none(),
+          "slot_size"_a = 0,
           "Read one batch, in one call: item i's slot (at slot_offsets[i] in the arena of\n"
-          "the node behind endpoints[node[i]]) lands in row rows[i] of `layout` in\n"
+          "the node behind endpoints[node[i]], of `slot_size` bytes, granted by tags[i]:\n"
+          "the sample reply's ITEM_LOCATION `pad`) lands in row rows[i] of `layout` in\n"
           "`dest` (host memory): each field in its dense array, sent by the node straight\n"
           "into place (rendezvous for fields of `rndv_min` bytes and more), and the slot\n"
           "header, once the item is whole, in the header array ((0, 0) for an item that\n"

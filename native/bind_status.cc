@@ -38,6 +38,8 @@ void bind_status_constants(nb::module_& m) {
   m.attr("STATUS_NOT_MAPPED") = kStatusNotMapped;
   m.attr("STATUS_CORRUPT") = kStatusCorrupt;
   m.attr("STATUS_UNREACHABLE") = static_cast<int>(UCS_ERR_UNREACHABLE);
+  m.attr("STATUS_BUSY") = static_cast<int>(UCS_ERR_BUSY);          // a node too busy to send
+  m.attr("STATUS_REJECTED") = static_cast<int>(UCS_ERR_REJECTED);  // a node refused us
 }
 
 }  // namespace distore

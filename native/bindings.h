@@ -51,6 +51,8 @@ inline nb::dict connection_counts(const AmConnections::Counts& c) {
   d["refused"] = c.refused;
   d["failed"] = c.failed;
   d["aborted"] = c.aborted;
+  d["pending"] = c.pending;
+  d["unauthenticated"] = c.unauthenticated;
   return d;
 }
 

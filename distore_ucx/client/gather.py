@@ -31,7 +31,6 @@ from ..errors import ConnectionFailed
 from ..protocol import ITEM_LOCATION
 
 MAX_RESAMPLES = 20
-UCS_ERR_BUSY = -15  # ucs/type/status.h: a node refused a batch by active message (too many)
 
 
 class Gather:
@@ -45,7 +44,8 @@ class Gather:
     `torn`: items whose slot was rewritten while they were copied.
     """
 
-    def __init__(self, runtime, ring, peers, copy_pool, stream, stats, item_read: int):
+    def __init__(self, runtime, ring, peers, copy_pool, stream, stats, item_read: int,
+                 slot_size: int):
         self._runtime = runtime
         self._ring = ring
         self._peers = peers
@@ -53,6 +53,7 @@ class Gather:
         self._stream = stream
         self._stats = stats
         self._read = item_read  # bytes read per item: slot header and item
+        self._slot_size = slot_size  # what the control plane's grants name (ITEM_LOCATION pad)
         self._rows = np.arange(ring.batch_size, dtype=np.uint64)  # rows of a ring slot's arrays
         # Every row of a batch, as a new batch is read (read_rows takes it
         # by identity: its rows are then filled by slices, not masks).
@@ -180,8 +181,9 @@ class Gather:
             a = np.flatnonzero(am)
             got = self._runtime.am_sample_client().fetch(
                 peers.am_endpoints, peers.am_lut[nodes[a]].astype(np.uint32),
-                items["offset"][a], dest_rows[a], self._ring.reads, dest, timeout)
-            busy = got == UCS_ERR_BUSY  # read by gets below
+                items["offset"][a], dest_rows[a], self._ring.reads, dest, timeout,
+                tags=items["pad"][a], slot_size=self._slot_size)
+            busy = got == _native.STATUS_BUSY  # read by gets below
             done = a[~busy]
             self._stats.fetched("ucx-am", len(done), len(done) * self._read)
             statuses[done] = self._checked(got[~busy], items[done], rows[done], slot)

@@ -207,8 +207,8 @@ class Learner:
                     part.close()
             raise
         self._gather = Gather(runtime, self._ring, self._peers, self._copy_pool, self._stream,
-                              self.stats, self._read)
-        self._recheck = HeaderRecheck(client, runtime, self._peers)
+                              self.stats, self._read, self.spec.slot_size)
+        self._recheck = HeaderRecheck(client, runtime, self._peers, self.spec.slot_size)
         metrics.track("learner", self)
         log.info("learner on table %r: device=%s, path=%s, framework=%s, prefetch=%d, "
                  "UCX %s, UCX_TLS=%s", table, self.device, self.path, self.framework, prefetch,

@@ -57,6 +57,7 @@ import numpy as np
 
 from .._native_loader import _native
 from ..errors import ConnectionFailed, DistoreError, UcxError
+from ..protocol import AM_SAMPLE_AUTH_ID
 from ..transport.local_map import receive_arena
 from ..transport.runtime import ProcessWatch, host_id
 
@@ -142,7 +143,8 @@ class Peer:
         host = desc["address"].rpartition(":")[0].strip("[]")
         port = int(desc["sample_port"])
         try:
-            ep = runtime.listener_endpoint(host, port, self.name, reader=True)
+            ep = runtime.listener_endpoint(host, port, self.name, reader=True,
+                                           cap=desc.get("am_cap"), auth_id=AM_SAMPLE_AUTH_ID)
         except ConnectionFailed as exc:
             self.why_not_am = str(exc)
             return None

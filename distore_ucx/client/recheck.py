@@ -14,7 +14,6 @@ from __future__ import annotations
 import numpy as np
 
 from .._native_loader import _native
-from .gather import UCS_ERR_BUSY
 
 
 class HeaderRecheck:
@@ -24,10 +23,11 @@ class HeaderRecheck:
     changed in place) and keeps its own remote keys and header buffer.
     """
 
-    def __init__(self, client, runtime, peers):
+    def __init__(self, client, runtime, peers, slot_size: int):
         self._client = client
         self._runtime = runtime
         self._peers = peers
+        self._slot_size = slot_size  # what the items' grants name
         self._headers = None  # where batches fetched ahead have their headers re-read
         self._header_layout = None  # their layout: headers only (made with _headers)
         self._rows = None  # rows of the header buffer (made with _headers)
@@ -100,8 +100,9 @@ class HeaderRecheck:
         u = rest[by_message]
         got = self._runtime.am_sample_client().fetch(
             eps, index[by_message].astype(np.uint32), locs["offset"][u], self._rows[u],
-            self._header_layout, self._headers, timeout)
-        busy = got == UCS_ERR_BUSY
+            self._header_layout, self._headers, timeout, tags=locs["pad"][u],
+            slot_size=self._slot_size)
+        busy = got == _native.STATUS_BUSY
         done, got = u[~busy], got[~busy]
         same = ((header[done, 0] == locs["key"][done])
                 & (header[done, 1] == locs["generation"][done]))

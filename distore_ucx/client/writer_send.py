@@ -35,7 +35,7 @@ import numpy as np
 
 from .._native_loader import _native
 from ..errors import ConnectionFailed, UcxError
-from ..protocol import AM_INSERT_ID
+from ..protocol import AM_INSERT_AUTH_ID, AM_INSERT_ID
 from ..transport import rpc
 from ..transport.address import parse_address
 from ..transport.local_map import send_staging
@@ -164,7 +164,9 @@ class Sender:
         try:
             # As long as a node has to greet a new connection: a stopped
             # node is then routed around as any (writer_connections.py).
-            ep = self._runtime.listener_endpoint(host, port, name, CONNECT_TIMEOUT)
+            ep = self._runtime.listener_endpoint(host, port, name, CONNECT_TIMEOUT,
+                                                 cap=node.get("am_cap"),
+                                                 auth_id=AM_INSERT_AUTH_ID)
         except ConnectionFailed as exc:
             # A firewall that lets the node's RPC port through but not this
             # one, say: the node reads our batches with gets meanwhile.

@@ -14,6 +14,14 @@ A node is in one of three states:
   at once), it left, or it stayed unresponsive past the grace. Only then
   do its items leave the tables.
 
+Each node sends the key of its active-message listeners (`am_key`,
+native/am_grant.h): the control plane keeps it, gives clients only the
+connection capability derived from it (`am_cap` in node descriptors), and
+signs each sampled item's location with it (`sign`), which the node checks
+before it sends a byte. A node's heartbeats, on a connection of their own,
+carry the secret it registered with (`beat_secret`): a heartbeat for a node
+from any other connection without it is refused.
+
 Node ids are never
 reused, not even by a restarted control plane (they come from IdState): a
 node that lost the control plane re-registers with its former id when that
@@ -23,11 +31,15 @@ registers anew.
 
 from __future__ import annotations
 
+import hmac
 import logging
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
+from .._tables import am_connect_cap, am_sign
 from ..errors import InvalidRequest
 
 log = logging.getLogger(__name__)
@@ -57,6 +69,8 @@ class Node:
     insert_run_bytes: int = 0  # the largest run of items one such message may carry
     am_sample: bool = False  # serves samples by active message (native/am_sample.h)
     sample_port: int = 0  # ...through its UCX listener on `host` (0: none, an older node)
+    am_key: bytes = field(repr=False, default=b"")  # its listeners' key (never sent on)
+    beat_secret: bytes = field(repr=False, default=b"")  # what its heartbeats carry
     peer: Any = field(repr=False, default=None)
     last_seen: float = 0.0
     used_bytes: int = 0
@@ -107,6 +121,8 @@ class Node:
                 d["am_sample"] = True
             if self.sample_port:
                 d["sample_port"] = self.sample_port
+            if self.am_key:
+                d["am_cap"] = am_connect_cap(self.am_key)
         return d
 
 
@@ -118,6 +134,8 @@ class Membership:
         self.grace = grace  # s an unresponsive node keeps its items
         self.nodes: dict[int, Node] = {}
         self._ids = ids  # checkpoint.IdState
+        # Node id -> its listeners' key (zeros: none), for signing samples.
+        self.am_keys = np.zeros((1, 16), np.uint8)
 
     def register(self, peer, fields: dict, wanted: int | None = None) -> Node:
         """Add a node from its register_node message; `wanted` is the id it had
@@ -125,11 +143,36 @@ class Membership:
         node_id = self._ids.node_id(wanted, lambda i: i in self.nodes)
         node = Node(node_id=node_id, peer=peer, last_seen=time.monotonic(), **fields)
         self.nodes[node.node_id] = node
+        if node_id >= len(self.am_keys):
+            grown = np.zeros((max(node_id + 1, 2 * len(self.am_keys)), 16), np.uint8)
+            grown[:len(self.am_keys)] = self.am_keys
+            self.am_keys = grown
+        self.am_keys[node_id] = np.frombuffer(node.am_key.ljust(16, b"\0"), np.uint8)
         peer.state["node_id"] = node.node_id
         log.info("node %d (%s) %s: %d-byte arena at %s:%d", node.node_id, node.name,
                  "re-joined" if wanted == node_id else "joined", node.arena_size, node.host,
                  node.port)
         return node
+
+    def sign(self, items: np.ndarray, slot_size: int) -> np.ndarray:
+        """Sampled items' locations (protocol.ITEM_LOCATION) with each one's
+        grant in its `pad`: what the node checks before sending its slot
+        (native/am_grant.h). One native call; `items` is copied if read-only."""
+        if not items.flags.writeable or not items.flags.c_contiguous:
+            items = items.copy()
+        am_sign(items.view(np.uint64), self.am_keys, slot_size)
+        return items
+
+    def beat_allowed(self, peer, node_id: int, secret: bytes | None) -> bool:
+        """May this heartbeat speak for `node_id`: it comes on the node's own
+        control connection, or carries the secret the node registered with."""
+        node = self.nodes.get(node_id)
+        if node is None:
+            return True  # unknown ids are ignored anyway
+        if peer is not None and peer is node.peer:
+            return True
+        return bool(node.beat_secret) and secret is not None and hmac.compare_digest(
+            bytes(secret), node.beat_secret)
 
     def heartbeat(self, node_id: int, used_bytes: int) -> Node | None:
         """Record a heartbeat (ignored for unknown or gone nodes); returns the

@@ -79,7 +79,13 @@ class Nodes:
 
     def op_heartbeat(self, peer: Peer, f: dict) -> dict:
         """A node's heartbeat (on a connection of its own: storage/heartbeat.py);
-        an unresponsive node that beats again is live again, with its items."""
+        an unresponsive node that beats again is live again, with its items.
+        Only the node may beat for itself: a heartbeat that neither comes on
+        its control connection nor carries its `beat_secret` is refused."""
+        if not self.members.beat_allowed(peer, f["node_id"], f.get("beat_secret")):
+            raise InvalidRequest(
+                f"heartbeat for node {f['node_id']} from a connection that is not it (no or a "
+                "wrong beat_secret)")
         node = self.members.heartbeat(f["node_id"], f["used_bytes"])
         if node is not None:
             self.stats.membership["resumed"] += 1

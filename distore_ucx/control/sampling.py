@@ -17,6 +17,8 @@
 6. Stage cold items (`_stage_cold`): items on a node's disk tier are read
    into its staging area before the reply gives their locations
    (control/tiers.py).
+7. Sign the locations (`Membership.sign`): each item's grant, which its
+   node asks for before it sends the item by active message.
 """
 
 from __future__ import annotations
@@ -85,6 +87,8 @@ class Sampling:
         staged = int(np.count_nonzero(items["offset"] >= COLD))
         if staged:
             items = await self._stage_cold(table, recs, items, lease)
+        # Each item's grant, which its node checks before sending a byte of it.
+        items = self.members.sign(items, table.spec.slot_size)
         return {
             "lease": lease,
             "refused": refused,

@@ -24,7 +24,10 @@ from __future__ import annotations
 from .error_codes import ERRORS, ProtocolError, error_code, error_reply, remote_error
 from .fields import ITEM_LOCATION, MAX_ITEMS, MAX_NAME, MAX_NODE_ID, MAX_SAMPLE, F
 from .framing import (
+    AM_AUTH_ACK_ID,
+    AM_INSERT_AUTH_ID,
     AM_INSERT_ID,
+    AM_SAMPLE_AUTH_ID,
     AM_SAMPLE_DATA_ID,
     AM_SAMPLE_REQUEST_ID,
     HEADER,
@@ -69,7 +72,10 @@ from .replies import (
 from .requests import MESSAGES, request, validate_request
 
 __all__ = [
+    "AM_AUTH_ACK_ID",
+    "AM_INSERT_AUTH_ID",
     "AM_INSERT_ID",
+    "AM_SAMPLE_AUTH_ID",
     "AM_SAMPLE_DATA_ID",
     "AM_SAMPLE_REQUEST_ID",
     "AUTH_CONTEXT",

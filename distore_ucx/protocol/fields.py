@@ -49,6 +49,9 @@ __all__ = [
     "REQUEST",
     "RKEY",
     "SAMPLE_PORT",
+    "AM_KEY",
+    "AM_CAP",
+    "BEAT_SECRET",
     "SELECTOR",
     "SIZE",
     "SLOT_SIZE",
@@ -147,6 +150,15 @@ INSERT_RUN_BYTES = F("insert_run_bytes", "int", lo=1, hi=1 << 30)
 # on the host of its address; absent (an older node), learners read it with
 # one-sided gets.
 SAMPLE_PORT = F("sample_port", "int", lo=1, hi=65535)
+# The key of a node's active-message listeners (native/am_grant.h): the
+# node sends it to the control plane only (register_node), which signs
+# sample replies' items with it and gives clients the connection
+# capability derived from it (a node descriptor's `am_cap`), never the key.
+AM_KEY = F("am_key", "bytes", max_len=16)
+AM_CAP = F("am_cap", "bytes", max_len=16)
+# A node's heartbeat secret: its heartbeats (on a connection of their own)
+# carry the one it registered with, so no other client can beat for it.
+BEAT_SECRET = F("beat_secret", "bytes", max_len=32)
 # The slots and items one message moves (an insert, a stage, a re-sent batch).
 SLOT_SIZE = F("slot_size", "int", lo=1, hi=1 << 34)
 ITEM_BYTES = SLOT_SIZE.named("item_bytes")

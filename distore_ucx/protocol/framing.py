@@ -40,6 +40,11 @@ AM_INSERT_ID = 0x4453  # the UCX active message id of insert messages ("DS")
 # node, and the node's data messages back to the learner.
 AM_SAMPLE_REQUEST_ID = 0x4454
 AM_SAMPLE_DATA_ID = 0x4455
+# A connection's authentication to a node's insert or sample listener, and
+# the node's answer (native/am_connections.h).
+AM_INSERT_AUTH_ID = 0x4456
+AM_SAMPLE_AUTH_ID = 0x4457
+AM_AUTH_ACK_ID = 0x4458
 HEADER = struct.Struct("<II")  # body length, metadata length
 HEADER_SIZE = HEADER.size
 

@@ -28,6 +28,7 @@ import numpy as np
 
 from .error_codes import ProtocolError, remote_error
 from .fields import (
+    AM_CAP,
     AM_SAMPLE,
     ARENA_ID,
     BASE,
@@ -257,6 +258,7 @@ class NodeDescription(Record):
     insert_run_bytes: int | None = wire(INSERT_RUN_BYTES, optional=True)  # ...in runs
     am_sample: bool | None = wire(AM_SAMPLE, optional=True)  # samples by active message
     sample_port: int | None = wire(SAMPLE_PORT, optional=True)  # ...through its listener
+    am_cap: bytes | None = wire(AM_CAP, optional=True)  # what its listeners ask of a connection
 
 
 @record("a table")

@@ -9,10 +9,12 @@ import numpy as np
 
 from .error_codes import ProtocolError
 from .fields import (
+    AM_KEY,
     AM_SAMPLE,
     ARENA_ID,
     ARRAY_DTYPES,
     BASE,
+    BEAT_SECRET,
     CAPACITY,
     DISK_SIZE,
     EPOCH,
@@ -95,8 +97,13 @@ MESSAGES: dict[str, tuple[F, ...]] = {
         # ...through the UCX listener on this port of `host` (absent: learners
         # read it with one-sided gets)
         SAMPLE_PORT.optional(),
+        # the key its listeners check connections and sample requests with
+        # (absent: it has no listener)
+        AM_KEY.optional(),
+        # what its heartbeats will carry (absent: only its own connection may beat)
+        BEAT_SECRET.optional(),
     ),
-    "heartbeat": (NODE_ID, USED_BYTES),
+    "heartbeat": (NODE_ID, USED_BYTES, BEAT_SECRET.optional()),
     # A node shutting down (SIGTERM): its items leave sampling at once.
     "deregister_node": (NODE_ID,),
     "items_added": (

@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import secrets
 import signal
 import socket
 import time
@@ -110,6 +111,10 @@ class StorageNode(ControlSession, InsertServer, RoomForInserts, ColdStaging):
         self._loop_seen = time.monotonic()  # the event loop's last tick (heartbeat thread reads)
         self._loop_wedged = False
         self._am_samples = am_samples_enabled()
+        # The key of this node's active-message listeners (native/am_grant.h),
+        # for the control plane only, and what its heartbeats carry.
+        self.am_key = secrets.token_bytes(16)
+        self.beat_secret = secrets.token_bytes(16)
 
     async def run(self, ready_file: str | None = None) -> int:
         """Serve until SIGTERM/SIGINT, or until no control plane can be re-joined
@@ -134,10 +139,14 @@ class StorageNode(ControlSession, InsertServer, RoomForInserts, ColdStaging):
                 self._start_tier()
             _native.allow_remote_reads(self.arena.base, self.arena.size)
             self.sample_server = SampleServer.start(runtime, self.arena, self.name, host,
-                                                    self._am_samples)
-            guard_watch = loop.create_task(watch_guard(
-                self.name, [self.sample_server.check] if self.sample_server else []))
-            self.puller.start_am_inbox(host)  # where writers reach us
+                                                    self._am_samples, self.am_key)
+            self.puller.start_am_inbox(host, self.am_key)  # where writers reach us
+            # The insert listener's connections that did not authenticate
+            # are closed by the pull thread's tick, here when nothing else moves.
+            checks = [self.puller.progress_between_pulls]
+            if self.sample_server is not None:
+                checks.append(self.sample_server.check)
+            guard_watch = loop.create_task(watch_guard(self.name, checks))
             steps.update(1, note="arena mapped")
             self._token = read_token(cfg.token_file)
             self._start_local_map()

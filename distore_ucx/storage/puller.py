@@ -50,7 +50,7 @@ class Puller:
     """Reads writers' insert batches into a node's slots (see the module).
 
     >>> puller = Puller(runtime, "node a")
-    >>> puller.start_am_inbox("10.0.0.5")  # from the event loop
+    >>> puller.start_am_inbox("10.0.0.5", key)  # from the event loop
     >>> await puller.pull(arena, source, offsets, keys, gens, src_offsets, lengths)
     >>> await puller.close()
     """
@@ -71,14 +71,16 @@ class Puller:
         self._tick: Future | None = None  # the reader worker's progress between pulls
         self._closed = False
 
-    def start_am_inbox(self, host: str) -> None:
+    def start_am_inbox(self, host: str, key: bytes) -> None:
         """Take writers' inserts as UCX active messages on the reader worker,
         where UCX emulates RMA in software (storage/pulls.py says why): the
         inbox listens on `host` (the address the node's RPC server binds and
         advertises), on any free port, `insert_port` once listening. Call it
         from the node's event loop, which from then on has the pull thread
         progress the reader worker whenever it has events. Where it cannot
-        listen, writers' batches are read with one-sided gets (logged)."""
+        listen, writers' batches are read with one-sided gets (logged).
+        `key` (the node's, 16 bytes): only connections that prove the
+        capability the control plane derives from it may send (native/am_insert.h)."""
         why_not = am_inserts(query(self.runtime.context).rdma)
         if not why_not and not self.runtime.peer_failure_detection:
             why_not = (f"UCX_TLS={self.runtime.transports} has no transport with "
@@ -90,7 +92,7 @@ class Puller:
         worker = self.runtime.reader_worker
         inbox = _native.AmInbox(worker, AM_INSERT_ID)
         try:
-            port = inbox.listen(host, 0)
+            port = inbox.listen(host, 0, key=key)
         except DistoreError as exc:
             inbox.close()
             log.warning("node %s: cannot listen for writers' insert messages on %s (%s); "

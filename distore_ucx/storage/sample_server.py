@@ -61,6 +61,12 @@ _TROUBLE = (
     ("abandoned", "batch(es) given up after making no progress"),
     ("stuck", "of those still held by UCX"),
 )
+# ... and of peers refused: (stats key, what it means).
+_REFUSED = (
+    ("connections_unauthenticated", "connection(s) closed without authenticating"),
+    ("unauthorized", "request(s) dropped: no authenticated connection, or items without "
+     "the control plane's grant"),
+)
 
 
 def why_not(runtime, enabled: bool) -> str:
@@ -90,11 +96,15 @@ class SampleServer:
         self.stats: dict[str, int] = self._read()  # as of the last check
 
     @classmethod
-    def start(cls, runtime, arena, name: str, host: str, enabled: bool) -> SampleServer | None:
+    def start(cls, runtime, arena, name: str, host: str, enabled: bool,
+              key: bytes) -> SampleServer | None:
         """Serve samples from `arena` (storage/arena.py) on `runtime.worker`
         to learners that connect to its listener on `host` (the address the
         node's RPC server binds), on a free port; or None where learners
-        read by gets (why_not says why, or UCX cannot listen there: logged)."""
+        read by gets (why_not says why, or UCX cannot listen there: logged).
+        `key` (the node's, 16 bytes): a connection must prove the capability
+        the control plane derives from it, and each request carry its grants
+        (native/am_grant.h); others are served nothing."""
         why = why_not(runtime, enabled)
         if why:
             log.info("node %s: learners on other hosts read it with one-sided gets: %s",
@@ -106,7 +116,7 @@ class SampleServer:
             data_id=AM_SAMPLE_DATA_ID, endpoints="reply", max_in_flight=MAX_IN_FLIGHT,
             max_batches=MAX_BATCHES, stall=STALL, bounce=bounce, chunk_bytes=RUN_CHUNK_BYTES)
         try:
-            port = native.listen(host, 0, MAX_CONNECTIONS)
+            port = native.listen(host, 0, MAX_CONNECTIONS, key)
         except DistoreError as exc:  # e.g. UCX has no connection manager for this address
             native.close(CLOSE_TIMEOUT)
             log.warning("node %s: cannot listen for learners' sample connections on %s (%s); "
@@ -126,6 +136,7 @@ class SampleServer:
         conns = self._native.connections
         stats["connections"] = conns["open"]
         stats["connections_failed"] = conns["failed"]
+        stats["connections_unauthenticated"] = conns["unauthenticated"]
         return stats
 
     def check(self) -> None:
@@ -135,10 +146,15 @@ class SampleServer:
         self._native.reap(REAP_TIMEOUT)
         now = self._read()
         new = [(now[k] - self.stats.get(k, 0), what) for k, what in _TROUBLE]
+        refused = [(now[k] - self.stats.get(k, 0), what) for k, what in _REFUSED]
         self.stats = now
         if any(n > 0 for n, _ in new[:2]):
             log.warning("node %s, samples by active message: %s; the node serves on", self.name,
                         ", ".join(f"{n} {what}" for n, what in new if n > 0))
+        if any(n > 0 for n, _ in refused):
+            log.warning("node %s, sample listener: %s (a peer without the store's token, or "
+                        "of another version?); the node serves on", self.name,
+                        ", ".join(f"{n} {what}" for n, what in refused if n > 0))
 
     async def close(self) -> None:
         """Stop serving and wait up to CLOSE_TIMEOUT s for batches being sent."""

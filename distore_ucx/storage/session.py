@@ -122,6 +122,9 @@ class ControlSession:
                    if self.puller.insert_port and self.puller.insert_run_bytes else {}),
                 **({"am_sample": True, "sample_port": self.sample_server.port}
                    if self.sample_server is not None else {}),
+                **({"am_key": self.am_key}
+                   if self.sample_server is not None or self.puller.insert_port else {}),
+                beat_secret=self.beat_secret,
             )
             joined = parse_reply("register_node", msg, control.name)
             self.node_id = joined.node_id
@@ -226,7 +229,8 @@ class ControlSession:
                           self.name, late)
             return None
         self._loop_wedged = False
-        return {"node_id": node_id, "used_bytes": arena.used_bytes}
+        return {"node_id": node_id, "used_bytes": arena.used_bytes,
+                "beat_secret": self.beat_secret}
 
     def _apply_free(self, fields: dict) -> None:
         try:

@@ -25,7 +25,9 @@ gather does, and ucxx would later close such an endpoint a second time.
 Endpoints to a storage node's insert listener (`listener_endpoint`) are
 made through the listener instead of from a worker address: those keep
 zero-copy rendezvous with peer-failure handling over TCP
-(native/am_connections.h).
+(native/am_connections.h). Each is authenticated once, when made, with the
+node's connection capability (a node descriptor's `am_cap`, from the
+control plane): the node serves nothing on a connection until then.
 
 Teardown order is the reverse of creation and is enforced by ownership:
 remote keys hold their endpoint, endpoints hold the worker, regions hold
@@ -50,8 +52,8 @@ import threading
 import weakref
 
 from .._native_loader import _native
-from ..errors import ConnectionFailed, DistoreError
-from ..protocol import AM_SAMPLE_DATA_ID, AM_SAMPLE_REQUEST_ID
+from ..errors import AuthenticationFailed, ConnectionFailed, DistoreError
+from ..protocol import AM_INSERT_AUTH_ID, AM_SAMPLE_DATA_ID, AM_SAMPLE_REQUEST_ID
 
 log = logging.getLogger(__name__)
 
@@ -99,6 +101,8 @@ class UcxRuntime:
         self._listener_endpoints: dict[tuple[str, int], object] = {}
         self._reader = None  # the reader worker, made on first use
         self._am_client = None  # samples by active message on it (am_sample_client)
+        # worker -> its _native.AmAuthClient (listener connections' authentication)
+        self._auth_clients: dict[int, object] = {}
         self._config = dict(config or {})
         self.context = _ucxx.UCXContext(
             config_dict=self._config,
@@ -246,7 +250,8 @@ class UcxRuntime:
         return _native.Endpoint(worker, worker_address, False, peer)
 
     def listener_endpoint(self, host: str, port: int, peer: str, timeout: float = 5.0,
-                          reader: bool = False):
+                          reader: bool = False, cap: bytes | None = None,
+                          auth_id: int = AM_INSERT_AUTH_ID):
         """The endpoint to the UCX listener at `host`:`port` (a storage node's
         insert listener, `_native.AmInbox.listen`, or its sample listener,
         `_native.AmSampleServer.listen`), made once and reused while it
@@ -256,7 +261,11 @@ class UcxRuntime:
         connection is made (within `timeout` s; ConnectionFailed if not, e.g.
         a firewall that lets the node's RPC port through but not this one),
         so that a batch is never posted to a listener that cannot be reached.
-        `reader`: on `reader_worker` (a learner's sample fetches progress it)."""
+        `reader`: on `reader_worker` (a learner's sample fetches progress it).
+        `cap`: the node's connection capability (its descriptor's `am_cap`),
+        proved as message `auth_id` (AM_INSERT_AUTH_ID or AM_SAMPLE_AUTH_ID)
+        before the endpoint is returned (AuthenticationFailed if the node
+        refuses it); None: the listener asks for none (tests)."""
         with self._lock:
             if self._closed:
                 raise ConnectionFailed("the UCX runtime is closed")
@@ -277,6 +286,18 @@ class UcxRuntime:
                 f"cannot connect to the UCX listener of {peer} at {host}:{port} "
                 f"({_native.status_name(status)} within {timeout:g} s): check that this "
                 "port of that host is reachable from here, as its RPC port is")
+        if cap is not None:
+            status = self._auth_client(worker).authenticate(ep, auth_id, cap, timeout)
+            if status != 0:
+                _close_endpoint(ep)
+                what = _native.status_name(status)
+                if status == _native.STATUS_REJECTED:
+                    raise AuthenticationFailed(
+                        f"the UCX listener of {peer} at {host}:{port} refused our connection "
+                        f"capability ({what}): is this client's control plane that node's?")
+                raise ConnectionFailed(
+                    f"the UCX listener of {peer} at {host}:{port} did not accept our "
+                    f"connection ({what} within {timeout:g} s)")
         with self._lock:
             if self._closed:
                 _close_endpoint(ep)
@@ -287,6 +308,16 @@ class UcxRuntime:
                 return old
             self._listener_endpoints[(host, port)] = ep
             return ep
+
+    def _auth_client(self, worker):
+        """The AmAuthClient of `worker` (one of this runtime's), made on first use."""
+        with self._lock:
+            if self._closed:
+                raise ConnectionFailed("the UCX runtime is closed")
+            client = self._auth_clients.get(id(worker))
+            if client is None:
+                client = self._auth_clients[id(worker)] = _native.AmAuthClient(worker)
+            return client
 
     def drop_listener_endpoint(self, host: str, port: int) -> None:
         """Forget (and close) the endpoint to the listener at `host`:`port`."""
@@ -310,11 +341,14 @@ class UcxRuntime:
         self._closed = True
         with self._lock:
             am_client, self._am_client = self._am_client, None
+            auth_clients, self._auth_clients = list(self._auth_clients.values()), {}
             eps = list(self._endpoints.values()) + list(self._listener_endpoints.values())
             self._endpoints.clear()
             self._listener_endpoints.clear()
         if am_client is not None:  # its fetches use the endpoints
             am_client.close()
+        for client in auth_clients:
+            client.close()
         for ep in eps:
             _close_endpoint(ep)
         self._reader = None  # destroyed once its endpoints (closed above) and regions let it go

@@ -125,7 +125,7 @@ def test_rechecks_over_tcp_go_by_message_and_catch_evictions(make_cluster, tls, 
     # refuses the request (UCS_ERR_BUSY; `busy`): those rows are read with
     # gets. Evictions are caught either way.
     import distore_ucx as ds
-    from distore_ucx.client.gather import UCS_ERR_BUSY
+    from distore_ucx._native_loader import _native
 
     cluster = make_cluster(nodes=1)
     with ds.connect(cluster.address) as client:
@@ -138,11 +138,12 @@ def test_rechecks_over_tcp_go_by_message_and_catch_evictions(make_cluster, tls, 
         refused = []
 
         class Busy:  # refuses the re-checks' headers-only requests only
-            def fetch(self, endpoints, node, offsets, rows, layout, dest, timeout):
+            def fetch(self, endpoints, node, offsets, rows, layout, dest, timeout, **grants):
                 if layout is rechecks._header_layout:
                     refused.append(len(node))
-                    return np.full(len(node), UCS_ERR_BUSY, np.int32)
-                return real.fetch(endpoints, node, offsets, rows, layout, dest, timeout)
+                    return np.full(len(node), _native.STATUS_BUSY, np.int32)
+                return real.fetch(endpoints, node, offsets, rows, layout, dest, timeout,
+                                  **grants)
 
         if busy:
             monkeypatch.setattr(client.runtime, "am_sample_client", Busy)

@@ -15,7 +15,7 @@ from distore_ucx.control.checkpoint import IdState
 from distore_ucx.control.membership import GONE, LIVE, UNRESPONSIVE, Membership
 from distore_ucx.control.server import ControlPlane
 from distore_ucx.control.tables import Table
-from distore_ucx.errors import NodeGone
+from distore_ucx.errors import InvalidRequest, NodeGone
 from distore_ucx.spec import TableSpec
 
 
@@ -97,7 +97,7 @@ def test_inserts_placed_before_a_node_was_unresponsive_are_refused():
     cp.members.unresponsive(node)
     with pytest.raises(NodeGone):  # while unresponsive: the writer resends
         added(cp, peer, node, [2], [64])
-    request(cp, None, "heartbeat", {"node_id": node.node_id, "used_bytes": 64})
+    request(cp, peer, "heartbeat", {"node_id": node.node_id, "used_bytes": 64})
     assert node.state == LIVE
     with pytest.raises(NodeGone):  # placed in epoch 0: maybe resent elsewhere
         added(cp, peer, node, [3], [128], epoch=0)
@@ -115,7 +115,7 @@ def test_samples_leave_out_items_of_unresponsive_nodes_and_they_stay():
         assert set(reply["items"]["node"].tolist()) == {b.node_id}
         request(cp, pb, "release", {"leases": [reply["lease"]]})
     assert cp.tables["t"].size == 200 and cp.tables["t"].leased() == 0
-    request(cp, None, "heartbeat", {"node_id": a.node_id, "used_bytes": 0})
+    request(cp, pa, "heartbeat", {"node_id": a.node_id, "used_bytes": 0})
     reply = request(cp, pb, "sample", {"table": "t", "n": 256})
     assert set(reply["items"]["node"].tolist()) == {a.node_id, b.node_id}
 
@@ -133,7 +133,7 @@ def test_a_node_whose_event_loop_stopped_running_stops_heartbeating():
     assert node._beat() is None  # not registered yet
     node._joined.set()
     node._loop_seen -= node_module.LOOP_WEDGED / 2  # late, not wedged
-    assert node._beat() == {"node_id": 7, "used_bytes": 4096}
+    assert node._beat() == {"node_id": 7, "used_bytes": 4096, "beat_secret": node.beat_secret}
     node._loop_seen -= node_module.LOOP_WEDGED
     assert node._beat() is None
     node._loop_seen = time.monotonic()
@@ -168,3 +168,21 @@ def test_a_node_that_registers_inserts_is_not_silent_while_its_heartbeat_is_late
     members.unresponsive(node)
     members.heard(node.node_id)  # does not make it live: only a heartbeat does
     assert node.state == UNRESPONSIVE
+
+
+def test_only_the_node_beats_for_itself():
+    # Heartbeats come on a connection of their own (storage/heartbeat.py):
+    # one that is not the node's registration connection must carry the
+    # secret the node registered with, or it changes nothing.
+    cp, (peer, other), (node, _) = plane(2)
+    node.beat_secret = b"s" * 16
+    cp.members.unresponsive(node)
+    with pytest.raises(InvalidRequest, match="not it"):
+        request(cp, other, "heartbeat", {"node_id": node.node_id, "used_bytes": 0})
+    with pytest.raises(InvalidRequest, match="not it"):
+        request(cp, other, "heartbeat", {"node_id": node.node_id, "used_bytes": 0,
+                                         "beat_secret": b"x" * 16})
+    assert node.state != LIVE
+    request(cp, other, "heartbeat", {"node_id": node.node_id, "used_bytes": 0,
+                                     "beat_secret": b"s" * 16})
+    assert node.state == LIVE
