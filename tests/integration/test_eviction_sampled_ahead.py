@@ -125,7 +125,7 @@ def test_rechecks_over_tcp_go_by_message_and_catch_evictions(make_cluster, tls, 
     # refuses the request (UCS_ERR_BUSY; `busy`): those rows are read with
     # gets. Evictions are caught either way.
     import distore_ucx as ds
-    from distore_ucx.client.gather import UCS_ERR_BUSY
+    from distore_ucx.client.learner.gather import UCS_ERR_BUSY
 
     cluster = make_cluster(nodes=1)
     with ds.connect(cluster.address) as client:

@@ -27,7 +27,7 @@ import pytest
 
 import distore_ucx as ds
 from distore_ucx._native_loader import _native
-from distore_ucx.client import writer_in_flight
+from distore_ucx.client.writer import in_flight as writer_in_flight
 from distore_ucx.config import AM_MIN_ITEM_BYTES
 from distore_ucx.errors import RemoteError
 from distore_ucx.protocol import AM_INSERT_ID
@@ -334,7 +334,7 @@ def test_a_node_whose_insert_listener_cannot_be_reached_reads_batches_with_gets(
         return [dict(n, insert_port=closed) for n in listed()]
 
     monkeypatch.setattr(client, "nodes", nodes)
-    with caplog.at_level("INFO", "distore_ucx.client.writer_send"):
+    with caplog.at_level("INFO", "distore_ucx.client.writer.send"):
         with client.writer(batch_bytes=64 << 10) as writer:
             writer.insert("t", items(np.arange(300)))
     assert set(writer.paths.values()) == {VIA["tcp_gets"]}
@@ -616,7 +616,7 @@ def test_a_writer_held_by_a_rate_limiter_says_so_while_it_waits(client, tls, mon
                                                             min_size_to_sample=1,
                                                             error_buffer=100))
     writer = client.writer(max_items=40, max_in_flight=3, timeout=2.0)
-    with caplog.at_level(logging.WARNING, logger="distore_ucx.client.writer_in_flight"):
+    with caplog.at_level(logging.WARNING, logger="distore_ucx.client.writer.in_flight"):
         with pytest.raises(ds.RateLimiterTimeout):
             for i in range(20):
                 writer.insert("t", items(np.arange(40 * i, 40 * i + 40)))

@@ -14,8 +14,8 @@ from __future__ import annotations
 import logging
 import time
 
-from ..errors import AuthenticationFailed, ConnectionFailed, Timeout
-from ..transport import rpc
+from ...errors import AuthenticationFailed, ConnectionFailed, Timeout
+from ...transport import rpc
 
 log = logging.getLogger(__name__)
 
@@ -56,7 +56,7 @@ class Connections:
         self._client = client
         self._conns: dict[tuple[int, str, int], rpc.Client] = {}
         # connection -> the ticket of the staging buffer handed over it
-        # (client/writer_send.py); a new connection claims its buffer anew.
+        # (client/writer/send.py); a new connection claims its buffer anew.
         self.handed: dict[tuple[int, str, int], bytes] = {}
 
     def get(self, node: dict, buffer: int, timeout: float) -> rpc.Client:

@@ -55,10 +55,10 @@ import time
 
 import numpy as np
 
-from .._native_loader import _native
-from ..errors import ConnectionFailed, DistoreError, UcxError
-from ..transport.local_map import receive_arena
-from ..transport.runtime import ProcessWatch, host_id
+from ..._native_loader import _native
+from ...errors import ConnectionFailed, DistoreError, UcxError
+from ...transport.local_map import receive_arena
+from ...transport.runtime import ProcessWatch, host_id
 
 log = logging.getLogger(__name__)
 
@@ -323,7 +323,7 @@ class PeerDirectory:
                 am_endpoints.append(peer.am_endpoint)
             base_lut[peer.node_id] = peer.base
         # Replaced whole, never changed in place: the hand-out re-check reads
-        # them from another thread (client/recheck.py).
+        # them from another thread (client/learner/recheck.py).
         self.rkeys, self.mappings, self.am_endpoints = rkeys, mappings, am_endpoints
         self.key_lut, self.map_lut, self.am_lut, self.base_lut = key_lut, map_lut, am_lut, base_lut
         poll, watched, slow = select.poll(), {}, []

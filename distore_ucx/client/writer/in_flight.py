@@ -1,6 +1,6 @@
 """A writer's batches in flight: sent, waiting for acknowledgement, resent, settled.
 
-A batch goes to the node placement chooses (client/placement.py) and waits
+A batch goes to the node placement chooses (client/writer/placement.py) and waits
 in a queue, oldest first, for the node's acknowledgement; its staging buffer
 is refilled only after that. Each batch waits at most the writer's
 `timeout` from when it was sent; while a node's reply takes longer than
@@ -17,7 +17,7 @@ held, so nothing is doubled). A node that answers StorageFull: another node
 is tried, and StorageFull is raised only when none is left. Any other
 failure settles the writer: every other batch in flight is waited for, the
 open ones are dropped, and the failure says what was and was not stored
-(client/writer_failures.py). Thread safety: none (a writer is used by one
+(client/writer/failures.py). Thread safety: none (a writer is used by one
 thread).
 """
 
@@ -27,16 +27,16 @@ import logging
 import time
 from collections import deque
 
-from .. import metrics
-from ..errors import ConnectionFailed, StorageFull
-from ..protocol import check_reply
-from ..transport import rpc
+from ... import metrics
+from ...errors import ConnectionFailed, StorageFull
+from ...protocol import check_reply
+from ...transport import rpc
+from .connections import node_state
+from .failures import Failed, deadlock_hint, waiting_for_samples
+from .keys import KeyRange
 from .placement import Placement
-from .writer_connections import node_state
-from .writer_failures import Failed, deadlock_hint, waiting_for_samples
-from .writer_keys import KeyRange
-from .writer_send import Sender
-from .writer_staging import Batch, StagingPool
+from .send import Sender
+from .staging import Batch, StagingPool
 
 log = logging.getLogger(__name__)
 

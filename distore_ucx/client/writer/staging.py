@@ -4,7 +4,7 @@ Staging memory is bounded: a pool of `max_in_flight` buffers of
 `batch_bytes`, made on first use and registered with UCX once, remote-READ
 only and write-protected (a node cannot write the writer's memory). A buffer
 is refilled only after its batch's acknowledgement (the writer's batches in
-flight, client/writer_in_flight.py, hand it back). An item larger than
+flight, client/writer/in_flight.py, hand it back). An item larger than
 `batch_bytes` grows the buffer it goes to (to the item's size, kept for later
 items), so the bound is `max_in_flight` x max(`batch_bytes`, largest item).
 With `batch_bytes` left at its default (`min_items` set), a buffer also grows
@@ -28,8 +28,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .._native_loader import _native
-from ..transport.local_map import TICKET_BYTES
+from ..._native_loader import _native
+from ...transport.local_map import TICKET_BYTES
 
 _PAGE = 1 << 12
 

@@ -14,9 +14,9 @@ import itertools
 import math
 import time
 
-from ..errors import StorageFull
-from ..transport import rpc
-from .writer_connections import Connections, Unreachable
+from ...errors import StorageFull
+from ...transport import rpc
+from .connections import Connections, Unreachable
 
 # Seconds between readings of the node list (placement by free space).
 LIST_EVERY = 1.0

@@ -33,16 +33,16 @@ import time
 
 import numpy as np
 
-from .._native_loader import _native
-from ..errors import ConnectionFailed, UcxError
-from ..protocol import AM_INSERT_ID
-from ..transport import rpc
-from ..transport.address import parse_address
-from ..transport.local_map import send_staging
-from ..transport.runtime import host_id
-from .writer_connections import CONNECT_TIMEOUT, Connections
-from .writer_keys import KeyRange
-from .writer_staging import Batch, StagingBuffer
+from ..._native_loader import _native
+from ...errors import ConnectionFailed, UcxError
+from ...protocol import AM_INSERT_ID
+from ...transport import rpc
+from ...transport.address import parse_address
+from ...transport.local_map import send_staging
+from ...transport.runtime import host_id
+from .connections import CONNECT_TIMEOUT, Connections
+from .keys import KeyRange
+from .staging import Batch, StagingBuffer
 
 log = logging.getLogger(__name__)
 
@@ -163,7 +163,7 @@ class Sender:
         host, _ = parse_address(node["address"])
         try:
             # As long as a node has to greet a new connection: a stopped
-            # node is then routed around as any (writer_connections.py).
+            # node is then routed around as any (connections.py).
             ep = self._runtime.listener_endpoint(host, port, name, CONNECT_TIMEOUT)
         except ConnectionFailed as exc:
             # A firewall that lets the node's RPC port through but not this
