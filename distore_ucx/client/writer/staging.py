@@ -99,7 +99,7 @@ class OneItemLayout:
 
 
 @dataclass
-class Batch:
+class StagedBatch:
     """Items of one table staged in one buffer."""
 
     table: str
@@ -172,7 +172,7 @@ class StagingPool:
         self.max_delay = max_delay
         self.buffers: list[StagingBuffer] = []
         self.free: list[StagingBuffer] = []
-        self.open: dict[str, Batch] = {}  # one batch being filled per table
+        self.open: dict[str, StagedBatch] = {}  # one batch being filled per table
 
     def spare(self) -> StagingBuffer | None:
         """A buffer no batch uses (a new one while fewer than `max_in_flight`
@@ -185,14 +185,14 @@ class StagingPool:
             return buf
         return None
 
-    def open_batch(self, table: str, spec, buf: StagingBuffer) -> Batch:
+    def open_batch(self, table: str, spec, buf: StagingBuffer) -> StagedBatch:
         """A new batch of `table` in `buf` (grown for one item if need be),
         sent at the next insert once it is `max_delay` old."""
         ib = spec.item_bytes
         want = batch_bytes_for(ib, self.batch_bytes, self.min_items, self.grow_to)
         buf.grow(want)
         capacity = min(self.max_items, min(want, buf.size) // ib)
-        batch = Batch(table, spec, buf, capacity, send_by=time.monotonic() + self.max_delay)
+        batch = StagedBatch(table, spec, buf, capacity, send_by=time.monotonic() + self.max_delay)
         self.open[table] = batch
         return batch
 
