@@ -369,7 +369,7 @@ def test_malformed_insert_descriptors_get_an_error_and_the_node_serves_on(client
     region = _native.MemoryRegion.write_protected(runtime.region_owner, 1 << 20)
     region.view()[: 4 * ITEM] = items(np.arange(4)).ravel()
     node = client.nodes()[0]
-    conn = rpc.Client(node["address"], 10.0, name="node", token=client.token)
+    conn = rpc.RpcClient(node["address"], 10.0, name="node", token=client.token)
     me = runtime.address
     keys = np.arange(1, 5, dtype=np.uint64) + np.uint64(1 << 60)
     bad = {
@@ -408,7 +408,7 @@ def test_insert_messages_that_do_not_match_their_descriptor_fail_and_the_node_se
     assert node.get("insert_port"), "a node over TCP takes inserts as active messages"
     host = node["address"].rpartition(":")[0]
     ep = runtime.listener_endpoint(host, node["insert_port"], "node")
-    conn = rpc.Client(node["address"], 10.0, name="node", token=client.token)
+    conn = rpc.RpcClient(node["address"], 10.0, name="node", token=client.token)
     keys = np.arange(1, 5, dtype=np.uint64) + np.uint64(1 << 60)
     offsets = np.arange(4, dtype=np.uint64) * np.uint64(ITEM)
     # Messages one byte shorter than the descriptor's lengths.
@@ -534,7 +534,7 @@ def test_malformed_mapped_descriptors_get_an_error_and_the_node_serves_on(client
     os.close(plain)
     with pytest.raises(ds.ConnectionFailed, match="smaller"):
         hand(region.share_fd, 4 << 20, os.urandom(16))
-    conn = rpc.Client(node["address"], 10.0, name="node", token=client.token)
+    conn = rpc.RpcClient(node["address"], 10.0, name="node", token=client.token)
     me = client.runtime.address
     keys = np.arange(1, 5, dtype=np.uint64) + np.uint64(1 << 60)
     ticket = os.urandom(16)
@@ -561,7 +561,7 @@ def test_malformed_mapped_descriptors_get_an_error_and_the_node_serves_on(client
     reply = conn.call("insert", **descriptor(region, keys, worker_address=me, staging=ticket))
     assert reply["n"] == 4 and reply["via"] == VIA["mapped"]
     # The ticket is bound to this connection now: another one cannot use it.
-    other = rpc.Client(node["address"], 10.0, name="node", token=client.token)
+    other = rpc.RpcClient(node["address"], 10.0, name="node", token=client.token)
     with pytest.raises(ds.DistoreError, match="never handed"):
         other.call("insert", **descriptor(region, keys + np.uint64(10), worker_address=me,
                                           staging=ticket))

@@ -58,7 +58,7 @@ class InFlight:
         self._sender = sender
         self._keys = keys
         self.timeout = timeout
-        self.queue: deque[tuple[rpc.Client, StagedBatch, int, set[int]]] = deque()
+        self.queue: deque[tuple[rpc.RpcClient, StagedBatch, int, set[int]]] = deque()
         self.inserted = 0
         self._noticed = False  # a wait was logged since the last acknowledgement
         self.stats = metrics.WriterStats()  # ds.metrics.registry() reads it (writer.stats)
@@ -129,7 +129,7 @@ class InFlight:
             raise self._settle(exc, batch) from None
         self._stored(batch, node_id, reply)
 
-    def _wait_for_node(self, conn: rpc.Client, node_id: int, batch: StagedBatch) -> None:
+    def _wait_for_node(self, conn: rpc.RpcClient, node_id: int, batch: StagedBatch) -> None:
         """Wait for a node's reply; while it takes more than HUNG_CHECK s, ask
         the control plane every HUNG_CHECK s whether the node is still live.
         A node it marked unresponsive or gone (stopped, hung, cut off) fails

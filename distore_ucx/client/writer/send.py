@@ -79,7 +79,7 @@ class Sender:
         self._no_am: dict[int, float] = {}
         self._no_am_warned: set[int] = set()
 
-    def send(self, node: dict, conn: rpc.Client, batch: StagedBatch, timeout: float) -> None:
+    def send(self, node: dict, conn: rpc.RpcClient, batch: StagedBatch, timeout: float) -> None:
         """Send `batch`'s descriptor to `node` over `conn` (its items first,
         where they go as active messages); the node's reply comes later.
         Raises ConnectionFailed when the node cannot be reached."""
