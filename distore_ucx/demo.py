@@ -71,7 +71,7 @@ def min_arena(nodes: int, batch_size: int) -> int:
     """The smallest arena per node (bytes) the demo runs on: room for the
     items its learner may hold under lease (two requests of sampling ahead)
     and the writer's batch in flight, spread over the nodes."""
-    from .client.sample_stream import resolve_sample_ahead
+    from .client.learner.sample_stream import resolve_sample_ahead
     from .spec import TableSpec
 
     slot = TableSpec.parse(SPEC).slot_size

@@ -15,7 +15,7 @@ import importlib.util
 import os
 from dataclasses import asdict, dataclass, field
 
-from .client.device import cuda_present
+from .client.learner.device import cuda_present
 
 
 @dataclass

@@ -171,7 +171,7 @@ def run_mode(ds, client, tls: str, size: int, mode: str, args, pids: dict) -> di
     paths = sorted(set(writer.paths.values()))
     batch_bytes = writer.batch_bytes  # the writer's own (8 MiB, or as given)
     # What a batch held on average: a table of items of megabytes gets
-    # batches of several items past batch_bytes (writer_staging.py).
+    # batches of several items past batch_bytes (client/writer/staging.py).
     batch_mean = (st.bytes - bytes0) / max(1, st.batches - batches0)
     writer.close()
     ok = verify(client, table, src, size)

@@ -55,7 +55,7 @@ def recording_ns(loops: int) -> dict:
 
     def learner(n):
         st = metrics.LearnerStats()
-        for _ in range(n):  # learner.py: fetched + gather.observe + batches
+        for _ in range(n):  # client/learner/learner.py: fetched + gather.observe + batches
             t0 = time.perf_counter()
             st.fetched("mapped", 32, 32 * 110_000)
             st.gather.observe(time.perf_counter() - t0)
@@ -63,7 +63,7 @@ def recording_ns(loops: int) -> dict:
 
     def writer(n):
         st = metrics.WriterStats()
-        for _ in range(n):  # client/writer_in_flight.py InFlight._stored
+        for _ in range(n):  # client/writer/in_flight.py InFlight._stored
             t0 = time.perf_counter()
             st.batches, st.items = st.batches + 1, st.items + 64
             st.bytes += 64 * 16384

@@ -98,7 +98,7 @@ def slot_bytes(item_bytes: int) -> int:
 
 def writer_chunk(item_bytes: int) -> int:
     """Items of one default writer's batch: what a flat-out writer inserts per flush."""
-    from distore_ucx.client.writer import default_batch_bytes
+    from distore_ucx.client.writer.writer import default_batch_bytes
 
     return max(1, min(WRITER_MAX_ITEMS, default_batch_bytes(item_bytes) // item_bytes))
 

@@ -52,8 +52,8 @@ class Client:
         self.timeout = timeout
         self.token = read_token(token_file)
         # Control-plane connections come back by themselves after a restart.
-        self._rpc = rpc.Client(address, timeout, token=self.token, reconnect=timeout,
-                               expect="control plane")
+        self._rpc = rpc.RpcClient(address, timeout, token=self.token, reconnect=timeout,
+                                  expect="control plane")
         self._lock = threading.Lock()
         self._runtime = None
         self._children: list[Any] = []  # learners
@@ -62,7 +62,7 @@ class Client:
         self._writers: weakref.WeakSet[Writer] = weakref.WeakSet()
         self._specs: dict[str, TableSpec] = {}
         self._closed = False
-        self._connections: weakref.WeakSet[rpc.Client] = weakref.WeakSet()  # see connection()
+        self._connections: weakref.WeakSet[rpc.RpcClient] = weakref.WeakSet()  # see connection()
 
     # -- tables ----------------------------------------------------------
     def create_table(
@@ -186,11 +186,11 @@ class Client:
         parse_reply(op, reply, self._rpc.name)
         return reply
 
-    def connection(self) -> rpc.Client:
+    def connection(self) -> rpc.RpcClient:
         """A new, separate connection to the control plane (it reconnects by itself)."""
         ensure_open(self, "client")
-        conn = rpc.Client(self.address, self.timeout, token=self.token, reconnect=self.timeout,
-                          expect="control plane")
+        conn = rpc.RpcClient(self.address, self.timeout, token=self.token, reconnect=self.timeout,
+                             expect="control plane")
         self._connections.add(conn)
         return conn
 

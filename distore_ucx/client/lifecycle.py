@@ -1,7 +1,7 @@
 """Closed objects: a client, writer or learner used after close() says so.
 
-Its own module so that client.py, writer.py and learner.py all import it
-and none of them imports another to get it.
+Its own module so that client.py, the writer (writer/) and the learner
+(learner/) all import it and none of them imports another to get it.
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ still match. Before an insert that evicted such items is acknowledged, the
 control plane has their nodes mark the slots' headers retired (`retire`
 push, `retired` push back): every read path's header check then drops
 them, and a learner re-checks the headers of batches it fetched ahead when
-it hands them out (client/recheck.py). So once `flush()` returns for the
+it hands them out (client/learner/recheck.py). So once `flush()` returns for the
 evicting insert, no later sample of any learner returns them.
 
 A node that does not answer within RETIRE_TIMEOUT (hung, or gone) does not

@@ -100,7 +100,7 @@ class Sampling:
             # The lease lasts lease_timeout s from its grant, `held` s after
             # the request came in: a learner counts from when it sent the
             # request and uses no batch of it once the lease may be gone
-            # (client/sample_stream.py).
+            # (client/learner/sample_stream.py).
             "lease_timeout": self.leases.timeout,
             "held": granted - arrived,
         }

@@ -60,7 +60,7 @@ class Heartbeat:
             self._thread.join(5.0)
 
     def _run(self) -> None:
-        conn: rpc.Client | None = None
+        conn: rpc.RpcClient | None = None
         last_error = ""
         due = time.monotonic()
         while True:
@@ -73,8 +73,8 @@ class Heartbeat:
                 continue
             try:
                 if conn is None:
-                    conn = rpc.Client(self._address, timeout=max(1.0, 4 * interval),
-                                      name="control plane", token=self._token)
+                    conn = rpc.RpcClient(self._address, timeout=max(1.0, 4 * interval),
+                                         name="control plane", token=self._token)
                 while conn.in_flight and conn.wait_readable(0):
                     conn.receive(1.0)  # {"state": ...}: nothing to act on here
                 if conn.in_flight < MAX_UNANSWERED:

@@ -24,7 +24,7 @@ __all__ = [
     "FD_RESERVE",
     "MAX_PER_PEER",
     "MAX_UNAUTHENTICATED_PER_PEER",
-    "Admission",
+    "ConnectionAdmission",
     "bursts",
     "quiet_accept_errors",
     "raise_open_file_limit",
@@ -116,7 +116,7 @@ def quiet_accept_errors(loop: asyncio.AbstractEventLoop) -> None:
     loop.set_exception_handler(handler)
 
 
-class Admission:
+class ConnectionAdmission:
     """Connections of one server, by peer host: at most MAX_PER_PEER per host
     and `limit` in all; at most MAX_UNAUTHENTICATED_PER_PEER per host still
     authenticating, the oldest closed to make room (so a flood of idle

@@ -1,6 +1,6 @@
-"""The blocking side of the control channel: `Client`, with reconnects.
+"""The blocking side of the control channel: `RpcClient`, with reconnects.
 
-A `Client` is one TCP connection for user threads (writers, learners, the
+An `RpcClient` is one TCP connection for user threads (writers, learners, the
 CLI): it authenticates through transport/auth.py, sends requests and reads
 their replies in order through transport/frames.py. With `reconnect` > 0
 (connections to the control plane) a lost connection is made again on the
@@ -24,7 +24,7 @@ from . import auth
 from .address import parse_address
 from .frames import recv_frame, send_frame
 
-__all__ = ["PROBE_AFTER", "Client"]
+__all__ = ["PROBE_AFTER", "RpcClient"]
 
 # Seconds a client waits for a greeting before asking the silent peer whether
 # it is an HTTP server (a metrics port given as the control plane's address).
@@ -46,7 +46,7 @@ def _interrupted() -> bool:
     return False
 
 
-class Client:
+class RpcClient:
     """A blocking request/reply connection; thread safe (one request at a time).
 
     `send` and `receive` let a caller keep several requests in flight on one
@@ -281,7 +281,7 @@ class Client:
         self._give_up.set()
         self._drop()
 
-    def __enter__(self) -> Client:
+    def __enter__(self) -> RpcClient:
         return self
 
     def __exit__(self, *exc) -> None:

@@ -7,7 +7,7 @@ this channel is plain TCP, and UCX carries the one-sided reads.
 
 This module names the channel's parts, each in a module of its own:
 
-- `Client` (transport/blocking_client.py): a blocking connection for user
+- `RpcClient` (transport/blocking_client.py): a blocking connection for user
   threads (writers, learners, the CLI), with reconnects;
 - `serve` (transport/server.py): an asyncio server whose handler answers
   each request, with what one connection may hold in flight;
@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from .address import parse_address
 from .async_client import AsyncClient
-from .blocking_client import PROBE_AFTER, Client
+from .blocking_client import PROBE_AFTER, RpcClient
 from .frames import FrameTooLarge, read_frame
 from .peer import Peer
 from .server import Handler, serve
@@ -35,10 +35,10 @@ from .server import Handler, serve
 __all__ = [
     "PROBE_AFTER",
     "AsyncClient",
-    "Client",
     "FrameTooLarge",
     "Handler",
     "Peer",
+    "RpcClient",
     "parse_address",
     "read_frame",
     "serve",

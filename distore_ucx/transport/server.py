@@ -17,7 +17,13 @@ from typing import Any
 
 from .. import errors, protocol
 from . import auth
-from .admission import FD_RESERVE, Admission, bursts, quiet_accept_errors, raise_open_file_limit
+from .admission import (
+    FD_RESERVE,
+    ConnectionAdmission,
+    bursts,
+    quiet_accept_errors,
+    raise_open_file_limit,
+)
 from .frames import read_frame
 from .peer import Peer
 
@@ -77,15 +83,15 @@ async def serve(
     than MAX_UNSENT bytes of its replies wait to be sent (a peer that does
     not read its replies), until they drain.
 
-    Connections are admitted by `Admission` (transport/admission.py): at
-    most MAX_PER_PEER per host, as many in all as the open-file limit
-    (raised to its hard limit first) leaves, and
+    Connections are admitted by `ConnectionAdmission`
+    (transport/admission.py): at most MAX_PER_PEER per host, as many in all
+    as the open-file limit (raised to its hard limit first) leaves, and
     MAX_UNAUTHENTICATED_PER_PEER still authenticating per host, the oldest
     closed for a new one. Refusals and failed accepts are logged once per
     burst.
     """
     fd_limit = raise_open_file_limit()
-    admission = Admission(max(16, fd_limit - FD_RESERVE), token is not None)
+    admission = ConnectionAdmission(max(16, fd_limit - FD_RESERVE), token is not None)
     # asyncio accepts up to `backlog` connections in one go before any is
     # admitted: with few descriptors, a smaller queue, so a burst never
     # runs out of them (an accept that fails pauses accepting for 1 s).

@@ -34,7 +34,7 @@ import time
 import numpy as np
 
 from distore_ucx._native_loader import _native
-from distore_ucx.client.writer_staging import StagingBuffer
+from distore_ucx.client.writer.staging import StagingBuffer
 from distore_ucx.config import rendezvous_config, ucx_tls
 from distore_ucx.protocol import AM_INSERT_ID
 from distore_ucx.transport.runtime import UcxRuntime

@@ -1,4 +1,4 @@
-"""Samples by active message end to end (client/gather.py, storage/
+"""Samples by active message end to end (client/learner/gather.py, storage/
 sample_server.py): over UCX tcp with same-host mapping off, what a learner
 on another host sees: learners connect to each node's sample listener, with
 peer-failure handling. tests/integration/test_am_sample.py covers the

@@ -193,8 +193,8 @@ def test_a_silent_peer_that_greets_late_is_still_served():
     thread = threading.Thread(target=late_server, daemon=True)
     thread.start()
     try:
-        client = rpc.Client(f"127.0.0.1:{listener.getsockname()[1]}", timeout=10,
-                            expect="control plane")
+        client = rpc.RpcClient(f"127.0.0.1:{listener.getsockname()[1]}", timeout=10,
+                               expect="control plane")
         assert client.connected and client.session == 1
         client.close()
         thread.join(10)

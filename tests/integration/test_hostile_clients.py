@@ -392,7 +392,7 @@ def test_a_client_that_never_reads_its_replies_holds_bounded_memory():
             insert(w, "t", 1000)
         control = psutil.Process(cluster.control.pid)
         before = control.memory_info().rss
-        greedy = rpc.Client(cluster.address)
+        greedy = rpc.RpcClient(cluster.address)
         sock = greedy._sock
         sock.setblocking(False)
         sent, blocked_since = 0, None

@@ -27,7 +27,7 @@ import pytest
 
 import distore_ucx as ds
 from distore_ucx._native_loader import _native
-from distore_ucx.client import writer_in_flight
+from distore_ucx.client.writer import in_flight as writer_in_flight
 from distore_ucx.config import AM_MIN_ITEM_BYTES
 from distore_ucx.errors import RemoteError
 from distore_ucx.protocol import AM_INSERT_ID
@@ -334,7 +334,7 @@ def test_a_node_whose_insert_listener_cannot_be_reached_reads_batches_with_gets(
         return [dict(n, insert_port=closed) for n in listed()]
 
     monkeypatch.setattr(client, "nodes", nodes)
-    with caplog.at_level("INFO", "distore_ucx.client.writer_send"):
+    with caplog.at_level("INFO", "distore_ucx.client.writer.send"):
         with client.writer(batch_bytes=64 << 10) as writer:
             writer.insert("t", items(np.arange(300)))
     assert set(writer.paths.values()) == {VIA["tcp_gets"]}
@@ -369,7 +369,7 @@ def test_malformed_insert_descriptors_get_an_error_and_the_node_serves_on(client
     region = _native.MemoryRegion.write_protected(runtime.region_owner, 1 << 20)
     region.view()[: 4 * ITEM] = items(np.arange(4)).ravel()
     node = client.nodes()[0]
-    conn = rpc.Client(node["address"], 10.0, name="node", token=client.token)
+    conn = rpc.RpcClient(node["address"], 10.0, name="node", token=client.token)
     me = runtime.address
     keys = np.arange(1, 5, dtype=np.uint64) + np.uint64(1 << 60)
     bad = {
@@ -408,7 +408,7 @@ def test_insert_messages_that_do_not_match_their_descriptor_fail_and_the_node_se
     assert node.get("insert_port"), "a node over TCP takes inserts as active messages"
     host = node["address"].rpartition(":")[0]
     ep = runtime.listener_endpoint(host, node["insert_port"], "node")
-    conn = rpc.Client(node["address"], 10.0, name="node", token=client.token)
+    conn = rpc.RpcClient(node["address"], 10.0, name="node", token=client.token)
     keys = np.arange(1, 5, dtype=np.uint64) + np.uint64(1 << 60)
     offsets = np.arange(4, dtype=np.uint64) * np.uint64(ITEM)
     # Messages one byte shorter than the descriptor's lengths.
@@ -534,7 +534,7 @@ def test_malformed_mapped_descriptors_get_an_error_and_the_node_serves_on(client
     os.close(plain)
     with pytest.raises(ds.ConnectionFailed, match="smaller"):
         hand(region.share_fd, 4 << 20, os.urandom(16))
-    conn = rpc.Client(node["address"], 10.0, name="node", token=client.token)
+    conn = rpc.RpcClient(node["address"], 10.0, name="node", token=client.token)
     me = client.runtime.address
     keys = np.arange(1, 5, dtype=np.uint64) + np.uint64(1 << 60)
     ticket = os.urandom(16)
@@ -561,7 +561,7 @@ def test_malformed_mapped_descriptors_get_an_error_and_the_node_serves_on(client
     reply = conn.call("insert", **descriptor(region, keys, worker_address=me, staging=ticket))
     assert reply["n"] == 4 and reply["via"] == VIA["mapped"]
     # The ticket is bound to this connection now: another one cannot use it.
-    other = rpc.Client(node["address"], 10.0, name="node", token=client.token)
+    other = rpc.RpcClient(node["address"], 10.0, name="node", token=client.token)
     with pytest.raises(ds.DistoreError, match="never handed"):
         other.call("insert", **descriptor(region, keys + np.uint64(10), worker_address=me,
                                           staging=ticket))
@@ -616,7 +616,7 @@ def test_a_writer_held_by_a_rate_limiter_says_so_while_it_waits(client, tls, mon
                                                             min_size_to_sample=1,
                                                             error_buffer=100))
     writer = client.writer(max_items=40, max_in_flight=3, timeout=2.0)
-    with caplog.at_level(logging.WARNING, logger="distore_ucx.client.writer_in_flight"):
+    with caplog.at_level(logging.WARNING, logger="distore_ucx.client.writer.in_flight"):
         with pytest.raises(ds.RateLimiterTimeout):
             for i in range(20):
                 writer.insert("t", items(np.arange(40 * i, 40 * i + 40)))

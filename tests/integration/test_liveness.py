@@ -16,7 +16,7 @@ import pytest
 from helpers import check_keyed, keyed_items, keyed_spec, wait_for
 
 import distore_ucx as ds
-from distore_ucx.client import placement
+from distore_ucx.client.writer import placement
 
 WIDTH = 256
 SPEC = keyed_spec(WIDTH)

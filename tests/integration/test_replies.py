@@ -20,7 +20,7 @@ import distore_ucx as ds
 from distore_ucx import protocol
 from distore_ucx.slot_format import COLD
 from distore_ucx.transport import rpc
-from distore_ucx.transport.blocking_client import Client
+from distore_ucx.transport.blocking_client import RpcClient
 
 WIDTH = 256
 
@@ -29,7 +29,7 @@ def record_replies(monkeypatch) -> list[tuple[str, dict]]:
     """(op, reply map) of every reply a blocking client of this process reads."""
     seen: list[tuple[str, dict]] = []
     sent: dict[int, list[str]] = {}
-    send, receive = Client._send, Client._receive
+    send, receive = RpcClient._send, RpcClient._receive
 
     def _send(self, op, fields):
         mid = send(self, op, fields)
@@ -41,8 +41,8 @@ def record_replies(monkeypatch) -> list[tuple[str, dict]]:
         seen.append((sent[id(self)].pop(0), msg))
         return msg
 
-    monkeypatch.setattr(Client, "_send", _send)
-    monkeypatch.setattr(Client, "_receive", _receive)
+    monkeypatch.setattr(RpcClient, "_send", _send)
+    monkeypatch.setattr(RpcClient, "_receive", _receive)
     return seen
 
 
@@ -103,7 +103,7 @@ def test_every_reply_the_servers_send_parses_as_declared(tmp_path, monkeypatch):
             client.checkpoint()
             client.status()  # with the checkpoint it made
             node = client.nodes()[0]
-            with rpc.Client(node["address"], token=client.token) as conn:
+            with rpc.RpcClient(node["address"], token=client.token) as conn:
                 conn.call("node_info")
 
             def sample_and_release():  # its items, which no learner could read

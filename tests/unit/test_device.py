@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from distore_ucx.client.device import (
+from distore_ucx.client.learner.device import (
     Device,
     choose_path,
     host_header_view,
@@ -133,7 +133,7 @@ def test_gpu_ring_views_follow_the_host_layout():
     # The GPU ring's views (CudaOps.views / header_view) over a torch buffer,
     # here a CPU tensor: the same arrays at the same offsets as host_views.
     torch = pytest.importorskip("torch", reason="torch not installed (pip install '.[torch]')")
-    from distore_ucx.client.device import CudaOps
+    from distore_ucx.client.learner.device import CudaOps
 
     spec = TableSpec.parse({"obs": ((3, 5), "uint8"), "action": ((), "int64"),
                             "reward": ((2,), "float32")})

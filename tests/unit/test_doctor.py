@@ -7,7 +7,7 @@ import subprocess
 import sys
 import tempfile
 
-from distore_ucx.client.device import cuda_present
+from distore_ucx.client.learner.device import cuda_present
 
 
 def doctor(*args):

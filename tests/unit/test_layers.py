@@ -5,8 +5,10 @@ import control/, client/, storage/ or config, not even inside a function
 (a function-local import is how a hidden cycle hides). table_definition (with
 the selectors and rate limiters it declares), spec and slot_format sit under
 config, control, storage and client. The three roles, control/, storage/ and
-client/, never import each other; only the config package and the
-command-line programs read the environment.
+client/, never import each other; inside client/, the writer (client/writer/)
+and the learner (client/learner/) never import each other, nor client.py,
+which makes them. Only the config package and the command-line programs
+read the environment.
 """
 
 from __future__ import annotations
@@ -29,6 +31,9 @@ RULES = {
     "distore_ucx.table_definition": UPPER + ("distore_ucx._native_loader",),
     "distore_ucx.selectors": UPPER + ("distore_ucx._native_loader",),
     "distore_ucx.rate_limiters": UPPER + ("distore_ucx._native_loader",),
+    # the client's two sides share only what sits beside them (lifecycle.py)
+    "distore_ucx.client.writer": ("distore_ucx.client.learner", "distore_ucx.client.client"),
+    "distore_ucx.client.learner": ("distore_ucx.client.writer", "distore_ucx.client.client"),
 }
 
 
@@ -71,6 +76,14 @@ def test_no_import_arrow_from_a_lower_layer_up():
                 if any(imported == f or imported.startswith(f + ".") for f in forbidden):
                     bad.append(f"{name} imports {imported}")
     assert not bad, "\n".join(bad)
+
+
+def test_every_rule_names_a_module_that_exists():
+    # A rule about a module that moved away would pass without checking anything.
+    modules = {module_name(p) for p in PACKAGE.rglob("*.py")}
+    for name, forbidden in RULES.items():
+        for m in (name, *forbidden):
+            assert m in modules, f"{m} (in RULES) is no module of the package"
 
 
 def test_the_checker_sees_function_local_and_relative_imports(tmp_path):

@@ -7,7 +7,7 @@ import threading
 
 import pytest
 
-from distore_ucx.client.prefetch import Prefetcher, PrefetcherClosed, Stopped
+from distore_ucx.client.learner.prefetch import Prefetcher, PrefetcherClosed, Stopped
 
 
 class Counter:

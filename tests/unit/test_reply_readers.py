@@ -11,8 +11,8 @@ import pytest
 
 from distore_ucx import protocol
 from distore_ucx.client.client import Client
-from distore_ucx.client.sample_stream import SampleStream
-from distore_ucx.client.writer_keys import KeyRange
+from distore_ucx.client.learner.sample_stream import SampleStream
+from distore_ucx.client.writer.keys import KeyRange
 from distore_ucx.protocol import ITEM_LOCATION, ProtocolError
 
 PEER = "control plane at 10.0.0.1:7700"

@@ -7,8 +7,8 @@ import gc
 import numpy as np
 import pytest
 
-from distore_ucx.client.device import Device
-from distore_ucx.client.ring import Ring
+from distore_ucx.client.learner.device import Device
+from distore_ucx.client.learner.ring import Ring
 from distore_ucx.spec import TableSpec
 
 SPEC = TableSpec.parse({"obs": ((3, 5), "uint8"), "action": ((), "int64")})

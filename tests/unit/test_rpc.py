@@ -73,7 +73,7 @@ def wait_for(predicate, timeout: float = 10.0) -> None:
 def test_a_connection_has_at_most_max_pending_requests_waiting():
     server = Server(max_pending=3, token=TOKEN)
     try:
-        with rpc.Client(server.address, timeout=10, token=TOKEN) as client:
+        with rpc.RpcClient(server.address, timeout=10, token=TOKEN) as client:
             for _ in range(8):
                 client.send("nodes")
             wait_for(lambda: server.started == 3)
@@ -92,7 +92,7 @@ def test_a_connection_has_at_most_max_pending_requests_waiting():
 def test_a_frame_over_max_frame_closes_the_connection_unread():
     server = Server(max_frame=1 << 16)
     try:
-        with rpc.Client(server.address, timeout=10) as client:
+        with rpc.RpcClient(server.address, timeout=10) as client:
             assert client.call("list_tables")["op"] == "list_tables"
             with pytest.raises(errors.DistoreError, match="accepts at most 65536"):
                 client.call("status", blob=b"x" * (1 << 17))
@@ -107,7 +107,7 @@ def test_pipelined_requests_are_answered_in_order_and_an_error_stays_with_its_re
 
     server = Server(extra={"table_info": missing})
     try:
-        with rpc.Client(server.address, timeout=10) as client:
+        with rpc.RpcClient(server.address, timeout=10) as client:
             ops = ["list_tables", "status", "table_info", "list_tables", "status"]
             for op in ops:
                 client.send(op, **({"name": "gone"} if op == "table_info" else {}))
@@ -132,7 +132,7 @@ def test_a_lost_connection_is_made_again_when_reconnect_allows_it():
 
     server = Server(extra={"checkpoint": hang_up})
     try:
-        with rpc.Client(server.address, timeout=10, reconnect=5) as client:
+        with rpc.RpcClient(server.address, timeout=10, reconnect=5) as client:
             assert client.session == 1
             # The server drops the connection before answering: call() makes a
             # new one and sends the request again once; the second time the
@@ -141,7 +141,7 @@ def test_a_lost_connection_is_made_again_when_reconnect_allows_it():
                 client.call("checkpoint")
             assert client.call("list_tables")["op"] == "list_tables"
             assert client.session >= 2
-        with rpc.Client(server.address, timeout=10) as client:  # reconnect=0: no second try
+        with rpc.RpcClient(server.address, timeout=10) as client:  # reconnect=0: no second try
             with pytest.raises(errors.ConnectionFailed):
                 client.call("checkpoint")
             with pytest.raises(errors.ConnectionFailed, match="lost the connection"):
@@ -153,7 +153,7 @@ def test_a_lost_connection_is_made_again_when_reconnect_allows_it():
 def test_reconnecting_gives_up_after_its_time_and_says_what_to_do():
     server = Server()
     address = server.address
-    client = rpc.Client(address, timeout=5, reconnect=0.5)
+    client = rpc.RpcClient(address, timeout=5, reconnect=0.5)
     try:
         client._drop()  # as when the connection breaks
         server.close()  # and nobody listens there any more
@@ -169,13 +169,13 @@ def test_a_wrong_or_missing_token_is_refused_and_the_server_serves_on():
     server = Server(token=TOKEN)
     try:
         with pytest.raises(errors.AuthenticationFailed):
-            rpc.Client(server.address, timeout=10, token=b"w" * 32)
+            rpc.RpcClient(server.address, timeout=10, token=b"w" * 32)
         with pytest.raises(errors.AuthenticationFailed):
-            rpc.Client(server.address, timeout=10)
+            rpc.RpcClient(server.address, timeout=10)
         # An authentication failure is not retried as a lost connection.
         with pytest.raises(errors.AuthenticationFailed):
-            rpc.Client(server.address, timeout=10, token=b"w" * 32, reconnect=5)
-        with rpc.Client(server.address, timeout=10, token=TOKEN) as client:
+            rpc.RpcClient(server.address, timeout=10, token=b"w" * 32, reconnect=5)
+        with rpc.RpcClient(server.address, timeout=10, token=TOKEN) as client:
             assert client.call("status")["op"] == "status"
     finally:
         server.close()
@@ -198,7 +198,7 @@ def test_ordered_requests_run_at_once_but_are_answered_in_order():
 
     server = Server(extra={"table_info": info}, ordered=frozenset({"table_info"}))
     try:
-        with rpc.Client(server.address, timeout=10) as client:
+        with rpc.RpcClient(server.address, timeout=10) as client:
             client.send("table_info", name="slow")
             client.send("table_info", name="quick")
             client.send("status")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from distore_ucx.client.learner import SAMPLE_AHEAD_BYTES, _sample_ahead
+from distore_ucx.client.learner.learner import SAMPLE_AHEAD_BYTES, _sample_ahead
 from distore_ucx.errors import ConfigError
 
 

@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 
 from distore_ucx import protocol
-from distore_ucx.client import sample_stream
-from distore_ucx.client.sample_stream import SampleStream
+from distore_ucx.client.learner import sample_stream
+from distore_ucx.client.learner.sample_stream import SampleStream
 from distore_ucx.protocol import ITEM_LOCATION
 
 

@@ -1,11 +1,11 @@
-"""Importance weights (client/weights.py) and a batch's copy (client/batch.py)."""
+"""Importance weights (client/learner/weights.py) and a batch's copy (client/learner/batch.py)."""
 
 from __future__ import annotations
 
 import numpy as np
 
-from distore_ucx.client.batch import Batch
-from distore_ucx.client.weights import importance_weights
+from distore_ucx.client.learner.batch import Batch
+from distore_ucx.client.learner.weights import importance_weights
 
 
 def test_weights_are_normalised_by_the_tables_least_likely_item_not_the_batch():

@@ -2,8 +2,8 @@
 
 A fake client hands out writer ids and the table's spec; sending a batch is
 replaced by recording it and handing its buffer back, so that these tests
-see exactly what insert staged (client/writer.py, client/writer_staging.py,
-client/writer_keys.py).
+see exactly what insert staged (client/writer/writer.py, client/writer/staging.py,
+client/writer/keys.py).
 """
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 
 from distore_ucx.client.writer import Writer
-from distore_ucx.client.writer_failures import Failed, waiting_for_samples
-from distore_ucx.client.writer_staging import OneItemLayout
+from distore_ucx.client.writer.failures import Failed, waiting_for_samples
+from distore_ucx.client.writer.staging import OneItemLayout
 from distore_ucx.errors import ConfigError, RateLimiterTimeout
 from distore_ucx.spec import TableSpec
 from distore_ucx.transport import UcxRuntime

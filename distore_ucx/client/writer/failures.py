@@ -1,7 +1,7 @@
 """What a writer's failed insert says: the keys stored and not, and why it waited.
 
 Nothing is dropped silently: when a batch fails, the writer settles every
-other batch (client/writer_in_flight.py) and `insert`/`flush` raises the
+other batch (client/writer/in_flight.py) and `insert`/`flush` raises the
 batch's error with `stored_keys`, `unstored_keys` and `not_stored` (the
 count) set, its message saying so; a rate-limiter timeout that came from
 inserting and sampling on one thread says that too.
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..errors import RateLimiterTimeout
+from ...errors import RateLimiterTimeout
 
 
 class Failed(Exception):

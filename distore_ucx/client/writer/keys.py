@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..protocol import parse_reply
+from ...protocol import parse_reply
 
 
 class KeyRange:

@@ -1,6 +1,6 @@
 """The learner's directory of storage nodes: how each one is read, and its liveness.
 
-Each node a learner reads from is a peer of one of two kinds:
+Each node a learner reads from is a peer (a `NodeReader`) of one of two kinds:
 
 - "mapped": the node runs on this host (same `host_id()`) and handed us its
   sealed arena (transport/local_map.py); its items are copied out of a
@@ -55,11 +55,11 @@ import time
 
 import numpy as np
 
-from .._native_loader import _native
-from ..errors import ConnectionFailed, DistoreError, UcxError
-from ..protocol import AM_SAMPLE_AUTH_ID
-from ..transport.local_map import receive_arena
-from ..transport.runtime import ProcessWatch, host_id
+from ..._native_loader import _native
+from ...errors import ConnectionFailed, DistoreError, UcxError
+from ...protocol import AM_SAMPLE_AUTH_ID
+from ...transport.local_map import receive_arena
+from ...transport.runtime import ProcessWatch, host_id
 
 log = logging.getLogger(__name__)
 
@@ -72,7 +72,7 @@ UCX_AM = "ucx-am"
 COOLDOWN = 3.0
 
 
-class Peer:
+class NodeReader:
     """A storage node as the learner reads it: mapped, or a remote key."""
 
     def __init__(self, runtime, desc: dict, token: bytes | None, local_map: bool,
@@ -187,7 +187,7 @@ class PeerDirectory:
         self.local_map = local_map
         self.host_memory = host_memory
         self.am_samples = am_samples
-        self._peers: dict[int, Peer] = {}
+        self._peers: dict[int, NodeReader] = {}
         self.rkeys: list = []  # remote keys, indexed by key_lut
         self.mappings: list = []  # mapped arenas, indexed by map_lut
         self.am_endpoints: list = []  # endpoints of "ucx-am" nodes, indexed by am_lut
@@ -209,7 +209,7 @@ class PeerDirectory:
         "ucx:<transports>" or "ucx-am:<transports>"."""
         return {node_id: peer.path for node_id, peer in self._peers.items()}
 
-    def get(self, node_id: int) -> Peer | None:
+    def get(self, node_id: int) -> NodeReader | None:
         """The peer of `node_id`, if the directory knows it."""
         return self._peers.get(node_id)
 
@@ -277,7 +277,7 @@ class PeerDirectory:
         self._peers.clear()
 
     # -- internals --------------------------------------------------------
-    def _lookup(self, node_id: int) -> Peer | None:
+    def _lookup(self, node_id: int) -> NodeReader | None:
         peer = None
         for desc in self._client.nodes():
             if desc["node_id"] == node_id:
@@ -288,10 +288,10 @@ class PeerDirectory:
         self._rebuild(node_id + 1)
         return peer
 
-    def _add(self, desc: dict) -> Peer | None:
+    def _add(self, desc: dict) -> NodeReader | None:
         try:
-            peer = Peer(self._runtime, desc, self._client.token, self.local_map, self.host_memory,
-                        self.am_samples)
+            peer = NodeReader(self._runtime, desc, self._client.token, self.local_map,
+                              self.host_memory, self.am_samples)
         except (UcxError, DistoreError) as exc:
             log.warning("cannot reach %s: %s", desc["name"], exc)
             return None
@@ -325,7 +325,7 @@ class PeerDirectory:
                 am_endpoints.append(peer.am_endpoint)
             base_lut[peer.node_id] = peer.base
         # Replaced whole, never changed in place: the hand-out re-check reads
-        # them from another thread (client/recheck.py).
+        # them from another thread (client/learner/recheck.py).
         self.rkeys, self.mappings, self.am_endpoints = rkeys, mappings, am_endpoints
         self.key_lut, self.map_lut, self.am_lut, self.base_lut = key_lut, map_lut, am_lut, base_lut
         poll, watched, slow = select.poll(), {}, []

@@ -1,6 +1,6 @@
 """A writer's batches in flight: sent, waiting for acknowledgement, resent, settled.
 
-A batch goes to the node placement chooses (client/placement.py) and waits
+A batch goes to the node placement chooses (client/writer/placement.py) and waits
 in a queue, oldest first, for the node's acknowledgement; its staging buffer
 is refilled only after that. Each batch waits at most the writer's
 `timeout` from when it was sent; while a node's reply takes longer than
@@ -17,7 +17,7 @@ held, so nothing is doubled). A node that answers StorageFull: another node
 is tried, and StorageFull is raised only when none is left. Any other
 failure settles the writer: every other batch in flight is waited for, the
 open ones are dropped, and the failure says what was and was not stored
-(client/writer_failures.py). Thread safety: none (a writer is used by one
+(client/writer/failures.py). Thread safety: none (a writer is used by one
 thread).
 """
 
@@ -27,16 +27,16 @@ import logging
 import time
 from collections import deque
 
-from .. import metrics
-from ..errors import ConnectionFailed, StorageFull
-from ..protocol import check_reply
-from ..transport import rpc
+from ... import metrics
+from ...errors import ConnectionFailed, StorageFull
+from ...protocol import check_reply
+from ...transport import rpc
+from .connections import node_state
+from .failures import Failed, deadlock_hint, waiting_for_samples
+from .keys import KeyRange
 from .placement import Placement
-from .writer_connections import node_state
-from .writer_failures import Failed, deadlock_hint, waiting_for_samples
-from .writer_keys import KeyRange
-from .writer_send import Sender
-from .writer_staging import Batch, StagingPool
+from .send import Sender
+from .staging import StagedBatch, StagingPool
 
 log = logging.getLogger(__name__)
 
@@ -58,12 +58,12 @@ class InFlight:
         self._sender = sender
         self._keys = keys
         self.timeout = timeout
-        self.queue: deque[tuple[rpc.Client, Batch, int, set[int]]] = deque()
+        self.queue: deque[tuple[rpc.RpcClient, StagedBatch, int, set[int]]] = deque()
         self.inserted = 0
         self._noticed = False  # a wait was logged since the last acknowledgement
         self.stats = metrics.WriterStats()  # ds.metrics.registry() reads it (writer.stats)
 
-    def open_batch(self, table: str, spec) -> Batch:
+    def open_batch(self, table: str, spec) -> StagedBatch:
         """A new batch of `table` being filled; waits for acknowledgements
         when every staging buffer holds a batch."""
         pool = self._pool
@@ -74,7 +74,7 @@ class InFlight:
                 self.send(pool.open.pop(next(iter(pool.open))), set())
         return pool.open_batch(table, spec, buf)
 
-    def send(self, batch: Batch, exclude: set[int], full: StorageFull | None = None) -> None:
+    def send(self, batch: StagedBatch, exclude: set[int], full: StorageFull | None = None) -> None:
         """Send `batch` to a node not in `exclude`. `full`: a node's StorageFull
         that made us try another; raised (it says what holds the space) when
         no other node is left."""
@@ -129,7 +129,7 @@ class InFlight:
             raise self._settle(exc, batch) from None
         self._stored(batch, node_id, reply)
 
-    def _wait_for_node(self, conn: rpc.Client, node_id: int, batch: Batch) -> None:
+    def _wait_for_node(self, conn: rpc.RpcClient, node_id: int, batch: StagedBatch) -> None:
         """Wait for a node's reply; while it takes more than HUNG_CHECK s, ask
         the control plane every HUNG_CHECK s whether the node is still live.
         A node it marked unresponsive or gone (stopped, hung, cut off) fails
@@ -155,7 +155,7 @@ class InFlight:
                     "off) while it held an insert"
                 )
 
-    def _notice_wait(self, batch: Batch, node_id: int) -> None:
+    def _notice_wait(self, batch: StagedBatch, node_id: int) -> None:
         """Log that `batch` has waited WAIT_NOTICE s or more, and why if the
         control plane can tell."""
         waited = time.perf_counter() - batch.sent
@@ -171,7 +171,7 @@ class InFlight:
                     "batch, then fails it.", self._keys.writer_id, batch.n, batch.table, waited,
                     node_id, why, self.timeout)
 
-    def _stored(self, batch: Batch, node_id: int, reply: dict) -> None:
+    def _stored(self, batch: StagedBatch, node_id: int, reply: dict) -> None:
         self._noticed = False
         self.inserted += batch.n
         st = self.stats  # metrics: once per batch
@@ -186,7 +186,7 @@ class InFlight:
             log.info("writer %d: storage node %d reads inserts via %s", self._keys.writer_id,
                      node_id, via)
 
-    def _settle(self, exc: Exception, failed: Batch) -> Failed:
+    def _settle(self, exc: Exception, failed: StagedBatch) -> Failed:
         """After `failed` could not be stored: wait for every other batch in
         flight, drop the open ones, and describe what was and was not stored."""
         stored, unstored = [], [failed.all_keys()]

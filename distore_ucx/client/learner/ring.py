@@ -29,8 +29,8 @@ import logging
 
 import numpy as np
 
-from .._native_loader import _native
-from ..spec import SLOT_HEADER
+from ..._native_loader import _native
+from ...spec import SLOT_HEADER
 from .device import CudaOps, Device, host_cuda_ops, host_header_view, host_views
 
 log = logging.getLogger(__name__)

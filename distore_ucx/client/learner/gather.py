@@ -2,17 +2,17 @@
 
 The control plane answers a sample request with one record per item (node,
 offset, key, generation: protocol.ITEM_LOCATION). Each item is read by the
-path its node is reached by (client/peers.py): items of mapped (same-host)
+path its node is reached by (client/learner/peers.py): items of mapped (same-host)
 nodes are copied from the node's arena with plain loads, in one native call
 that takes the records as they came (`_native.mapped_gather_located`); the
 rest are read with one UCX gather (`_native.gather_dense`), one get per
 item into the ring's host staging area, then scattered, except those of
 nodes that serve samples by active message (the "ucx-am" path, where UCX
-emulates RMA: client/peers.py), which come in one more native call
+emulates RMA: client/learner/peers.py), which come in one more native call
 (`AmSampleClient.fetch`): each node sends its items' fields straight into
 their rows (a node too busy to answer has those items read by gets). All
 land each
-item in the dense layout of the ring slot (client/ring.py): its slot header
+item in the dense layout of the ring slot (client/learner/ring.py): its slot header
 in the slot's (n, 2) header array and each field in that field's own
 [n, ...] array. Every header read is checked against the (key, generation)
 the control plane gave; a row that fails (slot reused, torn while copied,
@@ -26,9 +26,9 @@ import time
 
 import numpy as np
 
-from .._native_loader import _native
-from ..errors import ConnectionFailed
-from ..protocol import ITEM_LOCATION
+from ..._native_loader import _native
+from ...errors import ConnectionFailed
+from ...protocol import ITEM_LOCATION
 
 MAX_RESAMPLES = 20
 

@@ -1,30 +1,30 @@
 """Learner: samples batches straight into a registered buffer, one-sided.
 
 For each batch the learner takes the next reply of its sample stream
-(client/sample_stream.py): n items from the control plane in one round
+(client/learner/sample_stream.py): n items from the control plane in one round
 trip, which also releases the previous batch's lease; the next batch's
 request is sent before the current batch is read, and while replies carry
 cold items (read from a node's disk tier first) two are kept in flight.
-It then reads the items into one destination buffer (client/gather.py):
+It then reads the items into one destination buffer (client/learner/gather.py):
 same-host arenas it has mapped in one native call, the rest with one UCX
 get per item, from every storage node, in another. Each slot's header
 (key, generation) comes in the same read and is checked: an item whose
 slot was reused, or whose node failed mid-read, is dropped and resampled,
 never returned.
 
-Batches land on the learner's device (client/device.py: "cpu" or
+Batches land on the learner's device (client/learner/device.py: "cpu" or
 "cuda:N"; numpy, torch or CuPy) through a ring of `prefetch + 1`
-destination buffers mapped once (client/ring.py). `batch.data` holds views
+destination buffers mapped once (client/learner/ring.py). `batch.data` holds views
 into one ring slot: a batch from `sample()` stays valid until `prefetch + 1`
 more batches have been sampled; a batch from iterating the learner stays
 valid until the next one is taken (the background thread then refills its
-slot). `batch.clone()` keeps a copy (client/batch.py).
+slot). `batch.clone()` keeps a copy (client/learner/batch.py).
 
 Iterating (`for batch in learner`) keeps `prefetch` batches in flight on a
-background thread (client/prefetch.py) that then does all of this
+background thread (client/learner/prefetch.py) that then does all of this
 learner's sampling: the control connection and the UCX gather are used
 from one thread only. A batch it read ahead has its slot headers read again
-when handed out (client/recheck.py): rows whose items were evicted since
+when handed out (client/learner/recheck.py): rows whose items were evicted since
 are resampled in place by the thread first, so no batch handed out holds
 an item evicted before. For that, a batch read ahead keeps its leases until
 it is handed out (an item evicted while leased has its slot marked by its
@@ -41,17 +41,17 @@ from collections.abc import Iterator
 
 import numpy as np
 
-from .. import metrics
-from .._native_loader import _native
-from ..config import am_samples_enabled, local_map_default
-from ..errors import ConfigError, DistoreError, NoData, RateLimiterTimeout
-from ..protocol import ITEM_LOCATION, check_reply
-from ..spec import SLOT_HEADER
-from ..transport import capabilities
+from ... import metrics
+from ..._native_loader import _native
+from ...config import am_samples_enabled, local_map_default
+from ...errors import ConfigError, DistoreError, NoData, RateLimiterTimeout
+from ...protocol import ITEM_LOCATION, check_reply
+from ...spec import SLOT_HEADER
+from ...transport import capabilities
+from ..lifecycle import ensure_open, mark_closed
 from .batch import Batch
 from .device import Device, choose_path, resolve_framework
 from .gather import Gather
-from .lifecycle import ensure_open, mark_closed
 from .peers import PeerDirectory
 from .prefetch import Prefetcher, Stopped
 from .recheck import HeaderRecheck

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..errors import ConfigError
+from ...errors import ConfigError
 
 PATHS = ("host", "gpu-direct", "host-staged")
 FRAMEWORKS = ("numpy", "torch", "cupy")

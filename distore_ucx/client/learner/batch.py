@@ -1,6 +1,6 @@
 """A sampled batch: what `Learner.sample()` hands out.
 
-Its data are views into one slot of the learner's ring (client/ring.py),
+Its data are views into one slot of the learner's ring (client/learner/ring.py),
 valid until the slot comes round again; `clone()` keeps a copy.
 """
 

@@ -14,8 +14,8 @@ from __future__ import annotations
 import logging
 import time
 
-from ..errors import AuthenticationFailed, ConnectionFailed, Timeout
-from ..transport import rpc
+from ...errors import AuthenticationFailed, ConnectionFailed, Timeout
+from ...transport import rpc
 
 log = logging.getLogger(__name__)
 
@@ -54,12 +54,12 @@ class Connections:
 
     def __init__(self, client):
         self._client = client
-        self._conns: dict[tuple[int, str, int], rpc.Client] = {}
+        self._conns: dict[tuple[int, str, int], rpc.RpcClient] = {}
         # connection -> the ticket of the staging buffer handed over it
-        # (client/writer_send.py); a new connection claims its buffer anew.
+        # (client/writer/send.py); a new connection claims its buffer anew.
         self.handed: dict[tuple[int, str, int], bytes] = {}
 
-    def get(self, node: dict, buffer: int, timeout: float) -> rpc.Client:
+    def get(self, node: dict, buffer: int, timeout: float) -> rpc.RpcClient:
         """The connection to `node` for staging buffer `buffer`, made if need
         be (waiting up to `timeout` for a busy node); raises Unreachable."""
         key = (node["node_id"], node["address"], buffer)
@@ -69,7 +69,7 @@ class Connections:
             self._conns[key] = conn
         return conn
 
-    def _connect(self, node: dict, timeout: float) -> rpc.Client:
+    def _connect(self, node: dict, timeout: float) -> rpc.RpcClient:
         """A connection to `node`; Unreachable (logged) once the control plane
         no longer lists it as live, or after `timeout`. A busy node accepts or
         greets late (its listen queue full: the connect itself times out),
@@ -81,8 +81,8 @@ class Connections:
         delay = 0.05
         while True:
             try:
-                conn = rpc.Client(node["address"], CONNECT_TIMEOUT,
-                                  name=f"storage node {node['name']}", token=self._client.token)
+                conn = rpc.RpcClient(node["address"], CONNECT_TIMEOUT,
+                                     name=f"storage node {node['name']}", token=self._client.token)
                 conn.timeout = timeout
                 return conn
             except AuthenticationFailed as exc:

@@ -4,7 +4,7 @@ Staging memory is bounded: a pool of `max_in_flight` buffers of
 `batch_bytes`, made on first use and registered with UCX once, remote-READ
 only and write-protected (a node cannot write the writer's memory). A buffer
 is refilled only after its batch's acknowledgement (the writer's batches in
-flight, client/writer_in_flight.py, hand it back). An item larger than
+flight, client/writer/in_flight.py, hand it back). An item larger than
 `batch_bytes` grows the buffer it goes to (to the item's size, kept for later
 items), so the bound is `max_in_flight` x max(`batch_bytes`, largest item).
 With `batch_bytes` left at its default (`min_items` set), a buffer also grows
@@ -28,8 +28,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .._native_loader import _native
-from ..transport.local_map import TICKET_BYTES
+from ..._native_loader import _native
+from ...transport.local_map import TICKET_BYTES
 
 _PAGE = 1 << 12
 
@@ -99,7 +99,7 @@ class OneItemLayout:
 
 
 @dataclass
-class Batch:
+class StagedBatch:
     """Items of one table staged in one buffer."""
 
     table: str
@@ -172,7 +172,7 @@ class StagingPool:
         self.max_delay = max_delay
         self.buffers: list[StagingBuffer] = []
         self.free: list[StagingBuffer] = []
-        self.open: dict[str, Batch] = {}  # one batch being filled per table
+        self.open: dict[str, StagedBatch] = {}  # one batch being filled per table
 
     def spare(self) -> StagingBuffer | None:
         """A buffer no batch uses (a new one while fewer than `max_in_flight`
@@ -185,14 +185,14 @@ class StagingPool:
             return buf
         return None
 
-    def open_batch(self, table: str, spec, buf: StagingBuffer) -> Batch:
+    def open_batch(self, table: str, spec, buf: StagingBuffer) -> StagedBatch:
         """A new batch of `table` in `buf` (grown for one item if need be),
         sent at the next insert once it is `max_delay` old."""
         ib = spec.item_bytes
         want = batch_bytes_for(ib, self.batch_bytes, self.min_items, self.grow_to)
         buf.grow(want)
         capacity = min(self.max_items, min(want, buf.size) // ib)
-        batch = Batch(table, spec, buf, capacity, send_by=time.monotonic() + self.max_delay)
+        batch = StagedBatch(table, spec, buf, capacity, send_by=time.monotonic() + self.max_delay)
         self.open[table] = batch
         return batch
 

@@ -33,16 +33,16 @@ import time
 
 import numpy as np
 
-from .._native_loader import _native
-from ..errors import ConnectionFailed, UcxError
-from ..protocol import AM_INSERT_AUTH_ID, AM_INSERT_ID
-from ..transport import rpc
-from ..transport.address import parse_address
-from ..transport.local_map import send_staging
-from ..transport.runtime import host_id
-from .writer_connections import CONNECT_TIMEOUT, Connections
-from .writer_keys import KeyRange
-from .writer_staging import Batch, StagingBuffer
+from ..._native_loader import _native
+from ...errors import ConnectionFailed, UcxError
+from ...protocol import AM_INSERT_AUTH_ID, AM_INSERT_ID
+from ...transport import rpc
+from ...transport.address import parse_address
+from ...transport.local_map import send_staging
+from ...transport.runtime import host_id
+from .connections import CONNECT_TIMEOUT, Connections
+from .keys import KeyRange
+from .staging import StagedBatch, StagingBuffer
 
 log = logging.getLogger(__name__)
 
@@ -79,7 +79,7 @@ class Sender:
         self._no_am: dict[int, float] = {}
         self._no_am_warned: set[int] = set()
 
-    def send(self, node: dict, conn: rpc.Client, batch: Batch, timeout: float) -> None:
+    def send(self, node: dict, conn: rpc.RpcClient, batch: StagedBatch, timeout: float) -> None:
         """Send `batch`'s descriptor to `node` over `conn` (its items first,
         where they go as active messages); the node's reply comes later.
         Raises ConnectionFailed when the node cannot be reached."""
@@ -142,7 +142,7 @@ class Sender:
         handed[key] = buf.ticket
         return buf.ticket
 
-    def _send_messages(self, node: dict, batch: Batch, offsets: np.ndarray,
+    def _send_messages(self, node: dict, batch: StagedBatch, offsets: np.ndarray,
                        lengths: np.ndarray) -> int | None:
         """Post the batch's items to `node` as UCX active messages (one native
         call) over a connection to its insert listener, and return the batch
@@ -163,7 +163,7 @@ class Sender:
         host, _ = parse_address(node["address"])
         try:
             # As long as a node has to greet a new connection: a stopped
-            # node is then routed around as any (writer_connections.py).
+            # node is then routed around as any (connections.py).
             ep = self._runtime.listener_endpoint(host, port, name, CONNECT_TIMEOUT,
                                                  cap=node.get("am_cap"),
                                                  auth_id=AM_INSERT_AUTH_ID)

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .._native_loader import _native
+from ..._native_loader import _native
 
 
 class HeaderRecheck:

@@ -21,7 +21,7 @@ its batch's acknowledgement. An item larger than `batch_bytes` grows the
 buffer it goes to (to the item's size, kept for later items), so the bound
 is `max_in_flight` x max(`batch_bytes`, largest item). With `batch_bytes`
 left out (8 MiB) a table of items of megabytes gets batches of 4 of them, up
-to 32 MiB (writer_staging.py says why). Each buffer has its
+to 32 MiB (staging.py says why). Each buffer has its
 own connection to each node, so batches in flight wait on a rate limiter
 side by side and each waits at most `timeout` from when it was sent.
 
@@ -43,12 +43,12 @@ registers batches. With `max_in_flight` > 1, two batches of one writer may
 be registered in either order; `max_in_flight=1` keeps a writer's items in
 insertion order, at some cost in insert rate.
 
-The writer's parts, one concept each: its keys (writer_keys.py), staging
-memory and batches (writer_staging.py), batches in flight and their
-settling (writer_in_flight.py, writer_failures.py), the choice of node
-(placement.py), connections to nodes (writer_connections.py) and how a
-batch is sent (writer_send.py). This module holds the public API, the
-checks of its input and the flush of writers left open.
+The writer's parts, one concept each, in this package: its keys
+(keys.py), staging memory and batches (staging.py), batches in flight and
+their settling (in_flight.py, failures.py), the choice of node
+(placement.py), connections to nodes (connections.py) and how a batch is
+sent (send.py). This module holds the public API, the checks of its input
+and the flush of writers left open.
 """
 
 from __future__ import annotations
@@ -61,23 +61,23 @@ import weakref
 
 import numpy as np
 
-from .. import metrics
-from ..config import (
+from ... import metrics
+from ...config import (
     am_insert_runs_enabled,
     am_inserts_enabled,
     am_min_item_bytes,
     local_map_default,
 )
-from ..errors import ConfigError
-from ..transport.runtime import close_at_exit
-from .lifecycle import ensure_open
+from ...errors import ConfigError
+from ...transport.runtime import close_at_exit
+from ..lifecycle import ensure_open
+from .connections import Connections
+from .failures import Failed
+from .in_flight import InFlight
+from .keys import KeyRange
 from .placement import Placement
-from .writer_connections import Connections
-from .writer_failures import Failed
-from .writer_in_flight import InFlight
-from .writer_keys import KeyRange
-from .writer_send import Sender
-from .writer_staging import OneItemLayout, StagingPool, batch_bytes_for
+from .send import Sender
+from .staging import OneItemLayout, StagingPool, batch_bytes_for
 
 log = logging.getLogger(__name__)
 

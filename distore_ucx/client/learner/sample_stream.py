@@ -16,7 +16,7 @@ collects the leases of each batch it reads ahead instead
 (`collect_leases`) and gives them back once the batch is handed out
 (`give_back`, from the consumer's thread): an item evicted while its batch
 waits to be taken is then still leased, so its node marks its slot and
-the hand-out re-check finds it (client/recheck.py).
+the hand-out re-check finds it (client/learner/recheck.py).
 
 A lease lasts the control plane's lease_timeout from its grant, which the
 reply gives with the time the request waited there (`held`). Each reply's
@@ -43,9 +43,9 @@ import time
 
 import numpy as np
 
-from ..config import sample_ahead_from_env
-from ..errors import ConfigError, ConnectionFailed, DistoreError, NoData, RateLimiterTimeout
-from ..protocol import ITEM_LOCATION, check_reply
+from ...config import sample_ahead_from_env
+from ...errors import ConfigError, ConnectionFailed, DistoreError, NoData, RateLimiterTimeout
+from ...protocol import ITEM_LOCATION, check_reply
 
 log = logging.getLogger(__name__)
 

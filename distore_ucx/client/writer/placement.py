@@ -14,9 +14,9 @@ import itertools
 import math
 import time
 
-from ..errors import StorageFull
-from ..transport import rpc
-from .writer_connections import Connections, Unreachable
+from ...errors import StorageFull
+from ...transport import rpc
+from .connections import Connections, Unreachable
 
 # Seconds between readings of the node list (placement by free space).
 LIST_EVERY = 1.0
@@ -39,7 +39,7 @@ class Placement:
         self.paths: dict[int, str] = {}  # how each node reads our buffers (logged once)
 
     def choose(self, exclude: set[int], buffer: int, nbytes: int, timeout: float
-               ) -> tuple[dict, rpc.Client]:
+               ) -> tuple[dict, rpc.RpcClient]:
         """Where the next batch (of `nbytes`, in staging buffer `buffer`)
         goes, and the connection to it; raises StorageFull when no node is
         left once `exclude` is left out.
