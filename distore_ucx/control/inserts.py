@@ -68,6 +68,9 @@ class Inserts:
             keys, offsets, gens, prios = keys[new], offsets[new], gens[new], prios[new]
         freed = table.add(node_id, keys, offsets, gens, prios)
         retired = table.retired_leased
+        # A cold one is read ahead from the copy its node staged for the
+        # learner's sample: that copy is marked instead of the disk slot.
+        retired = retired + self.reclaim.leases.staged_copies(table.name, retired)
         # Items of this batch evicted at once are freed too: the node holds
         # a free until the registrations in flight when it came are committed.
         self.reclaim.free(table.name, freed)

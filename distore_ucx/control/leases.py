@@ -23,6 +23,8 @@ from typing import Any
 
 import numpy as np
 
+from ..slot_format import COLD
+
 ID_BITS = 62  # lease ids are in [1, 2**62]: they fit msgpack's and numpy's int64
 _HALF = ID_BITS // 2
 _MASK = (1 << _HALF) - 1
@@ -67,6 +69,9 @@ class Lease:
     owner: Any = None  # the connection (rpc.Peer) that took it
     # (node id, extent) of staged cold items this lease covers (control/tiers.py)
     staged: list = field(default_factory=list)
+    # (records, node id, offsets) of the copies staged for its cold items:
+    # marked retired with the records if they are evicted (staged_copies)
+    copies: list = field(default_factory=list)
 
 
 class Leases:
@@ -122,6 +127,31 @@ class Leases:
             out.append(self._drop(lid))
         self.refused += refused
         return out, refused
+
+    def staged_copies(self, table: str, retired):
+        """The copies staged for leases of `table` of the cold records among
+        `retired` (tables.Retired), as Retired rows at their staging offsets
+        with the records' generations: a learner that read one ahead reads
+        it there, not from the disk slot, so that is what must be marked
+        (control/retirements.py). Only leases with staged copies are looked
+        at: a table without a disk tier costs nothing here."""
+        cold = retired.offsets >= COLD
+        if not cold.any():
+            return type(retired).empty()
+        recs, gens = retired.recs[cold], retired.generations[cold]
+        order = np.argsort(recs)
+        ranked = recs[order]
+        out = type(retired).empty()
+        for lease in self._leases.values():
+            if lease.table != table:
+                continue
+            for copy_recs, node_id, offsets in lease.copies:
+                hit = np.isin(copy_recs, recs)
+                if hit.any():
+                    which = order[np.searchsorted(ranked, copy_recs[hit])]
+                    out = out + type(retired)(np.full(len(which), node_id, np.uint32),
+                                              offsets[hit], gens[which], copy_recs[hit])
+        return out
 
     def expired(self, now: float | None = None) -> list[Lease]:
         """Remove and return every lease past its deadline."""

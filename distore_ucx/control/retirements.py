@@ -43,7 +43,8 @@ class Retirements:
         if len(retired) == 0:
             return
         # Cold items (on a node's disk tier) are read from staged copies
-        # that the node made for the sample, not from these slots.
+        # that the node made for the sample, not from these slots: those
+        # copies come as rows of their own (Leases.staged_copies).
         hot = retired.offsets < COLD
         jobs = []
         for node_id in np.unique(retired.nodes[hot]):

@@ -59,10 +59,17 @@ class Retired:
     nodes: np.ndarray
     offsets: np.ndarray
     generations: np.ndarray
+    recs: np.ndarray  # their records (a cold one's staged copies are found by it)
 
     @classmethod
     def empty(cls) -> Retired:
-        return cls(np.empty(0, np.uint32), np.empty(0, np.uint64), np.empty(0, np.uint64))
+        return cls(np.empty(0, np.uint32), np.empty(0, np.uint64), np.empty(0, np.uint64),
+                   np.empty(0, np.int64))
+
+    def __add__(self, other: Retired) -> Retired:
+        return Retired(*(np.concatenate([a, b]) for a, b in zip(
+            (self.nodes, self.offsets, self.generations, self.recs),
+            (other.nodes, other.offsets, other.generations, other.recs))))
 
     def __len__(self) -> int:
         return len(self.nodes)
@@ -147,7 +154,8 @@ class Table:
         """Where those of `recs` that a learner holds a lease on are."""
         s = self.store
         held = recs[s.leases[recs] > 0]
-        return Retired(s.node[held].copy(), s.offset[held].copy(), s.generation[held].copy())
+        return Retired(s.node[held].copy(), s.offset[held].copy(), s.generation[held].copy(),
+                       np.asarray(held, np.int64))
 
     def _place(self, node: int, keys, offsets, generations) -> np.ndarray:
         """New LIVE records for items stored at (node, offsets); their ids."""

@@ -215,6 +215,10 @@ class Tiers:
                 lease.staged.extend((node_id, int(e)) for e in answer["extents"])
                 items["offset"][rows] = answer["offsets"]
                 bad = answer["statuses"] != 0
+                # Where each cold record's copy is, while the lease holds it:
+                # marked retired with the record if it is evicted meanwhile.
+                lease.copies.append((np.asarray(recs[rows][~bad], np.int64), node_id,
+                                     np.asarray(answer["offsets"], np.uint64)[~bad]))
                 if bad.any():
                     lost.append(rows[bad])
         finally:

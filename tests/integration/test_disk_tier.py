@@ -395,3 +395,37 @@ def test_a_staging_area_too_small_for_a_sample_is_a_typed_error_saying_what_to_d
         for _ in range(5):
             assert wrong_items(small.sample(timeout=5.0), key_to_idx) == 0
     client.close()
+
+
+@pytest.mark.parametrize("tls", ["tcp", "mapped"], indirect=True)
+def test_evicted_cold_items_read_ahead_are_never_handed_out(make_cluster, tmp_path, tls):
+    # A learner's prefetch thread reads batches ahead, their cold items from
+    # copies their node staged for them; then inserts evict every item and
+    # flush() returns. The staged copies are marked retired with the items'
+    # slots, so the hand-out re-check resamples them: no batch handed out
+    # after the flush holds an evicted item.
+    cluster = tier_cluster(make_cluster, tmp_path, nodes=1)
+    client = ds.connect(cluster.address)
+    capacity = 200  # 3x what the arena holds hot: most items cold
+    client.create_table("t", capacity=capacity, spec=SPEC)
+    key_to_idx: dict = {}
+    insert(client, "t", 0, capacity, key_to_idx, max_in_flight=1)
+    assert client.table_info("t")["cold"] > capacity // 2
+    # 3 batches of 8 cold items ahead fit the 3 MiB staging area.
+    learner = client.learner("t", batch_size=8, prefetch=2)
+    it = iter(learner)
+    for _ in range(3):
+        check(next(it), key_to_idx)
+    queue = learner._prefetcher._state
+    deadline = time.monotonic() + 20
+    while len(queue.items) < 1 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert len(queue.items) >= 1, "the prefetch thread did not read ahead"
+    insert(client, "t", capacity, capacity, key_to_idx, max_in_flight=1)  # evicts all of them
+    returned = 0
+    for _ in range(12):
+        idx = check(next(it), key_to_idx)
+        returned += int((idx < capacity).sum())
+    assert returned == 0, f"{returned} evicted items were handed out after the evicting flush"
+    learner.close()
+    client.close()

@@ -174,12 +174,16 @@ class Prefetcher:
         state = self._state
         job = _Job(fn)
         with state.cond:
+            if state.error is not None:  # what ended the thread, not that it ended
+                raise state.error
             if state.finished or state.stop:
                 raise PrefetcherClosed("the prefetcher was closed")
             state.jobs.append(job)
             state.cond.notify_all()
         if not job.done.wait(timeout):
             raise TimeoutError(f"the prefetch thread did not run the call within {timeout} s")
+        if isinstance(job.error, PrefetcherClosed) and state.error is not None:
+            raise state.error  # the producer failed while the call waited: say why
         if job.error is not None:
             raise job.error
         return job.result
