@@ -1,5 +1,6 @@
-"""What a table is: name, capacity, spec, sampler, remover, rate limiter and
-max_times_sampled, parsed and checked in one place.
+"""What a table is: name, capacity, spec, sampler, remover, rate limiter,
+max_times_sampled and, for a table of episodes' steps, the slice length
+and period, parsed and checked in one place.
 
 Every way of making a table goes through :class:`TableDefinition`:
 ``client.create_table`` builds one and sends ``to_wire()``; the control
@@ -51,13 +52,26 @@ class TableDefinition:
     remover: Selector
     rate_limiter: RateLimiter
     max_times_sampled: int = 0
+    # A table of steps of episodes (docs/semantics.md, "Slices"): a sample
+    # is slices of `slice_len` consecutive steps of one episode, starting at
+    # a step whose position is a multiple of `slice_period`. 0: items.
+    slice_len: int = 0
+    slice_period: int = 1
+
+    @property
+    def slices(self) -> bool:
+        """Whether it holds steps of episodes, sampled as slices."""
+        return self.slice_len > 0
 
     @classmethod
     def make(cls, name: str, capacity: int, spec: Any, sampler: Any = None, remover: Any = None,
-             rate_limiter: Any = None, max_times_sampled: int = 0) -> TableDefinition:
+             rate_limiter: Any = None, max_times_sampled: int = 0, slice_len: int = 0,
+             slice_period: int = 1) -> TableDefinition:
         """Check every part and fill in the defaults (Uniform sampler, Fifo
         remover, MinSize(1)); a Queue gets Fifo selectors and
-        max_times_sampled=1. Raises ConfigError saying what is wrong."""
+        max_times_sampled=1. `slice_len` > 0 makes a table of steps sampled
+        as slices (a Uniform or Prioritized sampler over slice starts).
+        Raises ConfigError saying what is wrong."""
         if not isinstance(name, str) or not 0 < len(name) <= MAX_NAME or not name.isprintable():
             raise ConfigError(f"table name {name!r} must be 1-{MAX_NAME} printable characters")
         if isinstance(capacity, bool) or not isinstance(capacity, int) \
@@ -88,18 +102,41 @@ class TableDefinition:
                     f"table {name!r}: capacity {capacity} is smaller than the queue size "
                     f"{int(limiter.max_diff)}: items would be evicted before being sampled"
                 )
+        for what, value, lo in (("slice_len", slice_len, 0), ("slice_period", slice_period, 1)):
+            if isinstance(value, bool) or not isinstance(value, int) or not lo <= value < 2**20:
+                raise ConfigError(f"table {name!r}: {what} must be an integer >= {lo} "
+                                  f"(below 2**20), got {value!r}")
+        if slice_len:
+            kind = (sampler or Uniform()).kind
+            if kind not in ("uniform", "prioritized"):
+                raise ConfigError(
+                    f"table {name!r}: a table of slices draws slice starts uniformly or by "
+                    f"priority: use ds.Uniform() or ds.Prioritized(alpha) as its sampler, not "
+                    f"{kind!r}")
+            if limiter.kind == "queue" or max_times_sampled:
+                raise ConfigError(
+                    f"table {name!r}: a table of slices takes no Queue rate limiter and no "
+                    "max_times_sampled (a step is in many slices): leave them unset")
+            if capacity < slice_len:
+                raise ConfigError(f"table {name!r}: capacity {capacity} holds no slice of "
+                                  f"{slice_len} steps: raise the capacity (it counts steps)")
         return cls(name, capacity, parsed, sampler or Uniform(), remover or Fifo(), limiter,
-                   max_times_sampled)
+                   max_times_sampled, slice_len, slice_period)
 
     # -- the wire and checkpoints ----------------------------------------
     def to_wire(self) -> dict[str, Any]:
-        """The create_table fields (also what a checkpoint stores)."""
-        return {
+        """The create_table fields (also what a checkpoint stores); a table
+        of items leaves the slice fields out."""
+        d = {
             "name": self.name, "capacity": self.capacity, "spec": self.spec.to_wire(),
             "sampler": self.sampler.to_wire(), "remover": self.remover.to_wire(),
             "rate_limiter": self.rate_limiter.to_wire(),
             "max_times_sampled": self.max_times_sampled,
         }
+        if self.slice_len:
+            d["slice_len"] = self.slice_len
+            d["slice_period"] = self.slice_period
+        return d
 
     @classmethod
     def from_wire(cls, d: Mapping[str, Any]) -> TableDefinition:
@@ -108,13 +145,14 @@ class TableDefinition:
         try:
             return cls.make(d["name"], d["capacity"], TableSpec.from_wire(d["spec"]),
                             d.get("sampler"), d.get("remover"), d.get("rate_limiter"),
-                            d.get("max_times_sampled", 0))
+                            d.get("max_times_sampled", 0), d.get("slice_len", 0),
+                            d.get("slice_period", 1))
         except KeyError as exc:
             raise ConfigError(f"a table definition without {exc}: {dict(d)!r}") from None
 
     # -- distore.toml ----------------------------------------------------
     CONFIG_KEYS = ("name", "capacity", "spec", "sampler", "remover", "rate_limiter",
-                   "max_times_sampled")
+                   "max_times_sampled", "slice_len", "slice_period")
 
     @classmethod
     def from_config(cls, entry: Any) -> TableDefinition:
@@ -173,7 +211,8 @@ class TableDefinition:
             raise TableProblems(problems)
         try:
             return cls.make(name, cap, spec, parts.get("sampler"), parts.get("remover"),
-                            parts.get("rate_limiter"), entry.get("max_times_sampled", 0))
+                            parts.get("rate_limiter"), entry.get("max_times_sampled", 0),
+                            entry.get("slice_len", 0), entry.get("slice_period", 1))
         except ConfigError as exc:
             raise TableProblems(
                 [str(exc) if str(exc).startswith("table ") else f"{label}{exc}"]) from None
@@ -182,8 +221,8 @@ class TableDefinition:
     def differences(self, other: TableDefinition) -> list[str]:
         """The fields in which `other` differs, as "field: ours there, theirs asked"."""
         ours, theirs = self.to_wire(), other.to_wire()
-        return [f"{k}: {ours[k]!r} there, {theirs[k]!r} asked" for k in ours
-                if ours[k] != theirs[k]]
+        return [f"{k}: {ours.get(k)!r} there, {theirs.get(k)!r} asked"
+                for k in dict.fromkeys([*ours, *theirs]) if ours.get(k) != theirs.get(k)]
 
 
 def _spec_from_toml(spec: Any) -> Any:

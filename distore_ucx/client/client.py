@@ -61,6 +61,7 @@ class Client:
         # by itself (Writer.__del__); close() flushes those still here.
         self._writers: weakref.WeakSet[Writer] = weakref.WeakSet()
         self._specs: dict[str, TableSpec] = {}
+        self._slice_lens: dict[str, int] = {}  # table -> steps a slice (0: items)
         self._closed = False
         self._connections: weakref.WeakSet[rpc.RpcClient] = weakref.WeakSet()  # see connection()
 
@@ -74,6 +75,8 @@ class Client:
         remover: Selector | str | None = None,
         rate_limiter: RateLimiter | None = None,
         max_times_sampled: int = 0,
+        slice_len: int = 0,
+        slice_period: int = 1,
     ) -> dict:
         """Create a table (idempotent for identical definitions); returns its info.
 
@@ -82,6 +85,16 @@ class Client:
         `remover` (default ds.Fifo()) what leaves at capacity; `rate_limiter`
         (default ds.MinSize(1)) decides when inserts and samples wait; an item
         leaves after its `max_times_sampled`-th sample (0: never).
+
+        `slice_len` > 0 makes a table of steps of episodes (`spec` is one
+        step's): writers add steps with `writer.append`, each stored once,
+        and a learner samples slices of `slice_len` consecutive steps of one
+        episode, starting at any step whose position is a multiple of
+        `slice_period`, chosen when sampling (uniformly, or by the start
+        step's priority with ds.Prioritized). `capacity` counts steps.
+
+        >>> client.create_table("r2d2", capacity=1_000_000, spec=step_spec,
+        ...                     sampler=ds.Prioritized(0.9), slice_len=80, slice_period=40)
 
         >>> client.create_table("replay", capacity=10_000,
         ...                     spec={"obs": ((4, 84, 84), "uint8"), "reward": ((), "float32")},
@@ -93,10 +106,11 @@ class Client:
         if rate_limiter is not None and not isinstance(rate_limiter, RateLimiter):
             raise ConfigError("rate_limiter must be ds.MinSize, ds.SampleToInsertRatio or ds.Queue")
         definition = TableDefinition.make(name, capacity, spec, sampler, remover, rate_limiter,
-                                          max_times_sampled)
+                                          max_times_sampled, slice_len, slice_period)
         info = self.call("create_table", **definition.to_wire())
         created = parse_reply("create_table", info, self._rpc.name)
         self._specs[name] = definition.spec
+        self._slice_lens[name] = definition.slice_len
         for text in created.warnings or ():
             # The control plane logged it too; the caller sees it here.
             warnings.warn(text, CapacityWarning, stacklevel=2)
@@ -132,9 +146,17 @@ class Client:
         """The layout of a table's items (cached)."""
         spec = self._specs.get(table)
         if spec is None:
-            spec = TableSpec.from_wire(self.table_info(table)["spec"])
+            info = self.table_info(table)
+            spec = TableSpec.from_wire(info["spec"])
             self._specs[table] = spec
+            self._slice_lens[table] = info.get("slice_len") or 0
         return spec
+
+    def slice_len(self, table: str) -> int:
+        """Steps in one slice of a table of slices; 0 for a table of items (cached)."""
+        if table not in self._slice_lens:
+            self.spec(table)
+        return self._slice_lens[table]
 
     # -- writers and learners ---------------------------------------------
     def writer(self, **options: Any):
@@ -153,8 +175,11 @@ class Client:
         """
         ensure_open(self, "client")
         _refuse_batch_size(batch_size)
-        _refuse_unadmittable(self.table_info(table), table, batch_size)
-        _refuse_unmappable_ring(self.spec(table), table, batch_size, device, options)
+        # A table of slices reads batch_size slices of slice_len steps: as many rows.
+        rows = batch_size * max(1, self.slice_len(table))
+        _refuse_batch_size(rows)
+        _refuse_unadmittable(self.table_info(table), table, batch_size)  # counts slices
+        _refuse_unmappable_ring(self.spec(table), table, rows, device, options)
         learner = Learner(self, table, batch_size, device=device, **options)
         self._children.append(learner)
         return learner

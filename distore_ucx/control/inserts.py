@@ -56,6 +56,10 @@ class Inserts:
             self.members.nodes[node_id].used_bytes = f["used_bytes"]
         keys, offsets = f["keys"], f["offsets"]
         gens, prios = f["generations"], f["priorities"]
+        # Steps of episodes (a table of slices): where each sits in its episode.
+        steps = ((f["episodes"], f["positions"], f.get("step_flags", np.zeros(len(keys),
+                                                                              np.uint8)))
+                 if "episodes" in f and "positions" in f else None)
         # A writer resends a batch whose node became unresponsive: if both
         # copies reach the table, the second is refused here (its slots are
         # freed by its node), so a key is never stored twice.
@@ -66,7 +70,9 @@ class Inserts:
                      table.name, int(twice.sum()), node_id)
             new = ~twice
             keys, offsets, gens, prios = keys[new], offsets[new], gens[new], prios[new]
-        freed = table.add(node_id, keys, offsets, gens, prios)
+            if steps is not None:
+                steps = tuple(a[new] for a in steps)
+        freed = table.add(node_id, keys, offsets, gens, prios, steps)
         retired = table.retired_leased
         # A cold one is read ahead from the copy its node staged for the
         # learner's sample: that copy is marked instead of the disk slot.

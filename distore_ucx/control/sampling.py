@@ -28,7 +28,7 @@ import time
 import numpy as np
 
 from ..config import ControlConfig
-from ..errors import LimitExceeded
+from ..errors import InvalidRequest, LimitExceeded
 from ..slot_format import COLD
 from ..transport.rpc import Peer
 from .admission import Admission
@@ -70,6 +70,11 @@ class Sampling:
         arrived = time.monotonic()
         refused = self.reclaim.release_owned(peer, f["release"]) if "release" in f else 0
         table = self.catalog.table(f["table"])
+        if table.slices is not None and (f["n"] % table.slice_len
+                                         or f.get("batch", f["n"]) % table.slice_len):
+            raise InvalidRequest(
+                f"table {table.name!r} is sampled as slices of {table.slice_len} steps: ask for "
+                f"a multiple of {table.slice_len} rows (a learner's batch_size counts slices)")
         held = self.leases.held(peer)
         n = self._size(table, f["n"], f.get("batch", f["n"]), held)
         self._check_limits(table, n, held)
@@ -79,7 +84,12 @@ class Sampling:
         t0 = time.perf_counter()  # metrics: the decision, without the wait
         size = table.size  # the size the probabilities refer to
         min_probability = table.min_probability  # ... and the smallest of them (weights)
-        recs, probs = self._draw(table, n)
+        steps = {}
+        if table.slices is not None:
+            recs, probs, positions, flags = table.sample_slices(n)
+            steps = {"positions": positions, "step_flags": flags}
+        else:
+            recs, probs = self._draw(table, n)
         granted = time.monotonic()
         lease = self.leases.grant(table.name, recs, peer, now=granted)
         items = table.locations(recs)  # protocol.ITEM_LOCATION records
@@ -103,6 +113,7 @@ class Sampling:
             # (client/learner/sample_stream.py).
             "lease_timeout": self.leases.timeout,
             "held": granted - arrived,
+            **steps,
         }
 
     def _size(self, table: Table, n: int, batch: int, held: int) -> int:

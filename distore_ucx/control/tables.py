@@ -6,6 +6,12 @@ FIFO, LIFO, min/max heap; `max_times_sampled`), one call per batch. This
 module keeps where each item's bytes are and the leases on them: an item
 evicted while a learner still reads its slot stays RETIRED until its last
 lease is released or expires, and only then is its slot freed.
+
+A table of slices (`slice_len` > 0) holds steps of episodes as its items;
+the native SliceIndex keeps each step's episode and position and the set
+of valid slice starts, up to date as steps come and go, and draws starts
+from it (uniformly or by the start step's priority); a sample is each
+slice's steps in order, all leased (docs/semantics.md, "Slices").
 """
 
 from __future__ import annotations
@@ -16,6 +22,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .. import _tables
+from ..errors import InvalidRequest
 from ..metrics import TableStats
 from ..rate_limiters import RateLimiter
 from ..selectors import KINDS, Selector
@@ -100,6 +107,14 @@ class Table:
                                keys=self.core)
         self.inserts = 0
         self.samples = 0
+        self.slice_len = definition.slice_len
+        self.slices = None  # a table of slices: its native SliceIndex
+        self._step_flags = np.zeros(0, np.uint8)  # by record: bit 0, it ends its episode
+        if definition.slices:
+            self.slices = _tables.SliceIndex(
+                definition.slice_len, definition.slice_period,
+                prioritized=self.sampler.kind == "prioritized", alpha=self.sampler.alpha,
+                seed=secrets.randbits(63) if seed is None else seed + 1)
         self.deletes = 0
         self.stats = TableStats()  # read by the metrics collector at scrape time
         self.pending: Pending | None = None  # a restore from a checkpoint in progress
@@ -129,15 +144,27 @@ class Table:
         return self.core.size
 
     @property
+    def sampleable(self) -> int:
+        """What a sample draws from: items, or a table of slices' valid starts."""
+        return self.size if self.slices is None else self.slices.valid_starts
+
+    @property
     def min_probability(self) -> float:
         """The smallest probability the sampler can draw an item with now
         (0 when empty): importance weights are (P(i) / this)^-beta, so the
         least likely item in the table weighs 1, as in TorchRL's buffers."""
+        if self.slices is not None:
+            return self.slices.min_probability
         return self.core.min_probability
 
     # -- inserts and evictions -------------------------------------------
-    def add(self, node: int, keys, offsets, generations, priorities) -> Freed:
-        """Make a batch of stored items sampleable; evicts by the remover at capacity."""
+    def add(self, node: int, keys, offsets, generations, priorities,
+            steps: tuple | None = None) -> Freed:
+        """Make a batch of stored items sampleable; evicts by the remover at
+        capacity. A table of slices takes `steps`: each item's (episode,
+        position, flags) arrays (InvalidRequest without them, or with them
+        for a table of items)."""
+        self._check_steps(len(keys), steps)
         keys = np.ascontiguousarray(keys, np.uint64)
         if self.pending is not None:
             # A batch whose acknowledgement the old control plane never sent:
@@ -145,10 +172,42 @@ class Table:
             idx = self.pending.find(keys)
             self.pending.claimed[idx[idx >= 0]] = True
         recs = self._place(node, keys, offsets, generations)
-        evicted = self.core.insert(recs, keys, np.ascontiguousarray(priorities, np.float64))
+        priorities = np.ascontiguousarray(priorities, np.float64)
+        evicted = self.core.insert(recs, keys, priorities)
+        if self.slices is not None:
+            # Evicted steps end the slices through them before the new ones
+            # may start some (a step's id is not reused before it left).
+            self.slices.remove(evicted)
+            episodes, positions, flags = steps
+            self.slices.add(recs, np.ascontiguousarray(episodes, np.uint64),
+                            np.ascontiguousarray(positions, np.uint32), priorities)
+            self._set_flags(recs, flags)
         self.inserts += len(keys)
         self.retired_leased = self._leased(evicted)
         return self._retire(evicted)
+
+    def _check_steps(self, n: int, steps: tuple | None) -> None:
+        """Steps of episodes go to a table of slices, and only there."""
+        if self.slices is None and steps is not None:
+            raise InvalidRequest(f"table {self.name!r} holds items, not steps of episodes: "
+                                 "insert them with writer.insert, not writer.append")
+        if self.slices is not None:
+            if steps is None:
+                raise InvalidRequest(
+                    f"table {self.name!r} holds steps of episodes sampled as slices of "
+                    f"{self.slice_len}: add them with writer.append(table, steps, env=...), "
+                    "not writer.insert")
+            if any(len(a) != n for a in steps):
+                raise InvalidRequest(f"table {self.name!r}: episodes, positions and step_flags "
+                                     f"must give one value per item ({n})")
+
+    def _set_flags(self, recs: np.ndarray, flags) -> None:
+        """Record the steps' flags by record id (grown with the item store)."""
+        if len(self._step_flags) < self.store.capacity:
+            grown = np.zeros(self.store.capacity, np.uint8)
+            grown[:len(self._step_flags)] = self._step_flags
+            self._step_flags = grown
+        self._step_flags[recs] = flags
 
     def _leased(self, recs: np.ndarray) -> Retired:
         """Where those of `recs` that a learner holds a lease on are."""
@@ -173,6 +232,8 @@ class Table:
         """Take LIVE records out of the table as its remover would (counted
         as deletes): to make room in a full arena (control/room.py)."""
         self.core.remove(recs)
+        if self.slices is not None:
+            self.slices.remove(recs)
         return self._retire(recs)
 
     def drop_node(self, node: int) -> int:
@@ -180,6 +241,8 @@ class Table:
         s = self.store
         recs = np.flatnonzero((s.state == LIVE) & (s.node == node))
         self.core.remove(recs)
+        if self.slices is not None:  # slices through its steps are no longer drawn
+            self.slices.remove(recs)
         self._retire(recs, count_as_delete=False)
         # Slots of a dead node are never freed there; forget them once unleased.
         dead = np.flatnonzero((s.state == RETIRED) & (s.node == node) & (s.leases == 0))
@@ -266,6 +329,12 @@ class Table:
         generations = np.asarray(generations, np.uint64)
         priorities = np.ascontiguousarray(priorities, np.float64)
         n = len(keys)
+        if self.slices is not None:
+            # Checkpoints do not keep episodes yet: re-sent steps could make
+            # no slice that is known right, so they are freed (logged by the
+            # caller as discarded), never sampled.
+            return (Freed(np.full(n, node, np.uint32), offsets.copy()),
+                    {"restored": 0, "adopted": 0, "discarded": n})
         if (offsets >= COLD).any():  # items on the node's disk tier come back cold
             self.may_hold_cold = True
         discard = np.ones(n, dtype=bool)
@@ -325,11 +394,28 @@ class Table:
         self.lease(recs)
         return recs, probs, self._retire(exhausted)
 
+    def sample_slices(self, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """Draw n // slice_len slices under leases: (the slices' steps'
+        records in order, each row's probability (its slice start's draw),
+        each row's position in its episode, each row's flags). `samples`
+        counts slices."""
+        starts, probs = self.slices.sample(n // self.slice_len)
+        recs = self.slices.expand(starts)
+        self.samples += len(starts)
+        self.lease(recs)
+        return (recs, np.repeat(probs, self.slice_len), self.slices.position(recs),
+                self._step_flags[recs])
+
     def update_priorities(self, keys: np.ndarray, priorities: np.ndarray) -> int:
         """Set priorities by key; returns how many keys were still in the table."""
-        updated = self.core.update_priorities(
-            np.ascontiguousarray(keys, np.uint64), np.ascontiguousarray(priorities, np.float64)
-        )
+        keys = np.ascontiguousarray(keys, np.uint64)
+        priorities = np.ascontiguousarray(priorities, np.float64)
+        updated = self.core.update_priorities(keys, priorities)
+        if self.slices is not None:
+            # A slice's key is its start step's: its draw weight follows.
+            ids = self.core.lookup(keys)
+            known = ids >= 0
+            self.slices.set_priorities(ids[known], priorities[known])
         self.stats.priority_updates += updated  # metrics: once per request
         self.stats.priority_missing += len(keys) - updated
         return updated
@@ -364,8 +450,10 @@ class Table:
 
     def can_sample(self, n: int) -> bool:
         """May n items be sampled now (rate limiter, and enough uses left)?"""
-        if self.size == 0:
+        if self.size == 0 or self.sampleable == 0:
             return False
+        if self.slices is not None:  # rows of slices: the rate limiter counts slices
+            n = max(1, n // self.slice_len)
         if self.max_times_sampled and self.core.remaining_uses < n:
             return False
         return self.rate_limiter.can_sample(self.size, self.inserts, self.samples, n)
@@ -388,6 +476,8 @@ class Table:
             "rate_limiter": self.rate_limiter.to_wire(),
             "rate_limiter_state": self.limiter_state(),
             "max_times_sampled": self.max_times_sampled,
+            **({"slice_len": self.slice_len, "slice_period": self.definition.slice_period,
+                "valid_starts": self.slices.valid_starts} if self.slices is not None else {}),
             "inserts": self.inserts,
             "samples": self.samples,
             "deletes": self.deletes,

@@ -52,6 +52,11 @@ __all__ = [
     "AM_KEY",
     "AM_CAP",
     "BEAT_SECRET",
+    "SLICE_LEN",
+    "SLICE_PERIOD",
+    "EPISODES",
+    "POSITIONS",
+    "STEP_FLAGS",
     "SELECTOR",
     "SIZE",
     "SLOT_SIZE",
@@ -159,6 +164,16 @@ AM_CAP = F("am_cap", "bytes", max_len=16)
 # A node's heartbeat secret: its heartbeats (on a connection of their own)
 # carry the one it registered with, so no other client can beat for it.
 BEAT_SECRET = F("beat_secret", "bytes", max_len=32)
+# A table of episodes' steps: slices of SLICE_LEN consecutive steps, starts
+# every SLICE_PERIOD steps (table_definition.py).
+SLICE_LEN = F("slice_len", "int", lo=0, hi=(1 << 20) - 1)
+SLICE_PERIOD = F("slice_period", "int", lo=1, hi=(1 << 20) - 1)
+# Per step of such a table: its episode (the key of the episode's first
+# step), its position in the episode, and its flags (bit 0: it ends the
+# episode, done or truncated).
+EPISODES = F("episodes", "u64[]")
+POSITIONS = F("positions", "u32[]")
+STEP_FLAGS = F("step_flags", "u8[]")
 # The slots and items one message moves (an insert, a stage, a re-sent batch).
 SLOT_SIZE = F("slot_size", "int", lo=1, hi=1 << 34)
 ITEM_BYTES = SLOT_SIZE.named("item_bytes")

@@ -49,11 +49,15 @@ from .fields import (
     OFFSETS,
     PAGE_KIND,
     PID,
+    POSITIONS,
     RKEY,
     SAMPLE_PORT,
     SELECTOR,
     SIZE,
+    SLICE_LEN,
+    SLICE_PERIOD,
     SPEC,
+    STEP_FLAGS,
     STORE_ID,
     TABLE_ITEM_BYTES,
     TABLE_SLOT_SIZE,
@@ -277,6 +281,9 @@ class TableInfo(Record):
     rate_limiter: dict = wire(SELECTOR)
     rate_limiter_state: dict = wire("dict")  # its counters and thresholds
     max_times_sampled: int = wire(MAX_TIMES_SAMPLED)
+    slice_len: int | None = wire(SLICE_LEN, optional=True)  # a table of slices
+    slice_period: int | None = wire(SLICE_PERIOD, optional=True)
+    valid_starts: int | None = wire(COUNT, optional=True)  # ...its slices' starts now
     inserts: int = wire(COUNT)
     samples: int = wire(COUNT)
     deletes: int = wire(COUNT)
@@ -353,6 +360,10 @@ class SampleReply(Record):
     # the reply is read or handed out once it may have expired.
     lease_timeout: float = wire("float", lo=0, hi=1e9)
     held: float = wire("float", lo=0, hi=1e9)
+    # A table of slices: each row's position in its episode and its flags
+    # (bit 0: it ends the episode); `items` are the slices' steps in order.
+    positions: np.ndarray | None = wire(POSITIONS, optional=True)
+    step_flags: np.ndarray | None = wire(STEP_FLAGS, optional=True)
 
 
 @declare("reply to release", "release")

@@ -17,6 +17,7 @@ from .fields import (
     BEAT_SECRET,
     CAPACITY,
     DISK_SIZE,
+    EPISODES,
     EPOCH,
     GENERATIONS,
     HOST_ID,
@@ -33,14 +34,18 @@ from .fields import (
     OFFSETS,
     PAGE_KIND,
     PID,
+    POSITIONS,
     PRIORITIES,
     REQUEST,
     RKEY,
     SAMPLE_PORT,
     SELECTOR,
     SIZE,
+    SLICE_LEN,
+    SLICE_PERIOD,
     SLOT_SIZE,
     SPEC,
+    STEP_FLAGS,
     STORE_ID,
     TABLE,
     TIMEOUT,
@@ -116,6 +121,9 @@ MESSAGES: dict[str, tuple[F, ...]] = {
         USED_BYTES.optional(),
         TIMEOUT.optional(),
         EPOCH.optional(),  # as the insert's
+        EPISODES.optional(),  # steps of episodes: as the insert's
+        POSITIONS.optional(),
+        STEP_FLAGS.optional(),
     ),
     # A re-joined node's items, when register_node's reply asked for them
     # (the control plane is restoring from a checkpoint).
@@ -181,6 +189,9 @@ MESSAGES: dict[str, tuple[F, ...]] = {
         SELECTOR.named("remover").optional(),
         SELECTOR.named("rate_limiter").optional(),
         MAX_TIMES_SAMPLED.optional(),
+        # a table of episodes' steps, sampled as slices (docs/semantics.md)
+        SLICE_LEN.optional(),
+        SLICE_PERIOD.optional(),
     ),
     "table_info": (NAME,),
     "list_tables": (),
@@ -231,6 +242,11 @@ MESSAGES: dict[str, tuple[F, ...]] = {
         # the items come as UCX active messages headed by this batch token,
         # over a connection to the node's insert_port (storage/pulls.py), not by a get
         F("am_token", "int", required=False, lo=1, hi=2**64 - 1),
+        # steps of episodes (a table of slices): each item's episode,
+        # position and flags, passed on to the control plane's items_added
+        EPISODES.optional(),
+        POSITIONS.optional(),
+        STEP_FLAGS.optional(),
     ),
     "free": (TABLE, OFFSETS),
     # control plane -> node: read a sample's cold items into the staging area

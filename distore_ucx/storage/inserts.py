@@ -24,6 +24,8 @@ from ..spec import SLOT_HEADER
 log = logging.getLogger(__name__)
 
 WRITER_CHECK = 0.05  # s between checks that a writer whose batch is pulled is still there
+# What an insert of steps of episodes carries per item (a table of slices).
+STEP_FIELDS = ("episodes", "positions", "step_flags")
 
 
 class InsertServer:
@@ -144,6 +146,8 @@ class InsertServer:
                         priorities=f["priorities"],
                         used_bytes=self.arena.used_bytes,
                         **({"epoch": f["epoch"]} if "epoch" in f else {}),
+                        # steps of episodes: passed on as the writer gave them
+                        **{k: f[k] for k in STEP_FIELDS if k in f},
                     )
                     check_reply("items_added", reply, control.name)  # the map: once per insert
                     break

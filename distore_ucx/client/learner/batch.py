@@ -32,6 +32,17 @@ class Batch:
     probabilities: np.ndarray
     table_size: int
     weights: np.ndarray | None = None
+    # A batch of slices (a table made with slice_len T): data fields are
+    # [B, T, ...] (each still one C-contiguous array), `keys`,
+    # `probabilities` and `weights` are the slices' (their start steps'),
+    # and per step: `step_keys` [B, T] (uint64), `positions` [B, T] (each
+    # step's position in its episode, uint32), `is_first` [B, T] (it starts
+    # its episode) and `is_last` [B, T] (it ends its episode: done or
+    # truncated, as the writer said). None for a batch of items.
+    step_keys: np.ndarray | None = None
+    positions: np.ndarray | None = None
+    is_first: np.ndarray | None = None
+    is_last: np.ndarray | None = None
 
     def clone(self) -> Batch:
         """A copy that stays valid after the learner reuses its buffer (on the
@@ -40,8 +51,10 @@ class Batch:
             data = {k: _copy(v) for k, v in self.data.items()}
         else:
             data = _copy(self.data)
-        weights = None if self.weights is None else self.weights.copy()
-        return Batch(data, self.keys.copy(), self.probabilities.copy(), self.table_size, weights)
+        copies = [None if a is None else a.copy() for a in (
+            self.weights, self.step_keys, self.positions, self.is_first, self.is_last)]
+        return Batch(data, self.keys.copy(), self.probabilities.copy(), self.table_size,
+                     *copies)
 
     def __len__(self) -> int:
         return len(self.keys)

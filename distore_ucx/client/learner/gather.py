@@ -45,7 +45,7 @@ class Gather:
     """
 
     def __init__(self, runtime, ring, peers, copy_pool, stream, stats, item_read: int,
-                 slot_size: int):
+                 slot_size: int, slice_len: int = 0):
         self._runtime = runtime
         self._ring = ring
         self._peers = peers
@@ -54,6 +54,9 @@ class Gather:
         self._stats = stats
         self._read = item_read  # bytes read per item: slot header and item
         self._slot_size = slot_size  # what the control plane's grants name (ITEM_LOCATION pad)
+        # A table of slices: rows come T at a time, one slice each, and a
+        # slice is read whole or sampled again whole (1: items).
+        self._slice = max(1, slice_len)
         self._rows = np.arange(ring.batch_size, dtype=np.uint64)  # rows of a ring slot's arrays
         # Every row of a batch, as a new batch is read (read_rows takes it
         # by identity: its rows are then filled by slices, not masks).
@@ -64,10 +67,12 @@ class Gather:
 
     def read_rows(self, reply: dict, rows: np.ndarray, dest, slot: int, keys: np.ndarray,
                   probs: np.ndarray, min_probs: np.ndarray, locs: np.ndarray, wait: float,
-                  timeout: float) -> int:
+                  timeout: float, steps: tuple | None = None) -> int:
         """Read `reply`'s items into `rows` of ring slot `slot`, resampling
         those that fail their header check; fills keys, probabilities and
-        locations of those rows. Returns the table size of the last reply."""
+        locations of those rows (and, for a table of slices, `steps`: each
+        row's position and flags; a slice with a row that failed is sampled
+        again whole). Returns the table size of the last reply."""
         n = len(rows)
         leases = []
         for attempt in range(MAX_RESAMPLES):
@@ -83,7 +88,14 @@ class Gather:
                 locs[at] = items
                 probs[at] = p
                 min_probs[at] = reply.get("min_probability", 0.0)
+                if steps is not None:
+                    steps[0][at], steps[1][at] = _steps_of(reply)
                 break
+            if self._slice > 1:  # a slice is read whole, or again
+                got = np.repeat(got.reshape(-1, self._slice).all(axis=1), self._slice)
+            if steps is not None:
+                positions, flags = _steps_of(reply)
+                steps[0][rows[got]], steps[1][rows[got]] = positions[got], flags[got]
             keys[rows[got]] = items["key"][got]
             locs[rows[got]] = items[got]
             probs[rows[got]] = p[got]
@@ -111,12 +123,16 @@ class Gather:
 
     def reread_rows(self, rows: np.ndarray, dest, slot: int, keys: np.ndarray,
                     probs: np.ndarray, min_probs: np.ndarray, locs: np.ndarray, wait: float,
-                    timeout: float) -> int:
+                    timeout: float, steps: tuple | None = None) -> int:
         """Resample `rows` of a batch already read (their items were evicted
-        since) and read the new items into the same rows; see read_rows."""
+        since) and read the new items into the same rows; see read_rows. For
+        a table of slices, the whole slices those rows are in."""
+        if self._slice > 1:
+            first = np.unique(np.asarray(rows) // self._slice) * self._slice
+            rows = (first[:, None] + np.arange(self._slice)).ravel()
         self.resampled += len(rows)
         return self.read_rows(self._stream.resample(len(rows), wait), rows, dest, slot, keys,
-                              probs, min_probs, locs, wait, timeout)
+                              probs, min_probs, locs, wait, timeout, steps)
 
     def read(self, reply: dict, rows: np.ndarray, dest, slot: int,
              timeout: float) -> np.ndarray | None:
@@ -207,3 +223,9 @@ class Gather:
         header = self._ring.headers(slot)[rows]  # (k, 2): key, generation
         same = (header[:, 0] == items["key"]) & (header[:, 1] == items["generation"])
         return np.where((got == 0) & ~same, _native.STATUS_STALE, got)
+
+
+def _steps_of(reply: dict) -> tuple[np.ndarray, np.ndarray]:
+    """A table of slices' reply: each row's position in its episode and flags."""
+    return (np.frombuffer(reply["positions"], np.uint32),
+            np.frombuffer(reply["step_flags"], np.uint8))

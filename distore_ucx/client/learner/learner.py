@@ -145,6 +145,10 @@ class Learner:
         self.beta = beta
         info = client.table_info(table)
         self.spec = client.spec(table)
+        # A table of slices: a batch is batch_size slices of slice_len steps,
+        # read as batch_size * slice_len rows (each slice's steps in order).
+        self.slice_len = info.get("slice_len") or 0
+        self._rows = batch_size * max(1, self.slice_len)
         # Only tables where sampling is free are sampled ahead: with
         # max_times_sampled or a Queue a batch fetched but never used would be
         # lost, and a ratio limiter would count it before it was asked for.
@@ -155,7 +159,7 @@ class Learner:
             raise ConfigError(f"sample_ahead={sample_ahead} samples ahead, which pipeline=False "
                               "rules out: leave one of them out")
         self.pipeline = pipeline
-        self.sample_ahead = resolve_sample_ahead(sample_ahead, batch_size,
+        self.sample_ahead = resolve_sample_ahead(sample_ahead, self._rows,
                                                  self._consuming or not pipeline,
                                                  self.spec.slot_size)
         self.priority_updates_missing = 0
@@ -177,12 +181,14 @@ class Learner:
         self._rpc = client.connection()
         # Requests and replies of the control connection: pipelining, sampling
         # ahead, cold depth and leases (the first request goes out now).
-        self._stream = SampleStream(self._rpc, table, batch_size, self.sample_ahead,
+        self._stream = SampleStream(self._rpc, table, self._rows, self.sample_ahead,
                                     pipeline and not self._consuming)
         self._next = 0
         self._prefetcher: Prefetcher | None = None
         self._held: int | None = None  # ring slot of the batch the caller holds (GPU fences)
         self._locs: list = [None] * (prefetch + 1)  # per ring slot: its items' locations
+        # per ring slot, a table of slices: each row's (position, flags)
+        self._steps: list = [None] * (prefetch + 1)
         self._min_probs: list = [None] * (prefetch + 1)  # per ring slot: each row's P_min
         # Per ring slot, while iterating: the (session, leases, deadline) of
         # each read into it (the batch, then any repair), held until it is
@@ -193,7 +199,7 @@ class Learner:
         self.stats = metrics.LearnerStats()  # ds.metrics.registry() reads it
         self._ring = self._peers = None
         try:
-            self._ring = Ring(runtime, self.spec, batch_size, prefetch + 1, dev,
+            self._ring = Ring(runtime, self.spec, self._rows, prefetch + 1, dev,
                               self.framework, self.path)
             self._copy_pool = _native.CopyPool(copy_threads - 1)
             self._peers = PeerDirectory(client, runtime, local_map,
@@ -207,7 +213,7 @@ class Learner:
                     part.close()
             raise
         self._gather = Gather(runtime, self._ring, self._peers, self._copy_pool, self._stream,
-                              self.stats, self._read, self.spec.slot_size)
+                              self.stats, self._read, self.spec.slot_size, self.slice_len)
         self._recheck = HeaderRecheck(client, runtime, self._peers, self.spec.slot_size)
         metrics.track("learner", self)
         log.info("learner on table %r: device=%s, path=%s, framework=%s, prefetch=%d, "
@@ -344,7 +350,27 @@ class Learner:
         self.stats.batches += 1
         self._held = slot
         batch.data = self._ring.hand_out(slot)  # ordered after its staging copy
+        if self.slice_len:
+            batch = self._as_slices(slot, batch)
         return batch
+
+    def _as_slices(self, slot: int, rows: Batch) -> Batch:
+        """A batch of rows as the caller sees a batch of slices: fields
+        [B, T, ...] (views, still one C-contiguous array each), the slices'
+        keys, probabilities and weights (their start steps'), and per step
+        its key, position and episode markers."""
+        t, b = self.slice_len, self.batch_size
+        data = rows.data
+        if isinstance(data, dict):
+            data = {k: v.reshape(b, t, *v.shape[1:]) for k, v in data.items()}
+        else:
+            data = data.reshape(b, t, *data.shape[1:])
+        positions, flags = self._steps[slot]
+        step_keys = rows.keys.reshape(b, t)
+        return Batch(data, step_keys[:, 0].copy(), rows.probabilities[::t].copy(),
+                     rows.table_size, None if rows.weights is None else rows.weights[::t].copy(),
+                     step_keys.copy(), positions.reshape(b, t).copy(),
+                     positions.reshape(b, t) == 0, (flags.reshape(b, t) & 1).astype(bool))
 
     def _sample(self, wait: float, hold: bool = False) -> tuple[int, Batch]:
         """Sample and read one batch into the next ring slot: (slot, batch).
@@ -355,7 +381,7 @@ class Learner:
         self._next = (self._next + 1) % len(self._ring)
         self._give_back_leases(slot)  # a batch of this slot never handed out (an error)
         dest = self._ring.acquire(slot)
-        n = self.batch_size
+        n = self._rows
         keys = np.empty(n, np.uint64)
         probs = np.empty(n, np.float64)
         locs = self._locs[slot] = np.empty(n, ITEM_LOCATION)  # re-checked at hand-out
@@ -369,9 +395,12 @@ class Learner:
                 # A new control-plane connection (it restarted, or the link
                 # broke): a control plane that started afresh numbers nodes anew.
                 self._peers.forget_all("the control-plane connection is new")
+            steps = None
+            if self.slice_len:
+                steps = self._steps[slot] = (np.empty(n, np.uint32), np.empty(n, np.uint8))
             table_size = self._gather.read_rows(reply, self._gather.all_rows, dest, slot, keys,
                                                 probs, min_probs, locs, wait,
-                                                self.transfer_timeout)
+                                                self.transfer_timeout, steps)
         finally:
             if hold:
                 self._slot_leases[slot].append(self._stream.collected())
@@ -392,10 +421,10 @@ class Learner:
             batch.table_size = self._gather.reread_rows(rows, dest, slot, batch.keys,
                                                         batch.probabilities, min_probs,
                                                         self._locs[slot], wait,
-                                                        self.transfer_timeout)
+                                                        self.transfer_timeout, self._steps[slot])
         finally:
             self._slot_leases[slot].append(self._stream.collected())
-        self._ring.fill(slot, self.batch_size)
+        self._ring.fill(slot, self._rows)
         if batch.weights is not None:
             batch.weights = importance_weights(batch.probabilities, min_probs, self.beta)
         return batch

@@ -289,8 +289,13 @@ class SampleStream:
             return [reply]
         probs = np.frombuffer(reply["probabilities"], np.float64)
         b, rec = self.batch_size, ITEM_LOCATION.itemsize
+        steps = {}  # a table of slices: each row's position and flags too
+        if reply.get("positions") is not None:
+            steps = {"positions": np.frombuffer(reply["positions"], np.uint32),
+                     "step_flags": np.frombuffer(reply["step_flags"], np.uint8)}
         parts = [dict(reply, lease=None, items=items[i * rec:(i + b) * rec],
-                      probabilities=probs[i:i + b]) for i in range(0, n, b)]
+                      probabilities=probs[i:i + b],
+                      **{k: v[i:i + b] for k, v in steps.items()}) for i in range(0, n, b)]
         parts[-1]["lease"] = reply["lease"]
         return parts
 

@@ -109,6 +109,7 @@ class Sender:
             size=batch.buffer.size,
             timeout=float(timeout),
             node_id=node["node_id"],
+            **batch.step_fields(),
             **self.me,
             **extra,
         )

@@ -111,10 +111,35 @@ class StagedBatch:
     priorities: np.ndarray = None  # float64[capacity]
     sent: float = 0.0  # perf_counter when sent (metrics: time to acknowledgement)
     send_by: float = math.inf  # time.monotonic() past which it goes at the next insert
+    # Steps of episodes (a table of slices): each item's episode, position
+    # and flags (None for a table of items).
+    episodes: np.ndarray | None = None
+    positions: np.ndarray | None = None
+    step_flags: np.ndarray | None = None
 
     def __post_init__(self):
         self.keys = np.empty(self.capacity, np.uint64)
         self.priorities = np.empty(self.capacity, np.float64)
+
+    def put_steps(self, arrays: list, keys: np.ndarray, priorities: np.ndarray,
+                  steps: tuple, lo: int, k: int) -> None:
+        """put() for steps of episodes: with each step's (episode, position,
+        flags) from the arrays of `steps`."""
+        if self.episodes is None:
+            self.episodes = np.empty(self.capacity, np.uint64)
+            self.positions = np.empty(self.capacity, np.uint32)
+            self.step_flags = np.empty(self.capacity, np.uint8)
+        at = slice(self.n, self.n + k)
+        self.episodes[at], self.positions[at], self.step_flags[at] = (
+            a[lo : lo + k] for a in steps)
+        self.put(arrays, keys, priorities, lo, k)
+
+    def step_fields(self) -> dict:
+        """The descriptor's per-step fields ({} for items)."""
+        if self.episodes is None:
+            return {}
+        return {"episodes": self.episodes[: self.n], "positions": self.positions[: self.n],
+                "step_flags": self.step_flags[: self.n]}
 
     def rows(self, k: int) -> np.ndarray:
         """The next k free rows of the buffer, as an (k, item_bytes) uint8 view."""

@@ -155,6 +155,9 @@ class Writer:
         self._client = client
         self._keys = KeyRange(client)
         self._layouts: dict[str, OneItemLayout] = {}  # per table, for one-item inserts
+        # Tables of slices: env -> [episode id, next position] of each env's
+        # current episode (append).
+        self._episodes: dict[str, dict[int, list]] = {}
         self._pool = StagingPool(client.runtime, batch_bytes, max_items, max_in_flight,
                                  math.inf if max_delay is None else float(max_delay),
                                  min_items=BATCH_MIN_ITEMS if grow else 0,
@@ -208,6 +211,10 @@ class Writer:
         # spec and the checks of _checked.
         layout = self._layouts.get(table)
         if layout is None and not self._closed:
+            if self._client.slice_len(table):
+                raise ConfigError(f"table {table!r} holds steps of episodes, sampled as "
+                                  "slices: add them with writer.append(table, steps, env=..., "
+                                  "done=...), not writer.insert")
             layout = self._layouts[table] = OneItemLayout(self._client.spec(table))
         parts = None if layout is None else layout.parts(data, priority)
         if parts is not None:
@@ -238,6 +245,52 @@ class Writer:
                     self._flight.send(self._open.pop(table), set())
         except Failed as failed:
             failed.raise_with(keys[done:])
+        return keys
+
+    def append(self, table: str, steps, env=0, done=False, priority=1.0) -> np.ndarray:
+        """Append steps of episodes to a table of slices (created with
+        `slice_len`); returns their keys. Each step is stored once; a learner
+        samples slices of consecutive steps of one episode from them.
+
+        `steps`: one step or several (leading dimension), by the table's
+        spec. `env`: the stream each step continues, an int or one per step
+        (a vectorized actor passes its environments' indices; steps of one
+        env in one call are in order); each env's steps make up its current
+        episode. `done`: a bool or one per step: that step ends its env's
+        episode (done or truncated), and the env's next step starts a new
+        one. An episode's id is the key of its first step. `priority`: each
+        step's, the priority of the slices it starts (ds.Prioritized).
+
+        >>> keys = writer.append("r2d2", {"obs": obs, "reward": r}, env=np.arange(8),
+        ...                      done=terminated | truncated)
+        """
+        if not self._client.slice_len(table):
+            raise ConfigError(f"table {table!r} holds items, not steps of episodes: insert "
+                              "with writer.insert (create_table(..., slice_len=T) makes a "
+                              "table of slices)")
+        spec, n, arrays, priorities = self._checked(table, steps, priority)
+        env = _per_step(env, n, np.int64, "env")
+        done = _per_step(done, n, np.bool_, "done")
+        given = self._keys
+        if given.seq + n > given.count:
+            given.make_room(n)
+        keys = given.peek(n)
+        given.seq += n
+        steps_of = self._episodes.setdefault(table, {})
+        metadata = _steps(keys, env, done, steps_of)
+        done_n = 0
+        try:
+            while done_n < n:
+                batch = self._open.get(table)
+                if batch is None:
+                    batch = self._flight.open_batch(table, spec)
+                k = min(n - done_n, batch.capacity - batch.n)
+                batch.put_steps(arrays, keys, priorities, metadata, done_n, k)
+                done_n += k
+                if batch.n == batch.capacity or time.monotonic() > batch.send_by:
+                    self._flight.send(self._open.pop(table), set())
+        except Failed as failed:
+            failed.raise_with(keys[done_n:])
         return keys
 
     def _checked(self, table: str, data, priority) -> tuple:
@@ -312,6 +365,52 @@ class Writer:
         else:
             if held:
                 log.info("writer %d (%s): flushed its last %d items", self.writer_id, why, held)
+
+
+def _per_step(value, n: int, dtype, what: str) -> np.ndarray:
+    """`value` as one value per step of n (a scalar is every step's)."""
+    a = np.asarray(value)
+    if a.ndim != 0 and a.shape != (n,):
+        raise ValueError(f"append: {what} must be a scalar or one value per step ({n}), "
+                         f"got shape {a.shape}")
+    return np.broadcast_to(a.astype(dtype, copy=False), (n,))
+
+
+STEP_LAST = 1  # step flags: the step ends its episode (protocol.STEP_FLAGS)
+
+
+def _steps(keys: np.ndarray, env: np.ndarray, done: np.ndarray,
+           current: dict[int, list]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Each step's (episode, position, flags) for a call of `append`, whole
+    arrays at a time (a loop per env, not per step), continuing each env's
+    episode in `current` (updated: env -> [episode, next position])."""
+    n = len(keys)
+    order = np.argsort(env, kind="stable")  # each env's steps together, in order
+    e, d, k = env[order], done[order], keys[order]
+    first = np.ones(n, bool)
+    first[1:] = e[1:] != e[:-1]  # an env's first step in this call
+    start = first.copy()
+    start[1:] |= d[:-1] & ~first[1:]  # ... or the step after a done one
+    seg_first = np.flatnonzero(start)
+    seg = np.cumsum(start) - 1
+    episode = k[seg_first].astype(np.uint64)  # a new episode's id: its first step's key
+    offset = np.zeros(len(seg_first), np.int64)
+    for s in np.flatnonzero(first[seg_first]):  # once per env: does it go on?
+        going = current.get(int(e[seg_first[s]]))
+        if going is not None:
+            episode[s], offset[s] = going
+    positions = np.arange(n) - seg_first[seg] + offset[seg]
+    for i in np.flatnonzero(np.r_[first[1:], True]):  # each env's last step in this call
+        env_id = int(e[i])
+        if d[i]:
+            current.pop(env_id, None)
+        else:
+            current[env_id] = [int(episode[seg[i]]), int(positions[i]) + 1]
+    out = (np.empty(n, np.uint64), np.empty(n, np.uint32), np.empty(n, np.uint8))
+    out[0][order] = episode[seg]
+    out[1][order] = positions
+    out[2][order] = np.where(d, STEP_LAST, 0)
+    return out
 
 
 # Writers not closed yet; at interpreter exit each is flushed and closed

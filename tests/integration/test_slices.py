@@ -1,0 +1,168 @@
+"""Tables of slices end to end (docs/semantics.md, "Slices"): writers append
+steps of episodes, each stored once; a learner samples slices of T
+consecutive steps of one episode, the start chosen at sample time.
+
+Every step's bytes say which episode and position it is, so a slice that
+mixed episodes, skipped or repeated a step, crossed an episode's end, or
+held an evicted step's slot reused by another is seen.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+import distore_ucx as ds
+
+T = 8
+SPEC = {"episode": ((), "int64"), "pos": ((), "int64"), "obs": ((200,), "uint8")}
+
+
+def steps(episode: np.ndarray, pos: np.ndarray) -> dict:
+    """Steps whose every byte follows from (episode, position)."""
+    episode, pos = np.asarray(episode, np.int64), np.asarray(pos, np.int64)
+    obs = ((episode[:, None] * 31 + pos[:, None] * 7 + np.arange(200)) % 251).astype(np.uint8)
+    return {"episode": episode, "pos": pos, "obs": obs}
+
+
+def check(batch, batch_size: int, lengths: dict | None = None) -> None:
+    """Every slice: T consecutive steps of one episode, in order, the right bytes."""
+    d = batch.data
+    assert d["obs"].shape == (batch_size, T, 200) and d["obs"].flags.c_contiguous
+    ep, pos = d["episode"], d["pos"]
+    assert (ep == ep[:, :1]).all(), "a slice mixes episodes"
+    assert (np.diff(pos, axis=1) == 1).all(), "a slice's steps are not consecutive"
+    assert np.array_equal(d["obs"], steps(ep.ravel(), pos.ravel())["obs"].reshape(d["obs"].shape))
+    assert np.array_equal(batch.positions, pos)
+    assert np.array_equal(batch.is_first, pos == 0)
+    assert batch.keys.shape == (batch_size,) and np.array_equal(batch.keys, batch.step_keys[:, 0])
+    if lengths is not None:  # ends as the writers said (done on each episode's last step)
+        last = np.array([[lengths.get(e, 0) - 1 for e in row] for row in ep])
+        assert np.array_equal(batch.is_last, pos == last)
+        finished = last[:, 0] >= 0
+        assert (pos[finished, -1] <= last[finished, 0]).all(), "a slice crosses an episode end"
+
+
+def write_episodes(client, table: str, writers: int, envs: int, rng, total: int) -> dict:
+    """`writers` writers, each with `envs` environments appending interleaved
+    steps of episodes of random lengths (3 to 40: some shorter than a
+    slice), one step per env per call; returns episode -> length of the
+    finished ones."""
+    lengths: dict[int, int] = {}
+    ws = [client.writer(max_delay=None) for _ in range(writers)]
+    next_episode = [w * 1_000_000 for w in range(writers)]
+    state = [[None] * envs for _ in range(writers)]  # (episode, position, length)
+    written = 0
+    while written < total:
+        for w, writer in enumerate(ws):
+            ep, pos, done = [], [], []
+            for e in range(envs):
+                if state[w][e] is None:
+                    next_episode[w] += 1
+                    state[w][e] = (next_episode[w], 0, int(rng.integers(3, 41)))
+                episode, p, length = state[w][e]
+                ep.append(episode)
+                pos.append(p)
+                done.append(p == length - 1)
+                state[w][e] = None if p == length - 1 else (episode, p + 1, length)
+                if p == length - 1:
+                    lengths[episode] = length
+            writer.append(table, steps(ep, pos), env=np.arange(envs), done=np.array(done))
+            written += envs
+    for writer in ws:
+        writer.close()
+    return lengths
+
+
+@pytest.mark.parametrize("tls", ["tcp", "sm", "mapped"], indirect=True)
+def test_slices_are_consecutive_steps_of_one_episode_while_writers_append(make_cluster, tls):
+    rng = np.random.default_rng(5)
+    cluster = make_cluster(nodes=2)
+    with ds.connect(cluster.address) as client:
+        client.create_table("s", capacity=1500, spec=SPEC, slice_len=T)
+        lengths = write_episodes(client, "s", writers=3, envs=4, rng=rng, total=600)
+        learner = client.learner("s", batch_size=16)
+        for _ in range(10):
+            check(learner.sample(), 16, lengths)
+        # More steps than the capacity: FIFO evicts the oldest steps; no slice
+        # ever holds one (its slot is reused: the bytes would not match).
+        more = write_episodes(client, "s", writers=3, envs=4, rng=rng, total=2400)
+        lengths.update(more)
+        info = client.table_info("s")
+        assert info["size"] == 1500 and info["slice_len"] == T and info["valid_starts"] > 0
+        it = iter(learner)
+        for _ in range(20):
+            check(next(it), 16, lengths)
+        learner.close()
+
+
+def test_starts_are_drawn_uniformly_over_valid_starts(make_cluster, tls):
+    # Episodes of known lengths, nothing evicted: each episode of L steps
+    # has L - T + 1 valid starts (none if shorter than T), each as likely.
+    cluster = make_cluster(nodes=1)
+    with ds.connect(cluster.address) as client:
+        client.create_table("s", capacity=10_000, spec=SPEC, slice_len=T)
+        lengths = {1: 5, 2: 8, 3: 12, 4: 20, 5: 9}  # 0 + 1 + 5 + 13 + 2 = 21 starts
+        with client.writer() as w:
+            for episode, length in lengths.items():
+                pos = np.arange(length)
+                w.append("s", steps(np.full(length, episode), pos), env=episode,
+                         done=pos == length - 1)
+        assert client.table_info("s")["valid_starts"] == 21
+        learner = client.learner("s", batch_size=64)
+        counts: dict[tuple[int, int], int] = {}
+        for _ in range(60):
+            b = learner.sample()
+            check(b, 64, lengths)
+            for e, p in zip(b.data["episode"][:, 0].tolist(), b.data["pos"][:, 0].tolist()):
+                counts[(e, p)] = counts.get((e, p), 0) + 1
+            assert np.allclose(b.probabilities, 1 / 21)
+        valid = {(e, p) for e, n in lengths.items() for p in range(n - T + 1)}
+        assert set(counts) == valid, "a start that is not valid, or a valid one never drawn"
+        got = np.array([counts[s] for s in sorted(valid)], float)
+        exp = got.sum() / len(valid)
+        chi2 = float(((got - exp) ** 2 / exp).sum())
+        df = len(valid) - 1
+        assert chi2 < df * (1 - 2 / (9 * df) + 3.09 * math.sqrt(2 / (9 * df))) ** 3
+        learner.close()
+
+
+def test_prioritized_slices_follow_their_start_steps_priorities(make_cluster, tls):
+    cluster = make_cluster(nodes=1)
+    with ds.connect(cluster.address) as client:
+        client.create_table("s", capacity=1000, spec=SPEC, slice_len=4, slice_period=2,
+                            sampler=ds.Prioritized(1.0))
+        length = 12  # starts at 0, 2, 4, 6, 8 (period 2, T 4)
+        pos = np.arange(length)
+        with client.writer() as w:
+            w.append("s", {**steps(np.full(length, 7), pos)}, env=0, done=pos == length - 1,
+                     priority=pos + 1.0)
+        learner = client.learner("s", batch_size=50, beta=1.0)
+        b = learner.sample()
+        starts = b.data["pos"][:, 0]
+        assert set(starts.tolist()) <= {0, 2, 4, 6, 8}
+        # R2D2: a slice's priority is set through its key (its start step's).
+        learner.update_priorities(b.keys, np.where(starts == 8, 1000.0, 1e-6))
+        counts = np.zeros(length, int)
+        for _ in range(10):
+            b = learner.sample()
+            np.add.at(counts, b.data["pos"][:, 0], 1)
+        assert counts[8] > 0.9 * counts.sum(), counts
+        assert b.weights.shape == (50,) and np.isfinite(b.weights).all()
+        learner.close()
+
+
+def test_items_and_steps_do_not_mix(make_cluster, tls):
+    cluster = make_cluster(nodes=1)
+    with ds.connect(cluster.address) as client:
+        client.create_table("s", capacity=100, spec=SPEC, slice_len=T)
+        client.create_table("i", capacity=100, spec=SPEC)
+        with client.writer() as w:
+            with pytest.raises(ds.ConfigError, match="writer.append"):
+                w.insert("s", steps([1], [0]))
+            with pytest.raises(ds.ConfigError, match="writer.insert"):
+                w.append("i", steps([1], [0]))
+        with pytest.raises(ds.ConfigError, match="Uniform.*Prioritized"):
+            client.create_table("f", capacity=100, spec=SPEC, slice_len=T, sampler=ds.Fifo())
