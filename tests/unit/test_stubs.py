@@ -13,7 +13,8 @@ from distore_ucx._native_loader import _native
 def test_each_extension_has_a_stub_naming_its_functions_and_classes():
     here = Path(distore_ucx.__file__).parent
     for module, names in ((_native, ["gather", "mapped_gather", "pull", "MemoryRegion"]),
-                          (_tables, ["TableCore", "SumTree", "lease_add", "SELECTOR_KINDS"])):
+                          (_tables, ["TableCore", "SumTree", "SliceIndex", "lease_add",
+                                     "SELECTOR_KINDS"])):
         stub = (here / f"{module.__name__.rpartition('.')[2]}.pyi").read_text()
         for name in names:
             assert hasattr(module, name)
