@@ -107,7 +107,8 @@ def test_undecodable_and_oversized_frames():
 
 
 def test_every_declared_operation_has_only_known_kinds():
-    kinds = {"int", "float", "str", "bytes", "bool", "list", "dict", "u64[]", "u32[]", "f64[]"}
+    kinds = {"int", "float", "str", "bytes", "bool", "list", "dict", "u64[]", "u32[]", "u8[]",
+             "f64[]"}
     for op, fields in protocol.MESSAGES.items():
         assert all(f.kind in kinds for f in fields), op
 

@@ -47,6 +47,9 @@ class FakeClient:
     def spec(self, table: str) -> TableSpec:
         return SPEC
 
+    def slice_len(self, table: str) -> int:
+        return 0  # a table of items
+
 
 def recording(writer: Writer) -> list:
     """Replace the writer's sends: each batch is recorded (keys, priorities,

@@ -1,0 +1,102 @@
+"""A control-plane table of slices (control/tables.py with a SliceIndex):
+steps registered with their episodes, slices drawn and leased whole,
+evictions and node loss ending the slices through their steps, priorities
+set through a slice's key, restores discarding steps."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import distore_ucx as ds
+from distore_ucx.control.tables import Table
+from distore_ucx.errors import ConfigError, InvalidRequest
+from distore_ucx.spec import TableSpec
+from distore_ucx.table_definition import TableDefinition
+
+SPEC = TableSpec.parse(((8,), "uint8"))
+
+
+def table(capacity=100, slice_len=4, period=1, sampler=None) -> Table:
+    return Table(TableDefinition.make("s", capacity, SPEC, sampler, slice_len=slice_len,
+                                      slice_period=period), seed=3)
+
+
+def add(t: Table, node: int, episode: int, positions, first_key: int, last: bool = False,
+        priorities=None):
+    n = len(positions)
+    keys = np.arange(first_key, first_key + n, dtype=np.uint64)
+    flags = np.zeros(n, np.uint8)
+    if last:
+        flags[-1] = 1
+    prios = np.ones(n) if priorities is None else np.asarray(priorities, float)
+    return t.add(node, keys, np.arange(n, dtype=np.uint64) * 64 + first_key * 64,
+                 np.ones(n, np.uint64), prios,
+                 (np.full(n, episode, np.uint64), np.asarray(positions, np.uint32), flags))
+
+
+def test_slices_are_drawn_whole_leased_and_described_per_step():
+    t = table()
+    add(t, 1, 10, range(6), 100, last=True)  # starts 0, 1, 2
+    add(t, 1, 11, range(3), 200)  # shorter than a slice: no start
+    assert t.sampleable == 3 and t.size == 9 and t.info()["valid_starts"] == 3
+    recs, probs, positions, flags = t.sample_slices(4 * 5)
+    assert len(recs) == 20 and np.allclose(probs, 1 / 3)
+    pos = positions.reshape(5, 4)
+    assert (np.diff(pos, axis=1) == 1).all() and set(pos[:, 0]) <= {0, 1, 2}
+    assert (flags.reshape(5, 4)[:, -1] == (pos[:, -1] == 5)).all()  # the episode's last step
+    assert t.samples == 5 and (t.store.leases[recs] > 0).all()
+
+
+def test_fifo_eviction_and_node_loss_end_the_slices_through_their_steps():
+    t = table(capacity=8)
+    add(t, 1, 10, range(8), 100)  # starts 0..4
+    assert t.sampleable == 5
+    add(t, 2, 11, range(2), 200)  # evicts steps 0 and 1 of episode 10
+    assert t.sampleable == 3  # starts 2, 3, 4 remain
+    recs, _, positions, _ = t.sample_slices(4 * 50)
+    assert positions.reshape(50, 4)[:, 0].min() == 2
+    assert t.drop_node(1) == 6 and t.sampleable == 0 and not t.can_sample(4)
+
+
+def test_a_slice_priority_is_its_start_steps_and_follows_updates():
+    t = table(sampler=ds.Prioritized(1.0), period=2)
+    add(t, 1, 10, range(8), 100, priorities=np.ones(8))  # starts 0, 2, 4
+    assert t.sampleable == 3
+    t.update_priorities(np.array([104], np.uint64), np.array([1e6]))  # the start at 4
+    _, probs, positions, _ = t.sample_slices(4 * 200)
+    assert (positions.reshape(200, 4)[:, 0] == 4).mean() > 0.95
+    assert t.min_probability < 1e-5
+
+
+def test_steps_and_items_do_not_mix_and_restores_discard_steps():
+    t = table()
+    with pytest.raises(InvalidRequest, match="writer.append"):
+        t.add(1, np.arange(3, dtype=np.uint64), np.arange(3, dtype=np.uint64) * 64,
+              np.ones(3, np.uint64), np.ones(3))
+    items = Table.make("i", 10, SPEC)
+    with pytest.raises(InvalidRequest, match="writer.insert"):
+        add(items, 1, 10, range(3), 100)
+    freed, counts = t.restore_items(1, np.arange(3, dtype=np.uint64),
+                                    np.arange(3, dtype=np.uint64) * 64, np.ones(3, np.uint64),
+                                    np.ones(3))
+    assert counts == {"restored": 0, "adopted": 0, "discarded": 3} and len(freed.nodes) == 3
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    ({"slice_len": 4, "sampler": ds.Fifo()}, "Uniform.*Prioritized"),
+    ({"slice_len": 4, "max_times_sampled": 1}, "max_times_sampled"),
+    ({"slice_len": 400}, "holds no slice"),
+    ({"slice_len": -1}, "slice_len"),
+    ({"slice_len": 4, "slice_period": 0}, "slice_period"),
+])
+def test_definitions_of_tables_of_slices_are_checked(kwargs, match):
+    with pytest.raises(ConfigError, match=match):
+        TableDefinition.make("s", 100, SPEC, **kwargs)
+
+
+def test_a_definition_of_slices_goes_over_the_wire_and_items_stay_as_they_were():
+    d = TableDefinition.make("s", 100, SPEC, slice_len=80, slice_period=40)
+    assert TableDefinition.from_wire(d.to_wire()) == d and d.slices
+    items = TableDefinition.make("i", 100, SPEC)
+    assert "slice_len" not in items.to_wire() and not items.slices
