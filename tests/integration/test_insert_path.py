@@ -30,7 +30,7 @@ from distore_ucx._native_loader import _native
 from distore_ucx.client.writer import in_flight as writer_in_flight
 from distore_ucx.config import AM_MIN_ITEM_BYTES
 from distore_ucx.errors import RemoteError
-from distore_ucx.protocol import AM_INSERT_ID
+from distore_ucx.protocol import AM_INSERT_AUTH_ID, AM_INSERT_ID
 from distore_ucx.transport import rpc
 from distore_ucx.transport.local_map import send_staging
 from distore_ucx.transport.runtime import host_id
@@ -407,7 +407,8 @@ def test_insert_messages_that_do_not_match_their_descriptor_fail_and_the_node_se
     node = client.nodes()[0]
     assert node.get("insert_port"), "a node over TCP takes inserts as active messages"
     host = node["address"].rpartition(":")[0]
-    ep = runtime.listener_endpoint(host, node["insert_port"], "node")
+    ep = runtime.listener_endpoint(host, node["insert_port"], "node", cap=node["am_cap"],
+                                   auth_id=AM_INSERT_AUTH_ID)  # as a writer proves it may send
     conn = rpc.RpcClient(node["address"], 10.0, name="node", token=client.token)
     keys = np.arange(1, 5, dtype=np.uint64) + np.uint64(1 << 60)
     offsets = np.arange(4, dtype=np.uint64) * np.uint64(ITEM)
