@@ -54,7 +54,11 @@ WRITER_ID_BLOCK = 256  # writer ids reserved (and persisted) at a time
 KEY_BITS = 24  # a key is writer_id << KEY_BITS | the writer's sequence number
 
 _ARRAYS = {"keys": np.uint64, "priorities": np.float64, "times_sampled": np.uint32,
-           "sequences": np.uint64, "retired": np.uint64}
+           "sequences": np.uint64, "retired": np.uint64,
+           # a table of slices: item i's episode, position and flags (empty otherwise;
+           # absent from files written before tables of slices)
+           "episodes": np.uint64, "positions": np.uint32, "step_flags": np.uint8}
+_EMPTY = {name: np.empty(0, dt) for name, dt in _ARRAYS.items()}
 
 
 @dataclass
@@ -64,7 +68,9 @@ class TableImage:
     `definition` holds the create_table fields; item i has key, priority,
     times sampled and insertion sequence at index i of the arrays (in no
     particular order); `retired` holds keys of items that had left the
-    table while a learner still leased their slots.
+    table while a learner still leased their slots. A table of slices also
+    has each step's episode, position and flags (`steps`; empty arrays for
+    a table of items).
     """
 
     definition: dict[str, Any]
@@ -77,6 +83,14 @@ class TableImage:
     times_sampled: np.ndarray
     sequences: np.ndarray
     retired: np.ndarray
+    episodes: np.ndarray = field(default_factory=lambda: _EMPTY["episodes"])
+    positions: np.ndarray = field(default_factory=lambda: _EMPTY["positions"])
+    step_flags: np.ndarray = field(default_factory=lambda: _EMPTY["step_flags"])
+
+    @property
+    def steps(self) -> tuple | None:
+        """(episodes, positions, flags) of a table of slices' items; None for items."""
+        return (self.episodes, self.positions, self.step_flags) if len(self.episodes) else None
 
     @property
     def name(self) -> str:
@@ -176,7 +190,8 @@ def _read(fh, path: str, size: int) -> Image:
         store_id = str(doc.get("store_id", ""))
         nodes = None if "nodes" not in doc else {int(i): str(n) for i, n in doc["nodes"]}
         next_node_id = int(doc.get("next_node_id", 0))
-        described = [(t, {n: int(t["lengths"][n]) for n in _ARRAYS}) for t in doc["tables"]]
+        described = [(t, {n: int(t["lengths"].get(n, 0)) for n in _ARRAYS})
+                     for t in doc["tables"]]
     except (KeyError, TypeError, ValueError, msgpack.UnpackException) as exc:
         raise CheckpointError(f"{path}: metadata does not decode ({exc!r})") from None
     if sum(n * np.dtype(_ARRAYS[a]).itemsize for _, ls in described for a, n in ls.items()) \
@@ -197,7 +212,9 @@ def _read(fh, path: str, size: int) -> Image:
         except (KeyError, TypeError, ValueError) as exc:
             raise CheckpointError(f"{path}: a table entry is malformed ({exc!r})") from None
         if not (len(image.keys) == len(image.priorities) == len(image.times_sampled)
-                == len(image.sequences)):
+                == len(image.sequences)) or (len(image.episodes) and not (
+                    len(image.keys) == len(image.episodes) == len(image.positions)
+                    == len(image.step_flags))):
             raise CheckpointError(f"{path}: table {image.name!r} has item arrays of "
                                   "different lengths")
         tables.append(image)

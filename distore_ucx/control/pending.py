@@ -33,6 +33,7 @@ class Pending:
     sequences: np.ndarray
     retired: np.ndarray
     claimed: np.ndarray
+    steps: tuple | None = None  # a table of slices: (episodes, positions, flags), by key
 
     @classmethod
     def from_image(cls, image: TableImage, keep: np.ndarray | None = None) -> Pending:
@@ -43,8 +44,10 @@ class Pending:
             keys, retired = keys[keep], np.concatenate([retired, keys[~keep]])
         order = np.argsort(keys)  # keys are unique: no need for a stable sort
         pick = order if keep is None else np.flatnonzero(keep)[order]
+        steps = None if image.steps is None else tuple(a[pick] for a in image.steps)
         return cls(keys[order], image.priorities[pick], image.times_sampled[pick],
-                   image.sequences[pick], np.sort(retired), np.zeros(len(order), dtype=bool))
+                   image.sequences[pick], np.sort(retired), np.zeros(len(order), dtype=bool),
+                   steps)
 
     def find(self, keys: np.ndarray) -> np.ndarray:
         """Index of each key among the unclaimed ones, or -1."""

@@ -176,15 +176,13 @@ class Table:
             self.pending.claimed[idx[idx >= 0]] = True
         recs = self._place(node, keys, offsets, generations)
         priorities = np.ascontiguousarray(priorities, np.float64)
+        if self.slices is not None:
+            self._add_steps(recs, steps, priorities)
         evicted = self.core.insert(recs, keys, priorities)
         if self.slices is not None:
-            # Evicted steps end the slices through them before the new ones
-            # may start some (a step's id is not reused before it left).
+            # The steps evicted (of this batch too, when it is larger than
+            # the room left) end the slices through them.
             self.slices.remove(evicted)
-            episodes, positions, flags = steps
-            self.slices.add(recs, np.ascontiguousarray(episodes, np.uint64),
-                            np.ascontiguousarray(positions, np.uint32), priorities)
-            self._set_flags(recs, flags)
         self.inserts += len(keys)
         self.retired_leased = self._leased(evicted)
         return self._retire(evicted)
@@ -203,6 +201,13 @@ class Table:
             if any(len(a) != n for a in steps):
                 raise InvalidRequest(f"table {self.name!r}: episodes, positions and step_flags "
                                      f"must give one value per item ({n})")
+
+    def _add_steps(self, recs: np.ndarray, steps: tuple, priorities: np.ndarray) -> None:
+        """Put new records in the SliceIndex with their (episode, position, flags)."""
+        episodes, positions, flags = steps
+        self.slices.add(recs, np.ascontiguousarray(episodes, np.uint64),
+                        np.ascontiguousarray(positions, np.uint32), priorities)
+        self._set_flags(recs, flags)
 
     def _set_flags(self, recs: np.ndarray, flags) -> None:
         """Record the steps' flags by record id (grown with the item store)."""
@@ -295,8 +300,16 @@ class Table:
             times = np.concatenate([times, p.times_sampled[left]])
             seqs = np.concatenate([seqs, p.sequences[left]])
             retired = np.concatenate([retired, p.retired, p.keys[over]])
+        steps = {}
+        if self.slices is not None:  # each step's place in its episode, restored with it
+            parts = [(self.slices.episode(live), self.slices.position(live),
+                      self._step_flags[live])]
+            if p is not None and p.steps is not None:
+                parts.append(tuple(a[left] for a in p.steps))
+            steps = {name: np.concatenate([part[i] for part in parts])
+                     for i, name in enumerate(("episodes", "positions", "step_flags"))}
         return TableImage(self.definition.to_wire(), self.inserts, self.samples, self.deletes,
-                          self.core.next_seq, keys, prios, times, seqs, retired)
+                          self.core.next_seq, keys, prios, times, seqs, retired, **steps)
 
     @classmethod
     def from_image(cls, image: TableImage, seed: int | None = None) -> Table:
@@ -332,12 +345,6 @@ class Table:
         generations = np.asarray(generations, np.uint64)
         priorities = np.ascontiguousarray(priorities, np.float64)
         n = len(keys)
-        if self.slices is not None:
-            # Checkpoints do not keep episodes yet: re-sent steps could make
-            # no slice that is known right, so they are freed (logged by the
-            # caller as discarded), never sampled.
-            return (Freed(np.full(n, node, np.uint32), offsets.copy()),
-                    {"restored": 0, "adopted": 0, "discarded": n})
         if (offsets >= COLD).any():  # items on the node's disk tier come back cold
             self.may_hold_cold = True
         discard = np.ones(n, dtype=bool)
@@ -362,10 +369,20 @@ class Table:
             idx = np.full(n, -1, np.int64)
         back = np.flatnonzero(idx >= 0)
         new = np.flatnonzero((idx < 0) & ~discard)
+        if self.slices is not None:
+            # A step inserted after the last checkpoint (or any, from a file
+            # that kept no episodes): its episode and position are not known
+            # here, so it is freed, never sampled wrong (counted as
+            # discarded; the node logs it).
+            if p is None or p.steps is None:
+                discard[back], back = True, back[:0]
+            discard[new], new = True, new[:0]
         evicted = []
         if len(back):
             j = idx[back]
             recs = self._place(node, keys[back], offsets[back], generations[back])
+            if self.slices is not None:
+                self._add_steps(recs, tuple(a[j] for a in p.steps), p.priorities[j])
             evicted.append(self.core.restore(recs, keys[back], p.priorities[j],
                                              p.times_sampled[j], p.sequences[j]))
             p.claimed[j] = True
@@ -373,6 +390,8 @@ class Table:
             recs = self._place(node, keys[new], offsets[new], generations[new])
             evicted.append(self.core.insert(recs, keys[new], priorities[new]))
             self.inserts += len(new)
+        if evicted and self.slices is not None:
+            self.slices.remove(np.concatenate(evicted))
         freed = self._retire(np.concatenate(evicted)) if evicted else Freed.empty()
         drop = discard.copy()
         drop[keep_slot] = False

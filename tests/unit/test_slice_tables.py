@@ -100,3 +100,30 @@ def test_a_definition_of_slices_goes_over_the_wire_and_items_stay_as_they_were()
     assert TableDefinition.from_wire(d.to_wire()) == d and d.slices
     items = TableDefinition.make("i", 100, SPEC)
     assert "slice_len" not in items.to_wire() and not items.slices
+
+
+def test_a_checkpoint_keeps_episodes_and_a_restore_puts_steps_back_in_them(tmp_path):
+    from distore_ucx.control import checkpoint
+
+    t = table()
+    add(t, 1, 10, range(6), 100, last=True)  # starts 0, 1, 2
+    add(t, 1, 11, range(5), 200)  # starts 0, 1
+    path = str(tmp_path / "c.ckpt")
+    checkpoint.write(path, checkpoint.Image([t.image()]))
+    image = checkpoint.read(path).tables[0]
+    assert len(image.episodes) == 11 and image.step_flags.sum() == 1
+    back = Table.from_image(image, seed=3)
+    assert back.sampleable == 0
+    # The node re-sends what it holds: the checkpoint's steps and one newer.
+    keys = np.r_[np.arange(100, 106), np.arange(200, 205), [300]].astype(np.uint64)
+    offsets = np.arange(len(keys), dtype=np.uint64) * 64
+    freed, counts = back.restore_items(1, keys, offsets, np.ones(len(keys), np.uint64),
+                                       np.ones(len(keys)))
+    assert counts == {"restored": 11, "adopted": 0, "discarded": 1}
+    assert list(freed.offsets) == [offsets[-1]]  # the newer step: its episode is not known
+    assert back.sampleable == 5
+    recs, _, positions, flags = back.sample_slices(4 * 30)
+    pos = positions.reshape(30, 4)
+    assert (np.diff(pos, axis=1) == 1).all()
+    assert (flags.reshape(30, 4)[:, -1] == (back.store.key[recs].reshape(30, 4)[:, -1] == 105)
+            ).all()  # the flag of episode 10's last step came back
