@@ -13,6 +13,7 @@ import math
 
 import numpy as np
 import pytest
+from helpers import wait_for
 
 import distore_ucx as ds
 
@@ -166,3 +167,24 @@ def test_items_and_steps_do_not_mix(make_cluster, tls):
                 w.append("i", steps([1], [0]))
         with pytest.raises(ds.ConfigError, match="Uniform.*Prioritized"):
             client.create_table("f", capacity=100, spec=SPEC, slice_len=T, sampler=ds.Fifo())
+
+
+def test_a_restored_control_plane_samples_the_same_slices(make_cluster, tmp_path, tls):
+    cluster = make_cluster(nodes=2, checkpoint=str(tmp_path / "c.ckpt"), checkpoint_interval=0,
+                           restore_grace=30)
+    client = ds.connect(cluster.address)
+    client.create_table("s", capacity=2000, spec=SPEC, slice_len=T)
+    lengths = write_episodes(client, "s", writers=2, envs=3, rng=np.random.default_rng(9),
+                             total=300)
+    before = client.table_info("s")
+    assert client.checkpoint()["items"] == before["size"]
+    cluster.kill_control()
+    cluster.start_control(restore=True)
+    wait_for(lambda: client.table_info("s")["awaiting_restore"] == 0
+             and client.table_info("s")["size"] == before["size"], 20, "every step back")
+    assert client.table_info("s")["valid_starts"] == before["valid_starts"]
+    learner = client.learner("s", batch_size=16)
+    for _ in range(5):
+        check(learner.sample(timeout=10), 16, lengths)
+    learner.close()
+    client.close()
