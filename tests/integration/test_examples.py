@@ -48,3 +48,18 @@ def test_dqn_cartpole_without_the_extra_says_what_to_install():
     assert "needs torch and gymnasium" in out.stderr
     assert "pip install 'distore-ucx[examples]'" in out.stderr
     assert "Traceback" not in out.stderr
+
+
+@pytest.mark.slow
+def test_nstep_dqn_from_slices_returns_improve(monkeypatch):
+    pytest.importorskip("torch", reason="needs torch (pip install '.[examples]')")
+    pytest.importorskip("gymnasium", reason="needs gymnasium (pip install '.[examples]')")
+    monkeypatch.syspath_prepend(os.path.abspath(EXAMPLES))
+    nstep = importlib.import_module("nstep_dqn_cartpole")
+    # As the DQN test: stops once the mean of the last 100 returns reaches 60.
+    summary = nstep.train(argparse.Namespace(n=3, minutes=4.0, target=60.0, batch=64, seed=0,
+                                             max_steps=12_000))
+    returns = np.array(summary["returns"])
+    assert len(returns) >= 60, f"only {len(returns)} episodes"
+    first, last = returns[:20].mean(), returns[-20:].mean()
+    assert last > 2 * first and last > 50, (first, last)
