@@ -1,6 +1,6 @@
 """The learner's directory of storage nodes: how each one is read, and its liveness.
 
-Each node a learner reads from is a peer (a `NodeReader`) of one of two kinds:
+Each node a learner reads from is a peer (a `NodeReader`) of one of four kinds:
 
 - "mapped": the node runs on this host (same `host_id()`) and handed us its
   sealed arena (transport/local_map.py); its items are copied out of a
@@ -32,8 +32,9 @@ Each node a learner reads from is a peer (a `NodeReader`) of one of two kinds:
   our own read turns that into an error status, and the item is resampled.
 
 A read that hangs (a stopped node over TCP) is ended by the gather, which
-force-closes the endpoint after `STALL` s without progress (a fetch by
-active message does the same); the node is then left alone for `COOLDOWN`
+force-closes the endpoint after 2 s without progress (the `stall` of
+`_native.gather_dense`; a fetch by active message does the same with its
+own); the node is then left alone for `COOLDOWN`
 s (its items read as unreachable and are resampled) while the control
 plane drops it.
 
