@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from . import metrics
+from . import logs, metrics
 from .errors import (
     AuthenticationFailed,
     CapacityWarning,
@@ -113,3 +113,5 @@ __all__ = [
     "CapacityWarning",
     "metrics",
 ]
+
+logs.install()  # a useful line format where the application configured none

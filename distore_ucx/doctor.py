@@ -16,6 +16,7 @@ import os
 from dataclasses import asdict, dataclass, field
 
 from .client.learner.device import cuda_present
+from .errors import install_hint
 
 
 @dataclass
@@ -129,7 +130,7 @@ def gpu_info() -> tuple[list[dict], str]:
     try:
         import pynvml
     except ImportError:
-        return [], "pynvml is not installed (pip install 'distore-ucx[gpu]' or nvidia-ml-py)"
+        return [], f"pynvml is not installed ({install_hint('gpu')}, or nvidia-ml-py)"
     try:
         pynvml.nvmlInit()
     except Exception as exc:
@@ -305,10 +306,16 @@ def diagnose() -> Report:
                           "gdrcopy and load its gdrdrv module"))
     if not any(f.get("cuda_available") for f in r.frameworks.values()):
         miss(("GPU framework", "neither torch nor CuPy can use a GPU here: pip install torch "
-                               "(a CUDA build) or 'distore-ucx[cupy]' on a GPU host"))
+                               f"(a CUDA build) or CuPy on a GPU host ({install_hint('cupy')})"))
     if r.hugepages.get("total", 0) == 0:
-        miss(("hugepages", "no reserved 2 MiB pages (storage nodes fall back to transparent "
-                           "hugepages): echo 1024 | sudo tee /proc/sys/vm/nr_hugepages"))
+        # What arenas get without reserved pages: transparent hugepages only
+        # where shared-memory ones are on (arena_pages says which).
+        pages = r.local_map.get("arena_pages", "4 KiB")
+        then = ("so storage nodes use transparent hugepages" if pages.startswith("2 MiB")
+                else "and shared-memory transparent hugepages are off, so storage nodes' "
+                     "arenas get 4 KiB pages")
+        miss(("hugepages", f"no reserved 2 MiB pages, {then}: "
+                           "echo 1024 | sudo tee /proc/sys/vm/nr_hugepages"))
     if not r.local_map.get("works"):
         miss(("same-host mapping", r.local_map.get("why", "")))
     if r.local_map.get("advice"):

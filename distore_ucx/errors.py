@@ -8,6 +8,13 @@ are mapped here, from one table keyed by status, never by message text.
 from __future__ import annotations
 
 
+def install_hint(extra: str) -> str:
+    """How to install an optional part (a pyproject extra), as every error
+    and log line says it: from an index, or from a source checkout, which is
+    how the README installs the package."""
+    return f"pip install 'distore-ucx[{extra}]' (from a source checkout: pip install '.[{extra}]')"
+
+
 class DistoreError(Exception):
     """Base class of every distore-ucx error."""
 

@@ -23,7 +23,7 @@ import tempfile
 from collections.abc import Mapping, Sequence
 
 from .config import check_file, load_file, parse_size
-from .errors import ConfigError, ConnectionFailed, DistoreError
+from .errors import ConfigError, ConnectionFailed, DistoreError, install_hint
 from .roles import spawn, wait_ready
 
 log = logging.getLogger(__name__)
@@ -36,7 +36,7 @@ def _ray():
         import ray
     except ImportError:
         raise ConfigError(
-            "distore_ucx.ray needs Ray: pip install 'distore-ucx[ray]'"
+            f"distore_ucx.ray needs Ray: {install_hint('ray')}"
         ) from None
     return ray
 

@@ -235,6 +235,23 @@ class TableSpec:
         return np.ndarray((layout.rows, 2), np.uint64, buffer=buffer, offset=layout.header)
 
 
+def _cast_advice(a: np.ndarray, dtype: np.dtype) -> str:
+    """How to convert `a` to `dtype` without losing values silently: a cast
+    wraps integers that do not fit, so say whether these do."""
+    if a.dtype.kind in "iub" and dtype.kind in "iu" and a.size:
+        info = np.iinfo(dtype)
+        lo, hi = a.min(), a.max()
+        if lo < info.min or hi > info.max:
+            return (f"its values from {lo} to {hi} do not fit in {dtype} "
+                    f"({info.min}..{info.max}), and a cast would wrap them: store them in a "
+                    "wider field, or scale or clip them first")
+        return f"its values fit: convert it first (x.astype(np.{dtype.name}))"
+    if a.dtype.kind in "fc" and dtype.kind in "iu":
+        return (f"convert it first, rounding as you mean it (np.rint(x).astype("
+                f"np.{dtype.name})): values outside {dtype}'s range would wrap")
+    return f"convert it first (x.astype(np.{dtype.name}))"
+
+
 def _cast(f: Field, a: np.ndarray, from_python: bool) -> np.ndarray:
     """`a` as field `f`'s dtype, or SpecMismatch saying why it cannot be.
 
@@ -257,7 +274,6 @@ def _cast(f: Field, a: np.ndarray, from_python: bool) -> np.ndarray:
     if not np.can_cast(a.dtype, f.dtype, casting="same_kind"):
         raise SpecMismatch(
             f"field {name!r}: an array of dtype {a.dtype} cannot be stored as {f.dtype} "
-            f"without changing its values' kind: convert it first "
-            f"(np.asarray(x, dtype=np.{f.dtype.name}))"
+            f"without changing its values' kind: {_cast_advice(a, f.dtype)}"
         )
     return a.astype(f.dtype)

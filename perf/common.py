@@ -494,8 +494,9 @@ def pyplot(path: str):
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
-        log(f"matplotlib is not importable (pip install 'distore-ucx[bench]'); "
-            f"not writing {path}")
+        from distore_ucx.errors import install_hint  # here: importing it loads UCX
+
+        log(f"matplotlib is not importable ({install_hint('bench')}); not writing {path}")
         return None
     return plt
 

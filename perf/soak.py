@@ -22,7 +22,7 @@ time and slots are reused. In this process, on threads:
 Every `--interval` seconds (default 60) it prints one line and one JSON line:
 insert and sample rates, sample and flush latency p50/p99/max, and the RSS of
 every process (control plane, each node, this client). At the end it prints a
-summary table and, with matplotlib installed (`pip install distore-ucx[bench]`),
+summary table and, with matplotlib installed (`pip install '.[bench]'` from a checkout),
 writes a plot of rates, latencies and RSS over time (`--plot`).
 
 It exits 1 when, after the first `--warmup` seconds (default 600):
@@ -269,8 +269,9 @@ def plot(rows: list[dict], path: str, warmup: float) -> str:
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
-        return ("no plot: matplotlib is not installed (pip install 'distore-ucx[bench]' "
-                "or pip install matplotlib)")
+        from distore_ucx.errors import install_hint  # here: importing it loads UCX
+
+        return f"no plot: matplotlib is not installed ({install_hint('bench')})"
     t = [r["t_s"] / 60 for r in rows]
     fig, ax = plt.subplots(3, 1, figsize=(9, 10), sharex=True)
     ax[0].plot(t, [r["insert_per_s"] for r in rows], label="inserts/s")

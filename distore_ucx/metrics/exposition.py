@@ -163,10 +163,15 @@ def serve_process(port: int, host: str, loop, obj, snapshot, families, role: str
     registry_ = new_registry(LoopCollector(loop, obj, snapshot, families))
     try:
         server = start_server(port, host, registry_, role)
-    except ConfigError as exc:
+    except ConfigError:
         if not optional:
             raise
-        log.warning("%s (the default metrics port; set --metrics-port to choose one)", exc)
+        # Nobody chose this port: most often another process of the store on
+        # this host (a second storage node) serves metrics on it already.
+        log.warning("the %s serves no metrics: the default metrics port %d on %s is taken "
+                    "(another storage node or control plane on this host?); give each process "
+                    "of a host its own with --metrics-port N, or --metrics-port auto for any "
+                    "free port", role, port, host or "0.0.0.0")
         return None
     log.info("%s serves Prometheus metrics at %s", role, server.url)
     return server

@@ -1,6 +1,6 @@
 """TorchRL replay buffers backed by a distore table.
 
-    pip install 'distore-ucx[torchrl]'
+    pip install '.[torchrl]'        # from a source checkout (or 'distore-ucx[torchrl]')
 
 `DistoreReplayBuffer` and `DistorePrioritizedReplayBuffer` speak TorchRL's
 replay-buffer language (`extend`, `add`, `sample`, iteration,
@@ -57,13 +57,15 @@ code catches). Import their names from here.
 
 from __future__ import annotations
 
+from ..errors import install_hint
+
 try:
     import torch  # noqa: F401  (checked here, before the modules that need it)
     from tensordict import TensorDict, TensorDictBase  # noqa: F401
 except ImportError as _exc:  # say what to install, not just what is missing
     raise ImportError(
         f"distore_ucx.torchrl needs torch and tensordict ({_exc}): "
-        "pip install 'distore-ucx[torchrl]' (from a source checkout: pip install '.[torchrl]')"
+        + install_hint("torchrl")
     ) from _exc
 
 from .buffer import DistorePrioritizedReplayBuffer, DistoreReplayBuffer

@@ -249,3 +249,18 @@ def test_checkpoint_without_a_checkpoint_file_and_restore_without_one_are_clear_
     assert "has no checkpoint file: start it with --checkpoint PATH" in out.stderr
     out = run_cli("control", "--port", "0", "--restore")
     assert out.returncode == 2 and "--restore needs --checkpoint PATH" in out.stderr
+
+
+@pytest.mark.parametrize("tls", ["sm"], indirect=True)
+def test_demo_live_lines_and_summary_name_their_figures_alike(tls, tmp_path):
+    # The live lines showed ~4.3 GB/s and the summary 6.7: one counts the
+    # verification, the other the sample path alone; both now say which.
+    out = run_cli("demo", "--seconds", "2", "--arena", "256MiB", "--capacity", "1500",
+                  timeout=180, cwd=tmp_path)
+    assert out.returncode == 0, out.stdout + out.stderr
+    text = out.stdout + out.stderr
+    live = [ln for ln in text.splitlines() if "items/s" in ln and "GB/s" in ln]
+    assert live and all("GB/s with verification" in ln for ln in live), live
+    summary = next(ln for ln in text.splitlines() if ln.startswith("summary:"))
+    assert "with verification (the live lines' figure)" in summary
+    assert "the sample path alone" in summary

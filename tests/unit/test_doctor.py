@@ -7,6 +7,8 @@ import subprocess
 import sys
 import tempfile
 
+import pytest
+
 from distore_ucx.client.learner.device import cuda_present
 
 
@@ -75,3 +77,18 @@ def test_doctor_json():
     assert report["paths"]["cpu"] == "host"
     assert report["local_map"]["works"] is True and report["local_map"]["arena_pages"]
     assert all(len(m) == 2 for m in report["missing"])
+
+
+def test_the_hugepages_line_says_what_arenas_will_get():
+    # It said nodes "fall back to transparent hugepages" above a line saying
+    # shmem_enabled is never, where arenas get 4 KiB pages.
+    text = doctor().stdout
+    line = next((ln for ln in text.splitlines() if "hugepages:" in ln and "MISSING" in ln), "")
+    if not line:
+        pytest.skip("this host has reserved hugepages: doctor reports none missing")
+    assert "fall back" not in line
+    pages = next(ln for ln in text.splitlines() if "arena pages:" in ln)
+    if "4 KiB" in pages:
+        assert "arenas get 4 KiB pages" in line, (line, pages)
+    else:
+        assert "use transparent hugepages" in line, (line, pages)

@@ -245,3 +245,24 @@ def test_slow_scrapers_hold_a_bounded_number_of_threads(monkeypatch):
         finally:
             for sock in idle:
                 sock.close()
+
+
+def test_a_taken_default_port_says_what_to_do_in_one_readable_line(caplog):
+    # Two nodes on one host: the second finds the default port taken.
+    import asyncio
+    import logging
+
+    from distore_ucx.metrics.exposition import serve_process
+
+    with metrics.serve(0, "127.0.0.1") as taken:
+        loop = asyncio.new_event_loop()
+        try:
+            with caplog.at_level(logging.WARNING):
+                got = serve_process(taken.port, "127.0.0.1", loop, object(), lambda o: {}, (),
+                                    "storage node", optional=True)
+        finally:
+            loop.close()
+    assert got is None
+    (line,) = [r.getMessage() for r in caplog.records if "metrics" in r.getMessage()]
+    assert f"default metrics port {taken.port} on 127.0.0.1 is taken" in line
+    assert "--metrics-port auto" in line and line.count("(") == 1, line

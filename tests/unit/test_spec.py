@@ -101,3 +101,17 @@ def test_mismatched_data_is_refused_with_a_clear_message(data, message):
 def test_bad_specs_are_config_errors(bad):
     with pytest.raises(ConfigError):
         TableSpec.parse(bad)
+
+
+@pytest.mark.parametrize("values, fits", [([300, 2], False), ([3, 2], True)])
+def test_a_cast_that_would_wrap_values_is_never_advised(values, fits):
+    # int64 300 into a uint8 field: np.asarray(x, dtype=np.uint8) gives 44.
+    spec = TableSpec.parse({"x": ((2,), "uint8")})
+    with pytest.raises(SpecMismatch) as err:
+        spec.pack({"x": np.array(values, np.int64)})
+    text = str(err.value)
+    assert "np.asarray(x, dtype" not in text
+    if fits:
+        assert "its values fit" in text and "x.astype(np.uint8)" in text
+    else:
+        assert "from 2 to 300 do not fit in uint8 (0..255)" in text and "wrap" in text

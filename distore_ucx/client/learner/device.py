@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ...errors import ConfigError
+from ...errors import ConfigError, install_hint
 
 PATHS = ("host", "gpu-direct", "host-staged")
 FRAMEWORKS = ("numpy", "torch", "cupy")
@@ -79,8 +79,7 @@ def resolve_framework(device: Device, framework: str | None) -> str:
                           "or framework='numpy' / 'torch' for device='cpu'")
     if framework != "numpy" and not _importable(framework):
         extra = "torch" if framework == "torch" else "cupy"
-        raise ConfigError(f"framework {framework!r} is not installed: pip install "
-                          f"'distore-ucx[{extra}]'")
+        raise ConfigError(f"framework {framework!r} is not installed: {install_hint(extra)}")
     return framework
 
 
