@@ -32,7 +32,8 @@ def test_python_values_that_do_not_fit_say_so():
 
 def test_an_int64_array_for_a_uint8_field_says_how_to_convert():
     s = TableSpec.parse(SPEC)
-    with pytest.raises(SpecMismatch, match=r"convert it first \(np.asarray\(x, dtype=np.uint8\)\)"):
+    with pytest.raises(SpecMismatch,
+                       match=r"its values fit: convert it first \(x.astype\(np.uint8\)\)"):
         s.pack({"obs": np.zeros((2, 3), np.int64), "reward": 0.0})
 
 
