@@ -228,24 +228,43 @@ class Writer:
         first = given.base + given.seq
         keys = np.array((first,), np.uint64) if n == 1 else given.peek(n)
         given.seq += n
+        # The one-item call stages inline (no closure: it is the actor's hot
+        # path); a batch goes through _stage as append's steps do.
+        if parts is None:
+            self._stage(table, spec, keys,
+                        lambda batch, lo, k: batch.put(arrays, keys, priorities, lo, k))
+            return keys
         done = 0
+        try:
+            batch = self._open.get(table)
+            if batch is None:
+                batch = self._flight.open_batch(table, spec)
+            batch.put_one(layout, parts, first, priority)
+            done = 1
+            if batch.n == batch.capacity or time.monotonic() > batch.send_by:
+                self._flight.send(self._open.pop(table), set())
+        except Failed as failed:
+            failed.raise_with(keys[done:])
+        return keys
+
+    def _stage(self, table: str, spec, keys: np.ndarray, put) -> None:
+        """Stage the items of `keys` into the table's open batches, `put(batch,
+        lo, k)` staging k of them from the lo-th on; a batch goes when full,
+        or at once when older than max_delay. A failed batch raises with the
+        items not staged yet counted unstored."""
+        n, done = len(keys), 0
         try:
             while done < n:
                 batch = self._open.get(table)
                 if batch is None:
                     batch = self._flight.open_batch(table, spec)
-                if parts is not None:
-                    batch.put_one(layout, parts, first, priority)
-                    done = 1
-                else:
-                    k = min(n - done, batch.capacity - batch.n)
-                    batch.put(arrays, keys, priorities, done, k)
-                    done += k
+                k = min(n - done, batch.capacity - batch.n)
+                put(batch, done, k)
+                done += k
                 if batch.n == batch.capacity or time.monotonic() > batch.send_by:
                     self._flight.send(self._open.pop(table), set())
         except Failed as failed:
             failed.raise_with(keys[done:])
-        return keys
 
     def append(self, table: str, steps, env=0, done=False, priority=1.0) -> np.ndarray:
         """Append steps of episodes to a table of slices (created with
@@ -276,21 +295,9 @@ class Writer:
             given.make_room(n)
         keys = given.peek(n)
         given.seq += n
-        steps_of = self._episodes.setdefault(table, {})
-        metadata = _steps(keys, env, done, steps_of)
-        done_n = 0
-        try:
-            while done_n < n:
-                batch = self._open.get(table)
-                if batch is None:
-                    batch = self._flight.open_batch(table, spec)
-                k = min(n - done_n, batch.capacity - batch.n)
-                batch.put_steps(arrays, keys, priorities, metadata, done_n, k)
-                done_n += k
-                if batch.n == batch.capacity or time.monotonic() > batch.send_by:
-                    self._flight.send(self._open.pop(table), set())
-        except Failed as failed:
-            failed.raise_with(keys[done_n:])
+        metadata = _steps(keys, env, done, self._episodes.setdefault(table, {}))
+        self._stage(table, spec, keys, lambda batch, lo, k: batch.put_steps(
+            arrays, keys, priorities, metadata, lo, k))
         return keys
 
     def _checked(self, table: str, data, priority) -> tuple:
