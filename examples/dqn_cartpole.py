@@ -58,8 +58,16 @@ def make_net():
     )
 
 
-def actor(address: str, seed: int, weights_q, returns_q, stop) -> None:
-    """Plays episodes and inserts every transition (runs in its own process)."""
+def insert_transition(writer, obs, action, reward, nxt, terminated: bool, truncated: bool,
+                      priority: float) -> None:
+    """How the DQN actor stores a step: one transition, as an item."""
+    writer.insert(TABLE, {"obs": obs, "action": action, "reward": reward, "next_obs": nxt,
+                          "done": float(terminated)}, priority=priority)
+
+
+def actor(address: str, seed: int, weights_q, returns_q, stop, store=insert_transition) -> None:
+    """Plays episodes and stores every step with `store` (runs in its own
+    process; `store` must be a module-level function, to be sent to it)."""
     import gymnasium as gym
     import torch
 
@@ -89,9 +97,7 @@ def actor(address: str, seed: int, weights_q, returns_q, stop) -> None:
                     with torch.no_grad():
                         action = int(net(torch.as_tensor(obs)).argmax())
                 nxt, reward, terminated, truncated, _ = env.step(action)
-                writer.insert(TABLE, {"obs": obs, "action": action, "reward": reward,
-                                      "next_obs": nxt, "done": float(terminated)},
-                              priority=max_priority)
+                store(writer, obs, action, reward, nxt, terminated, truncated, max_priority)
                 obs, total, steps = nxt, total + reward, steps + 1
                 done = terminated or truncated
             writer.flush()
@@ -115,6 +121,49 @@ def let_actor_finish(learner, proc, errors, seconds: float = 30.0) -> None:
     if proc.is_alive():
         proc.kill()
         proc.join(5)
+
+
+def follow_returns(returns_q, returns: list, t0: float, step: int,
+                   target: float) -> float | None:
+    """Take the episodes the actor finished from `returns_q` into `returns`
+    (printing every tenth); the seconds since `t0` at which the mean of the
+    last 100 reached `target`, or None."""
+    solved_at = None
+    while not returns_q.empty():
+        episode, ret, env_steps = returns_q.get()
+        returns.append(ret)
+        mean100 = float(np.mean(returns[-100:]))
+        if episode % 10 == 0:
+            print(f"[{time.monotonic() - t0:6.1f}s] episode {episode:4d} return "
+                  f"{ret:5.0f} mean(100) {mean100:6.1f} env steps {env_steps} "
+                  f"train steps {step}", flush=True)
+        if len(returns) >= 100 and mean100 >= target and solved_at is None:
+            solved_at = time.monotonic() - t0
+    return solved_at
+
+
+def summarize(returns: list, step: int, solved_at: float | None, t0: float) -> dict:
+    """A run's summary: episodes, training steps, returns and when it solved."""
+    return {
+        "episodes": len(returns),
+        "train_steps": step,
+        "first20": float(np.mean(returns[:20])) if returns else 0.0,
+        "last20": float(np.mean(returns[-20:])) if returns else 0.0,
+        "mean100": float(np.mean(returns[-100:])) if returns else 0.0,
+        "solved_seconds": solved_at,
+        "seconds": time.monotonic() - t0,
+        "returns": returns,
+    }
+
+
+def report(summary: dict, args) -> int:
+    """Print a run's last line; exit code 0 if it solved."""
+    solved = summary["solved_seconds"] is not None
+    print(f"\n{summary['episodes']} episodes, {summary['train_steps']} training steps in "
+          f"{summary['seconds']:.0f} s; mean return of the last 100: {summary['mean100']:.1f}"
+          + (f"; solved (>= {args.target}) after {summary['solved_seconds']:.0f} s" if solved
+             else f"; not solved within {args.minutes} min"))
+    return 0 if solved else 1
 
 
 def train(args) -> dict:
@@ -178,16 +227,8 @@ def train(args) -> dict:
                 if step % 100 == 0:
                     weights_q.put(({k: v.clone() for k, v in net.state_dict().items()},
                                    max_priority))
-                while not returns_q.empty():
-                    episode, ret, env_steps = returns_q.get()
-                    returns.append(ret)
-                    mean100 = float(np.mean(returns[-100:]))
-                    if episode % 10 == 0:
-                        print(f"[{time.monotonic() - t0:6.1f}s] episode {episode:4d} return "
-                              f"{ret:5.0f} mean(100) {mean100:6.1f} env steps {env_steps} "
-                              f"train steps {step}", flush=True)
-                    if len(returns) >= 100 and mean100 >= args.target and solved_at is None:
-                        solved_at = time.monotonic() - t0
+                solved_at = solved_at or follow_returns(returns_q, returns, t0, step,
+                                                        args.target)
                 if solved_at is not None:
                     break
         finally:
@@ -195,16 +236,7 @@ def train(args) -> dict:
             let_actor_finish(learner, proc, ds.DistoreError)
             learner.close()
             client.close()
-    return {
-        "episodes": len(returns),
-        "train_steps": step,
-        "first20": float(np.mean(returns[:20])) if returns else 0.0,
-        "last20": float(np.mean(returns[-20:])) if returns else 0.0,
-        "mean100": float(np.mean(returns[-100:])) if returns else 0.0,
-        "solved_seconds": solved_at,
-        "seconds": time.monotonic() - t0,
-        "returns": returns,
-    }
+    return summarize(returns, step, solved_at, t0)
 
 
 def main(argv=None) -> int:
@@ -221,13 +253,7 @@ def main(argv=None) -> int:
     except ImportError as exc:
         print(exc, file=sys.stderr)
         return 2
-    summary = train(args)
-    solved = summary["solved_seconds"] is not None
-    print(f"\n{summary['episodes']} episodes, {summary['train_steps']} training steps in "
-          f"{summary['seconds']:.0f} s; mean return of the last 100: {summary['mean100']:.1f}"
-          + (f"; solved (>= {args.target}) after {summary['solved_seconds']:.0f} s" if solved
-             else f"; not solved within {args.minutes} min"))
-    return 0 if solved else 1
+    return report(train(args), args)
 
 
 if __name__ == "__main__":

@@ -22,12 +22,19 @@ from __future__ import annotations
 
 import argparse
 import multiprocessing as mp
-import queue
 import sys
 import time
 
 import numpy as np
-from dqn_cartpole import let_actor_finish, make_net, require_extras
+from dqn_cartpole import (
+    actor,
+    follow_returns,
+    let_actor_finish,
+    make_net,
+    report,
+    require_extras,
+    summarize,
+)
 
 STEP = {
     "obs": ((4,), "float32"),
@@ -40,46 +47,13 @@ TABLE = "cartpole_steps"
 GAMMA = 0.99
 
 
-def actor(address: str, seed: int, weights_q, returns_q, stop) -> None:
-    """Plays episodes and appends every step (runs in its own process)."""
-    import gymnasium as gym
-    import torch
-
-    import distore_ucx as ds
-
-    torch.set_num_threads(1)
-    net = make_net()
-    rng = np.random.default_rng(seed)
-    env = gym.make("CartPole-v1")
-    steps, episode, max_priority = 0, 0, 1.0
-    with ds.connect(address) as client:
-        writer = client.writer(max_items=32, timeout=120)
-        while not stop.is_set():
-            obs, _ = env.reset(seed=seed + episode)
-            total, done = 0.0, False
-            while not done and not stop.is_set():
-                try:  # newest weights and the priority to give new steps
-                    while True:
-                        state, max_priority = weights_q.get_nowait()
-                        net.load_state_dict(state)
-                except queue.Empty:
-                    pass
-                eps = max(0.02, 1.0 - steps / 10_000)
-                if rng.random() < eps:
-                    action = int(rng.integers(2))
-                else:
-                    with torch.no_grad():
-                        action = int(net(torch.as_tensor(obs)).argmax())
-                nxt, reward, terminated, truncated, _ = env.step(action)
-                done = terminated or truncated
-                writer.append(TABLE, {"obs": obs, "action": action, "reward": reward,
-                                      "terminated": float(terminated), "next_obs": nxt},
-                              done=done, priority=max_priority)
-                obs, total, steps = nxt, total + reward, steps + 1
-            writer.flush()
-            returns_q.put((episode, total, steps))
-            episode += 1
-        writer.close()
+def append_step(writer, obs, action, reward, nxt, terminated: bool, truncated: bool,
+                priority: float) -> None:
+    """How this actor stores a step: appended once to its episode (the env's
+    only one; `done` ends it)."""
+    writer.append(TABLE, {"obs": obs, "action": action, "reward": reward,
+                          "terminated": float(terminated), "next_obs": nxt},
+                  done=terminated or truncated, priority=priority)
 
 
 def nstep_targets(batch, target_net, online_net, n: int):
@@ -130,7 +104,7 @@ def train(args) -> dict:
         target.load_state_dict(net.state_dict())
         weights_q.put((net.state_dict(), 1.0))
         proc = ctx.Process(target=actor, args=(cluster.address, args.seed, weights_q,
-                                               returns_q, stop), daemon=True)
+                                               returns_q, stop, append_step), daemon=True)
         proc.start()
         opt = torch.optim.Adam(net.parameters(), lr=5e-4)
         learner = client.learner(TABLE, batch_size=args.batch, beta=0.4, timeout=120)
@@ -159,16 +133,8 @@ def train(args) -> dict:
                 if step % 100 == 0:
                     weights_q.put(({k: v.clone() for k, v in net.state_dict().items()},
                                    max_priority))
-                while not returns_q.empty():
-                    episode, ret, env_steps = returns_q.get()
-                    returns.append(ret)
-                    mean100 = float(np.mean(returns[-100:]))
-                    if episode % 10 == 0:
-                        print(f"[{time.monotonic() - t0:6.1f}s] episode {episode:4d} return "
-                              f"{ret:5.0f} mean(100) {mean100:6.1f} env steps {env_steps} "
-                              f"train steps {step}", flush=True)
-                    if len(returns) >= 100 and mean100 >= args.target and solved_at is None:
-                        solved_at = time.monotonic() - t0
+                solved_at = solved_at or follow_returns(returns_q, returns, t0, step,
+                                                        args.target)
                 if solved_at is not None:
                     break
         finally:
@@ -176,16 +142,7 @@ def train(args) -> dict:
             let_actor_finish(learner, proc, ds.DistoreError)
             learner.close()
             client.close()
-    return {
-        "episodes": len(returns),
-        "train_steps": step,
-        "first20": float(np.mean(returns[:20])) if returns else 0.0,
-        "last20": float(np.mean(returns[-20:])) if returns else 0.0,
-        "mean100": float(np.mean(returns[-100:])) if returns else 0.0,
-        "solved_seconds": solved_at,
-        "seconds": time.monotonic() - t0,
-        "returns": returns,
-    }
+    return summarize(returns, step, solved_at, t0)
 
 
 def main(argv=None) -> int:
@@ -203,13 +160,7 @@ def main(argv=None) -> int:
     except ImportError as exc:
         print(str(exc).replace("dqn_cartpole.py", "nstep_dqn_cartpole.py"), file=sys.stderr)
         return 2
-    summary = train(args)
-    solved = summary["solved_seconds"] is not None
-    print(f"\n{summary['episodes']} episodes, {summary['train_steps']} training steps in "
-          f"{summary['seconds']:.0f} s; mean return of the last 100: {summary['mean100']:.1f}"
-          + (f"; solved (>= {args.target}) after {summary['solved_seconds']:.0f} s" if solved
-             else f"; not solved within {args.minutes} min"))
-    return 0 if solved else 1
+    return report(train(args), args)
 
 
 if __name__ == "__main__":
