@@ -100,3 +100,13 @@ def client(cluster):
     c = ds.connect(cluster.address)
     yield c
     c.close()
+
+
+@pytest.fixture
+def token_file(tmp_path, monkeypatch):
+    """A fresh store token in a file only its owner reads (DISTORE_TOKEN_FILE unset)."""
+    monkeypatch.delenv("DISTORE_TOKEN_FILE", raising=False)
+    path = tmp_path / "token"
+    path.write_bytes(os.urandom(32).hex().encode())
+    path.chmod(0o600)
+    return str(path)

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import collections
 import json
-import os
 import resource
 import select
 import socket
@@ -128,15 +127,6 @@ def test_only_the_connection_that_took_a_lease_can_release_it(make_cluster, tls)
         assert client.table_info("small")["deletes"] > 1000  # eviction really ran
         log = read(cluster.control.log_path)
         assert log.count("tried to release") == 1  # once per connection
-
-
-@pytest.fixture
-def token_file(tmp_path, monkeypatch):
-    monkeypatch.delenv("DISTORE_TOKEN_FILE", raising=False)
-    path = tmp_path / "token"
-    path.write_bytes(os.urandom(32).hex().encode())
-    path.chmod(0o600)
-    return str(path)
 
 
 def announce_a_gigabyte(address: str) -> float:

@@ -31,15 +31,6 @@ ARENA = 16 << 20
 
 
 @pytest.fixture
-def token_file(tmp_path, monkeypatch):
-    monkeypatch.delenv("DISTORE_TOKEN_FILE", raising=False)
-    path = tmp_path / "token"
-    path.write_bytes(os.urandom(32).hex().encode())
-    path.chmod(0o600)
-    return str(path)
-
-
-@pytest.fixture
 def store(token_file, monkeypatch):
     """A one-node store over TCP with a token, 200 items in a table, and a
     client that has the token."""

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import select
 import socket
 import subprocess
@@ -44,14 +43,6 @@ def verify(batch) -> int:
     bad = (d["key"] != batch.keys) | (d["payload"].sum(axis=1, dtype=np.uint64) != d["sum"])
     bad |= (make(batch.keys)["payload"] != d["payload"]).any(axis=1)
     return int(bad.sum())
-
-
-@pytest.fixture
-def token_file(tmp_path, monkeypatch):
-    monkeypatch.delenv("DISTORE_TOKEN_FILE", raising=False)
-    path = tmp_path / "token"
-    path.write_bytes(os.urandom(32).hex().encode())
-    return str(path)
 
 
 def raw_request(address: str, msg: dict) -> tuple[dict, dict | None]:
