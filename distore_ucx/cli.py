@@ -382,11 +382,18 @@ def _format_status(address: str, st: dict) -> str:
                    f"{st['restoring_s']:.0f} s left")
     out.append(f"{'node':>5} {'name':<28} {'address':<22} {'state':<12} {'used':>11} "
                f"{'arena':>11} {'used%':>6}")
+    gone = [n for n in st["nodes"] if state(n) == "gone"]
     for n in st["nodes"]:
+        if state(n) == "gone":
+            continue  # listed apart below: its memory is nobody's any more
         pct = 100.0 * n["used_bytes"] / n["arena_size"] if n["arena_size"] else 0.0
         out.append(f"{n['node_id']:>5} {n['name'][:28]:<28} {n['address']:<22} "
                    f"{state(n):<12} {_size(n['used_bytes']):>11} "
                    f"{_size(n['arena_size']):>11} {pct:>5.1f}%")
+    if gone:
+        out.append("gone (their items left the tables; memory not counted): "
+                   + ", ".join(f"node {n['node_id']} ({n['name']}, {n['address']})"
+                               for n in gone))
     out.append(f"{'table':<20} {'size':>10} {'capacity':>10} {'inserts/s':>10} "
                f"{'samples/s':>10} {'inserts':>10} {'samples':>10} {'deletes':>10}")
     for t in st["tables"]:
