@@ -88,6 +88,7 @@ class Sampling:
         if table.slices is not None:
             recs, probs, positions, flags = table.sample_slices(n)
             steps = {"positions": positions, "step_flags": flags}
+            self.admission.touch(table)  # inserts the rate limiter holds may go on
         else:
             recs, probs = self._draw(table, n)
         granted = time.monotonic()

@@ -186,3 +186,39 @@ def test_only_the_node_beats_for_itself():
     request(cp, other, "heartbeat", {"node_id": node.node_id, "used_bytes": 0,
                                      "beat_secret": b"s" * 16})
     assert node.state == LIVE
+
+
+def test_a_slice_sample_wakes_an_insert_its_rate_limiter_holds():
+    # A table of slices samples through its SliceIndex, not the core's draw:
+    # the rate limiter's waiters must still be woken by it, or an insert that
+    # waits for samples sits out its timeout.
+    import distore_ucx as ds
+    from distore_ucx.spec import TableSpec
+    from distore_ucx.table_definition import TableDefinition
+
+    cp, (peer,), (node,) = plane()
+    cp.tables["s"] = Table(TableDefinition.make(
+        "s", 1000, TableSpec.parse(((8,), "uint8")), slice_len=2,
+        rate_limiter=ds.SampleToInsertRatio(samples_per_insert=1.0, min_size_to_sample=2,
+                                            error_buffer=4.0)), seed=1)
+
+    def steps(first, n):
+        return dict(node_id=node.node_id, table="s",
+                    keys=np.arange(first, first + n, dtype=np.uint64),
+                    offsets=np.arange(first, first + n, dtype=np.uint64) * 64,
+                    generations=np.ones(n, np.uint64), priorities=np.ones(n),
+                    episodes=np.full(n, 1, np.uint64),
+                    positions=np.arange(first, first + n, dtype=np.uint32),
+                    step_flags=np.zeros(n, np.uint8), timeout=5.0)
+
+    async def run():
+        await cp.handle(peer, "items_added", steps(0, 6))  # up to the limiter's buffer
+        held = asyncio.ensure_future(cp.handle(peer, "items_added", steps(6, 4)))
+        await asyncio.sleep(0.05)
+        assert not held.done(), "the limiter did not hold the insert"
+        t0 = time.monotonic()
+        await cp.handle(peer, "sample", {"table": "s", "n": 2 * 4})  # 4 slices
+        await asyncio.wait_for(held, 2.0)
+        return time.monotonic() - t0
+
+    assert asyncio.run(run()) < 1.0
