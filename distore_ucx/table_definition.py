@@ -29,6 +29,13 @@ from .selectors import KINDS, Fifo, Selector, Uniform
 from .spec import TableSpec
 
 MAX_NAME = 128  # protocol.MAX_NAME; a table name is a name on the wire
+# A table of slices' short slices, by SliceIndex pad number: "none", strict
+# (every slice has slice_len steps of one episode); "end", a slice may start
+# at any (period) step and is cut short by its episode's end; "short_episodes",
+# an episode shorter than slice_len is one short slice, whole (TorchRL's
+# strict_length=False). Short slices are padded to slice_len by repeating
+# their last step, and samples say which rows are padding (a mask).
+SLICE_PADS = ("none", "end", "short_episodes")
 MAX_CAPACITY = 2**40  # the create_table message's bound
 
 
@@ -57,6 +64,9 @@ class TableDefinition:
     # a step whose position is a multiple of `slice_period`. 0: items.
     slice_len: int = 0
     slice_period: int = 1
+    # Which starts near an episode's end give short slices, padded by
+    # repeating their last step (SLICE_PADS; "none": strict slices only).
+    slice_pad: str = "none"
 
     @property
     def slices(self) -> bool:
@@ -66,12 +76,12 @@ class TableDefinition:
     @classmethod
     def make(cls, name: str, capacity: int, spec: Any, sampler: Any = None, remover: Any = None,
              rate_limiter: Any = None, max_times_sampled: int = 0, slice_len: int = 0,
-             slice_period: int = 1) -> TableDefinition:
+             slice_period: int = 1, slice_pad: str = "none") -> TableDefinition:
         """Check every part and fill in the defaults (Uniform sampler, Fifo
         remover, MinSize(1)); a Queue gets Fifo selectors and
         max_times_sampled=1. `slice_len` > 0 makes a table of steps sampled
-        as slices (a Uniform or Prioritized sampler over slice starts).
-        Raises ConfigError saying what is wrong."""
+        as slices (a Uniform or Prioritized sampler over slice starts);
+        `slice_pad` one of SLICE_PADS. Raises ConfigError saying what is wrong."""
         if not isinstance(name, str) or not 0 < len(name) <= MAX_NAME or not name.isprintable():
             raise ConfigError(f"table name {name!r} must be 1-{MAX_NAME} printable characters")
         if isinstance(capacity, bool) or not isinstance(capacity, int) \
@@ -106,6 +116,12 @@ class TableDefinition:
             if isinstance(value, bool) or not isinstance(value, int) or not lo <= value < 2**20:
                 raise ConfigError(f"table {name!r}: {what} must be an integer >= {lo} "
                                   f"(below 2**20), got {value!r}")
+        if slice_pad not in SLICE_PADS:
+            raise ConfigError(f"table {name!r}: slice_pad must be one of "
+                              f"{', '.join(map(repr, SLICE_PADS))}, got {slice_pad!r}")
+        if slice_pad != "none" and not slice_len:
+            raise ConfigError(f"table {name!r}: slice_pad={slice_pad!r} is for a table of "
+                              "slices: give slice_len too, or leave slice_pad out")
         if slice_len:
             kind = (sampler or Uniform()).kind
             if kind not in ("uniform", "prioritized"):
@@ -121,7 +137,7 @@ class TableDefinition:
                 raise ConfigError(f"table {name!r}: capacity {capacity} holds no slice of "
                                   f"{slice_len} steps: raise the capacity (it counts steps)")
         return cls(name, capacity, parsed, sampler or Uniform(), remover or Fifo(), limiter,
-                   max_times_sampled, slice_len, slice_period)
+                   max_times_sampled, slice_len, slice_period, slice_pad)
 
     # -- the wire and checkpoints ----------------------------------------
     def to_wire(self) -> dict[str, Any]:
@@ -136,6 +152,8 @@ class TableDefinition:
         if self.slice_len:
             d["slice_len"] = self.slice_len
             d["slice_period"] = self.slice_period
+            if self.slice_pad != "none":
+                d["slice_pad"] = self.slice_pad
         return d
 
     @classmethod
@@ -146,13 +164,13 @@ class TableDefinition:
             return cls.make(d["name"], d["capacity"], TableSpec.from_wire(d["spec"]),
                             d.get("sampler"), d.get("remover"), d.get("rate_limiter"),
                             d.get("max_times_sampled", 0), d.get("slice_len", 0),
-                            d.get("slice_period", 1))
+                            d.get("slice_period", 1), d.get("slice_pad", "none"))
         except KeyError as exc:
             raise ConfigError(f"a table definition without {exc}: {dict(d)!r}") from None
 
     # -- distore.toml ----------------------------------------------------
     CONFIG_KEYS = ("name", "capacity", "spec", "sampler", "remover", "rate_limiter",
-                   "max_times_sampled", "slice_len", "slice_period")
+                   "max_times_sampled", "slice_len", "slice_period", "slice_pad")
 
     @classmethod
     def from_config(cls, entry: Any) -> TableDefinition:
@@ -212,7 +230,8 @@ class TableDefinition:
         try:
             return cls.make(name, cap, spec, parts.get("sampler"), parts.get("remover"),
                             parts.get("rate_limiter"), entry.get("max_times_sampled", 0),
-                            entry.get("slice_len", 0), entry.get("slice_period", 1))
+                            entry.get("slice_len", 0), entry.get("slice_period", 1),
+                            entry.get("slice_pad", "none"))
         except ConfigError as exc:
             raise TableProblems(
                 [str(exc) if str(exc).startswith("table ") else f"{label}{exc}"]) from None

@@ -34,9 +34,10 @@ size_t window_size(uint32_t* slots) { return malloc_usable_size(slots) + sizeof(
 }  // namespace
 
 SliceIndex::SliceIndex(int64_t slice_len, int64_t period, bool prioritized, double alpha,
-                       uint64_t seed)
+                       uint64_t seed, int pad)
     : T_(static_cast<uint64_t>(slice_len)),
       P_(static_cast<uint64_t>(period)),
+      pad_(static_cast<SlicePad>(pad)),
       prioritized_(prioritized),
       sampler_(prioritized ? SelectorKind::kPrioritized : SelectorKind::kUniform, alpha, &prio_,
                &no_sequence_),
@@ -52,6 +53,11 @@ SliceIndex::SliceIndex(int64_t slice_len, int64_t period, bool prioritized, doub
   if (!good_priority(alpha)) {
     throw TableError("SliceIndex: alpha " + std::to_string(alpha) +
                      " is not finite and >= 0 (draws go by priority^alpha)");
+  }
+  if (pad < 0 || pad > static_cast<int>(SlicePad::kShortEpisodes)) {
+    throw TableError("SliceIndex: pad " + std::to_string(pad) +
+                     " is not 0 (strict slices), 1 (short slices at an episode's end) or 2 "
+                     "(short episodes, whole)");
   }
 }
 
@@ -140,9 +146,27 @@ void SliceIndex::clear_start(int64_t id) {
   sampler_.remove(id);
 }
 
+void SliceIndex::mark(int64_t id, bool valid) {
+  if (valid == is_start(id)) return;
+  if (valid) {
+    set_start(id);
+  } else {
+    clear_start(id);
+  }
+}
+
+void SliceIndex::mark_short(const Episode& e, int64_t from, int64_t to, int64_t end) {
+  const bool ends = end >= 0 && is_last(at(e, end) - 1);
+  for (int64_t p = first_multiple(from, P_); p <= to; p += static_cast<int64_t>(P_)) {
+    const bool valid = ends && (pad_ == SlicePad::kEnd || p == 0);
+    mark(at(e, p) - 1, valid);
+  }
+}
+
 // -- steps ------------------------------------------------------------------
 
-void SliceIndex::add_one(int64_t id, uint64_t episode, uint32_t position, double priority) {
+void SliceIndex::add_one(int64_t id, uint64_t episode, uint32_t position, double priority,
+                         bool last) {
   if (is_step(id)) {
     throw TableError("SliceIndex.add: record id " + std::to_string(id) +
                      " appears twice in the batch; an id is added once and reused only "
@@ -174,7 +198,8 @@ void SliceIndex::add_one(int64_t id, uint64_t episode, uint32_t position, double
   if (need > ep_.size()) {
     ep_.grow(need);
     pos_.grow(need);
-    start_.grow((ep_.size() + 63) / 64);  // every id below ep_.size() has its bit
+    start_.grow((ep_.size() + 63) / 64);  // every id below ep_.size() has its bits
+    last_.grow((ep_.size() + 63) / 64);
   }
   if (prioritized_) prio_.grow(need);
   if (found < 0) s = new_episode(episode, position);
@@ -189,6 +214,12 @@ void SliceIndex::add_one(int64_t id, uint64_t episode, uint32_t position, double
   if (prioritized_) prio_[id] = priority;
   ep_[id] = s + 1;
   pos_[id] = position;
+  const uint64_t bit = uint64_t{1} << (id & 63);
+  if (last) {
+    last_[static_cast<uint64_t>(id) >> 6] |= bit;
+  } else {
+    last_[static_cast<uint64_t>(id) >> 6] &= ~bit;
+  }
   ++steps_;
 
   // The run of present steps around q, at most T - 1 each way: the starts it
@@ -197,11 +228,14 @@ void SliceIndex::add_one(int64_t id, uint64_t episode, uint32_t position, double
   int64_t a = q, b = q;
   while (a > q - (T - 1) && at(e, a - 1) != 0) --a;
   while (b < q + (T - 1) && at(e, b + 1) != 0) ++b;
-  const int64_t last = std::min(q, b - T + 1);
-  for (int64_t p = first_multiple(std::max(a, q - T + 1), P_); p <= last;
-       p += static_cast<int64_t>(P_)) {
-    set_start(at(e, p) - 1);
+  const int64_t full = std::min(q, b - T + 1);
+  const int64_t from = std::max(a, q - T + 1);
+  for (int64_t p = first_multiple(from, P_); p <= full; p += static_cast<int64_t>(P_)) {
+    mark(at(e, p) - 1, true);
   }
+  // Short slices: the starts after those run out at b before T steps (b is
+  // where the run really ends: it stopped before q + T - 1).
+  if (pad_ != SlicePad::kNone) mark_short(e, std::max(from, full + 1), q, b);
 }
 
 void SliceIndex::remove_one(int64_t id) {
@@ -217,6 +251,8 @@ void SliceIndex::remove_one(int64_t id) {
   }
   uint32_t* window = slots(e);
   window[static_cast<uint64_t>(q) & e.mask] = 0;
+  // Short slices: the runs of the starts before q now end at q - 1.
+  if (pad_ != SlicePad::kNone && a < q) mark_short(e, a, q - 1, q - 1);
   ep_[id] = 0;
   --steps_;
   if (--e.count == 0) {
@@ -236,7 +272,7 @@ void SliceIndex::remove_one(int64_t id) {
 }
 
 void SliceIndex::add(const int64_t* ids, const uint64_t* episodes, const uint32_t* positions,
-                     const double* priorities, size_t n) {
+                     const double* priorities, size_t n, const uint8_t* last) {
   for (size_t i = 0; i < n; ++i) {
     if (ids[i] < 0 || static_cast<uint64_t>(ids[i]) > kMaxId) {
       throw TableError("SliceIndex.add: record id " + std::to_string(ids[i]) +
@@ -258,7 +294,9 @@ void SliceIndex::add(const int64_t* ids, const uint64_t* episodes, const uint32_
   // leave again, so a refused batch changes nothing.
   size_t i = 0;
   try {
-    for (; i < n; ++i) add_one(ids[i], episodes[i], positions[i], priorities[i]);
+    for (; i < n; ++i) {
+      add_one(ids[i], episodes[i], positions[i], priorities[i], last != nullptr && last[i] != 0);
+    }
   } catch (...) {
     while (i-- > 0) remove_one(ids[i]);
     throw;
@@ -303,7 +341,8 @@ size_t SliceIndex::sample(size_t n, int64_t* starts, double* probabilities) {
   return n;
 }
 
-void SliceIndex::expand(const int64_t* starts, size_t n, int64_t* out) const {
+void SliceIndex::expand(const int64_t* starts, size_t n, int64_t* out,
+                        uint32_t* lengths) const {
   for (size_t i = 0; i < n; ++i) {
     if (!is_start(starts[i])) {
       throw TableError("SliceIndex.expand: record id " + std::to_string(starts[i]) +
@@ -319,7 +358,14 @@ void SliceIndex::expand(const int64_t* starts, size_t n, int64_t* out) const {
     const Episode& e = eps_[ep_[starts[i]] - 1];
     const int64_t q = pos_[starts[i]];
     int64_t* slice = out + i * T_;
-    for (uint64_t k = 0; k < T_; ++k) slice[k] = at(e, q + static_cast<int64_t>(k)) - 1;
+    uint64_t k = 0;
+    for (; k < T_; ++k) {
+      const uint32_t v = at(e, q + static_cast<int64_t>(k));
+      if (v == 0) break;  // a short slice (pad): its episode ended before T steps
+      slice[k] = v - 1;
+    }
+    if (lengths != nullptr) lengths[i] = static_cast<uint32_t>(k);
+    for (uint64_t j = k; j < T_; ++j) slice[j] = slice[k - 1];
   }
 }
 
@@ -352,7 +398,7 @@ std::vector<std::pair<std::string, size_t>> SliceIndex::resident_bytes() const {
       {"episode_of", ep_.resident_bytes()},
       {"position", pos_.resident_bytes()},
       {"priority", prio_.resident_bytes()},
-      {"starts", start_.resident_bytes()},
+      {"starts", start_.resident_bytes() + last_.resident_bytes()},
       {"episodes", eps_.resident_bytes() + episode_id_.resident_bytes() +
                        free_slots_.capacity() * sizeof(uint32_t)},
       {"episode_index", by_episode_.resident_bytes()},

@@ -15,10 +15,19 @@
 // the only one). With no valid start, sample() draws nothing: the caller
 // waits for data (an empty result is not an error).
 //
+// Short slices (pad != kNone): a start may also be a present step whose run
+// of present successors ends, before T steps, at a step marked as its
+// episode's last (add's `last`). kEnd: any such step (a slice may start
+// anywhere and be cut by its episode's end); kShortEpisodes: only an
+// episode's first step (position 0), so that only episodes shorter than T
+// give short slices, whole (TorchRL's strict_length=False). expand() pads a
+// short slice by repeating its last step and says each slice's length.
+//
 // Structures:
 //  - by id (Columns): the step's episode slot + 1 (0: not a step), its
 //    position, its priority (prioritized only; uniform never writes that
-//    column), and a bit that says it is a valid start;
+//    column), a bit that says it is a valid start and one that it ends its
+//    episode;
 //  - by episode slot: a window of the ids of its present steps, a ring of
 //    2^k slots (id + 1, 0: absent) indexed by position mod 2^k that covers
 //    the span from its first to its last present step. 2^k lies between the
@@ -32,7 +41,7 @@
 //  - the selector over the valid start ids.
 //
 // Memory: a step 4 (episode) + 4 (position) + 8 (priority, prioritized
-// only) + 1 bit + its window slot (4 to 16 bytes; 4 to 8 while a window
+// only) + 2 bits + its window slot (4 to 16 bytes; 4 to 8 while a window
 // only grows); a valid start the selector's (uniform 8, prioritized about
 // 10 + 1 bit); an episode about 40 (record 24, id 8, index 5 to 11) + the
 // window's allocation header. Measured at 10^6 steps
@@ -69,6 +78,9 @@
 
 namespace distore {
 
+// Which short slices are valid starts (see above).
+enum class SlicePad : int { kNone = 0, kEnd = 1, kShortEpisodes = 2 };
+
 class SliceIndex {
  public:
   // Largest record id (window slots and the selector hold 32-bit ids).
@@ -77,9 +89,10 @@ class SliceIndex {
   // slice_len and period.
   static constexpr uint64_t kMaxSpan = uint64_t{1} << 30;
 
-  // Refuses (TableError) slice_len or period outside 1..kMaxSpan and an
-  // alpha that is not finite and >= 0.
-  SliceIndex(int64_t slice_len, int64_t period, bool prioritized, double alpha, uint64_t seed);
+  // Refuses (TableError) slice_len or period outside 1..kMaxSpan, an
+  // alpha that is not finite and >= 0 and a pad that is not a SlicePad.
+  SliceIndex(int64_t slice_len, int64_t period, bool prioritized, double alpha, uint64_t seed,
+             int pad = 0);
   ~SliceIndex();
   SliceIndex(const SliceIndex&) = delete;
   SliceIndex& operator=(const SliceIndex&) = delete;
@@ -87,9 +100,10 @@ class SliceIndex {
   // Adds steps. Refuses the whole batch (TableError, nothing added) for an
   // id out of range or present already (also twice in the batch), a
   // priority that is not finite and >= 0, a step whose (episode, position)
-  // is present, or an episode whose span would pass kMaxSpan.
+  // is present, or an episode whose span would pass kMaxSpan. `last`
+  // (nullable: none) marks the steps that end their episode.
   void add(const int64_t* ids, const uint64_t* episodes, const uint32_t* positions,
-           const double* priorities, size_t n);
+           const double* priorities, size_t n, const uint8_t* last = nullptr);
   // Removes steps by id (unknown ids skipped); returns how many were removed.
   size_t remove(const int64_t* ids, size_t n);
   // Sets steps' priorities (unknown ids skipped; a valid start's draw weight
@@ -100,9 +114,10 @@ class SliceIndex {
   // start is valid.
   size_t sample(size_t n, int64_t* starts, double* probabilities);
   // The slice_len() ids of each start's slice, in position order, into
-  // out[i * slice_len() ...]. Refuses (TableError, nothing written) an id
-  // that is not a valid start now.
-  void expand(const int64_t* starts, size_t n, int64_t* out) const;
+  // out[i * slice_len() ...]; a short slice (pad) repeats its last step to
+  // slice_len(), and `lengths` (nullable) gets each slice's real steps.
+  // Refuses (TableError, nothing written) an id that is not a valid start now.
+  void expand(const int64_t* starts, size_t n, int64_t* out, uint32_t* lengths = nullptr) const;
   // Each step's position / episode; refuses an id that is not a step.
   void positions(const int64_t* ids, size_t n, uint32_t* out) const;
   void episodes(const int64_t* ids, size_t n, uint64_t* out) const;
@@ -112,6 +127,7 @@ class SliceIndex {
 
   uint64_t slice_len() const { return T_; }
   uint64_t period() const { return P_; }
+  SlicePad pad() const { return pad_; }
   bool prioritized() const { return prioritized_; }
   size_t valid_starts() const { return sampler_.size(); }
   size_t steps() const { return steps_; }
@@ -123,6 +139,10 @@ class SliceIndex {
   }
   bool is_start(int64_t id) const {
     return is_step(id) && ((start_[static_cast<uint64_t>(id) >> 6] >> (id & 63)) & 1);
+  }
+  // Whether the step `id` ends its episode (add's `last`).
+  bool is_last(int64_t id) const {
+    return is_step(id) && ((last_[static_cast<uint64_t>(id) >> 6] >> (id & 63)) & 1);
   }
   // Bytes in memory now, by structure (pages written at least once; the
   // windows: what malloc gave them).
@@ -156,7 +176,12 @@ class SliceIndex {
     if (q < static_cast<int64_t>(e.lo) || q > static_cast<int64_t>(e.hi)) return 0;
     return slots(e)[static_cast<uint64_t>(q) & e.mask];
   }
-  void add_one(int64_t id, uint64_t episode, uint32_t position, double priority);
+  void add_one(int64_t id, uint64_t episode, uint32_t position, double priority, bool last);
+  // Short slices: (un)mark the starts of [from, to] (positions of `e`,
+  // multiples of P) whose runs now end at `end` (a present step, or -1 for
+  // none) without T steps; starts with T steps are marked by the caller.
+  void mark_short(const Episode& e, int64_t from, int64_t to, int64_t end);
+  void mark(int64_t id, bool valid);
   void remove_one(int64_t id);
   uint32_t new_episode(uint64_t episode, uint32_t position);
   void forget_episode(uint32_t slot);
@@ -168,12 +193,14 @@ class SliceIndex {
 
   uint64_t T_;
   uint64_t P_;
+  SlicePad pad_;
   bool prioritized_;
   // By record id.
   Column<uint32_t> ep_;    // episode slot + 1; 0: not a step
   Column<uint32_t> pos_;
   Column<double> prio_;    // prioritized only
   Column<uint64_t> start_;  // a bit an id: a valid start
+  Column<uint64_t> last_;   // a bit an id: ends its episode
   // By episode slot.
   Column<Episode> eps_;
   Column<uint64_t> episode_id_;

@@ -77,6 +77,7 @@ class Client:
         max_times_sampled: int = 0,
         slice_len: int = 0,
         slice_period: int = 1,
+        slice_pad: str = "none",
     ) -> dict:
         """Create a table (idempotent for identical definitions); returns its info.
 
@@ -92,6 +93,11 @@ class Client:
         episode, starting at any step whose position is a multiple of
         `slice_period`, chosen when sampling (uniformly, or by the start
         step's priority with ds.Prioritized). `capacity` counts steps.
+        `slice_pad` also samples short slices, padded to `slice_len` by
+        repeating their last step, with a mask (`batch.mask`): "end", a
+        slice may start at any step and is cut by its episode's end;
+        "short_episodes", only episodes shorter than `slice_len`, each one
+        whole (TorchRL's strict_length=False). "none" (default): strict.
 
         >>> client.create_table("r2d2", capacity=1_000_000, spec=step_spec,
         ...                     sampler=ds.Prioritized(0.9), slice_len=80, slice_period=40)
@@ -106,7 +112,8 @@ class Client:
         if rate_limiter is not None and not isinstance(rate_limiter, RateLimiter):
             raise ConfigError("rate_limiter must be ds.MinSize, ds.SampleToInsertRatio or ds.Queue")
         definition = TableDefinition.make(name, capacity, spec, sampler, remover, rate_limiter,
-                                          max_times_sampled, slice_len, slice_period)
+                                          max_times_sampled, slice_len, slice_period,
+                                          slice_pad)
         info = self.call("create_table", **definition.to_wire())
         created = parse_reply("create_table", info, self._rpc.name)
         self._specs[name] = definition.spec

@@ -24,10 +24,11 @@ import numpy as np
 from .. import _tables
 from ..errors import InvalidRequest
 from ..metrics import TableStats
+from ..protocol import STEP_LAST, STEP_PAD
 from ..rate_limiters import RateLimiter
 from ..selectors import KINDS, Selector
 from ..slot_format import COLD
-from ..table_definition import TableDefinition
+from ..table_definition import SLICE_PADS, TableDefinition
 from .checkpoint import TableImage
 from .items import FREE, LIVE, RETIRED, ItemStore
 from .pending import Pending, survivors
@@ -117,7 +118,8 @@ class Table:
             self.slices = _tables.SliceIndex(
                 definition.slice_len, definition.slice_period,
                 prioritized=self.sampler.kind == "prioritized", alpha=self.sampler.alpha,
-                seed=secrets.randbits(63) if seed is None else seed + 1)
+                seed=secrets.randbits(63) if seed is None else seed + 1,
+                pad=SLICE_PADS.index(definition.slice_pad))
         self.deletes = 0
         self.stats = TableStats()  # read by the metrics collector at scrape time
         self.pending: Pending | None = None  # a restore from a checkpoint in progress
@@ -205,8 +207,9 @@ class Table:
     def _add_steps(self, recs: np.ndarray, steps: tuple, priorities: np.ndarray) -> None:
         """Put new records in the SliceIndex with their (episode, position, flags)."""
         episodes, positions, flags = steps
+        flags = np.ascontiguousarray(flags, np.uint8) & STEP_LAST
         self.slices.add(recs, np.ascontiguousarray(episodes, np.uint64),
-                        np.ascontiguousarray(positions, np.uint32), priorities)
+                        np.ascontiguousarray(positions, np.uint32), priorities, flags)
         self._set_flags(recs, flags)
 
     def _set_flags(self, recs: np.ndarray, flags) -> None:
@@ -215,7 +218,7 @@ class Table:
             grown = np.zeros(self.store.capacity, np.uint8)
             grown[:len(self._step_flags)] = self._step_flags
             self._step_flags = grown
-        self._step_flags[recs] = flags
+        self._step_flags[recs] = flags & STEP_LAST  # STEP_PAD is a sample row's
 
     def _leased(self, recs: np.ndarray) -> Retired:
         """Where those of `recs` that a learner holds a lease on are."""
@@ -420,13 +423,20 @@ class Table:
         """Draw n // slice_len slices under leases: (the slices' steps'
         records in order, each row's probability (its slice start's draw),
         each row's position in its episode, each row's flags). `samples`
-        counts slices."""
+        counts slices. A short slice (slice_pad) repeats its last step up to
+        slice_len rows, the repeats flagged STEP_PAD."""
         starts, probs = self.slices.sample(n // self.slice_len)
-        recs = self.slices.expand(starts)
+        if self.slices.pad:
+            recs, lengths = self.slices.expand_lengths(starts)
+        else:
+            recs, lengths = self.slices.expand(starts), None
         self.samples += len(starts)
         self.lease(recs)
-        return (recs, np.repeat(probs, self.slice_len), self.slices.position(recs),
-                self._step_flags[recs])
+        flags = self._step_flags[recs]
+        if lengths is not None:
+            padded = np.arange(self.slice_len) >= lengths.astype(np.int64)[:, None]
+            flags[padded.ravel()] |= STEP_PAD
+        return (recs, np.repeat(probs, self.slice_len), self.slices.position(recs), flags)
 
     def update_priorities(self, keys: np.ndarray, priorities: np.ndarray) -> int:
         """Set priorities by key; returns how many keys were still in the table."""
@@ -499,6 +509,7 @@ class Table:
             "rate_limiter_state": self.limiter_state(),
             "max_times_sampled": self.max_times_sampled,
             **({"slice_len": self.slice_len, "slice_period": self.definition.slice_period,
+                "slice_pad": self.definition.slice_pad,
                 "valid_starts": self.slices.valid_starts} if self.slices is not None else {}),
             "inserts": self.inserts,
             "samples": self.samples,

@@ -53,10 +53,13 @@ __all__ = [
     "AM_CAP",
     "BEAT_SECRET",
     "SLICE_LEN",
+    "SLICE_PAD",
     "SLICE_PERIOD",
     "EPISODES",
     "POSITIONS",
     "STEP_FLAGS",
+    "STEP_LAST",
+    "STEP_PAD",
     "SELECTOR",
     "SIZE",
     "SLOT_SIZE",
@@ -168,12 +171,17 @@ BEAT_SECRET = F("beat_secret", "bytes", max_len=32)
 # every SLICE_PERIOD steps (table_definition.py).
 SLICE_LEN = F("slice_len", "int", lo=0, hi=(1 << 20) - 1)
 SLICE_PERIOD = F("slice_period", "int", lo=1, hi=(1 << 20) - 1)
+# Which short slices such a table samples (table_definition.SLICE_PADS).
+SLICE_PAD = F("slice_pad", "str", max_len=16)
 # Per step of such a table: its episode (the key of the episode's first
-# step), its position in the episode, and its flags (bit 0: it ends the
-# episode, done or truncated).
+# step), its position in the episode, and its flags (STEP_LAST: it ends the
+# episode, done or truncated; in a sample reply's rows also STEP_PAD: the
+# row repeats the step before it, padding a short slice).
 EPISODES = F("episodes", "u64[]")
 POSITIONS = F("positions", "u32[]")
 STEP_FLAGS = F("step_flags", "u8[]")
+STEP_LAST = 1
+STEP_PAD = 2
 # The slots and items one message moves (an insert, a stage, a re-sent batch).
 SLOT_SIZE = F("slot_size", "int", lo=1, hi=1 << 34)
 ITEM_BYTES = SLOT_SIZE.named("item_bytes")

@@ -55,6 +55,7 @@ from .fields import (
     SELECTOR,
     SIZE,
     SLICE_LEN,
+    SLICE_PAD,
     SLICE_PERIOD,
     SPEC,
     STEP_FLAGS,
@@ -283,6 +284,7 @@ class TableInfo(Record):
     max_times_sampled: int = wire(MAX_TIMES_SAMPLED)
     slice_len: int | None = wire(SLICE_LEN, optional=True)  # a table of slices
     slice_period: int | None = wire(SLICE_PERIOD, optional=True)
+    slice_pad: str | None = wire(SLICE_PAD, optional=True)  # "none" left out
     valid_starts: int | None = wire(COUNT, optional=True)  # ...its slices' starts now
     inserts: int = wire(COUNT)
     samples: int = wire(COUNT)

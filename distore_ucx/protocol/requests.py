@@ -42,6 +42,7 @@ from .fields import (
     SELECTOR,
     SIZE,
     SLICE_LEN,
+    SLICE_PAD,
     SLICE_PERIOD,
     SLOT_SIZE,
     SPEC,
@@ -192,6 +193,7 @@ MESSAGES: dict[str, tuple[F, ...]] = {
         # a table of episodes' steps, sampled as slices (docs/semantics.md)
         SLICE_LEN.optional(),
         SLICE_PERIOD.optional(),
+        SLICE_PAD.optional(),
     ),
     "table_info": (NAME,),
     "list_tables": (),

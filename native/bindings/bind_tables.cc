@@ -4,12 +4,14 @@
 // (TableError) is raised as distore_ucx.errors.TableCoreError.
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
+#include <nanobind/stl/optional.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
 
 #include <atomic>
 #include <cmath>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -166,8 +168,8 @@ void bind_grants(nb::module_& m) {
 // uses one thread), and `busy` turns such a call into an error, not a race.
 struct BoundSliceIndex {
   BoundSliceIndex(int64_t slice_len, int64_t period, bool prioritized, double alpha,
-                  uint64_t seed)
-      : core(slice_len, period, prioritized, alpha, seed) {}
+                  uint64_t seed, int pad)
+      : core(slice_len, period, prioritized, alpha, seed, pad) {}
   SliceIndex core;
   std::atomic<bool> busy{false};
 };
@@ -205,11 +207,14 @@ void bind_slice_index(nb::module_& m) {
       "The episodes of a table's steps and its valid slice starts (slice_index.h): a start\n"
       "is a step at a position p with p % period == 0 whose slice_len - 1 successors in\n"
       "its episode are present. Draws starts uniformly or by priority^alpha of the start\n"
-      "step. Steps are record ids < 2^32 - 1. Batch operations only; one caller thread.")
-      .def(nb::init<int64_t, int64_t, bool, double, uint64_t>(), "slice_len"_a,
-           "period"_a = 1, "prioritized"_a = false, "alpha"_a = 1.0, "seed"_a = 0)
+      "step. Steps are record ids < 2^32 - 1. Batch operations only; one caller thread.\n"
+      "pad 1: also starts whose run of steps ends at their episode's last step before\n"
+      "slice_len; pad 2: only such starts at position 0 (episodes shorter than slice_len).")
+      .def(nb::init<int64_t, int64_t, bool, double, uint64_t, int>(), "slice_len"_a,
+           "period"_a = 1, "prioritized"_a = false, "alpha"_a = 1.0, "seed"_a = 0, "pad"_a = 0)
       .def_prop_ro("slice_len", [](const BoundSliceIndex& s) { return s.core.slice_len(); })
       .def_prop_ro("period", [](const BoundSliceIndex& s) { return s.core.period(); })
+      .def_prop_ro("pad", [](const BoundSliceIndex& s) { return static_cast<int>(s.core.pad()); })
       .def_prop_ro("prioritized", [](const BoundSliceIndex& s) { return s.core.prioritized(); })
       .def_prop_ro("valid_starts", [](const BoundSliceIndex& s) { return s.core.valid_starts(); },
                    "How many steps are valid starts now.")
@@ -223,18 +228,20 @@ void bind_slice_index(nb::module_& m) {
       .def(
           "add",
           [](BoundSliceIndex& s, Vec<int64_t> ids, Vec<uint64_t> episodes,
-             Vec<uint32_t> positions, Vec<double> priorities) {
+             Vec<uint32_t> positions, Vec<double> priorities, std::optional<Vec<uint8_t>> last) {
             same_length(ids, episodes, "SliceIndex.add", "ids", "episodes");
             same_length(ids, positions, "SliceIndex.add", "ids", "positions");
             same_length(ids, priorities, "SliceIndex.add", "ids", "priorities");
+            if (last) same_length(ids, *last, "SliceIndex.add", "ids", "last");
             Exclusive one(s, "add");
             nb::gil_scoped_release release;
             s.core.add(ids.data(), episodes.data(), positions.data(), priorities.data(),
-                       ids.shape(0));
+                       ids.shape(0), last ? last->data() : nullptr);
           },
-          "ids"_a, "episodes"_a, "positions"_a, "priorities"_a,
+          "ids"_a, "episodes"_a, "positions"_a, "priorities"_a, "last"_a = nb::none(),
           "Add steps: record ids (int64), their episodes (uint64), 0-based positions in\n"
-          "them (uint32) and priorities (float64, finite >= 0), in any order. A refused\n"
+          "them (uint32) and priorities (float64, finite >= 0), in any order; `last`\n"
+          "(uint8, optional): nonzero for a step that ends its episode. A refused\n"
           "batch (an id or an (episode, position) present already) adds nothing.")
       .def(
           "remove",
@@ -297,6 +304,28 @@ void bind_slice_index(nb::module_& m) {
           "starts"_a,
           "The record ids of each start's slice in position order (n * slice_len int64).\n"
           "Refuses an id that is not a valid start now.")
+      .def(
+          "expand_lengths",
+          [](BoundSliceIndex& s, Vec<int64_t> starts) {
+            if (starts.shape(0) > SIZE_MAX / sizeof(int64_t) / s.core.slice_len()) {
+              throw TableError("SliceIndex.expand_lengths: " + std::to_string(starts.shape(0)) +
+                               " slices of " + std::to_string(s.core.slice_len()) +
+                               " steps do not fit in memory; expand fewer at a time");
+            }
+            std::vector<int64_t> out;
+            std::vector<uint32_t> lengths;
+            {
+              Exclusive one(s, "expand_lengths");
+              nb::gil_scoped_release release;
+              out.resize(starts.shape(0) * s.core.slice_len());
+              lengths.resize(starts.shape(0));
+              s.core.expand(starts.data(), starts.shape(0), out.data(), lengths.data());
+            }
+            return nb::make_tuple(to_numpy(std::move(out)), to_numpy(std::move(lengths)));
+          },
+          "starts"_a,
+          "As expand, and each slice's length (uint32): its real steps; a short slice\n"
+          "(pad) repeats its last step up to slice_len.")
       .def(
           "position",
           [](BoundSliceIndex& s, Vec<int64_t> ids) {

@@ -155,6 +155,54 @@ def test_prioritized_slices_follow_their_start_steps_priorities(make_cluster, tl
         learner.close()
 
 
+@pytest.mark.parametrize("pad", ["end", "short_episodes"])
+def test_short_slices_are_padded_with_a_mask(make_cluster, tls, pad):
+    """slice_pad: a slice that reaches its episode's end early ("end": from
+    any start; "short_episodes": an episode shorter than T, whole) has its
+    real steps first, then rows that repeat its last step with mask False,
+    is_first and is_last False; every valid start is drawn, uniformly."""
+    cluster = make_cluster(nodes=1)
+    with ds.connect(cluster.address) as client:
+        client.create_table("s", capacity=10_000, spec=SPEC, slice_len=T, slice_pad=pad)
+        lengths = {1: 5, 2: 8, 3: 12, 4: 3}
+        with client.writer() as w:
+            for episode, length in lengths.items():
+                pos = np.arange(length)
+                w.append("s", steps(np.full(length, episode), pos), env=episode,
+                         done=pos == length - 1)
+            w.append("s", steps(np.full(3, 9), np.arange(3)), env=9)  # not ended: no start
+        if pad == "end":  # every step of an ended episode starts a slice
+            valid = {(e, p) for e, n in lengths.items() for p in range(n)}
+        else:  # full slices, and the short episodes (5 and 3 steps) whole
+            valid = {(e, p) for e, n in lengths.items() for p in range(max(1, n - T + 1))}
+        assert client.table_info("s")["valid_starts"] == len(valid)
+        assert client.table_info("s")["slice_pad"] == pad
+        learner = client.learner("s", batch_size=64)
+        counts: dict[tuple[int, int], int] = {}
+        for _ in range(40):
+            b = learner.sample()
+            ep, pos, mask = b.data["episode"], b.data["pos"], b.mask
+            n = mask.sum(axis=1)
+            assert mask[:, 0].all() and (np.diff(mask.astype(int), axis=1) <= 0).all()
+            for i in range(64):
+                k, e = n[i], ep[i, 0]
+                assert (ep[i] == e).all() and (np.diff(pos[i, :k]) == 1).all()
+                assert (pos[i, k:] == pos[i, k - 1]).all(), "padding repeats the last step"
+                assert k == T or pos[i, k - 1] == lengths[e] - 1, "short before the end"
+                counts[(int(e), int(pos[i, 0]))] = counts.get((int(e), int(pos[i, 0])), 0) + 1
+            assert np.array_equal(b.is_last, (pos == np.vectorize(lengths.get)(ep) - 1) & mask)
+            assert np.array_equal(b.is_first, (pos == 0) & mask)
+            assert np.array_equal(b.data["obs"],
+                                  steps(ep.ravel(), pos.ravel())["obs"].reshape(64, T, 200))
+        assert set(counts) == valid, "a start that is not valid, or a valid one never drawn"
+        got = np.array([counts[s] for s in sorted(valid)], float)
+        exp = got.sum() / len(valid)
+        df = len(valid) - 1
+        assert float(((got - exp) ** 2 / exp).sum()) < df * (
+            1 - 2 / (9 * df) + 3.09 * math.sqrt(2 / (9 * df))) ** 3
+        learner.close()
+
+
 def test_items_and_steps_do_not_mix(make_cluster, tls):
     cluster = make_cluster(nodes=1)
     with ds.connect(cluster.address) as client:

@@ -27,11 +27,13 @@ def chi2(counts, expected_p):
     return float(((counts - exp) ** 2 / exp).sum())
 
 
-def add(index, steps):
-    """steps: [(id, episode, position, priority)]."""
+def add(index, steps, last=None):
+    """steps: [(id, episode, position, priority)]; last: a flag per step (it
+    ends its episode), or None."""
     ids, eps, pos, prios = zip(*steps) if steps else ((), (), (), ())
     index.add(np.asarray(ids, np.int64), np.asarray(eps, np.uint64),
-              np.asarray(pos, np.uint32), np.asarray(prios, np.float64))
+              np.asarray(pos, np.uint32), np.asarray(prios, np.float64),
+              None if last is None else np.asarray(last, np.uint8))
 
 
 def i64(a):
@@ -41,30 +43,50 @@ def i64(a):
 class Reference:
     """The steps as a dict and the valid starts by their definition."""
 
-    def __init__(self, slice_len, period, prioritized, alpha):
+    def __init__(self, slice_len, period, prioritized, alpha, pad=0):
         self.T, self.P, self.prioritized, self.alpha = slice_len, period, prioritized, alpha
+        self.pad = pad  # 0 strict, 1 short slices at any end, 2 short episodes only
         self.steps: dict[int, tuple[int, int]] = {}  # id -> (episode, position)
         self.at: dict[tuple[int, int], int] = {}  # (episode, position) -> id
         self.priority: dict[int, float] = {}
+        self.last: set[int] = set()  # ids of steps that end their episode
 
-    def add(self, steps):
-        for i, e, p, w in steps:
+    def add(self, steps, last=None):
+        for k, (i, e, p, w) in enumerate(steps):
             self.steps[i] = (e, p)
             self.at[e, p] = i
             self.priority[i] = w
+            self.last.discard(i)
+            if last is not None and last[k]:
+                self.last.add(i)
 
     def remove(self, ids):
         for i in ids:
             if i in self.steps:
                 del self.at[self.steps.pop(i)]
 
-    def slice(self, i):
+    def run(self, i):
+        """The ids of the present steps from i on, at most T."""
         e, p = self.steps[i]
-        return [self.at.get((e, p + k)) for k in range(self.T)]
+        out = []
+        while len(out) < self.T and (e, p + len(out)) in self.at:
+            out.append(self.at[e, p + len(out)])
+        return out
+
+    def valid(self, i):
+        p, run = self.steps[i][1], self.run(i)
+        if p % self.P:
+            return False
+        if len(run) == self.T:
+            return True
+        return bool(self.pad) and run[-1] in self.last and (self.pad == 1 or p == 0)
+
+    def slice(self, i):
+        run = self.run(i)
+        return run + [run[-1]] * (self.T - len(run))
 
     def starts(self):
-        return sorted(i for i, (_, p) in self.steps.items()
-                      if p % self.P == 0 and None not in self.slice(i))
+        return sorted(i for i in self.steps if self.valid(i))
 
     def probabilities(self, ids):
         starts = self.starts()
@@ -90,6 +112,9 @@ def check(index, ref, universe):
     if starts:
         assert index.expand(i64(starts)).reshape(-1, ref.T).tolist() == [
             ref.slice(i) for i in starts]
+        ids, lengths = index.expand_lengths(i64(starts))
+        assert ids.reshape(-1, ref.T).tolist() == [ref.slice(i) for i in starts]
+        assert lengths.tolist() == [len(ref.run(i)) for i in starts]
         # expand refuses an id that is not a start: the two sets are equal
         p = ref.probabilities(starts)
         assert math.isclose(index.min_probability, p[p > 0].min(), rel_tol=1e-9)
@@ -103,15 +128,17 @@ def check(index, ref, universe):
 @pytest.mark.parametrize("slice_len, period", [(1, 1), (1, 3), (3, 1), (4, 2), (5, 5),
                                                (8, 3), (40, 1)])
 @pytest.mark.parametrize("prioritized", [False, True])
-def test_valid_starts_match_a_brute_force_reference(slice_len, period, prioritized):
+@pytest.mark.parametrize("pad", [0, 1, 2])
+def test_valid_starts_match_a_brute_force_reference(slice_len, period, prioritized, pad):
     """Several episodes of random lengths (1 to 30: some shorter than the
-    slice) arrive in shuffled batches, lose steps in any order (holes, FIFO
-    from the front, whole episodes), get some back under new ids, and change
-    priorities; the index must agree with the definition after every batch."""
-    rng = np.random.default_rng(slice_len * 100 + period + 7 * prioritized)
+    slice; most with their last step flagged) arrive in shuffled batches,
+    lose steps in any order (holes, FIFO from the front, whole episodes),
+    get some back under new ids, and change priorities; the index must agree
+    with the definition after every batch, strict or with short slices."""
+    rng = np.random.default_rng(slice_len * 100 + period + 7 * prioritized + 1000 * pad)
     alpha = 0.6
-    index = _tables.SliceIndex(slice_len, period, prioritized, alpha, seed=3)
-    ref = Reference(slice_len, period, prioritized, alpha)
+    index = _tables.SliceIndex(slice_len, period, prioritized, alpha, seed=3, pad=pad)
+    ref = Reference(slice_len, period, prioritized, alpha, pad)
     free = list(range(400))[::-1]  # ids reused after removal, as the item store does
     pending = []  # (episode, position) not yet added
     next_episode = 10**12  # episode ids are any uint64
@@ -122,7 +149,9 @@ def test_valid_starts_match_a_brute_force_reference(slice_len, period, prioritiz
         if op == "begin" or not pending:
             length = int(rng.integers(1, 31))
             base = int(rng.choice([0, 0, 10**6]))  # a long episode's later window
-            pending += [(next_episode, base + p) for p in range(length)]
+            ends = rng.random() < 0.8  # else an episode still going
+            pending += [(next_episode, base + p, ends and p == length - 1)
+                        for p in range(length)]
             next_episode += int(rng.integers(1, 1000))
         elif op == "add":
             k = min(len(pending), int(rng.integers(1, 25)), len(free))
@@ -130,12 +159,13 @@ def test_valid_starts_match_a_brute_force_reference(slice_len, period, prioritiz
             batch = [pending.pop(j) for j in picks]  # out of order, across episodes
             steps = [(free.pop(), e, p, float(rng.choice([0.0, rng.uniform(0.1, 4.0)],
                                                           p=[0.1, 0.9])))
-                     for e, p in batch]
-            add(index, steps)
-            ref.add(steps)
+                     for e, p, _ in batch]
+            last = [x for _, _, x in batch]
+            add(index, steps, last)
+            ref.add(steps, last)
         elif op == "remove" and ref.steps:
             gone = rng.choice(sorted(ref.steps), min(len(ref.steps), 6), replace=False).tolist()
-            removed = {i: ref.steps[i] for i in gone}
+            removed = {i: (*ref.steps[i], i in ref.last) for i in gone}
             unknown = [i for i in range(400) if i not in ref.steps][:1] + [-1, MAX_ID + 5]
             assert index.remove(i64(gone + unknown + gone)) == len(gone)  # unknown: skipped
             ref.remove(gone)
@@ -163,8 +193,12 @@ def test_valid_starts_match_a_brute_force_reference(slice_len, period, prioritiz
                 ref.priority[i] = w
         check(index, ref, universe)
         most_starts = max(most_starts, index.valid_starts)
-    # T = 40 is longer than every episode (30 steps at most): never a start
-    assert (most_starts == 0) if slice_len == 40 else (most_starts > 5)
+    # T = 40 is longer than every episode (30 steps at most): never a
+    # strict start; short slices: those of the ended episodes
+    if slice_len == 40:
+        assert (most_starts > 0) if pad else (most_starts == 0)
+    else:
+        assert most_starts > 5
 
 
 def test_holes_heal_and_episodes_arrive_backwards():

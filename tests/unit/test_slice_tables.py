@@ -127,3 +127,39 @@ def test_a_checkpoint_keeps_episodes_and_a_restore_puts_steps_back_in_them(tmp_p
     assert (np.diff(pos, axis=1) == 1).all()
     assert (flags.reshape(30, 4)[:, -1] == (back.store.key[recs].reshape(30, 4)[:, -1] == 105)
             ).all()  # the flag of episode 10's last step came back
+
+
+@pytest.mark.parametrize("pad, starts", [("end", 7), ("short_episodes", 3)])
+def test_short_slices_are_padded_with_their_last_step_and_flagged(pad, starts):
+    """slice_pad "end": every start whose run reaches its episode's end;
+    "short_episodes": only an episode shorter than the slice, whole. Rows
+    past a slice's end repeat its last step, flagged STEP_PAD."""
+    from distore_ucx.protocol import STEP_LAST, STEP_PAD
+
+    t = Table(TableDefinition.make("s", 100, SPEC, slice_len=4, slice_pad=pad), seed=3)
+    add(t, 1, 10, range(5), 100, last=True)  # full starts 0, 1; short 2, 3, 4 ("end")
+    add(t, 1, 11, range(2), 200, last=True)  # shorter than a slice: 0 (and 1: "end")
+    add(t, 1, 12, range(2), 300)  # still going: no start yet
+    assert t.sampleable == starts
+    recs, _, positions, flags = t.sample_slices(4 * 400)
+    keys = t.store.key[recs].reshape(400, 4)
+    flags = flags.reshape(400, 4)
+    real = (flags & STEP_PAD) == 0
+    lengths = real.sum(axis=1)
+    assert (real[:, 0]).all() and (np.diff(real.astype(int), axis=1) <= 0).all()
+    for row, n in zip(keys, lengths):  # the real steps are consecutive, then repeats
+        assert (np.diff(row[:n].astype(np.int64)) == 1).all() and (row[n:] == row[n - 1]).all()
+        assert n == 4 or row[n - 1] in (104, 201)  # short only at an episode's end
+    assert (flags[real & (keys == 104)] & STEP_LAST).all()
+    drawn = {int(k) for k in keys[:, 0]}
+    assert drawn == ({100, 101, 102, 103, 104, 200, 201} if pad == "end" else {100, 101, 200})
+
+
+def test_slice_pad_is_checked_and_goes_over_the_wire():
+    with pytest.raises(ConfigError, match="slice_pad must be one of"):
+        TableDefinition.make("s", 100, SPEC, slice_len=4, slice_pad="yes")
+    with pytest.raises(ConfigError, match="give slice_len too"):
+        TableDefinition.make("s", 100, SPEC, slice_pad="end")
+    d = TableDefinition.make("s", 100, SPEC, slice_len=4, slice_pad="short_episodes")
+    assert TableDefinition.from_wire(d.to_wire()) == d
+    assert "slice_pad" not in TableDefinition.make("s", 100, SPEC, slice_len=4).to_wire()

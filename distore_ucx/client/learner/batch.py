@@ -38,11 +38,15 @@ class Batch:
     # and per step: `step_keys` [B, T] (uint64), `positions` [B, T] (each
     # step's position in its episode, uint32), `is_first` [B, T] (it starts
     # its episode) and `is_last` [B, T] (it ends its episode: done or
-    # truncated, as the writer said). None for a batch of items.
+    # truncated, as the writer said), `mask` [B, T] (a real step; False for
+    # the rows that pad a short slice, on a table with slice_pad: they
+    # repeat the slice's last step, with is_first and is_last False). None
+    # for a batch of items.
     step_keys: np.ndarray | None = None
     positions: np.ndarray | None = None
     is_first: np.ndarray | None = None
     is_last: np.ndarray | None = None
+    mask: np.ndarray | None = None
 
     def clone(self) -> Batch:
         """A copy that stays valid after the learner reuses its buffer (on the
@@ -52,7 +56,8 @@ class Batch:
         else:
             data = _copy(self.data)
         copies = [None if a is None else a.copy() for a in (
-            self.weights, self.step_keys, self.positions, self.is_first, self.is_last)]
+            self.weights, self.step_keys, self.positions, self.is_first, self.is_last,
+            self.mask)]
         return Batch(data, self.keys.copy(), self.probabilities.copy(), self.table_size,
                      *copies)
 

@@ -45,7 +45,7 @@ from ... import metrics
 from ..._native_loader import _native
 from ...config import am_samples_enabled, local_map_default
 from ...errors import ConfigError, DistoreError, NoData, RateLimiterTimeout
-from ...protocol import ITEM_LOCATION, check_reply
+from ...protocol import ITEM_LOCATION, STEP_LAST, STEP_PAD, check_reply
 from ...spec import SLOT_HEADER
 from ...transport import capabilities
 from ..lifecycle import ensure_open, mark_closed
@@ -358,7 +358,7 @@ class Learner:
         """A batch of rows as the caller sees a batch of slices: fields
         [B, T, ...] (views, still one C-contiguous array each), the slices'
         keys, probabilities and weights (their start steps'), and per step
-        its key, position and episode markers."""
+        its key, position, episode markers and mask (not a padding row)."""
         t, b = self.slice_len, self.batch_size
         data = rows.data
         if isinstance(data, dict):
@@ -366,11 +366,13 @@ class Learner:
         else:
             data = data.reshape(b, t, *data.shape[1:])
         positions, flags = self._steps[slot]
+        positions, flags = positions.reshape(b, t), flags.reshape(b, t)
         step_keys = rows.keys.reshape(b, t)
+        mask = (flags & STEP_PAD) == 0
         return Batch(data, step_keys[:, 0].copy(), rows.probabilities[::t].copy(),
                      rows.table_size, None if rows.weights is None else rows.weights[::t].copy(),
-                     step_keys.copy(), positions.reshape(b, t).copy(),
-                     positions.reshape(b, t) == 0, (flags.reshape(b, t) & 1).astype(bool))
+                     step_keys.copy(), positions.copy(), (positions == 0) & mask,
+                     ((flags & STEP_LAST) != 0) & mask, mask)
 
     def _sample(self, wait: float, hold: bool = False) -> tuple[int, Batch]:
         """Sample and read one batch into the next ring slot: (slot, batch).

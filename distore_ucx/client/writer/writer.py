@@ -69,6 +69,7 @@ from ...config import (
     local_map_default,
 )
 from ...errors import ConfigError
+from ...protocol import STEP_LAST
 from ...transport.runtime import close_at_exit
 from ..lifecycle import ensure_open
 from .connections import Connections
@@ -381,9 +382,6 @@ def _per_step(value, n: int, dtype, what: str) -> np.ndarray:
         raise ValueError(f"append: {what} must be a scalar or one value per step ({n}), "
                          f"got shape {a.shape}")
     return np.broadcast_to(a.astype(dtype, copy=False), (n,))
-
-
-STEP_LAST = 1  # step flags: the step ends its episode (protocol.STEP_FLAGS)
 
 
 def _steps(keys: np.ndarray, env: np.ndarray, done: np.ndarray,
