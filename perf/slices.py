@@ -15,7 +15,8 @@ with ``--scale N1,N2`` (steps), the p50 of one slice sample (32 slices of 8 smal
 at each table size, to show that drawing a slice does not grow with the table
 (``--scale 10000,10000000``: about a minute and 1 GiB of arena at 10^7 steps).
 ``--torchrl`` adds TorchRL's in-process ``SliceSampler`` on a LazyTensorStorage of the
-same steps and sizes, sampled the same way, for reference.
+same steps and sizes, sampled the same way, for reference, and the same sampler on a
+``DistoreReplayBuffer`` (``rb.sample()``: the flat TensorDict of 32 slices of 8).
 
 Every slice sampled is checked: its steps are consecutive positions of one episode
 (exit 1 otherwise). Arena bytes per stored step are printed for both shapes (a step
@@ -145,6 +146,7 @@ def run_scale(args, ds, out: JsonLines) -> list[dict]:
                  "p99_ms": 1e3 * float(np.quantile(lat, 0.99)), "ok": ok}
             if args.torchrl:
                 r["torchrl_p50_ms"] = torchrl_p50(n, args.seconds)
+                r["distore_torchrl_p50_ms"] = distore_torchrl_p50(cluster, n, args.seconds)
             out.write(r)
             rows.append(r)
     return rows
@@ -154,8 +156,6 @@ def torchrl_p50(n: int, seconds: float) -> float | None:
     """TorchRL's in-process SliceSampler over n steps in episodes of 100: p50 of
     sampling 32 slices of 8."""
     try:
-        import torch
-        from tensordict import TensorDict
         from torchrl.data import LazyTensorStorage, ReplayBuffer
         from torchrl.data.replay_buffers import SliceSampler
     except ImportError as exc:
@@ -163,8 +163,7 @@ def torchrl_p50(n: int, seconds: float) -> float | None:
         return None
     rb = ReplayBuffer(storage=LazyTensorStorage(n), sampler=SliceSampler(slice_len=8,
                       traj_key="episode"), batch_size=32 * 8)
-    episode = torch.arange(n) // 100
-    rb.extend(TensorDict({"episode": episode, "obs": torch.zeros(n, 4)}, batch_size=[n]))
+    rb.extend(torchrl_steps(n))
     for _ in range(3):
         rb.sample()
     lat = []
@@ -173,6 +172,46 @@ def torchrl_p50(n: int, seconds: float) -> float | None:
         t0 = time.perf_counter()
         rb.sample()
         lat.append(time.perf_counter() - t0)
+    return 1e3 * float(np.median(lat))
+
+
+def torchrl_steps(n: int):
+    """n frames of TorchRL data in episodes of 100 (obs [4], episode, done)."""
+    import torch
+    from tensordict import TensorDict
+
+    episode = torch.arange(n) // 100
+    done = (torch.arange(n) % 100 == 99)[:, None]
+    return TensorDict({"episode": episode, "obs": torch.zeros(n, 4), ("next", "done"): done},
+                      batch_size=[n])
+
+
+def distore_torchrl_p50(cluster, n: int, seconds: float) -> float | None:
+    """A DistoreReplayBuffer with TorchRL's SliceSampler over n steps in
+    episodes of 100 (the same data as torchrl_p50's): p50 of rb.sample() of
+    32 slices of 8, flat TensorDict included."""
+    try:
+        from torchrl.data.replay_buffers import SliceSampler
+
+        from distore_ucx.torchrl import DistoreReplayBuffer
+    except ImportError as exc:
+        log(f"torchrl: not installed ({exc}); pip install '.[torchrl]'")
+        return None
+    with DistoreReplayBuffer(cluster.address, "torchrl", capacity=n, batch_size=32 * 8,
+                             sampler=SliceSampler(slice_len=8, traj_key="episode"),
+                             flush=False) as rb:
+        data = torchrl_steps(n)
+        for lo in range(0, n, 100_000):
+            rb.extend(data[lo:lo + 100_000])
+        rb.flush()
+        for _ in range(3):
+            rb.sample()
+        lat = []
+        end = time.monotonic() + seconds
+        while time.monotonic() < end:
+            t0 = time.perf_counter()
+            rb.sample()
+            lat.append(time.perf_counter() - t0)
     return 1e3 * float(np.median(lat))
 
 
@@ -213,10 +252,11 @@ def main(argv=None) -> int:
         rows = run_scale(args, ds, out)
         ok &= all(r["ok"] for r in rows)
         common.print_table(["steps", "valid starts", "control B/step", "p50 ms", "p99 ms",
-                            "torchrl p50 ms"],
+                            "TorchRL SliceSampler p50 ms", "same on a distore buffer p50 ms"],
                            [[str(r["steps"]), str(r["valid_starts"]),
                              fmt(r["control_bytes_per_step"], ".0f"), fmt(r["p50_ms"], ".2f"),
-                             fmt(r["p99_ms"], ".2f"), fmt(r.get("torchrl_p50_ms"), ".2f")]
+                             fmt(r["p99_ms"], ".2f"), fmt(r.get("torchrl_p50_ms"), ".2f"),
+                             fmt(r.get("distore_torchrl_p50_ms"), ".2f")]
                             for r in rows])
     return 0 if ok else 1
 

@@ -38,6 +38,11 @@ lists those left out and why):
   RuntimeError and a `ds.NoData`) at once, unless `sample_timeout=` asks to
   wait for actors.
 
+A slice sampler (`sampler=SliceSampler(...)` or `PrioritizedSliceSampler`,
+TorchRL's or this package's) makes the table a table of slices: frames are
+steps of their trajectories and samples are TorchRL's flat slice batches
+(`slices`: what is kept, what differs from TorchRL's samplers).
+
 The table is created from the first TensorDict's keys, per-item shapes and
 dtypes when it does not exist (pass `capacity=`; or give `spec=`); an
 existing table is used as it is, and data that does not match it is refused
@@ -49,7 +54,8 @@ The package's modules, one concept each: `buffer` (the two buffer classes:
 their options, TorchRL's attributes, lifetime), `writer` (`extend`, `add`,
 `flush`: TensorDicts into the table), `sampler` (`sample` and iteration over
 the learners behind them), `priorities` (priorities read from data and
-updated), `table` (creating or opening the buffer's table and checking it
+updated), `slices` (slice samplers: trajectories in, flat slices out),
+`table` (creating or opening the buffer's table and checking it
 against the data and the options), `conversion` (TensorDict keys, specs and
 tensors as a table's fields, specs and arrays), `errors` (the errors TorchRL
 code catches). Import their names from here.
@@ -71,7 +77,8 @@ except ImportError as _exc:  # say what to install, not just what is missing
 from .buffer import DistorePrioritizedReplayBuffer, DistoreReplayBuffer
 from .conversion import INDEX_KEY, SEP, WEIGHT_KEYS, spec_of  # noqa: F401  (names the module had)
 from .errors import BatchSizeNotSet, EmptyTable
+from .slices import PrioritizedSliceSampler, SliceSampler
 from .priorities import REDUCTIONS  # noqa: F401  (a name the module had)
 
 __all__ = ["BatchSizeNotSet", "DistorePrioritizedReplayBuffer", "DistoreReplayBuffer", "EmptyTable",
-           "spec_of"]
+           "PrioritizedSliceSampler", "SliceSampler", "spec_of"]

@@ -19,6 +19,7 @@ from ..errors import ConfigError, TableNotFound
 from .conversion import INDEX_KEY, WEIGHT_KEYS, _key_tuple
 from .priorities import REDUCTIONS, Priorities
 from .sampler import Sampling
+from .slices import SliceOptions
 from .table import TableBinding
 from .writer import Writing
 
@@ -128,10 +129,14 @@ class DistoreReplayBuffer(Writing, Sampling, Priorities, TableBinding):
         self._client = client
         self.table = table
         self._batch_size = batch_size
-        self.capacity = capacity
         self._table_options = {"sampler": sampler, "remover": remover,
                                "rate_limiter": rate_limiter,
                                "max_times_sampled": max_times_sampled}
+        # A slice sampler (slices.py): a table of steps sampled as slices.
+        self._slices = SliceOptions.from_sampler(sampler)
+        if self._slices is not None:
+            beta, capacity = self._slice_table(sampler, batch_size, beta, capacity)
+        self.capacity = capacity
         self.ndim = ndim
         self.device = torch.device(device)
         self.sample_timeout = float(sample_timeout)
@@ -164,6 +169,22 @@ class DistoreReplayBuffer(Writing, Sampling, Priorities, TableBinding):
             if self._owns_client:
                 client.close()
             raise
+
+    def _slice_table(self, sampler: Any, batch_size: int | None, beta: float | None,
+                     capacity: int | None) -> tuple[float | None, int | None]:
+        """The table options of a slice sampler's buffer (a table of slices,
+        prioritized when the sampler or this buffer is); returns the beta
+        and capacity to use (the sampler's when the buffer has none)."""
+        import distore_ucx as ds
+
+        s = self._slices
+        alpha = s.alpha if s.alpha is not None else getattr(self, "alpha", None)
+        self._table_options.update(
+            sampler=None if alpha is None else ds.Prioritized(alpha=alpha),
+            slice_len=s.table_slice_len(batch_size), slice_pad=s.slice_pad)
+        if capacity is None:
+            capacity = getattr(sampler, "max_capacity", None)
+        return (s.beta if beta is None else beta), capacity
 
     # -- TorchRL's attributes ----------------------------------------------
     @property

@@ -23,6 +23,7 @@ from tensordict import TensorDict, TensorDictBase
 from ..errors import NoData
 from .conversion import INDEX_KEY, WEIGHT_KEYS, _expand
 from .errors import BatchSizeNotSet, EmptyTable
+from .slices import flat_sample
 
 
 class Sampling:
@@ -45,7 +46,12 @@ class Sampling:
                 "batch_size not specified: pass it to sample() or to the buffer's constructor "
                 "(batch_size=)"
             )
-        learner = self._learner(n)
+        slices = self._slices
+        if slices is not None:  # a slice sampler's buffer: n frames, n // T slices
+            t = self._table_options["slice_len"]
+            learner = self._learner(slices.slices_in(n, t))
+        else:
+            learner = self._learner(n)
         try:
             batch = learner.sample(timeout=self.sample_timeout)
         except NoData as exc:
@@ -56,7 +62,7 @@ class Sampling:
             ) from None
         fields = self._fields
         item_batch = self._item_batch or ()
-        shape = [n, *item_batch]
+        shape = [len(batch.keys), t] if slices is not None else [n, *item_batch]
         td = TensorDict(batch_size=shape, device=self.device)
         for name, value in batch.data.items():  # once per field, never per item
             if isinstance(value, np.ndarray):
@@ -64,6 +70,16 @@ class Sampling:
                 # ring) alive the ordinary way, also at interpreter exit.
                 value = torch.from_numpy(value)
             td.set(fields[name][0], value.clone() if self.clone else value)
+        if slices is not None:
+            weights = None if batch.weights is None else torch.from_numpy(
+                batch.weights.astype(np.float32))
+            td = flat_sample(slices, td, batch.mask, batch.step_keys, weights, WEIGHT_KEYS,
+                             INDEX_KEY)
+            info = {INDEX_KEY: td.get(INDEX_KEY)}
+            for key in WEIGHT_KEYS:
+                if key in td.keys():
+                    info[key] = td.get(key)
+            return (td, info) if return_info else td
         index = torch.from_numpy(batch.keys.view(np.int64)).to(self.device)
         info = {INDEX_KEY: index}
         td.set(INDEX_KEY, _expand(index, shape))

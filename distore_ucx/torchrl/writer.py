@@ -21,6 +21,7 @@ from tensordict import TensorDictBase
 
 from ..errors import SpecMismatch
 from .conversion import INDEX_KEY, _check_batch, _field_name, _key_tuple, _leaves, _numpy_dtype
+from .slices import steps_of, traj_key_of
 
 
 class Writing:
@@ -37,6 +38,8 @@ class Writing:
         they evicted are gone from every later sample of this buffer.
         """
         self._ensure_open()
+        if self._slices is not None:
+            return self._extend_steps(data, update_priority)
         _check_batch(data, self.ndim)
         lead = tuple(data.batch_size[:self.ndim])
         items = data.flatten(0, self.ndim - 1) if self.ndim > 1 else data
@@ -65,6 +68,40 @@ class Writing:
         if self._writer is None:
             self._writer = self._client.writer(**self._writer_options)
         keys = self._writer.insert(self.table, arrays, priority=prio)
+        if self.flush_each_extend:
+            self._writer.flush()
+        self._write_count += n
+        index = torch.from_numpy(keys.view(np.int64)).reshape(lead)
+        if not data.is_locked:
+            self._set_index(data, index)
+        return index
+
+    def _extend_steps(self, data: TensorDictBase, update_priority: bool | None) -> torch.Tensor:
+        """extend() of a slice sampler's buffer: every frame (all batch
+        dimensions flattened) is a step of its trajectory, appended with one
+        `writer.append` (slices.py says how trajectories and ends are found)."""
+        _check_batch(data, 1)
+        lead = tuple(data.batch_size)
+        frames = data.reshape(-1)
+        n = frames.batch_size[0]
+        if n == 0:
+            return torch.zeros(lead, dtype=torch.long)
+        if self._fields is None:
+            self._create(frames, items=True)
+        self._item_batch = ()
+        traj_key = traj_key_of(self._slices, frames)
+        env, done = steps_of(self._slices, frames, traj_key)
+        arrays = self._arrays(frames)
+        prio = None
+        if update_priority is not False:
+            p = frames.get(self.priority_key, None)
+            if p is not None:
+                prio = self._priorities(p, n)
+        if prio is None:
+            prio = float(self._fill_priority())
+        if self._writer is None:
+            self._writer = self._client.writer(**self._writer_options)
+        keys = self._writer.append(self.table, arrays, env=env, done=done, priority=prio)
         if self.flush_each_extend:
             self._writer.flush()
         self._write_count += n
