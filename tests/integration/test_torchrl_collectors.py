@@ -27,6 +27,20 @@ def cluster(make_cluster):
     return make_cluster(nodes=1, heartbeat_timeout=30.0)
 
 
+@pytest.fixture
+def start_method(request):
+    """The multiprocessing start method TorchRL's collectors use (they take
+    the global one), restored after the test. Fork starts a worker in a
+    fraction of a second, spawn (TorchRL's default) in seconds on 2 busy
+    cores: the frame-heavy tests fork, one test spawns."""
+    import multiprocessing as mp
+
+    before = mp.get_start_method(allow_none=True)
+    mp.set_start_method(request.param, force=True)
+    yield request.param
+    mp.set_start_method(before, force=True)
+
+
 def drain(rb) -> dict:
     """Every item of rb's table (a Fifo table whose items leave at their
     first sample), as numpy arrays by key; the table is empty after."""
@@ -70,10 +84,12 @@ def check_frames(got: dict, *, whole_episodes: bool = False) -> dict:
     return dict(zip(uids.tolist(), counts.tolist()))
 
 
-def test_four_workers_over_parallel_envs_store_every_frame_once(cluster):
+@pytest.mark.parametrize("start_method", ["fork"], indirect=True)
+def test_four_workers_over_parallel_envs_store_every_frame_once(cluster, start_method):
     """The issue's case: MultiSyncCollector, 4 workers, each over
     ParallelEnv(2) (of 10-lane envs: frames are cheap, the processes are
-    the same), 20,000 frames into one buffer the workers extend themselves."""
+    the same), 20,000 frames into one buffer the workers extend themselves
+    (forked: each worker's copy of the buffer turns into a handle)."""
     from torchrl.collectors import MultiSyncCollector
     from torchrl.envs import ParallelEnv
 
@@ -98,20 +114,21 @@ def test_four_workers_over_parallel_envs_store_every_frame_once(cluster):
     assert len(lanes) == 80 and set(lanes.values()) == {250}  # 8 envs x 10 lanes, 5 x 50 steps
 
 
-def test_async_collector_and_trajs_per_batch(cluster):
-    """MultiAsyncCollector (workers run on until shut down: at least
-    total_frames, the tail of a batch cut at shutdown is TorchRL's to drop)
-    and trajs_per_batch (workers write whole episodes, flat)."""
-    from torchrl.collectors import MultiAsyncCollector, MultiSyncCollector
+@pytest.mark.parametrize("start_method", ["spawn"], indirect=True)
+def test_async_collector_in_spawned_workers(cluster, start_method):
+    """MultiAsyncCollector with TorchRL's default start (each worker unpickles
+    the buffer): workers run on until shut down, so at least total_frames
+    (a batch cut at shutdown is TorchRL's to drop, never half stored)."""
+    from torchrl.collectors import MultiAsyncCollector
 
     import distore_ucx as ds
     from distore_ucx.torchrl import DistoreReplayBuffer
 
-    make_env = functools.partial(kids.CountingEnv, 8)
     with DistoreReplayBuffer(cluster.address, "async", capacity=10_000, ndim=2,
                              sampler=ds.Fifo(), max_times_sampled=1) as rb:
-        collector = MultiAsyncCollector([make_env] * 2, None, frames_per_batch=400,
-                                        total_frames=2000, replay_buffer=rb)
+        collector = MultiAsyncCollector([functools.partial(kids.CountingEnv, 8)] * 2, None,
+                                        frames_per_batch=400, total_frames=2000,
+                                        replay_buffer=rb)
         try:
             for _ in collector:
                 pass
@@ -122,12 +139,21 @@ def test_async_collector_and_trajs_per_batch(cluster):
         lanes = check_frames(drain(rb))
         assert len(lanes) == 16 and sum(lanes.values()) == stored
 
-    # ndim=1 and flat [steps] trajectories: every step one item.
+
+@pytest.mark.parametrize("start_method", ["fork"], indirect=True)
+def test_trajs_per_batch_stores_whole_episodes(cluster, start_method):
+    """trajs_per_batch: each worker writes whole episodes, flat [steps]
+    (ndim=1: every step one item), one extend an episode."""
+    from torchrl.collectors import MultiSyncCollector
+
+    import distore_ucx as ds
+    from distore_ucx.torchrl import DistoreReplayBuffer
+
     with DistoreReplayBuffer(cluster.address, "trajs", capacity=10_000,
                              sampler=ds.Fifo(), max_times_sampled=1) as rb:
-        collector = MultiSyncCollector([make_env] * 2, None, frames_per_batch=400,
-                                       total_frames=2000, trajs_per_batch=4,
-                                       replay_buffer=rb)
+        collector = MultiSyncCollector([functools.partial(kids.CountingEnv, 8)] * 2, None,
+                                       frames_per_batch=400, total_frames=2000,
+                                       trajs_per_batch=4, replay_buffer=rb)
         try:
             for _ in collector:
                 pass
