@@ -77,8 +77,8 @@ except ImportError as _exc:  # say what to install, not just what is missing
 from .buffer import DistorePrioritizedReplayBuffer, DistoreReplayBuffer
 from .conversion import INDEX_KEY, SEP, WEIGHT_KEYS, spec_of  # noqa: F401  (names the module had)
 from .errors import BatchSizeNotSet, EmptyTable
-from .slices import PrioritizedSliceSampler, SliceSampler
 from .priorities import REDUCTIONS  # noqa: F401  (a name the module had)
+from .slices import PrioritizedSliceSampler, SliceSampler
 
 __all__ = ["BatchSizeNotSet", "DistorePrioritizedReplayBuffer", "DistoreReplayBuffer", "EmptyTable",
            "PrioritizedSliceSampler", "SliceSampler", "spec_of"]

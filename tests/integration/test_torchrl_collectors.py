@@ -85,22 +85,29 @@ def check_frames(got: dict, *, whole_episodes: bool = False) -> dict:
 
 
 @pytest.mark.parametrize("start_method", ["fork"], indirect=True)
-def test_four_workers_over_parallel_envs_store_every_frame_once(cluster, start_method):
+@pytest.mark.parametrize("kind", ["items", "slices"])
+def test_four_workers_over_parallel_envs_store_every_frame_once(cluster, start_method, kind):
     """The issue's case: MultiSyncCollector, 4 workers, each over
     ParallelEnv(2) (of 10-lane envs: frames are cheap, the processes are
     the same), 20,000 frames into one buffer the workers extend themselves
-    (forked: each worker's copy of the buffer turns into a handle)."""
+    (forked: each worker's copy of the buffer turns into a handle). Items:
+    every frame once, drained and checked. Slices (a SliceSampler buffer,
+    trajectories by the collector's traj_ids): every slice is consecutive
+    steps of one lane's episode, also across the workers' batch seams."""
     from torchrl.collectors import MultiSyncCollector
     from torchrl.envs import ParallelEnv
 
     import distore_ucx as ds
-    from distore_ucx.torchrl import DistoreReplayBuffer
+    from distore_ucx.torchrl import DistoreReplayBuffer, SliceSampler
 
     # Each worker's rollout is [2 envs, 10 lanes, 50 steps]: ndim=3 stores frames.
     make_env = functools.partial(ParallelEnv, 2, functools.partial(kids.CountingEnv, 10),
                                  mp_start_method="fork")
-    with DistoreReplayBuffer(cluster.address, "frames", capacity=25_000, ndim=3,
-                             sampler=ds.Fifo(), max_times_sampled=1) as rb:
+    if kind == "items":
+        options = {"ndim": 3, "sampler": ds.Fifo(), "max_times_sampled": 1}
+    else:
+        options = {"sampler": SliceSampler(slice_len=8), "batch_size": 8 * 64}
+    with DistoreReplayBuffer(cluster.address, kind, capacity=25_000, **options) as rb:
         collector = MultiSyncCollector([make_env] * 4, None, frames_per_batch=4000,
                                        total_frames=20_000, replay_buffer=rb)
         try:
@@ -110,8 +117,20 @@ def test_four_workers_over_parallel_envs_store_every_frame_once(cluster, start_m
         assert batches == 5 and rb.shared  # the collector shared it
         # The workers' inserts, counted in the parent, which inserted none.
         assert rb.write_count == 20_000 and len(rb) == 20_000
-        lanes = check_frames(drain(rb))
-    assert len(lanes) == 80 and set(lanes.values()) == {250}  # 8 envs x 10 lanes, 5 x 50 steps
+        if kind == "items":
+            lanes = check_frames(drain(rb))
+            assert len(lanes) == 80 and set(lanes.values()) == {250}  # 8 envs x 10 lanes
+            return
+        for _ in range(4):
+            td = rb.sample().reshape(64, 8)
+            obs, nxt = td["obs"], td["next", "obs"]
+            assert (obs[:, :, :2] == obs[:, :1, :2]).all(), "a slice mixes episodes"
+            assert (obs[:, 1:, 2] == obs[:, :-1, 2] + 1).all(), "a slice skips steps"
+            assert (nxt[..., 2] == obs[..., 2] + 1).all() and (nxt[..., :2] == obs[..., :2]).all()
+            truncated = td["next", "truncated"].squeeze(-1)
+            assert truncated[:, -1].all() and not truncated[:, :-1].any()
+            # The collector's trajectory id is the episode's, in every step.
+            assert (td["collector", "traj_ids"] == td["collector", "traj_ids"][:, :1]).all()
 
 
 @pytest.mark.parametrize("start_method", ["spawn"], indirect=True)
