@@ -14,7 +14,7 @@ import numpy as np
 
 from .. import rate_limiters as _rate_limiters
 from .. import selectors as _selectors
-from ..config import read_token, rendezvous_config, ucx_tls
+from ..config import read_token, rendezvous_config, token_path, ucx_tls
 from ..errors import CapacityWarning, ConfigError
 from ..protocol import MAX_SAMPLE, parse_reply
 from ..rate_limiters import RateLimiter
@@ -50,7 +50,8 @@ class Client:
     def __init__(self, address: str, timeout: float = 30.0, token_file: str | None = None):
         self.address = address
         self.timeout = timeout
-        self.token = read_token(token_file)
+        self.token_file = token_path(token_file)  # what it read: others can connect as it did
+        self.token = read_token(self.token_file)
         # Control-plane connections come back by themselves after a restart.
         self._rpc = rpc.RpcClient(address, timeout, token=self.token, reconnect=timeout,
                                   expect="control plane")

@@ -22,7 +22,7 @@ The package, one concept a module:
 """
 
 from ..table_definition import TableProblems
-from .auth import MIN_TOKEN_BYTES, read_token
+from .auth import MIN_TOKEN_BYTES, read_token, token_path
 from .checks import check_exposure, check_file, is_loopback
 from .environment import (
     AM_MIN_ITEM_BYTES,
@@ -59,7 +59,7 @@ __all__ = [
     "SETTINGS", "Problem", "resolve", "load_file", "check_file", "parse_size", "settings_table",
     "TableProblems", "check_exposure", "is_loopback",
     "BY_NAME", "SECTIONS", "METRICS_PORT_CONTROL", "METRICS_PORT_NODE",
-    "MIN_TOKEN_BYTES", "read_token",
+    "MIN_TOKEN_BYTES", "read_token", "token_path",
     "AM_MIN_ITEM_BYTES", "am_insert_runs_enabled", "am_inserts_enabled", "am_min_item_bytes",
     "am_samples_enabled",
     "disk_bounce",

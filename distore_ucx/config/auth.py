@@ -15,6 +15,13 @@ log = logging.getLogger(__package__)
 MIN_TOKEN_BYTES = 16
 
 
+def token_path(path: str | None) -> str | None:
+    """The token file a connection reads: `path`, else $DISTORE_TOKEN_FILE,
+    else None (no token). A client remembers it, so that what it hands to
+    other processes (a pickled replay buffer) names the file it read."""
+    return path or os.environ.get("DISTORE_TOKEN_FILE") or None
+
+
 def read_token(path: str | None) -> bytes | None:
     """The shared secret in `path` (or in $DISTORE_TOKEN_FILE when path is
     None); None when neither is set. Surrounding whitespace is ignored.
@@ -27,7 +34,7 @@ def read_token(path: str | None) -> bytes | None:
     when the file is readable or writable by its group or by others: anyone
     who can read the token can join the store.
     """
-    path = path or os.environ.get("DISTORE_TOKEN_FILE") or None
+    path = token_path(path)
     if path is None:
         return None
     try:

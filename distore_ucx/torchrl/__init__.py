@@ -43,6 +43,27 @@ TorchRL's or this package's) makes the table a table of slices: frames are
 steps of their trajectories and samples are TorchRL's flat slice batches
 (`slices`: what is kept, what differs from TorchRL's samplers).
 
+Other processes (`handle`): a buffer pickles to a handle (control-plane
+address, table, its client's token file and timeout, the constructor's
+keyword arguments, its counters) that connects where it is unpickled, at
+its first use, with a client and writer of its own, which its `close()`
+closes. TorchRL's multi-process collectors (`MultiSyncCollector` /
+`MultiAsyncCollector(..., replay_buffer=rb)`, with `ParallelEnv`s in the
+workers, with `trajs_per_batch`) hand it to every worker, which extends it
+itself: no lock (the store orders inserts), each frame stored once, each
+trajectory whole (the collector's traj ids). Spawn, forkserver and fork all
+work (after a fork, the child's copies of open buffers are handles: the
+parent's connections are never shared). Collectors call `rb.share()`: a
+shared buffer's `write_count` counts every process's inserts, so their
+`init_random_frames` counts the workers' frames; `rb._storage` tells them
+the storage is initialized (they never write a fake batch into the table,
+nor empty it). `state_dict()` holds the table's name, the options,
+`write_count`, the largest priority and `beta`, never the items: those are
+the store's, and keeping them is the store's checkpoint
+(`client.checkpoint()`). `load_state_dict()` restores the counters into a
+buffer of the same table; `dumps(path)` / `loads(path)` write and read them
+as JSON in the folder `path`.
+
 The table is created from the first TensorDict's keys, per-item shapes and
 dtypes when it does not exist (pass `capacity=`; or give `spec=`); an
 existing table is used as it is, and data that does not match it is refused
@@ -55,6 +76,8 @@ their options, TorchRL's attributes, lifetime), `writer` (`extend`, `add`,
 `flush`: TensorDicts into the table), `sampler` (`sample` and iteration over
 the learners behind them), `priorities` (priorities read from data and
 updated), `slices` (slice samplers: trajectories in, flat slices out),
+`handle` (pickling, `share()`, `state_dict()`: the buffer outside its
+process),
 `table` (creating or opening the buffer's table and checking it
 against the data and the options), `conversion` (TensorDict keys, specs and
 tensors as a table's fields, specs and arrays), `errors` (the errors TorchRL
@@ -77,8 +100,8 @@ except ImportError as _exc:  # say what to install, not just what is missing
 from .buffer import DistorePrioritizedReplayBuffer, DistoreReplayBuffer
 from .conversion import INDEX_KEY, SEP, WEIGHT_KEYS, spec_of  # noqa: F401  (names the module had)
 from .errors import BatchSizeNotSet, EmptyTable
-from .slices import PrioritizedSliceSampler, SliceSampler
 from .priorities import REDUCTIONS  # noqa: F401  (a name the module had)
+from .slices import PrioritizedSliceSampler, SliceSampler
 
 __all__ = ["BatchSizeNotSet", "DistorePrioritizedReplayBuffer", "DistoreReplayBuffer", "EmptyTable",
            "PrioritizedSliceSampler", "SliceSampler", "spec_of"]

@@ -4,7 +4,8 @@ A buffer holds its options and state and TorchRL's attributes (`batch_size`,
 `write_count`, `beta`, `len`), and owns its writer, learners and (when it
 connected it) its client; what it does is in the modules of its parts:
 `Writing` (writer.py), `Sampling` (sampler.py), `Priorities`
-(priorities.py) and `TableBinding` (table.py).
+(priorities.py), `TableBinding` (table.py) and `Sharing` (handle.py:
+pickling, `share()`, `state_dict()`).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import torch
 
 from ..errors import ConfigError, TableNotFound
 from .conversion import INDEX_KEY, WEIGHT_KEYS, _key_tuple
+from .handle import Sharing, records_options
 from .priorities import REDUCTIONS, Priorities
 from .sampler import Sampling
 from .slices import SliceOptions
@@ -24,7 +26,7 @@ from .table import TableBinding
 from .writer import Writing
 
 
-class DistoreReplayBuffer(Writing, Sampling, Priorities, TableBinding):
+class DistoreReplayBuffer(Writing, Sampling, Priorities, TableBinding, Sharing):
     """A TorchRL-style replay buffer (as `TensorDictReplayBuffer`) whose items
     live in the distore table `table`.
 
@@ -72,12 +74,19 @@ class DistoreReplayBuffer(Writing, Sampling, Priorities, TableBinding):
     `index` and the weight keys. `writer_options` and `learner_options` go
     to `client.writer()` and `client.learner()`.
 
+    Other processes: the buffer pickles to a handle (address, table, token
+    file, these options) that connects there at its first use, with its
+    own client, so multi-process collectors (`MultiSyncCollector(...,
+    replay_buffer=rb)`) write into it from each worker; `state_dict()`
+    keeps the options and counters, not the items (see handle.py).
+
     >>> with DistoreReplayBuffer(cluster.address, "replay", capacity=10_000,
     ...                          batch_size=64) as rb:
     ...     rb.extend(collector_batch)     # a TensorDict, batch size [n]
     ...     td = rb.sample()               # TensorDict, batch size [64], with "index"
     """
 
+    @records_options
     def __init__(
         self,
         client: Any,
@@ -158,6 +167,7 @@ class DistoreReplayBuffer(Writing, Sampling, Priorities, TableBinding):
         self._item_batch: tuple[int, ...] | None = None  # an item's own batch dims, once known
         self._max_priority = 1.0
         self._write_count = 0
+        self._write_base: int | None = None  # set by share(): count every process's inserts
         self._closed = False
         self._meta = {_key_tuple(k) for k in (INDEX_KEY, *WEIGHT_KEYS, *exclude_keys)}
         try:
@@ -194,7 +204,10 @@ class DistoreReplayBuffer(Writing, Sampling, Priorities, TableBinding):
 
     @property
     def write_count(self) -> int:
-        """Items this buffer has inserted (TorchRL collectors read it)."""
+        """Items this buffer has inserted; once `shared`, items every process
+        sharing it inserted (TorchRL collectors read it)."""
+        if self._write_base is not None:
+            return self._shared_write_count()
         return self._write_count
 
     @property
@@ -226,7 +239,7 @@ class DistoreReplayBuffer(Writing, Sampling, Priorities, TableBinding):
     def close(self) -> None:
         """Flush and close the writer, close the learners (and the client, when
         the buffer connected it itself)."""
-        if self._closed:
+        if self._close_pending() or self._closed:
             return
         self._closed = True
         errors = []
@@ -271,6 +284,7 @@ class DistorePrioritizedReplayBuffer(DistoreReplayBuffer):
     >>> rb.update_tensordict_priority(td)
     """
 
+    @records_options
     def __init__(self, client: Any, table: str, *, alpha: float, beta: float,
                  eps: float = 1e-8, priority_key: str | tuple[str, ...] = "td_error",
                  **kwargs: Any):

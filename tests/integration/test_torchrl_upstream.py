@@ -57,10 +57,16 @@ Left out, and why:
   td": td2.set_ then sample): TorchRL's ListStorage keeps references to the
   caller's tensors, so writing into the extended TensorDict changes what the
   buffer holds; a store keeps copies.
-- State dicts, dumps/loads, pickling, prefetch threads, transforms, RNG state,
-  consumption (ConsumingSampler), sample units, slice samplers, checkpointing,
-  CUDA segment trees: TorchRL machinery with no distore counterpart (the
-  distore table checkpoints on the control plane).
+- State dicts, dumps/loads and pickling as TorchRL tests them: they compare
+  the storage's contents after a round trip, and a distore buffer's state is
+  its counters and options, not the items (the table checkpoints on the
+  control plane); tests/integration/test_torchrl_collectors.py tests what
+  they keep, in spawned and forked processes.
+- Prefetch threads, transforms, RNG state, consumption (ConsumingSampler),
+  sample units, checkpointing, CUDA segment trees: TorchRL machinery with no
+  distore counterpart.
+- Slice samplers: not ported here yet (tests/integration/test_torchrl_slices.py
+  tests distore's).
 """
 
 from __future__ import annotations
