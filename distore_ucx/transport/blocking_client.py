@@ -22,13 +22,11 @@ from typing import Any
 from .. import errors, protocol
 from . import auth
 from .address import parse_address
+from .auth import PROBE_AFTER
 from .frames import recv_frame, send_frame
 
 __all__ = ["PROBE_AFTER", "RpcClient"]
 
-# Seconds a client waits for a greeting before asking the silent peer whether
-# it is an HTTP server (a metrics port given as the control plane's address).
-PROBE_AFTER = 1.0
 
 log = logging.getLogger(__name__)
 

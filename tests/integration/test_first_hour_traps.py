@@ -394,6 +394,58 @@ def test_a_node_whose_control_plane_never_comes_exits_saying_so(tmp_path):
     assert "within 1 s; node" in out.stderr and "Traceback" not in out.stderr
 
 
+def _node_at(address: str, *flags: str):
+    start = time.monotonic()
+    out = run_cli("node", "--control", address, "--arena", "4MiB", "--no-hugepages",
+                  "--metrics-port", "0", *flags,
+                  env=dict(os.environ, UCX_TLS="tcp", UCX_NET_DEVICES="lo"))
+    return out, time.monotonic() - start
+
+
+def test_a_node_given_an_http_port_says_so_at_once():
+    # Issue 51: silent for 10 s, then "no valid greeting ...: " with no reason,
+    # retried until the reconnect window ended.
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Quiet)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        out, took = _node_at(f"127.0.0.1:{server.server_address[1]}",
+                             "--reconnect-timeout", "60")
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert out.returncode == 2, out.stderr
+    assert ("is an HTTP server (a /metrics port?), not a control plane: use the control "
+            "plane's address") in out.stderr
+    assert "tries to join" not in out.stderr and "Traceback" not in out.stderr
+    assert took < 15, took  # the probe answers after 1 s; the rest is the node's start
+
+
+def test_a_node_given_a_storage_node_port_says_use_the_control_plane(store):
+    # Issue 51: "does not serve 'register_node': is the peer a distore-ucx
+    # client of the same version?"
+    out, _ = _node_at(store.nodes[0].info["address"])
+    assert out.returncode == 2, out.stderr
+    assert ("is a storage node, not a control plane: use the control plane's address"
+            in out.stderr), out.stderr
+    assert "does not serve" not in out.stderr and "Traceback" not in out.stderr
+
+
+def test_a_node_at_a_silent_peer_exits_when_its_window_ends():
+    # Something listens but never greets (and is no HTTP server): the node
+    # tries for --reconnect-timeout s, not 10 s per attempt beyond it
+    # (issue 51: 20.5 s with --reconnect-timeout 8).
+    listener = socket.create_server(("127.0.0.1", 0))  # accepts nothing: silent
+    try:
+        out, took = _node_at(f"127.0.0.1:{listener.getsockname()[1]}",
+                             "--reconnect-timeout", "3")
+    finally:
+        listener.close()
+    assert out.returncode == 3, out.stderr
+    assert "sent no greeting" in out.stderr and "within 3 s; node" in out.stderr
+    assert took < 3 + 6, took  # the window and the node's start (was 20 s)
+
+
 # -- 11. small inconsistencies -------------------------------------------------------------
 
 def test_status_says_the_pages_the_node_log_says(tmp_path):
