@@ -226,7 +226,8 @@ def main(argv: list[str] | None = None) -> int:
     except DistoreError as exc:
         print(f"distore {args.command}: {exc}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
+    except KeyboardInterrupt:  # ^C: one line, no traceback
+        print(f"distore {args.command}: interrupted", file=sys.stderr)
         return 130
     except BrokenPipeError:
         # The reader went away (distore config show | head): stop quietly, as
