@@ -23,7 +23,7 @@ from ..spec import TableSpec
 from ..table_definition import TableDefinition
 from ..transport import rpc
 from .learner import Learner
-from .lifecycle import ensure_open
+from .lifecycle import close_on_exit, ensure_open
 from .writer import Writer
 
 log = logging.getLogger(__name__)
@@ -259,8 +259,8 @@ class Client:
     def __enter__(self) -> Client:
         return self
 
-    def __exit__(self, *exc) -> None:
-        self.close()
+    def __exit__(self, exc_type, *exc) -> None:
+        close_on_exit(self, "client", exc_type)
 
 
 # Clients that made a UCX runtime. At interpreter exit, before the runtimes

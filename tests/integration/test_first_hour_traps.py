@@ -98,6 +98,65 @@ def test_ctrl_c_on_a_local_cluster_script_exits_at_once():
     assert not os.path.exists(log_dir)  # the cluster's folder went with it
 
 
+# Worker processes that catch ^C as the README says, writing flat out: the
+# store stops with the same ^C, so their writers' last flush fails.
+WORKERS = """
+import multiprocessing as mp, sys
+import numpy as np
+import distore_ucx as ds
+
+def actor(address, stop):
+    try:
+        with ds.connect(address) as client, client.writer(max_items=32) as w:
+            while not stop.is_set():
+                w.insert("t", np.zeros((32, 4096), np.uint8))
+    except KeyboardInterrupt:
+        pass  # the main process says it
+
+if __name__ == "__main__":
+    try:
+        with ds.LocalCluster(nodes=1, arena_bytes=64 << 20, log_level="WARNING") as cluster:
+            client = ds.connect(cluster.address)
+            client.create_table("t", capacity=10000, spec=((4096,), "uint8"))
+            ctx = mp.get_context("spawn")
+            stop = ctx.Event()
+            for _ in range(4):
+                ctx.Process(target=actor, args=(cluster.address, stop)).start()
+            learner = client.learner("t", batch_size=32)
+            while client.table_info("t")["size"] < 5000:  # the workers write flat out
+                learner.sample(timeout=60)
+            print("running", flush=True)
+            while True:
+                learner.sample(timeout=30)
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        sys.exit(130)
+"""
+
+
+def test_ctrl_c_on_a_script_with_worker_processes_is_one_line(tmp_path):
+    # Issue 51: six tracebacks. A writer closing on ^C (its `with` exit) raised
+    # ConnectionFailed over the KeyboardInterrupt, which the worker then could
+    # not catch, after warning "lost storage node ...; resending".
+    script = tmp_path / "workers.py"
+    script.write_text(WORKERS)
+    env = dict(os.environ, UCX_TLS="tcp", UCX_NET_DEVICES="lo")
+    proc = subprocess.Popen(
+        [sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        text=True, env=env, cwd=str(tmp_path), start_new_session=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    try:
+        assert proc.stdout.readline().strip() == "running", proc.stderr.read()
+        os.killpg(proc.pid, signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert proc.returncode == 130, err
+    assert err.strip().splitlines() == ["interrupted"], err
+
+
 # -- 2. a batch no sample request can carry ----------------------------------------
 
 def test_a_batch_size_beyond_the_protocol_limit_is_refused_at_creation(store):
