@@ -42,6 +42,7 @@ from .errors import (
     TableNotFound,
     Timeout,
     UcxError,
+    WrongPeer,
 )
 from .rate_limiters import MinSize, Queue, RateLimiter, SampleToInsertRatio
 from .selectors import Fifo, Lifo, MaxHeap, MinHeap, Prioritized, Selector, Uniform
@@ -107,6 +108,7 @@ __all__ = [
     "TableNotFound",
     "Timeout",
     "UcxError",
+    "WrongPeer",
     "AuthenticationFailed",
     "CheckpointError",
     "Closed",

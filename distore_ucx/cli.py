@@ -226,7 +226,8 @@ def main(argv: list[str] | None = None) -> int:
     except DistoreError as exc:
         print(f"distore {args.command}: {exc}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
+    except KeyboardInterrupt:  # ^C: one line, no traceback
+        print(f"distore {args.command}: interrupted", file=sys.stderr)
         return 130
     except BrokenPipeError:
         # The reader went away (distore config show | head): stop quietly, as
@@ -400,13 +401,18 @@ def _format_status(address: str, st: dict) -> str:
         out.append(f"{t['name'][:20]:<20} {t['size']:>10} {t['capacity']:>10} "
                    f"{rate(t.get('inserts_per_s')):>10} {rate(t.get('samples_per_s')):>10} "
                    f"{t['inserts']:>10} {t['samples']:>10} {t['deletes']:>10}")
+    out.extend(f"warning: {text}" for text in st.get("warnings") or ())
     return "\n".join(out)
 
 
 def _status(address: str, args, token_file: str | None = None) -> int:
-    from .client import connect
-    from .errors import ConnectionFailed, Timeout
+    import warnings
 
+    from .client import connect
+    from .errors import CapacityWarning, ConnectionFailed, Timeout
+
+    # The status's warnings are printed with it, as lines of its own.
+    warnings.simplefilter("ignore", CapacityWarning)
     stop = threading.Event()
     if args.watch:  # SIGTERM and ^C end the watch cleanly, at once
         for sig in (signal.SIGTERM, signal.SIGINT):

@@ -39,8 +39,13 @@ def checksum(obs: np.ndarray) -> np.ndarray:
 
 
 def _writer(address: str, rate: float, stop, counter, errors) -> None:
+    import signal
+
     import distore_ucx as ds
 
+    # A terminal's ^C reaches the whole process group: the parent stops this
+    # process (`stop`, then SIGTERM), which must not print a traceback of its own.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
         with ds.connect(address) as client:
             writer = client.writer(max_items=WRITE_BATCH)
@@ -138,78 +143,145 @@ def run_demo(args) -> int:
               f"UCX_TLS={client.runtime.transports}; {item_bytes}-byte items, batches of "
               f"{args.batch_size}", file=out, flush=True)
         learner.sample(timeout=60)  # first data
-        latencies, bad_key, bad_sum, sampled = [], 0, 0, 0
-        t0 = last = time.monotonic()
-        last_sampled, last_inserted, sample_time = 0, counter.value, 0.0
+        latencies: list[float] = []
+        tally = {"sampled": 0, "bad_keys": 0, "bad_checksums": 0, "sample_time": 0.0}
+        t0 = time.monotonic()
         problems: list[str] = []
         # A bar on a terminal; plain lines when not on one, or with --json.
         progress = Progress("sampling", total=args.seconds, unit="s", stream=out,
                             plain=args.json)
-        while time.monotonic() - t0 < args.seconds:
-            t = time.perf_counter()
-            batch = learner.sample()
-            dt = time.perf_counter() - t
-            sample_time += dt
-            latencies.append(dt)
-            bad_key += int(np.count_nonzero(batch.data["key"] != batch.keys))
-            bad_sum += int(np.count_nonzero(checksum(batch.data["obs"]) != batch.data["checksum"]))
-            sampled += len(batch)
-            now = time.monotonic()
-            if now - last >= 1.0:
-                span = now - last
-                ins = counter.value
-                rate = (sampled - last_sampled) / span
-                # Wall-clock rate, verification included: the summary's
-                # "with verification" figure, not its sample-path one.
-                line = (f"sampled {rate:8.0f} items/s "
-                        f"{rate * item_bytes / 1e9:6.2f} GB/s with verification | inserted "
-                        f"{(ins - last_inserted) / span:6.0f} items/s | bad {bad_key + bad_sum}")
-                progress.set(min(now - t0, args.seconds), note=line)
-                last, last_sampled, last_inserted = now, sampled, ins
-            if not writer.is_alive() and writer.exitcode not in (None, 0):
-                problems.append(f"writer exited with code {writer.exitcode}")
-                break
+        try:
+            _sample(args, learner, writer, counter, progress, t0, item_bytes, latencies,
+                    problems, tally)
+        except KeyboardInterrupt:
+            # ^C: the store's processes stopped with it. Report what was
+            # measured so far, without asking them anything more.
+            progress.close()
+            stop.set()
+            _stop_writer(writer, 2.0)
+            summary = _summary(read_paths, pages, time.monotonic() - t0, latencies, tally,
+                               counter.value, item_bytes, learner.resampled, None, problems)
+            summary["interrupted"] = True
+            _report(summary, args, out)
+            _close_quietly(learner, client)  # in the except: no waiting for a store gone
+            return 130
         progress.close()
         wall = time.monotonic() - t0
         stop.set()
-        writer.join(30)
+        _stop_writer(writer, 30.0)
         while not errors.empty():
             problems.append(errors.get())
         info = client.table_info(TABLE)
         learner.close()
         client.close()
-    lat = np.array(latencies) * 1e3
+    summary = _summary(read_paths, pages, wall, latencies, tally, counter.value, item_bytes,
+                       learner.resampled, info, problems)
+    _report(summary, args, out)
+    return 0 if summary["ok"] else 1
+
+
+def _sample(args, learner, writer, counter, progress, t0: float, item_bytes: int,
+            latencies: list, problems: list, tally: dict) -> None:
+    """Sample and verify for `args.seconds`, printing a live line a second;
+    counts go into `tally` as they come (a ^C leaves them as they are)."""
+    last, last_sampled, last_inserted = t0, 0, counter.value
+    while time.monotonic() - t0 < args.seconds:
+        t = time.perf_counter()
+        batch = learner.sample()
+        dt = time.perf_counter() - t
+        bad_key = int(np.count_nonzero(batch.data["key"] != batch.keys))
+        bad_sum = int(np.count_nonzero(checksum(batch.data["obs"]) != batch.data["checksum"]))
+        latencies.append(dt)
+        tally["sample_time"] += dt
+        tally["bad_keys"] += bad_key
+        tally["bad_checksums"] += bad_sum
+        tally["sampled"] += len(batch)
+        now = time.monotonic()
+        if now - last >= 1.0:
+            span = now - last
+            ins = counter.value
+            rate = (tally["sampled"] - last_sampled) / span
+            # Wall-clock rate, verification included: the summary's
+            # "with verification" figure, not its sample-path one.
+            line = (f"sampled {rate:8.0f} items/s "
+                    f"{rate * item_bytes / 1e9:6.2f} GB/s with verification | inserted "
+                    f"{(ins - last_inserted) / span:6.0f} items/s | bad "
+                    f"{tally['bad_keys'] + tally['bad_checksums']}")
+            progress.set(min(now - t0, args.seconds), note=line)
+            last, last_sampled, last_inserted = now, tally["sampled"], ins
+        if not writer.is_alive() and writer.exitcode not in (None, 0):
+            problems.append(f"writer exited with code {writer.exitcode}")
+            break
+
+
+def _stop_writer(writer, seconds: float) -> None:
+    """Wait for the writer process (told to stop) up to `seconds`, then end it."""
+    writer.join(seconds)
+    if writer.is_alive():  # stuck on a store that went away (^C)
+        writer.terminate()
+        writer.join(5)
+
+
+def _close_quietly(*objs) -> None:
+    """Close each of `objs`, ignoring failures (the store may be gone)."""
+    for obj in objs:
+        try:
+            obj.close()
+        except Exception:  # noqa: BLE001  stopping on ^C; nothing left to tell
+            pass
+
+
+def _summary(read_paths: dict, pages: str, wall: float, latencies: list, tally: dict,
+             inserted: int, item_bytes: int, resampled: int, info: dict | None,
+             problems: list) -> dict:
+    """The demo's figures (`info`: the table's, None when it was not asked:
+    after a ^C the store's processes are gone)."""
+    lat = np.array(latencies or [float("nan")]) * 1e3
+    sampled, wall = tally["sampled"], max(wall, 1e-9)
     summary = {
         "read_paths": {str(n): p for n, p in sorted(read_paths.items())},
         "arena_pages": pages,
         "seconds": round(wall, 2),
         "batches": len(latencies),
         "items_sampled": sampled,
-        "items_inserted": int(counter.value),
+        "items_inserted": int(inserted),
         "sample_items_per_s": round(sampled / wall, 1),
-        "sample_gb_per_s": round(sampled * item_bytes / sample_time / 1e9, 3),
+        "sample_gb_per_s": round(sampled * item_bytes / max(tally["sample_time"], 1e-9) / 1e9,
+                                 3),
         "wall_gb_per_s": round(sampled * item_bytes / wall / 1e9, 3),
         "batch_ms_p50": round(float(np.percentile(lat, 50)), 3),
         "batch_ms_p99": round(float(np.percentile(lat, 99)), 3),
-        "resampled": learner.resampled,
-        "bad_keys": bad_key,
-        "bad_checksums": bad_sum,
-        "table_size": info["size"],
-        "evicted": info["deletes"],
+        "resampled": resampled,
+        "bad_keys": tally["bad_keys"],
+        "bad_checksums": tally["bad_checksums"],
+        "table_size": None if info is None else info["size"],
+        "evicted": None if info is None else info["deletes"],
         "problems": problems,
     }
-    ok = not problems and bad_key == 0 and bad_sum == 0 and sampled > 0 and counter.value > 0
-    summary["ok"] = ok
+    summary["ok"] = (not problems and tally["bad_keys"] == 0 and tally["bad_checksums"] == 0
+                     and sampled > 0 and inserted > 0)
+    return summary
+
+
+def _report(summary: dict, args, out) -> None:
+    """Print the summary: JSON on stdout with --json, else a paragraph on `out`."""
     if args.json:
-        print(json.dumps(summary), file=sys.stdout)
+        print(json.dumps(summary), file=sys.stdout, flush=True)
+        return
+    evicted = "" if summary["evicted"] is None else f", {summary['evicted']} evicted"
+    problems = summary["problems"]
+    print(f"\nsummary: {summary['items_sampled']} items in {summary['batches']} batches over "
+          f"{summary['seconds']} s; {summary['wall_gb_per_s']} GB/s with verification "
+          f"(the live lines' figure); the sample path alone (control round trip + "
+          f"gather) {summary['sample_gb_per_s']} GB/s; batch latency p50 "
+          f"{summary['batch_ms_p50']} ms, p99 "
+          f"{summary['batch_ms_p99']} ms; {summary['items_inserted']} items inserted"
+          f"{evicted}; wrong keys {summary['bad_keys']}, wrong checksums "
+          f"{summary['bad_checksums']}"
+          + ("" if not problems else "; problems: " + "; ".join(problems)), file=out)
+    if summary.get("interrupted"):
+        verdict = ("interrupted (^C): the figures so far; every item sampled until then "
+                   "verified" if summary["ok"] else "interrupted (^C), and FAILED")
     else:
-        print(f"\nsummary: {sampled} items in {summary['batches']} batches over "
-              f"{summary['seconds']} s; {summary['wall_gb_per_s']} GB/s with verification "
-              f"(the live lines' figure); the sample path alone (control round trip + "
-              f"gather) {summary['sample_gb_per_s']} GB/s; batch latency p50 "
-              f"{summary['batch_ms_p50']} ms, p99 "
-              f"{summary['batch_ms_p99']} ms; {summary['items_inserted']} items inserted, "
-              f"{summary['evicted']} evicted; wrong keys {bad_key}, wrong checksums {bad_sum}"
-              + ("" if not problems else "; problems: " + "; ".join(problems)), file=out)
-        print("OK: every sampled item verified" if ok else "FAILED", file=out)
-    return 0 if ok else 1
+        verdict = "OK: every sampled item verified" if summary["ok"] else "FAILED"
+    print(verdict, file=out, flush=True)

@@ -31,6 +31,12 @@ class AuthenticationFailed(ConnectionFailed):
     """The peer refused our token, or wants one and we have none."""
 
 
+class WrongPeer(ConnectionFailed):
+    """The address answers, but as another kind of server than expected (an
+    HTTP server such as a /metrics port, a storage node where the control
+    plane was meant): the address is wrong, waiting will not help."""
+
+
 class Timeout(DistoreError, TimeoutError):
     """A request did not complete in time."""
 

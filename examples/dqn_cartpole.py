@@ -71,12 +71,24 @@ def actor(address: str, seed: int, weights_q, returns_q, stop, store=insert_tran
     import gymnasium as gym
     import torch
 
-    import distore_ucx as ds
-
     torch.set_num_threads(1)
     net = make_net()
     rng = np.random.default_rng(seed)
     env = gym.make("CartPole-v1")
+    try:
+        _play(address, net, rng, env, weights_q, returns_q, stop, store, seed)
+    except KeyboardInterrupt:
+        # ^C reaches every process of the terminal's group: the learner's
+        # process says "interrupted" once; a traceback from here would not help.
+        pass
+
+
+def _play(address: str, net, rng, env, weights_q, returns_q, stop, store, seed: int) -> None:
+    """The actor's loop: episodes until `stop` is set."""
+    import torch
+
+    import distore_ucx as ds
+
     steps, episode, max_priority = 0, 0, 1.0
     with ds.connect(address) as client:
         writer = client.writer(max_items=32, timeout=120)

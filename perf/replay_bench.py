@@ -410,11 +410,31 @@ def _cpu(row: dict, prefix: str) -> str:
     return fmt(sum(vals), ".0f") if vals else "-"
 
 
+# What each column of the short table means (printed under it: replay.txt).
+LEGEND = (
+    ("workload", "the survey's workload (perf/workloads.toml)"),
+    ("buffer", "priority: prioritized, use-count: max_times_sampled, none: uniform"),
+    ("batch", "items per learner.sample()"),
+    ("item_B", "bytes per item"),
+    ("capacity", "table capacity in items (scaled to --memory)"),
+    ("demand/s", "sampled items/s the workload needs (survey)"),
+    ("got/s", "sampled items/s achieved, the learner flat out"),
+    ("ratio", "got/s over demand/s (>= 1: it keeps up)"),
+    ("GB/s", "sampled bytes/s, in 1e9"),
+    ("p50_ms", "one learner.sample() batch, median"),
+    ("p99_ms", "one learner.sample() batch, 99th percentile"),
+    ("ins/s", "items inserted/s, achieved"),
+    ("ins_goal/s", "insert rate the writers were paced to (max: flat out, --max)"),
+    ("cpu%control", "the control plane's CPU, % of one core"),
+    ("cpu%nodes", "the storage nodes' CPU, summed, % of one core"),
+    ("cpu%writers", "the writer processes' CPU, summed, % of one core"),
+    ("cpu%learner", "the learner's CPU (this process), % of one core"),
+)
+
+
 def print_table(rows: list[dict]) -> None:
-    """The short table: one line per workload."""
-    head = ["workload", "buffer", "batch", "item_B", "capacity", "demand/s", "got/s", "ratio",
-            "GB/s", "p50_ms", "p99_ms", "ins/s", "of", "cpu%ctl", "nodes", "writers",
-            "learner"]
+    """The short table: one line per workload, and what its columns mean."""
+    head = [name for name, _ in LEGEND]
     lines = [[r["workload"], r["buffer"], str(r["batch_size"]), str(r["item_bytes"]),
               str(r["capacity"]), fmt(r["demanded_samples_per_s"], "g"),
               fmt(r["sample_items_per_s"], ".0f"), fmt(r["ratio"], ".2f"),
@@ -424,6 +444,10 @@ def print_table(rows: list[dict]) -> None:
               _cpu(r, "control"), _cpu(r, "node"), _cpu(r, "writer"), _cpu(r, "learner")]
              for r in rows]
     common.print_table(head, lines)
+    print("\ncolumns:")
+    width = max(len(name) for name, _ in LEGEND)
+    for name, meaning in LEGEND:
+        print(f"  {name:<{width}}  {meaning}")
 
 
 def plot(rows: list[dict], path: str) -> None:

@@ -23,7 +23,7 @@ from ..spec import TableSpec
 from ..table_definition import TableDefinition
 from ..transport import rpc
 from .learner import Learner
-from .lifecycle import ensure_open
+from .lifecycle import close_on_exit, ensure_open
 from .writer import Writer
 
 log = logging.getLogger(__name__)
@@ -63,6 +63,7 @@ class Client:
         self._writers: weakref.WeakSet[Writer] = weakref.WeakSet()
         self._specs: dict[str, TableSpec] = {}
         self._slice_lens: dict[str, int] = {}  # table -> steps a slice (0: items)
+        self._warned: set[str] = set()  # capacity warnings given (table_info, status)
         self._closed = False
         self._connections: weakref.WeakSet[rpc.RpcClient] = weakref.WeakSet()  # see connection()
 
@@ -120,15 +121,21 @@ class Client:
         self._specs[name] = definition.spec
         self._slice_lens[name] = definition.slice_len
         for text in created.warnings or ():
-            # The control plane logged it too; the caller sees it here.
+            # The control plane logged it too; the caller sees it here (and
+            # not again from table_info or status, which carry it too).
+            self._warned.add(text)
             warnings.warn(text, CapacityWarning, stacklevel=2)
         return _strip(info)
 
     def table_info(self, name: str) -> dict:
         """Size, capacity, counts (inserts, samples, deletes), spec of a table;
         `fits`: how many of its items the live nodes can hold beside the
-        other tables' items (a full arena evicts by the table's remover)."""
-        return _strip(self._checked("table_info", name=name))
+        other tables' items (a full arena evicts by the table's remover).
+        A capacity the live nodes can no longer hold (a node was lost) is in
+        `warnings` and warned once (CapacityWarning)."""
+        info = _strip(self._checked("table_info", name=name), keep_warnings=True)
+        self._warn_capacity(info.get("warnings"))
+        return info
 
     def tables(self) -> list[dict]:
         """Info of every table."""
@@ -139,8 +146,19 @@ class Client:
         return self._checked("nodes")["nodes"]
 
     def status(self) -> dict:
-        """Nodes (alive or not, memory used), tables and outstanding leases."""
-        return _strip(self._checked("status"))
+        """Nodes (alive or not, memory used), tables and outstanding leases;
+        `warnings`: tables whose capacity the live nodes can no longer hold
+        (warned once, CapacityWarning)."""
+        st = _strip(self._checked("status"), keep_warnings=True)
+        self._warn_capacity(st.get("warnings"))
+        return st
+
+    def _warn_capacity(self, texts) -> None:
+        # Once per text and client: a loop polling table_info warns once.
+        for text in texts or ():
+            if text not in self._warned:
+                self._warned.add(text)
+                warnings.warn(text, CapacityWarning, stacklevel=3)
 
     def checkpoint(self) -> dict:
         """Make the control plane write its checkpoint now (it must have been
@@ -249,8 +267,8 @@ class Client:
     def __enter__(self) -> Client:
         return self
 
-    def __exit__(self, *exc) -> None:
-        self.close()
+    def __exit__(self, exc_type, *exc) -> None:
+        close_on_exit(self, "client", exc_type)
 
 
 # Clients that made a UCX runtime. At interpreter exit, before the runtimes
@@ -275,8 +293,9 @@ def _close_learners_at_exit() -> None:
                     log.debug("at exit: closing a learner of table %r: %s", child.table, exc)
 
 
-def _strip(reply: dict) -> dict:
-    return {k: v for k, v in reply.items() if k not in ("id", "ok", "warnings")}
+def _strip(reply: dict, keep_warnings: bool = False) -> dict:
+    drop = ("id", "ok") if keep_warnings else ("id", "ok", "warnings")
+    return {k: v for k, v in reply.items() if k not in drop}
 
 
 # The factories a user may pass uncalled (sampler=ds.Prioritized).

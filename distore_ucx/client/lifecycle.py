@@ -1,4 +1,5 @@
-"""Closed objects: a client, writer or learner used after close() says so.
+"""Closed objects: a client, writer or learner used after close() says so;
+and closing one on a `with` exit, also while a ^C unwinds.
 
 Its own module so that client.py, the writer (writer/) and the learner
 (learner/) all import it and none of them imports another to get it.
@@ -6,10 +7,13 @@ Its own module so that client.py, the writer (writer/) and the learner
 
 from __future__ import annotations
 
+import logging
 import weakref
 from typing import Any
 
-from ..errors import Closed
+from ..errors import Closed, DistoreError
+
+log = logging.getLogger(__name__)
 
 # Learners closed so far (they keep no flag of their own); see ensure_open.
 _CLOSED: weakref.WeakSet[Any] = weakref.WeakSet()
@@ -39,4 +43,18 @@ _REOPEN = {
 }
 
 
-__all__ = ["ensure_open", "mark_closed"]
+def close_on_exit(obj: Any, what: str, exc_type: type | None) -> None:
+    """The `with` exit of a client or writer (`what`): close it. While a ^C
+    unwinds (`exc_type` KeyboardInterrupt; the store may have stopped with
+    it), what closing fails at is logged, not raised over the interrupt: it
+    printed a traceback of its own in every worker process of a script."""
+    if exc_type is None or not issubclass(exc_type, KeyboardInterrupt):
+        obj.close()
+        return
+    try:
+        obj.close()
+    except DistoreError as exc:
+        log.info("closing the %s on ^C: %s", what, exc)
+
+
+__all__ = ["close_on_exit", "ensure_open", "mark_closed"]

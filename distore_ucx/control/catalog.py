@@ -1,6 +1,8 @@
 """The control plane's tables by name: creating them (and checking they fit
 the storage nodes' arenas), finding them, describing them, and setting
-their items' priorities.
+their items' priorities. A table whose capacity stops fitting the live
+nodes (a node was lost) is warned about once, in the log and in the
+`table_info` and `status` replies (`refit`).
 
 What one table holds and decides is in tables.py; this module is the
 requests about the set of them (`create_table`, `table_info`,
@@ -13,12 +15,11 @@ import logging
 from collections.abc import Iterator
 
 from ..errors import ConfigError, InvalidRequest, TableExists, TableNotFound
-from ..slot_format import stride_of
 from ..table_definition import TableDefinition
 from ..transport.rpc import Peer
 from .admission import Admission
 from .membership import Membership
-from .room import fits
+from .room import fits, room_alone
 from .tables import Table
 from .tiers import cold_items
 
@@ -35,6 +36,8 @@ class Catalog:
         self.members = members
         self.admission = admission
         self.seeds = seeds
+        # Tables whose capacity the live nodes cannot hold now: the warning.
+        self.short: dict[str, str] = {}
 
     def table(self, name: str) -> Table:
         """The table called `name`; TableNotFound if there is none."""
@@ -72,7 +75,8 @@ class Catalog:
 
     def _check_fit(self, name: str, slot_size: int, capacity: int) -> list[str]:
         """Refuse a table whose items fit no live node's arena; warnings when
-        its capacity cannot fit in the live nodes' arenas (nodes may join later)."""
+        its capacity cannot fit in the live nodes' arenas (nodes may join later);
+        one that does not fit alone is recorded as short (see `refit`)."""
         nodes = self.members.alive()
         if not nodes:
             return []
@@ -84,30 +88,47 @@ class Catalog:
                 "bytes: no item could ever be stored. Start storage nodes with a larger "
                 "--arena, or make the items smaller"
             )
-        # A node's disk tier holds items too (in 4 KiB-rounded slots).
-        arenas = [n.arena_size + n.disk_size // stride_of(slot_size) * slot_size for n in nodes]
-        room = sum(a // slot_size for a in arenas)  # slots, if this table had every arena
+        short = _shortfall(name, slot_size, capacity, nodes)
+        if short:
+            self.short[name] = short
+            return [short]
+        arenas, where = room_alone(slot_size, nodes)[1:]
         need = capacity * slot_size
-        where = "arenas and disk tiers" if any(n.disk_size for n in nodes) else "arenas"
-        if capacity > room:
-            return [(f"table {name!r}: capacity {capacity} x {slot_size}-byte slots = {need} "
-                     f"bytes, but the {where} of the {len(nodes)} live storage "
-                     f"node(s) hold at most "
-                     f"{room} such items ({sum(arenas)} bytes): once they are full, an "
-                     "insert evicts the table's own items by its remover, so it holds about "
-                     f"{room} items (table_info's 'fits'). Lower the capacity, or start more "
-                     "storage nodes, larger arenas or disk tiers (--disk)")]
         others = {t.name: t.capacity * t.spec.slot_size for t in self.tables.values()}
         # Only the table that tips the sum over is warned about (once was enough
         # for tables that did not fit alone).
-        if need + sum(others.values()) > sum(arenas) >= sum(others.values()):
+        if need + sum(others.values()) > arenas >= sum(others.values()):
             return [(f"table {name!r}: capacity {capacity} x {slot_size}-byte slots = {need} "
-                     f"bytes fits the live nodes' {where} ({sum(arenas)} bytes) alone, but not "
+                     f"bytes fits the live nodes' {where} ({arenas} bytes) alone, but not "
                      f"together with the other tables' capacities "
                      f"({', '.join(f'{k}: {v} bytes' for k, v in others.items())}): tables "
                      "share arenas first come, first served; a table with no room evicts its "
                      "own items, and one that holds none on a full node gets StorageFull")]
         return []
+
+    def refit(self, why: str) -> None:
+        """The live nodes changed (`why`: "node 2 (a) was dropped"): warn
+        once, in the log and to clients (table_info, status), about each
+        table whose capacity they can no longer hold (its inserts evict its
+        own items from then on, quietly otherwise); forget the warning of a
+        table that fits again (a replacement joined)."""
+        nodes = self.members.alive()
+        if not nodes:
+            return  # nothing is stored until nodes join; inserts say so
+        for name, table in self.tables.items():
+            short = _shortfall(name, table.spec.slot_size, table.capacity, nodes, why)
+            if short and name not in self.short:
+                self.short[name] = short
+                log.warning("%s", short)
+            elif not short and name in self.short:
+                del self.short[name]
+                log.info("table %r: its capacity fits the live nodes again (%s)", name, why)
+
+    def warnings(self, name: str | None = None) -> list[str]:
+        """The capacity warnings that hold now: of table `name`, or of all."""
+        if name is not None:
+            return [self.short[name]] if name in self.short else []
+        return [self.short[n] for n in self.tables if n in self.short]
 
     # -- requests --------------------------------------------------------
     def op_create_table(self, peer: Peer, f: dict) -> dict:
@@ -117,8 +138,10 @@ class Catalog:
     def op_table_info(self, peer: Peer, f: dict) -> dict:
         """One table's state, with its cold items and how many items fit."""
         table = self.table(f["name"])
+        warned = self.warnings(table.name)
         return {**table.info(), "cold": cold_items(table),
-                "fits": fits(table, list(self.tables.values()), self.members.alive())}
+                "fits": fits(table, list(self.tables.values()), self.members.alive()),
+                **({"warnings": warned} if warned else {})}
 
     def op_list_tables(self, peer: Peer, f: dict) -> dict:
         """Every table's state."""
@@ -132,3 +155,18 @@ class Catalog:
         updated = table.update_priorities(f["keys"], f["priorities"])
         self.admission.touch(table)
         return {"updated": updated, "missing": len(f["keys"]) - updated}
+
+
+def _shortfall(name: str, slot_size: int, capacity: int, nodes, after: str = "") -> str | None:
+    """Why table `name`'s capacity cannot fit the live `nodes` even were it
+    alone there (None: it can); `after` says what changed ("node 2 (a) was
+    dropped")."""
+    room, space, where = room_alone(slot_size, nodes)
+    if capacity <= room:
+        return None
+    return (f"table {name!r}: capacity {capacity} x {slot_size}-byte slots = "
+            f"{capacity * slot_size} bytes, but {f'after {after} ' if after else ''}the "
+            f"{where} of the {len(nodes)} live storage node(s) hold at most {room} such items "
+            f"({space} bytes): once they are full, an insert evicts the table's own items by "
+            f"its remover, so it holds about {room} items (table_info's 'fits'). Lower the "
+            "capacity, or start more storage nodes, larger arenas or disk tiers (--disk)")

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 
 import numpy as np
 
@@ -34,7 +35,9 @@ class Nodes:
 
     def __init__(self, config: ControlConfig, ids: IdState, members: Membership,
                  tables: dict[str, Table], demotions: Demotions, restoring: Restoring,
-                 stats: ControlStats):
+                 stats: ControlStats, refit: Callable[[str], None] | None = None):
+        """`refit(why)` is told whenever the live nodes change (Catalog.refit:
+        a table whose capacity no longer fits them is warned about)."""
         self.config = config
         self.ids = ids
         self.members = members
@@ -42,6 +45,7 @@ class Nodes:
         self.demotions = demotions
         self.restoring = restoring
         self.stats = stats
+        self.refit = refit or (lambda why: None)
         self._refused_stores: set[str] = set()  # nodes of another store, refused (logged once)
 
     # -- requests --------------------------------------------------------
@@ -73,6 +77,7 @@ class Nodes:
         if restore is not None:
             # A node with a former id re-sends its items, then says so (items_resent).
             restore.joined(node.node_id, node.name, resends=wanted is not None)
+        self.refit(f"node {node.node_id} ({node.name}) joined")
         return {"node_id": node.node_id, "heartbeat_interval": self.config.heartbeat_interval,
                 "restore": restore is not None, "store_id": self.ids.store_id,
                 "items_resent": restore is not None}
@@ -163,4 +168,5 @@ class Nodes:
                         node_id, node.name, why, dropped)
             if node.peer is not None:
                 node.peer.close()
+        self.refit(f"node {node_id} ({node.name}) {'left' if left else 'was dropped'}")
         return dropped

@@ -14,7 +14,9 @@ nothing could be evicted does the insert fail with StorageFull, naming the
 tables that hold the space and the items under lease.
 
 `fits` estimates how many items of a table the live nodes can hold: what
-their arenas (and disk tiers) leave after the other tables' items.
+their arenas (and disk tiers) leave after the other tables' items;
+`room_alone` how many they hold at most, were the table alone there (a
+capacity beyond it never fits: control/catalog.py warns).
 """
 
 from __future__ import annotations
@@ -131,3 +133,12 @@ def fits(table, tables, nodes) -> int:
         room = node.arena_size + node.disk_size // stride_of(slot) * slot - other_bytes
         total += max(0, room) // slot
     return min(table.capacity, total)
+
+
+def room_alone(slot_size: int, nodes) -> tuple[int, int, str]:
+    """What the `nodes` hold of one table's `slot_size`-byte slots, were it
+    alone there: (slots, bytes, "arenas" or "arenas and disk tiers")."""
+    # A node's disk tier holds items too (in 4 KiB-rounded slots).
+    spaces = [n.arena_size + n.disk_size // stride_of(slot_size) * slot_size for n in nodes]
+    where = "arenas and disk tiers" if any(n.disk_size for n in nodes) else "arenas"
+    return sum(a // slot_size for a in spaces), sum(spaces), where

@@ -76,7 +76,8 @@ class ControlPlane:
         # A restore from the checkpoint in progress (nodes re-send their items).
         self.restoring = Restoring(self.tables, self.members, self.reclaim, self.admission)
         self.nodes = Nodes(config, self.ids, self.members, self.tables, self.demotions,
-                           self.restoring, self.stats)  # joining, heartbeats, leaving
+                           self.restoring, self.stats,
+                           self.catalog.refit)  # joining, heartbeats, leaving
         self.sampling = Sampling(config, self.catalog, self.leases, self.members, self.tiers,
                                  self.admission, self.reclaim)
         self.inserts = Inserts(self.catalog, self.members, self.admission, self.retirements,
@@ -242,6 +243,7 @@ class ControlPlane:
             "incarnation": self.ids.incarnation,
             "checkpoint": self.last_checkpoint,
             "restoring_s": None if restoring is None else max(0.0, restoring - time.monotonic()),
+            **({"warnings": warned} if (warned := self.catalog.warnings()) else {}),
         }
 
 

@@ -330,6 +330,8 @@ class TableInfoReply(TableInfo):
 
     cold: int = wire(COUNT)  # items on disk tiers now
     fits: int = wire(COUNT)  # items the live nodes can hold beside the other tables'
+    # its capacity the live nodes cannot hold now (a node was lost)
+    warnings: list | None = wire("list", optional=True)
 
 
 @declare("reply to list_tables", "list_tables")
@@ -394,6 +396,8 @@ class StatusReply(Record):
     incarnation: int = wire(COUNT)
     checkpoint: CheckpointReply | None = wire("dict", nullable=True, of=CheckpointReply)
     restoring_s: float | None = wire(SECONDS, nullable=True)  # left of a restore's grace
+    # tables whose capacity the live nodes cannot hold now (a node was lost)
+    warnings: list | None = wire("list", optional=True)
 
 
 # -- storage nodes --------------------------------------------------------

@@ -17,10 +17,17 @@ import time
 
 import numpy as np
 
-from ..errors import AuthenticationFailed, CheckpointError, ConnectionFailed, Timeout
+from ..errors import (
+    AuthenticationFailed,
+    CheckpointError,
+    ConnectionFailed,
+    Timeout,
+    WrongPeer,
+)
 from ..progress import Progress
 from ..protocol import parse_reply
 from ..slot_format import is_cold
+from ..transport.auth import PROBE_AFTER
 from ..transport.rpc import AsyncClient
 from ..transport.runtime import host_id
 from .arena import granted_page_kind
@@ -30,6 +37,17 @@ log = logging.getLogger(__name__)
 RESEND_BATCH = 1 << 16  # items per items_restored message after a re-join
 # s without an event-loop tick after which the heartbeat thread stops beating
 LOOP_WEDGED = 10.0
+# s a connection attempt waits for the control plane's greeting, at most
+CONNECT_TIMEOUT = 10.0
+# ... and at least: a silent peer is asked whether it is HTTP after
+# PROBE_AFTER s, and needs a moment to answer
+MIN_ATTEMPT = PROBE_AFTER + 1.0
+
+
+def _attempt_timeout(deadline: float) -> float:
+    """How long one attempt to join may wait, so that the reconnect window
+    (--reconnect-timeout) ends when it says."""
+    return min(CONNECT_TIMEOUT, max(MIN_ATTEMPT, deadline - time.monotonic()))
 
 
 class ControlSession:
@@ -46,30 +64,36 @@ class ControlSession:
         """Join at start; a control plane not up yet (started after its nodes,
         or restarting) is waited for as after losing it, for
         `reconnect_timeout` s. False: none came, or we were stopped."""
+        deadline = time.monotonic() + self.config.reconnect_timeout
         try:
-            await self._join()
+            await self._join(_attempt_timeout(deadline))
             return True
-        except AuthenticationFailed:
-            raise  # a control plane answered and refused us: waiting will not help
+        except (AuthenticationFailed, WrongPeer):
+            # A control plane answered and refused us, or something else
+            # answers there (an HTTP server, a storage node): waiting will not help.
+            raise
         except (ConnectionFailed, Timeout) as exc:
             log.warning("no control plane at %s yet (%s); node %s tries to join for %g s "
                         "(--reconnect-timeout)", self.config.control, exc, self.name,
                         self.config.reconnect_timeout)
-        if await self._rejoin():
+        # The window began with the first attempt, which may have used it up.
+        if time.monotonic() < deadline and await self._rejoin(deadline):
             return True
         if not self._stop.is_set():
             log.error("no control plane at %s within %g s; node %s exits",
                       self.config.control, self.config.reconnect_timeout, self.name)
         return False
 
-    async def _rejoin(self) -> bool:
-        """Try to re-join until `reconnect_timeout` passes or we are stopped."""
-        deadline = time.monotonic() + self.config.reconnect_timeout
+    async def _rejoin(self, deadline: float | None = None) -> bool:
+        """Try to re-join until `deadline` (default: `reconnect_timeout` s from
+        now) passes or we are stopped; an attempt outlasts it by MIN_ATTEMPT s at most."""
+        if deadline is None:
+            deadline = time.monotonic() + self.config.reconnect_timeout
         delay, last_error = 0.05, ""
         while not self._stop.is_set():
             old = self.control
             try:
-                await self._join()
+                await self._join(_attempt_timeout(deadline))
                 if old is not None:  # None: joining for the first time
                     await old.close()
                 return True
@@ -89,12 +113,14 @@ class ControlSession:
             delay = min(delay * 2, 1.0)
         return False
 
-    async def _join(self) -> None:
-        """Connect and register (with our former id after a loss); then re-send
-        or discard the items we hold, as the control plane asks."""
+    async def _join(self, timeout: float = CONNECT_TIMEOUT) -> None:
+        """Connect (each read of the handshake within `timeout` s) and register
+        (with our former id after a loss); then re-send or discard the items we
+        hold, as the control plane asks."""
         cfg = self.config
         control = await AsyncClient.connect(
-            cfg.control, "control plane", on_push=self._on_push, token=self._token
+            cfg.control, "control plane", on_push=self._on_push, token=self._token,
+            timeout=timeout, expect="control plane",
         )
         try:
             former = self.node_id

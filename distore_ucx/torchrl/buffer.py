@@ -10,6 +10,9 @@ pickling, `share()`, `state_dict()`).
 
 from __future__ import annotations
 
+import logging
+import threading
+import weakref
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -24,6 +27,8 @@ from .sampler import Sampling
 from .slices import SliceOptions
 from .table import TableBinding
 from .writer import Writing
+
+log = logging.getLogger(__name__)
 
 
 class DistoreReplayBuffer(Writing, Sampling, Priorities, TableBinding, Sharing):
@@ -179,6 +184,7 @@ class DistoreReplayBuffer(Writing, Sampling, Priorities, TableBinding, Sharing):
             if self._owns_client:
                 client.close()
             raise
+        _track_open(self)
 
     def _slice_table(self, sampler: Any, batch_size: int | None, beta: float | None,
                      capacity: int | None) -> tuple[float | None, int | None]:
@@ -268,6 +274,49 @@ class DistoreReplayBuffer(Writing, Sampling, Priorities, TableBinding, Sharing):
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+    def __del__(self):
+        # Dropped without close(): close what it owns, as a writer flushes
+        # itself. Its own client's UCX runtime, destroyed with its progress
+        # thread running, made ucxx warn "The progress thread should be
+        # explicitly stopped".
+        if not getattr(self, "_closed", True):
+            self._close_unattended("garbage-collected without close()")
+
+    def _close_unattended(self, why: str) -> None:
+        """close() for a buffer nobody closed (collected, or open at exit):
+        never raises; a failure is logged."""
+        try:
+            self.close()
+        except Exception as exc:  # noqa: BLE001  nobody to raise to: say it
+            log.warning("replay buffer of table %r (%s): closing it failed: %s", self.table,
+                        why, exc)
+
+
+# Buffers not closed yet, closed at interpreter exit before the UCX runtimes
+# (transport/runtime.py close_at_exit). Held weakly: one dropped earlier
+# closes in __del__.
+_OPEN: weakref.WeakSet[DistoreReplayBuffer] = weakref.WeakSet()
+_OPEN_LOCK = threading.Lock()
+_at_exit_registered = False
+
+
+def _track_open(buffer: DistoreReplayBuffer) -> None:
+    global _at_exit_registered
+    from ..transport.runtime import close_at_exit
+
+    with _OPEN_LOCK:
+        if not _at_exit_registered:
+            close_at_exit(_close_buffers_at_exit)  # the last registered runs first
+            _at_exit_registered = True
+        _OPEN.add(buffer)
+
+
+def _close_buffers_at_exit() -> None:
+    with _OPEN_LOCK:
+        buffers = list(_OPEN)
+    for buffer in buffers:
+        buffer._close_unattended("still open at interpreter exit")
 
 
 class DistorePrioritizedReplayBuffer(DistoreReplayBuffer):

@@ -16,6 +16,7 @@ from typing import Any
 from .. import errors, protocol
 from . import auth
 from .address import parse_address
+from .auth import PROBE_AFTER
 from .frames import read_frame
 
 __all__ = ["AsyncClient"]
@@ -39,9 +40,13 @@ class AsyncClient:
     @classmethod
     async def connect(
         cls, address: str, name: str, on_push=None, timeout: float = 10.0,
-        token: bytes | None = None,
+        token: bytes | None = None, expect: str | None = None,
     ):
-        """Connect to `address` ('host:port'), answering its challenge with `token`."""
+        """Connect to `address` ('host:port'), answering its challenge with `token`.
+
+        With `expect` (a role, "control plane"), a server of another kind, or
+        an HTTP server, is refused within about a second (errors.WrongPeer),
+        saying what answered, as blocking clients do (transport/auth.py)."""
         host, port = parse_address(address)
         try:
             reader, writer = await asyncio.wait_for(
@@ -53,7 +58,14 @@ class AsyncClient:
         writer.get_extra_info("socket").setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         label = f"{name} at {address}"
         try:
-            await auth.client_handshake_async(reader, writer, token, label, timeout)
+            await auth.client_handshake_async(reader, writer, token, label, timeout, expect,
+                                              PROBE_AFTER if expect else None)
+        except auth.SlowGreeting:
+            writer.close()
+            if expect is None:
+                raise
+            # A busy server greeted after the probe: connect again, no probe.
+            return await cls.connect(address, name, on_push, timeout, token)
         except BaseException:
             writer.close()
             raise

@@ -50,6 +50,9 @@ NONCE_BYTES = 32
 # longer is read from a peer before it is authenticated.
 MAX_HANDSHAKE_FRAME = 512
 AUTH_ID = 1  # message id of the auth request (the connection's first)
+# Seconds a client waits for a greeting before asking the silent peer whether
+# it is an HTTP server (a metrics port given as the control plane's address).
+PROBE_AFTER = 1.0
 
 
 def make_challenge() -> bytes:
@@ -146,29 +149,57 @@ class SlowGreeting(errors.ConnectionFailed):
 # A request every HTTP server answers; sent only to a peer that stays silent.
 _HTTP_PROBE = b"HEAD / HTTP/1.0\r\n\r\n"
 
+# -- what answered, when it was not the server expected -----------------------------
+# One diagnosis for every client (ds.connect, the CLI, a storage node joining
+# its control plane), over blocking sockets and asyncio streams alike.
 
-def _probe_silent_peer(sock: socket.socket, name: str, expect: str | None) -> None:
-    """The peer sent no greeting within the probe time: distore servers greet
-    at once, HTTP servers (a metrics port) wait to be asked. Ask it as HTTP
-    and say what answered, within a second instead of the whole timeout."""
+
+def _use_instead(expect: str | None) -> str:
+    """Which address to give instead of a wrong one."""
+    if expect == "control plane":
+        return ("use the control plane's address (the one `distore control` logs as "
+                "'control plane listening on')")
+    return f"use the {expect or 'distore-ucx server'}'s own address"
+
+
+def _silent_peer_error(first: bytes, name: str, expect: str | None,
+                       timeout: float | None) -> errors.ConnectionFailed | errors.Timeout:
+    """What a peer that sent no greeting is, from the first bytes it answered
+    our HTTP probe with (b"": none)."""
+    if first.startswith(b"HTTP/"):
+        what = expect or "distore-ucx server"
+        return errors.WrongPeer(f"the {name} is an HTTP server (a /metrics port?), not a "
+                                f"{what}: {_use_instead(expect)}")
+    if first:  # greeted after all: our probe went to a distore server
+        return SlowGreeting(f"the {name} greeted late")
+    return errors.Timeout(f"the {name} sent no greeting within {timeout} s, and does not "
+                          "answer as an HTTP server either: is this the address of a "
+                          "distore-ucx process?")
+
+
+def _check_role(greeting: dict, name: str, expect: str | None) -> None:
+    """Refuse a greeting from a server of another role than `expect`."""
+    role = protocol.hello_role(greeting)
+    if expect is not None and role is not None and role != expect:
+        raise errors.WrongPeer(f"the {name} is a {role}, not a {expect}: "
+                               f"{_use_instead(expect)}")
+
+
+def _probe_silent_peer(sock: socket.socket, name: str, expect: str | None,
+                       waited: float) -> None:
+    """The peer sent no greeting within the probe time (`waited` s): distore
+    servers greet at once, HTTP servers (a metrics port) wait to be asked.
+    Ask it as HTTP and say what answered, within a second instead of the
+    whole timeout."""
     try:
         sock.sendall(_HTTP_PROBE)
-        ready, _, _ = select.select([sock], [], [], sock.gettimeout())
+        # An HTTP server answers at once; the greeting's wait ends at the timeout.
+        left = max((sock.gettimeout() or waited) - waited, PROBE_AFTER)
+        ready, _, _ = select.select([sock], [], [], left)
         first = sock.recv(5, socket.MSG_PEEK) if ready else b""
     except OSError:
         first = b""
-    if first.startswith(b"HTTP/"):
-        what = expect or "distore-ucx server"
-        raise errors.ConnectionFailed(
-            f"the {name} is an HTTP server (a /metrics port?), not a {what}: use the "
-            f"{what}'s own address" + (" (the one `distore control` logs as 'control "
-                                      "plane listening on')" if expect == "control plane"
-                                      else "")) from None
-    if first:  # greeted after all: our probe went to a distore server
-        raise SlowGreeting(f"the {name} greeted late")
-    raise errors.Timeout(f"the {name} sent no greeting within {sock.gettimeout()} s, and "
-                         "does not answer as an HTTP server either: is this the address of a "
-                         "distore-ucx process?")
+    raise _silent_peer_error(first, name, expect, sock.gettimeout()) from None
 
 
 def client_handshake(sock: socket.socket, token: bytes | None, name: str,
@@ -191,7 +222,7 @@ def client_handshake(sock: socket.socket, token: bytes | None, name: str,
         except (OSError, ValueError):
             ready = [sock]  # the read below says what happened
         if not ready:
-            _probe_silent_peer(sock, name, expect)
+            _probe_silent_peer(sock, name, expect, probe_after)
     try:
         greeting = recv_frame(sock, MAX_HANDSHAKE_FRAME, "greeting")
         nonce = protocol.check_hello(greeting)
@@ -201,11 +232,7 @@ def client_handshake(sock: socket.socket, token: bytes | None, name: str,
         ) from None
     except (OSError, protocol.ProtocolError) as exc:
         raise errors.ConnectionFailed(f"bad greeting from the {name}: {exc}") from None
-    role = protocol.hello_role(greeting)
-    if expect is not None and role is not None and role != expect:
-        hint = (": use the control plane's address (the one storage nodes are given as "
-                "--control)" if expect == "control plane" else "")
-        raise errors.ConnectionFailed(f"the {name} is a {role}, not a {expect}{hint}")
+    _check_role(greeting, name, expect)
     if nonce is None:
         return
     if token is None:
@@ -249,18 +276,43 @@ async def server_handshake_async(reader: asyncio.StreamReader, writer: asyncio.S
 
 
 async def client_handshake_async(reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
-                                 token: bytes | None, name: str, timeout: float) -> None:
+                                 token: bytes | None, name: str, timeout: float,
+                                 expect: str | None = None,
+                                 probe_after: float | None = None) -> None:
     """As client_handshake, over asyncio streams; `timeout` bounds each read.
 
+    `expect` and `probe_after` as in client_handshake: a server of another
+    role, or an HTTP server, is refused at once (errors.WrongPeer), saying
+    what answered; SlowGreeting when a silent peer greets after the probe.
     Raises errors.ConnectionFailed (no valid greeting in time, or the
     connection broke) or errors.AuthenticationFailed.
     """
+    first = None
+    if probe_after is not None and probe_after < timeout:
+        try:
+            # Cancelled while waiting, readexactly has consumed nothing.
+            first = await asyncio.wait_for(
+                read_frame(reader, MAX_HANDSHAKE_FRAME, "greeting"), probe_after)
+        except asyncio.TimeoutError:
+            writer.write(_HTTP_PROBE)
+            try:  # an HTTP server answers at once; the greeting's wait ends at `timeout`
+                head = await asyncio.wait_for(reader.read(5),
+                                              max(timeout - probe_after, PROBE_AFTER))
+            except (asyncio.TimeoutError, ConnectionError):
+                head = b""
+            raise _silent_peer_error(head, name, expect, timeout) from None
+        except (protocol.ProtocolError, ConnectionError) as exc:
+            raise errors.ConnectionFailed(f"bad greeting from the {name}: {exc}") from None
     try:
-        first = await asyncio.wait_for(read_frame(reader, MAX_HANDSHAKE_FRAME, "greeting"),
-                                       timeout)
+        if first is None:
+            first = await asyncio.wait_for(
+                read_frame(reader, MAX_HANDSHAKE_FRAME, "greeting"), timeout)
         nonce = protocol.check_hello(first)
-    except (asyncio.TimeoutError, protocol.ProtocolError, ConnectionError) as exc:
-        raise errors.ConnectionFailed(f"no valid greeting from the {name}: {exc}") from None
+    except asyncio.TimeoutError:
+        raise errors.Timeout(f"the {name} sent no greeting within {timeout} s") from None
+    except (protocol.ProtocolError, ConnectionError) as exc:
+        raise errors.ConnectionFailed(f"bad greeting from the {name}: {exc}") from None
+    _check_role(first, name, expect)
     if nonce is None:
         return
     if token is None:
@@ -282,6 +334,7 @@ async def client_handshake_async(reader: asyncio.StreamReader, writer: asyncio.S
 __all__ = [
     "MAX_HANDSHAKE_FRAME",
     "NONCE_BYTES",
+    "PROBE_AFTER",
     "answer",
     "client_handshake",
     "client_handshake_async",

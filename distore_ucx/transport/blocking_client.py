@@ -22,18 +22,16 @@ from typing import Any
 from .. import errors, protocol
 from . import auth
 from .address import parse_address
+from .auth import PROBE_AFTER
 from .frames import recv_frame, send_frame
 
-__all__ = ["PROBE_AFTER", "RpcClient"]
+__all__ = ["PROBE_AFTER", "RpcClient", "interrupted"]
 
-# Seconds a client waits for a greeting before asking the silent peer whether
-# it is an HTTP server (a metrics port given as the control plane's address).
-PROBE_AFTER = 1.0
 
 log = logging.getLogger(__name__)
 
 
-def _interrupted() -> bool:
+def interrupted() -> bool:
     """Whether this thread is unwinding a KeyboardInterrupt (a ^C running
     `with` exits and `finally` clauses). The store's processes of a local
     cluster got the same ^C and are gone: waiting for the control plane to
@@ -122,7 +120,7 @@ class RpcClient:
             raise errors.ConnectionFailed(f"the connection to the {self.name} was closed")
         if self.reconnect <= 0 or self._give_up.is_set():
             raise errors.ConnectionFailed(f"lost the connection to the {self.name}")
-        if _interrupted():
+        if interrupted():
             raise errors.ConnectionFailed(
                 f"lost the connection to the {self.name} while stopping on ^C; not waiting "
                 "for it to come back")
@@ -170,7 +168,7 @@ class RpcClient:
                     return self._receive(reply_timeout)
                 except errors.ConnectionFailed:
                     if attempt or self.reconnect <= 0 or self._sock is not None \
-                            or self._give_up.is_set() or _interrupted():
+                            or self._give_up.is_set() or interrupted():
                         raise  # an error reply (the connection is fine), a second loss,
                         # or a ^C unwinding: never resend then
                     log.warning("lost the connection to the %s during %s; sending it again",

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from .address import parse_address
 from .async_client import AsyncClient
-from .blocking_client import PROBE_AFTER, RpcClient
+from .blocking_client import PROBE_AFTER, RpcClient, interrupted
 from .frames import FrameTooLarge, read_frame
 from .peer import Peer
 from .server import Handler, serve
@@ -39,6 +39,7 @@ __all__ = [
     "Handler",
     "Peer",
     "RpcClient",
+    "interrupted",
     "parse_address",
     "read_frame",
     "serve",

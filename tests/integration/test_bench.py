@@ -11,6 +11,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SCRIPT = os.path.join(REPO, "perf", "replay_bench.py")
 
@@ -49,6 +51,34 @@ def test_replay_bench_quick_reports_sane_figures(tmp_path):
     assert ppo["max_times_sampled"] == 2 and ppo["prefill_items"] == 0
     assert ppo["sample_items_per_s"] <= 2 * ppo["insert_items_per_s"] * 1.5 + 32 / 1.5
     assert "workload" in proc.stdout and "ratio" in proc.stdout  # the table
+    # Every column is explained under it (issue 51: `of`, `cpu%ctl` were cryptic).
+    lines = proc.stdout.splitlines()
+    head = next(ln for ln in lines if ln.split()[:2] == ["workload", "buffer"]).split()
+    legend = {ln.split()[0] for ln in lines[lines.index("columns:") + 1:] if ln.strip()}
+    assert set(head) == legend, set(head) ^ legend
+    assert "of" not in head and "cpu%ctl" not in head
+
+
+def test_latency_over_tcp_compares_with_a_round_trip_not_perftests_poll_timer(tmp_path):
+    # Issue 51: "tcp 8 B read p50 71.0 us (ucx_perftest 1092.3 us)": over tcp
+    # ucp_get is served when ucx_perftest's passive side wakes from a 1 ms
+    # poll() timeout. The baseline is a tag_lat request and reply now.
+    from distore_ucx.bench import _summarize
+
+    out_file = tmp_path / "latency.jsonl"
+    proc = subprocess.run(
+        [sys.executable, os.path.join(REPO, "perf", "latency.py"), "--tls", "tcp",
+         "--sizes", "8", "--bytes", str(1 << 20), "--arena", str(16 << 20),
+         "--json-out", str(out_file)],
+        capture_output=True, text=True, timeout=120, cwd=str(tmp_path), check=False)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    (row,) = [json.loads(line) for line in out_file.read_text().splitlines()]
+    assert row["perftest_test"] == "tag_lat round trip"
+    if row["perftest_p50_us"] is None:
+        pytest.skip(f"ucx_perftest did not run: {row.get('perftest_error')}")
+    assert row["perftest_p50_us"] < 500, row  # 1,083-1,092 us as a ucp_get
+    (line,) = _summarize("latency", [row])
+    assert "for a request and a reply by tag_lat, both sides busy-polling" in line
 
 
 def test_bandwidth_sweep_runs_and_verifies_a_size(tmp_path):

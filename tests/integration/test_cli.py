@@ -264,3 +264,30 @@ def test_demo_live_lines_and_summary_name_their_figures_alike(tls, tmp_path):
     summary = next(ln for ln in text.splitlines() if ln.startswith("summary:"))
     assert "with verification (the live lines' figure)" in summary
     assert "the sample path alone" in summary
+
+
+@pytest.mark.parametrize("tls", ["sm"], indirect=True)
+def test_demo_on_ctrl_c_prints_what_it_measured_without_tracebacks(tls, tmp_path):
+    # Issue 51: exit 130 with a traceback from its writer process, and no summary.
+    out_file = tmp_path / "out.txt"
+    with open(out_file, "w") as out, open(tmp_path / "err.txt", "w") as err:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "distore_ucx", "demo", "--seconds", "120", "--nodes", "1",
+             "--arena", "256MiB", "--capacity", "1500"], stdout=out, stderr=err,
+            cwd=tmp_path, start_new_session=True,  # a terminal's ^C reaches the whole group
+            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    try:
+        wait_for(lambda: "GB/s with verification" in out_file.read_text(), 120,
+                 "the demo's first live line", state=lambda: out_file.read_text())
+        os.killpg(proc.pid, signal.SIGINT)
+        proc.wait(60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    text, err = out_file.read_text(), (tmp_path / "err.txt").read_text()
+    assert proc.returncode == 130, text + err
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err, err
+    summary = next(ln for ln in text.splitlines() if ln.startswith("summary:"))
+    assert "items in" in summary and "wrong keys 0" in summary, summary
+    assert "interrupted (^C): the figures so far" in text

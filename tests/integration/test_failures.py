@@ -8,7 +8,7 @@ import threading
 import time
 
 import pytest
-from helpers import check_keyed, keyed_items
+from helpers import check_keyed, keyed_items, wait_for
 
 import distore_ucx as ds
 from distore_ucx.control.retirements import RETIRE_TIMEOUT
@@ -258,3 +258,44 @@ def test_stalled_control_plane_does_not_drop_live_nodes(cluster, client, tls):
     with open(os.path.join(cluster.log_dir, "control.log")) as fh:
         log = fh.read()
     assert "dropped" not in log and "unresponsive" not in log, log[-2000:]
+
+
+@pytest.mark.parametrize("tls", ["tcp"], indirect=True)
+def test_a_capacity_that_no_longer_fits_after_a_node_loss_is_warned_once(make_cluster,
+                                                                         tmp_path, tls):
+    # Issue 51: the table settled at 4,750 of 6,000 and the survivor evicted quietly.
+    import subprocess
+    import sys
+    import warnings
+
+    cluster = make_cluster(nodes=2, arena_bytes=4 << 20, log_dir=str(tmp_path))
+    with ds.connect(cluster.address) as client:
+        slot = client.create_table("probe", capacity=1, spec=SPEC)["slot_size"]
+        per_node = (4 << 20) // slot
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", ds.CapacityWarning)  # fits the two nodes
+            client.create_table("t", capacity=per_node * 3 // 2, spec=SPEC)
+        assert "warnings" not in client.table_info("t")
+        cluster.kill_node(1)
+        with ds.connect(cluster.address) as watcher, warnings.catch_warnings():
+            warnings.simplefilter("ignore", ds.CapacityWarning)
+            wait_for(lambda: sum(n["alive"] for n in watcher.status()["nodes"]) == 1, 10,
+                     "the killed node to be dropped")
+        with pytest.warns(ds.CapacityWarning, match=r"table 't': .* after node \d+ \(.*\) "
+                                                    r"was dropped the arenas of the 1 live"):
+            info = client.table_info("t")
+        assert len(info["warnings"]) == 1 and info["fits"] <= per_node
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", ds.CapacityWarning)  # once per client
+            assert client.status()["warnings"] == info["warnings"]
+            client.table_info("t")
+        out = subprocess.run([sys.executable, "-m", "distore_ucx", "status", "--control",
+                              cluster.address, "--interval", "0"], capture_output=True,
+                             text=True, timeout=60, cwd=str(tmp_path), check=False)
+        assert out.returncode == 0 and "Warning" not in out.stderr, out.stderr
+        assert f"warning: {info['warnings'][0]}" in out.stdout
+        log = (tmp_path / "control.log").read_text()
+        assert log.count(info["warnings"][0]) == 1  # once, at the loss
+        cluster.add_node()  # a replacement: it fits again
+        wait_for(lambda: "warnings" not in client.table_info("t"), 10,
+                 "the warning to go once a replacement joined")

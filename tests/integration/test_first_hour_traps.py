@@ -98,6 +98,65 @@ def test_ctrl_c_on_a_local_cluster_script_exits_at_once():
     assert not os.path.exists(log_dir)  # the cluster's folder went with it
 
 
+# Worker processes that catch ^C as the README says, writing flat out: the
+# store stops with the same ^C, so their writers' last flush fails.
+WORKERS = """
+import multiprocessing as mp, sys
+import numpy as np
+import distore_ucx as ds
+
+def actor(address, stop):
+    try:
+        with ds.connect(address) as client, client.writer(max_items=32) as w:
+            while not stop.is_set():
+                w.insert("t", np.zeros((32, 4096), np.uint8))
+    except KeyboardInterrupt:
+        pass  # the main process says it
+
+if __name__ == "__main__":
+    try:
+        with ds.LocalCluster(nodes=1, arena_bytes=64 << 20, log_level="WARNING") as cluster:
+            client = ds.connect(cluster.address)
+            client.create_table("t", capacity=10000, spec=((4096,), "uint8"))
+            ctx = mp.get_context("spawn")
+            stop = ctx.Event()
+            for _ in range(4):
+                ctx.Process(target=actor, args=(cluster.address, stop)).start()
+            learner = client.learner("t", batch_size=32)
+            while client.table_info("t")["size"] < 5000:  # the workers write flat out
+                learner.sample(timeout=60)
+            print("running", flush=True)
+            while True:
+                learner.sample(timeout=30)
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        sys.exit(130)
+"""
+
+
+def test_ctrl_c_on_a_script_with_worker_processes_is_one_line(tmp_path):
+    # Issue 51: six tracebacks. A writer closing on ^C (its `with` exit) raised
+    # ConnectionFailed over the KeyboardInterrupt, which the worker then could
+    # not catch, after warning "lost storage node ...; resending".
+    script = tmp_path / "workers.py"
+    script.write_text(WORKERS)
+    env = dict(os.environ, UCX_TLS="tcp", UCX_NET_DEVICES="lo")
+    proc = subprocess.Popen(
+        [sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        text=True, env=env, cwd=str(tmp_path), start_new_session=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    try:
+        assert proc.stdout.readline().strip() == "running", proc.stderr.read()
+        os.killpg(proc.pid, signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert proc.returncode == 130, err
+    assert err.strip().splitlines() == ["interrupted"], err
+
+
 # -- 2. a batch no sample request can carry ----------------------------------------
 
 def test_a_batch_size_beyond_the_protocol_limit_is_refused_at_creation(store):
@@ -392,6 +451,58 @@ def test_a_node_whose_control_plane_never_comes_exits_saying_so(tmp_path):
     assert out.returncode == 3, out.stderr
     assert "tries to join for 1 s" in out.stderr
     assert "within 1 s; node" in out.stderr and "Traceback" not in out.stderr
+
+
+def _node_at(address: str, *flags: str):
+    start = time.monotonic()
+    out = run_cli("node", "--control", address, "--arena", "4MiB", "--no-hugepages",
+                  "--metrics-port", "0", *flags,
+                  env=dict(os.environ, UCX_TLS="tcp", UCX_NET_DEVICES="lo"))
+    return out, time.monotonic() - start
+
+
+def test_a_node_given_an_http_port_says_so_at_once():
+    # Issue 51: silent for 10 s, then "no valid greeting ...: " with no reason,
+    # retried until the reconnect window ended.
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Quiet)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        out, took = _node_at(f"127.0.0.1:{server.server_address[1]}",
+                             "--reconnect-timeout", "60")
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert out.returncode == 2, out.stderr
+    assert ("is an HTTP server (a /metrics port?), not a control plane: use the control "
+            "plane's address") in out.stderr
+    assert "tries to join" not in out.stderr and "Traceback" not in out.stderr
+    assert took < 15, took  # the probe answers after 1 s; the rest is the node's start
+
+
+def test_a_node_given_a_storage_node_port_says_use_the_control_plane(store):
+    # Issue 51: "does not serve 'register_node': is the peer a distore-ucx
+    # client of the same version?"
+    out, _ = _node_at(store.nodes[0].info["address"])
+    assert out.returncode == 2, out.stderr
+    assert ("is a storage node, not a control plane: use the control plane's address"
+            in out.stderr), out.stderr
+    assert "does not serve" not in out.stderr and "Traceback" not in out.stderr
+
+
+def test_a_node_at_a_silent_peer_exits_when_its_window_ends():
+    # Something listens but never greets (and is no HTTP server): the node
+    # tries for --reconnect-timeout s, not 10 s per attempt beyond it
+    # (issue 51: 20.5 s with --reconnect-timeout 8).
+    listener = socket.create_server(("127.0.0.1", 0))  # accepts nothing: silent
+    try:
+        out, took = _node_at(f"127.0.0.1:{listener.getsockname()[1]}",
+                             "--reconnect-timeout", "3")
+    finally:
+        listener.close()
+    assert out.returncode == 3, out.stderr
+    assert "sent no greeting" in out.stderr and "within 3 s; node" in out.stderr
+    assert took < 3 + 6, took  # the window and the node's start (was 20 s)
 
 
 # -- 11. small inconsistencies -------------------------------------------------------------

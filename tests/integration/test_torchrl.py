@@ -466,3 +466,35 @@ def test_samples_land_on_the_gpu(cluster):
         want = rows_for(td["index"].cpu(), keys.cpu(), data)
         assert torch.equal(td["next", "observation"].cpu(), want["next", "observation"])
         rb.update_tensordict_priority(td.set("td_error", torch.ones(8, 1, device="cuda:0")))
+
+
+DROPPED = """
+import gc, sys, torch
+from tensordict import TensorDict
+from distore_ucx.torchrl import DistoreReplayBuffer
+def use(name):
+    rb = DistoreReplayBuffer(sys.argv[1], name, capacity=100, batch_size=4)
+    rb.extend(TensorDict({"obs": torch.zeros(16, 4)}, batch_size=[16]))
+    rb.sample()
+    return rb
+use("dropped")  # garbage-collected while the program runs
+gc.collect()
+kept = use("kept")  # still open at exit
+print("done", flush=True)
+"""
+
+
+def test_a_buffer_never_closed_closes_its_client_quietly(cluster, tmp_path):
+    # Issue 51: a buffer with its own client (an address), dropped without
+    # close(), left ucxx to stop the client's progress thread in a destructor:
+    # "UCXX WARN The progress thread should be explicitly stopped".
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-c", DROPPED, cluster.address], capture_output=True,
+                         text=True, timeout=120, cwd=str(tmp_path), check=False)
+    assert out.returncode == 0 and "done" in out.stdout, out.stderr
+    # ucxx logs to stdout
+    assert "progress thread should be explicitly stopped" not in out.stdout + out.stderr, \
+        out.stdout + out.stderr
+    assert "Traceback" not in out.stderr, out.stderr

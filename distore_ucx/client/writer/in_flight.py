@@ -113,6 +113,10 @@ class InFlight:
             # the node's own deadline comes first
             reply = check_reply("insert", conn.receive(self.timeout + 15.0), conn.name)
         except ConnectionFailed as exc:
+            if rpc.interrupted():
+                # ^C: the store's nodes stop with it (a LocalCluster's, a
+                # terminal's process group); resending would only wait.
+                raise
             # The node died (or is leaving); the control plane drops whatever
             # it had stored, and our buffer still holds the batch.
             log.warning("lost storage node %d during an insert (%s); resending", node_id, exc)

@@ -71,7 +71,7 @@ from ...config import (
 from ...errors import ConfigError
 from ...protocol import STEP_LAST
 from ...transport.runtime import close_at_exit
-from ..lifecycle import ensure_open
+from ..lifecycle import close_on_exit, ensure_open
 from .connections import Connections
 from .failures import Failed
 from .in_flight import InFlight
@@ -347,8 +347,8 @@ class Writer:
     def __enter__(self) -> Writer:
         return self
 
-    def __exit__(self, *exc) -> None:
-        self.close()
+    def __exit__(self, exc_type, *exc) -> None:
+        close_on_exit(self, "writer", exc_type)
 
     def __del__(self):
         # A writer dropped without close(): store what it holds (bounded by
