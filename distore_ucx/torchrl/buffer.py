@@ -280,7 +280,9 @@ class DistoreReplayBuffer(Writing, Sampling, Priorities, TableBinding, Sharing):
         # itself. Its own client's UCX runtime, destroyed with its progress
         # thread running, made ucxx warn "The progress thread should be
         # explicitly stopped".
-        if not getattr(self, "_closed", True):
+        # (__dict__, not getattr: a buffer from a handle, never used, would
+        # connect in __getattr__ just to close.)
+        if not self.__dict__.get("_closed", True):
             self._close_unattended("garbage-collected without close()")
 
     def _close_unattended(self, why: str) -> None:
