@@ -164,13 +164,19 @@ def torchrl_p50(n: int, seconds: float) -> float | None:
     rb = ReplayBuffer(storage=LazyTensorStorage(n), sampler=SliceSampler(slice_len=8,
                       traj_key="episode"), batch_size=32 * 8)
     rb.extend(torchrl_steps(n))
+    return p50_ms(rb.sample, seconds)
+
+
+def p50_ms(sample, seconds: float) -> float:
+    """p50 in ms of `sample()` called back to back for `seconds` (after 3
+    calls to warm up)."""
     for _ in range(3):
-        rb.sample()
+        sample()
     lat = []
     end = time.monotonic() + seconds
     while time.monotonic() < end:
         t0 = time.perf_counter()
-        rb.sample()
+        sample()
         lat.append(time.perf_counter() - t0)
     return 1e3 * float(np.median(lat))
 
@@ -204,15 +210,7 @@ def distore_torchrl_p50(cluster, n: int, seconds: float) -> float | None:
         for lo in range(0, n, 100_000):
             rb.extend(data[lo:lo + 100_000])
         rb.flush()
-        for _ in range(3):
-            rb.sample()
-        lat = []
-        end = time.monotonic() + seconds
-        while time.monotonic() < end:
-            t0 = time.perf_counter()
-            rb.sample()
-            lat.append(time.perf_counter() - t0)
-    return 1e3 * float(np.median(lat))
+        return p50_ms(rb.sample, seconds)
 
 
 def main(argv=None) -> int:

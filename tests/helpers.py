@@ -59,3 +59,19 @@ def wait_for(condition: Callable[[], Any], timeout: float, what: str,
             f"timed out after {timeout} s waiting for {what}"
             + (f"; last seen: {state()}" if state else ""))
         time.sleep(interval)
+
+
+def sm_store():
+    """One LocalCluster over shared memory (one node, 64 MiB, loopback only),
+    for a module's tests, as a generator fixture body: `yield from sm_store()`.
+    A node late with its heartbeat on a busy 2-core machine is slow, not gone."""
+    import pytest
+
+    import distore_ucx as ds
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("UCX_TLS", "sm")
+        mp.setenv("UCX_NET_DEVICES", "lo")
+        with ds.LocalCluster(nodes=1, arena_bytes=64 << 20, log_level="WARNING",
+                             heartbeat_timeout=30.0, env={"UCX_TLS": "sm"}) as cluster:
+            yield cluster

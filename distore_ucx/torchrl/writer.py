@@ -57,24 +57,9 @@ class Writing:
                 f"{list(self._item_batch)}, the data's {list(item_batch)} (batch size "
                 f"{list(data.batch_size)}, ndim={self.ndim}): reshape it like the first data"
             )
-        arrays = self._arrays(items)
-        prio = None
-        if update_priority is not False:
-            p = items.get(self.priority_key, None)
-            if p is not None:
-                prio = self._priorities(p, n)
-        if prio is None:
-            prio = float(self._fill_priority())
-        if self._writer is None:
-            self._writer = self._client.writer(**self._writer_options)
-        keys = self._writer.insert(self.table, arrays, priority=prio)
-        if self.flush_each_extend:
-            self._writer.flush()
-        self._write_count += n
-        index = torch.from_numpy(keys.view(np.int64)).reshape(lead)
-        if not data.is_locked:
-            self._set_index(data, index)
-        return index
+        return self._store(data, items, lead, update_priority,
+                           lambda writer, arrays, prio: writer.insert(self.table, arrays,
+                                                                      priority=prio))
 
     def _extend_steps(self, data: TensorDictBase, update_priority: bool | None) -> torch.Tensor:
         """extend() of a slice sampler's buffer: every frame (all batch
@@ -89,19 +74,29 @@ class Writing:
         if self._fields is None:
             self._create(frames, items=True)
         self._item_batch = ()
-        traj_key = traj_key_of(self._slices, frames)
-        env, done = steps_of(self._slices, frames, traj_key)
-        arrays = self._arrays(frames)
+        env, done = steps_of(self._slices, frames, traj_key_of(self._slices, frames))
+        return self._store(data, frames, lead, update_priority,
+                           lambda writer, arrays, prio: writer.append(
+                               self.table, arrays, env=env, done=done, priority=prio))
+
+    def _store(self, data: TensorDictBase, items: TensorDictBase, lead: tuple,
+               update_priority: bool | None, put) -> torch.Tensor:
+        """The rest of extend: `items` ([n] items or steps of `data`) as arrays
+        with their priorities, stored by `put(writer, arrays, priority)`;
+        waits when the buffer flushes each extend; their keys, shaped `lead`,
+        also set as data["index"]."""
+        n = items.batch_size[0]
+        arrays = self._arrays(items)
         prio = None
         if update_priority is not False:
-            p = frames.get(self.priority_key, None)
+            p = items.get(self.priority_key, None)
             if p is not None:
                 prio = self._priorities(p, n)
         if prio is None:
             prio = float(self._fill_priority())
         if self._writer is None:
             self._writer = self._client.writer(**self._writer_options)
-        keys = self._writer.append(self.table, arrays, env=env, done=done, priority=prio)
+        keys = put(self._writer, arrays, prio)
         if self.flush_each_extend:
             self._writer.flush()
         self._write_count += n

@@ -19,6 +19,7 @@ import itertools
 
 import numpy as np
 import pytest
+from helpers import sm_store
 
 torch = pytest.importorskip("torch", reason="needs torch (pip install '.[examples]')")
 pytest.importorskip("tensordict", reason="needs tensordict (pip install '.[examples]')")
@@ -32,14 +33,7 @@ _names = itertools.count()
 @pytest.fixture(scope="module")
 def store():
     """One LocalCluster for the module (one table a buffer)."""
-    import distore_ucx as ds
-
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("UCX_TLS", "sm")
-        mp.setenv("UCX_NET_DEVICES", "lo")
-        with ds.LocalCluster(nodes=1, arena_bytes=64 << 20, log_level="WARNING",
-                             heartbeat_timeout=30.0, env={"UCX_TLS": "sm"}) as cluster:
-            yield cluster
+    yield from sm_store()
 
 
 @pytest.fixture

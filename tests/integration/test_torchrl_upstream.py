@@ -76,6 +76,7 @@ import itertools
 
 import numpy as np
 import pytest
+from helpers import sm_store
 
 torch = pytest.importorskip("torch", reason="needs torch (pip install '.[examples]')")
 pytest.importorskip("tensordict", reason="needs tensordict (pip install '.[examples]')")
@@ -109,15 +110,7 @@ class samplers:  # noqa: N801 - the name the upstream tests use
 @pytest.fixture(scope="module")
 def store():
     """One LocalCluster for the module (one table a buffer)."""
-    import distore_ucx as ds
-
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("UCX_TLS", "sm")
-        mp.setenv("UCX_NET_DEVICES", "lo")
-        # A node late with its heartbeat on a busy 2-core machine is slow, not gone.
-        with ds.LocalCluster(nodes=1, arena_bytes=64 << 20, log_level="WARNING",
-                             heartbeat_timeout=30.0, env={"UCX_TLS": "sm"}) as cluster:
-            yield cluster
+    yield from sm_store()
 
 
 class _Builders:
