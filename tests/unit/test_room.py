@@ -66,9 +66,8 @@ def test_add_reports_the_leased_items_it_evicted_for_marking():
     t = Table.make("t", 3, SPEC)
     add(t, [0, 1, 2], node=1)
     t.lease(t.core.lookup(np.array([0], np.uint64)))
-    freed = add(t, [3, 4], node=2)  # evicts 0 (leased) and 1
+    freed, r = add(t, [3, 4], node=2)  # evicts 0 (leased) and 1
     assert freed.offsets.tolist() == [64]
-    r = t.retired_leased
     assert r.nodes.tolist() == [1] and r.offsets.tolist() == [0]
     assert r.generations.tolist() == [1000]
     assert (t.store.state == RETIRED).sum() == 1

@@ -28,8 +28,8 @@ def live_keys(table):
 
 def test_fifo_evicts_oldest_first_and_frees_their_slots():
     t = Table.make("t", 10, SPEC)
-    assert len(add(t, range(10)).nodes) == 0
-    freed = add(t, range(10, 13))
+    assert len(add(t, range(10)).freed.nodes) == 0
+    freed, _ = add(t, range(10, 13))
     assert live_keys(t) == set(range(3, 13))
     assert sorted(freed.offsets.tolist()) == [0, 64, 128]
     assert t.deletes == 3 and t.inserts == 13 and t.size == 10
@@ -56,7 +56,7 @@ def test_leased_items_are_retired_not_freed_until_released():
     t = Table.make("t", 4, SPEC, seed=1)
     add(t, range(4))
     recs, _, _ = t.sample(64)  # leases every sampled record
-    freed = add(t, range(4, 8))  # evicts every sampled item
+    freed, _ = add(t, range(4, 8))  # evicts every sampled item
     assert len(freed.nodes) == 4 - len(np.unique(recs))
     assert (t.store.state[np.unique(recs)] == RETIRED).all()
     freed = t.unlease(recs)
