@@ -299,7 +299,7 @@ class Table:
         live = np.flatnonzero(s.state == LIVE)
         keys, seqs = self.core.keys(live), self.core.sequences(live)
         prios, times = self.core.priorities(live), self.core.times_sampled(live)
-        retired = self.core.record_keys(np.flatnonzero(s.state == RETIRED))
+        retired = s.keys(s.state == RETIRED)
         p = self.pending
         if p is not None:
             left = np.flatnonzero(~p.claimed)

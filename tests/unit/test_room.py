@@ -22,7 +22,7 @@ def add(table, keys, node, priorities=None):
 
 
 def keys_of(table, recs):
-    return sorted(table.store.key[recs].tolist())
+    return sorted(table.store.keys(recs).tolist())
 
 
 @pytest.mark.parametrize("remover, expect", [
