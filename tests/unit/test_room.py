@@ -8,7 +8,7 @@ import pytest
 
 import distore_ucx as ds
 from distore_ucx.control.items import LIVE, RETIRED
-from distore_ucx.control.room import pick_for_room
+from distore_ucx.control.room import Room
 from distore_ucx.control.tables import Table
 from distore_ucx.spec import TableSpec
 
@@ -19,6 +19,11 @@ def add(table, keys, node, priorities=None):
     keys = np.asarray(keys, np.uint64)
     prios = np.ones(len(keys)) if priorities is None else np.asarray(priorities, np.float64)
     return table.add(node, keys, keys * np.uint64(64), keys + np.uint64(1000), prios)
+
+
+def pick_for_room(table, node_id, n, rng):
+    """What a node's first request for room on `node_id` is handed (one scan)."""
+    return Room(rng).pick(table, node_id, n)
 
 
 def keys_of(table, recs):
@@ -74,8 +79,6 @@ def test_add_reports_the_leased_items_it_evicted_for_marking():
 
 
 def test_room_hands_out_one_scans_candidates_over_many_requests():
-    from distore_ucx.control.room import Room
-
     t = Table.make("t", 10_000, SPEC)  # Fifo remover
     add(t, np.arange(6000), node=1)
     add(t, np.arange(6000, 6100), node=2)

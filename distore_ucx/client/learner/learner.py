@@ -1,16 +1,19 @@
-"""Learner: samples batches straight into a registered buffer, one-sided.
+"""Learner: samples batches straight into a registered buffer.
 
 For each batch the learner takes the next reply of its sample stream
 (client/learner/sample_stream.py): n items from the control plane in one round
 trip, which also releases the previous batch's lease; the next batch's
 request is sent before the current batch is read, and while replies carry
 cold items (read from a node's disk tier first) two are kept in flight.
-It then reads the items into one destination buffer (client/learner/gather.py):
-same-host arenas it has mapped in one native call, the rest with one UCX
-get per item, from every storage node, in another. Each slot's header
-(key, generation) comes in the same read and is checked: an item whose
-slot was reused, or whose node failed mid-read, is dropped and resampled,
-never returned.
+It then reads the items into one destination buffer (client/learner/gather.py),
+each node by its path (client/learner/peers.py): same-host arenas it has
+mapped in one native call; over TCP, where UCX emulates RMA, the nodes
+send their items' fields into the buffer as active messages (one request
+per node and batch, in another call: the default there); the rest with
+one one-sided UCX get per item, from every storage node, in a third. Each
+slot's header (key, generation) comes in the same read and is checked: an
+item whose slot was reused, or whose node failed mid-read, is dropped and
+resampled, never returned.
 
 Batches land on the learner's device (client/learner/device.py: "cpu" or
 "cuda:N"; numpy, torch or CuPy) through a ring of `prefetch + 1`
@@ -59,10 +62,6 @@ from .recheck import HeaderRecheck
 from .ring import Ring
 from .sample_stream import SampleStream, resolve_sample_ahead
 from .weights import importance_weights
-
-# Names other modules import from here (the learner was one module before).
-from .sample_stream import SAMPLE_AHEAD_BYTES  # noqa: F401  isort: skip
-from .sample_stream import resolve_sample_ahead as _sample_ahead  # noqa: F401  isort: skip
 
 log = logging.getLogger(__name__)
 
