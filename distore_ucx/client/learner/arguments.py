@@ -7,13 +7,46 @@ from __future__ import annotations
 
 import math
 import os
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
 from ...errors import ConfigError
 from ...protocol import MAX_SAMPLE
 from ...spec import TableSpec
+
+
+class Checked(NamedTuple):
+    """A learner's table as its checks read it: the table_info reply, the
+    spec, rows per batch (a table of slices: batch_size slices of
+    slice_len steps, as many rows) and the prefetch depth (`ring - 1`
+    where the older `ring=` was given)."""
+
+    info: dict
+    spec: TableSpec
+    rows: int
+    prefetch: int
+
+
+def check_learner(client, table: str, batch_size: Any, device: str, prefetch: int,
+                  ring: int | None, beta: float | None) -> Checked:
+    """Check a learner's arguments against its table, from one table_info
+    round trip, before anything is allocated; ConfigError names the first
+    mistake (batch size, rate limiter, ring size, beta, prefetch)."""
+    refuse_batch_size(batch_size)
+    info = client.table_info(table)
+    spec = client.spec(table)  # remembered from that reply
+    rows = batch_size * max(1, info.get("slice_len") or 0)
+    refuse_batch_size(rows)
+    refuse_unadmittable(info, table, batch_size)  # counts slices
+    refuse_unmappable_ring(spec, table, rows, device, ring if ring is not None else prefetch + 1)
+    if beta is not None and not (np.isfinite(beta) and beta >= 0):
+        raise ConfigError(f"beta must be a finite number >= 0, got {beta!r}")
+    if ring is not None:
+        prefetch = ring - 1
+    if prefetch < 0:
+        raise ConfigError(f"prefetch (ring - 1) must not be negative, got {prefetch}")
+    return Checked(info, spec, rows, prefetch)
 
 
 def refuse_batch_size(batch_size: Any) -> None:

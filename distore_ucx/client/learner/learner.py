@@ -52,7 +52,7 @@ from ...protocol import ITEM_LOCATION, STEP_LAST, STEP_PAD, check_reply
 from ...spec import SLOT_HEADER
 from ...transport import capabilities
 from ..lifecycle import ensure_open, mark_closed
-from .arguments import refuse_batch_size, refuse_unadmittable, refuse_unmappable_ring
+from .arguments import check_learner
 from .batch import Batch
 from .device import Device, choose_path, resolve_framework
 from .gather import Gather
@@ -127,23 +127,11 @@ class Learner:
     ):
         """See the class docstring. `beta`: importance-sampling exponent for
         prioritized tables (batch.weights); None leaves weights out."""
-        refuse_batch_size(batch_size)
-        info = client.table_info(table)  # the one round trip: spec, slices, rate limiter
-        self.spec = client.spec(table)  # remembered from that reply
+        info, self.spec, self._rows, prefetch = check_learner(client, table, batch_size, device,
+                                                             prefetch, ring, beta)
         # A table of slices: a batch is batch_size slices of slice_len steps,
         # read as batch_size * slice_len rows (each slice's steps in order).
         self.slice_len = info.get("slice_len") or 0
-        self._rows = batch_size * max(1, self.slice_len)
-        refuse_batch_size(self._rows)
-        refuse_unadmittable(info, table, batch_size)  # counts slices
-        refuse_unmappable_ring(self.spec, table, self._rows, device,
-                               ring if ring is not None else prefetch + 1)
-        if beta is not None and not (np.isfinite(beta) and beta >= 0):
-            raise ConfigError(f"beta must be a finite number >= 0, got {beta!r}")
-        if ring is not None:
-            prefetch = ring - 1
-        if prefetch < 0:
-            raise ConfigError(f"prefetch (ring - 1) must not be negative, got {prefetch}")
         dev = Device.parse(device)
         self.table = table
         self.batch_size = batch_size
