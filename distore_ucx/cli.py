@@ -24,7 +24,7 @@ import sys
 import threading
 import time
 
-from .config import SETTINGS, Settings, check_exposure, check_file, resolve
+from .config import SETTINGS, Settings, check_exposure, check_file, resolve, switches_shown
 from .errors import ConfigError, DistoreError
 
 log = logging.getLogger(__name__)
@@ -318,6 +318,7 @@ def _config(args) -> int:
         if name == "tables":
             value = [t.__dict__ for t in value]
         shown[name] = {"value": value, "source": entry["source"]}
+    shown.update(switches_shown(os.environ))  # read where used, not resolved: listed here too
     print(json.dumps(shown, indent=2, default=str))
     return 0
 

@@ -268,30 +268,6 @@ void AmInbox::unhold_locked(const Message& m) {
   if (--it->second.messages == 0) held_.erase(it);
 }
 
-uint8_t* AmInbox::take_chunk() {
-  std::lock_guard<std::mutex> lock(mu_);
-  if (chunks_out_ >= kMaxChunks) return nullptr;
-  if (free_chunks_.empty()) {
-    chunks_.emplace_back(new uint8_t[kRunBytes]);
-    free_chunks_.push_back(chunks_.back().get());
-  }
-  uint8_t* chunk = free_chunks_.back();
-  free_chunks_.pop_back();
-  ++chunks_out_;
-  return chunk;
-}
-
-void AmInbox::give_chunk(uint8_t* chunk, bool tainted) {
-  std::lock_guard<std::mutex> lock(mu_);
-  --chunks_out_;
-  if (!tainted) free_chunks_.push_back(chunk);
-}
-
-size_t AmInbox::chunks() const {
-  std::lock_guard<std::mutex> lock(mu_);
-  return chunks_.size();
-}
-
 ucs_status_t AmInbox::receive(const AmInsertHeader& h, uint32_t run, void* data, size_t length,
                               const ucp_am_recv_param_t* param) {
   std::lock_guard<std::mutex> lock(mu_);
@@ -501,7 +477,7 @@ void pull_am(const MemoryRegion& arena, const MemoryRegion& dest, AmInbox& inbox
       close_put_window(reinterpret_cast<uint64_t>(landing(i)), bytes_of(i));
     }
     if (chunks[i] != nullptr) {
-      inbox.give_chunk(chunks[i], tainted);
+      inbox.chunk_pool().give(chunks[i], tainted);
       chunks[i] = nullptr;
     }
     for (size_t j = i; j < i + runs[i]; ++j) {
@@ -583,7 +559,7 @@ void pull_am(const MemoryRegion& arena, const MemoryRegion& dest, AmInbox& inbox
         continue;
       }
       if (state[i] == kHeld) {
-        if ((chunks[i] = inbox.take_chunk()) == nullptr) continue;
+        if ((chunks[i] = inbox.chunk_pool().take()) == nullptr) continue;
         start(i, held[i]);
         events = 1;
         continue;
@@ -614,7 +590,7 @@ void pull_am(const MemoryRegion& arena, const MemoryRegion& dest, AmInbox& inbox
         finish(i, UCS_OK);
       } else if (k == 1) {
         start(i, m);
-      } else if ((chunks[i] = inbox.take_chunk()) != nullptr) {
+      } else if ((chunks[i] = inbox.chunk_pool().take()) != nullptr) {
         start(i, m);
       } else {  // every chunk is out: held until one comes back
         if (held.size() < n) held.resize(n);

@@ -59,6 +59,7 @@
 #include <ucp/api/ucp.h>
 
 #include "am_connections.h"
+#include "chunk_pool.h"
 #include "endpoint.h"
 #include "memory.h"
 #include "pull.h"
@@ -153,14 +154,12 @@ class AmInbox {
   // connection's failure (a pull's message of a writer that died: see
   // discard).
   void release_later(Message&& m);
-  // A bounce chunk of kRunBytes for a run's receive, or nullptr when
-  // kMaxChunks are out; give_chunk returns it. A chunk whose receive was
-  // left to UCX (it may still write there) is given back as `tainted` and
-  // never handed out again (kept until the inbox goes).
-  uint8_t* take_chunk();
-  void give_chunk(uint8_t* chunk, bool tainted);
-  // Chunks made so far (at most kMaxChunks in use at once).
-  size_t chunks() const;
+  // Bounce chunks of kRunBytes for runs' receives, at most kMaxChunks out
+  // (take() gives nullptr then). A chunk whose receive was left to UCX (it
+  // may still write there) is given back `tainted` and never handed out
+  // again (kept until the inbox goes).
+  ChunkPool& chunk_pool() { return chunks_; }
+  const ChunkPool& chunk_pool() const { return chunks_; }
 
  private:
   static ucs_status_t on_message(void* arg, const void* header, size_t header_length,
@@ -211,10 +210,7 @@ class AmInbox {
   std::unordered_map<uint64_t, std::chrono::steady_clock::time_point> discarded_;
   uint64_t refused_ = 0;
   uint64_t abandoned_ = 0;
-  // Bounce chunks: all made, the free ones, how many are out (under mu_).
-  std::vector<std::unique_ptr<uint8_t[]>> chunks_;
-  std::vector<uint8_t*> free_chunks_;
-  size_t chunks_out_ = 0;
+  ChunkPool chunks_{kRunBytes, kMaxChunks};
   bool registered_ = false;
   // Made by listen(), closed by close(), kept until the inbox goes (a pull
   // may still call abort on it).

@@ -11,6 +11,7 @@
 #include <unordered_set>
 
 #include "am_grant.h"
+#include "chunk_pool.h"
 #include "idle_wait.h"
 #include "status.h"
 
@@ -70,11 +71,9 @@ struct AmSampleServer::Core {
   // Runs: a part of several consecutive items of a batch is copied into a
   // chunk of `bounce` and sent as one message (fewer, larger rendezvous;
   // the server holds the region). No bounce region: one message per item.
-  uint8_t* bounce = nullptr;
+  std::unique_ptr<ChunkPool> chunks;  // over `bounce`, or none
   ucp_mem_h bounce_memh = nullptr;
-  size_t chunk = 0;                 // bytes of one chunk
-  size_t max_run = 1;               // items one message may carry
-  std::vector<uint32_t> free_chunks;  // under mu
+  size_t max_run = 1;  // items one message may carry
 
   struct Link {  // a registered endpoint to one learner
     Endpoint* ep;
@@ -144,19 +143,6 @@ using Core = AmSampleServer::Core;
 
 void pump(ServeJob* j);
 
-// A chunk of the bounce region, or -1 if none is free.
-int64_t take_chunk(Core& c) {
-  std::lock_guard<std::mutex> lock(c.mu);
-  if (c.free_chunks.empty()) return -1;
-  const uint32_t k = c.free_chunks.back();
-  c.free_chunks.pop_back();
-  return k;
-}
-
-void give_chunk(Core& c, uint32_t k) {
-  std::lock_guard<std::mutex> lock(c.mu);
-  c.free_chunks.push_back(k);
-}
 
 // The end of the run that starts at item `pos` of `j` (see ServeJob).
 size_t run_end(const ServeJob& j, size_t pos) {
@@ -205,13 +191,13 @@ void on_sent(void* request, ucs_status_t status, void* user_data) {
 // A message sent from a bounce chunk: the chunk goes back when it ends.
 struct ChunkSend {
   ServeJob* job;
-  uint32_t chunk;
+  uint8_t* chunk;
 };
 
 void on_sent_chunk(void* request, ucs_status_t status, void* user_data) {
   auto* cs = static_cast<ChunkSend*>(user_data);
   ServeJob* j = cs->job;
-  give_chunk(*j->core, cs->chunk);
+  j->core->chunks->give(cs->chunk);
   delete cs;
   on_sent(request, status, j);
 }
@@ -241,11 +227,11 @@ void pump(ServeJob* j) {
     // A run goes whole, from a chunk its parts are copied into (headers
     // alone need none); without a free chunk, item by item from the arena.
     uint32_t count = 1;
-    int64_t chunk = -1;
+    uint8_t* packed = nullptr;
     if (j->sub == 0 && run > 1) {
       if (p.length == 0) {
         count = run;
-      } else if ((chunk = take_chunk(c)) >= 0) {
+      } else if (c.chunks && (packed = c.chunks->take()) != nullptr) {
         count = run;
       } else {
         ++j->unpacked;
@@ -256,7 +242,6 @@ void pump(ServeJob* j) {
     const AmSampleReply h{j->token, j->items[first].index, j->part, 0, count, 0, 0};
     std::memcpy(header, &h, sizeof(h));
     auto* slots = reinterpret_cast<AmSampleSlotHeader*>(header + sizeof(h));
-    uint8_t* packed = chunk >= 0 ? c.bounce + static_cast<size_t>(chunk) * c.chunk : nullptr;
     for (uint32_t k = 0; k < count; ++k) {
       const uint64_t at = j->items[first + k].slot;
       const auto* slot = reinterpret_cast<const uint64_t*>(c.base + at);
@@ -285,7 +270,7 @@ void pump(ServeJob* j) {
     param.flags = UCP_AM_SEND_FLAG_COPY_HEADER | (rndv ? UCP_AM_SEND_FLAG_RNDV : 0);
     ChunkSend* cs = nullptr;
     if (packed != nullptr) {
-      cs = new ChunkSend{j, static_cast<uint32_t>(chunk)};
+      cs = new ChunkSend{j, packed};
       param.cb.send = &on_sent_chunk;
       param.user_data = cs;
     } else {
@@ -305,7 +290,7 @@ void pump(ServeJob* j) {
                                          length, &param);
     if (UCS_PTR_IS_ERR(r) || r == nullptr) {
       if (cs != nullptr) {  // no callback comes: the chunk is free again
-        give_chunk(c, cs->chunk);
+        c.chunks->give(cs->chunk);
         delete cs;
       }
       --j->in_flight;
@@ -440,8 +425,9 @@ ucs_status_t on_request(void* arg, const void* header, size_t header_length, voi
   // Without a bounce region max_run is 1 and chunk 0: one item a message.
   uint64_t widest = 0;
   for (const AmSamplePart& part : job->parts) widest = std::max(widest, part.length);
+  const size_t chunk = c.chunks ? c.chunks->chunk_bytes() : 0;
   job->per = std::max<size_t>(
-      1, widest == 0 ? c.max_run : std::min<size_t>(c.max_run, c.chunk / widest));
+      1, widest == 0 ? c.max_run : std::min<size_t>(c.max_run, chunk / widest));
   job->conn = conn;
   job->held = sizeof(ServeJob) + job->items.capacity() * sizeof(AmSampleItem) +
               job->parts.capacity() * sizeof(AmSamplePart);
@@ -524,12 +510,9 @@ AmSampleServer::AmSampleServer(nb::object worker, uintptr_t worker_handle, nb::o
     const size_t room =
         known ? (attr.max_am_header - sizeof(AmSampleReply)) / sizeof(AmSampleSlotHeader) : 1;
     c.max_run = std::max<size_t>(1, std::min<size_t>(kAmSampleMaxRun, room));
-    c.bounce = reinterpret_cast<uint8_t*>(b.local_address());
+    c.chunks = std::make_unique<ChunkPool>(reinterpret_cast<uint8_t*>(b.local_address()),
+                                           chunk_bytes, b.size() / chunk_bytes);
     c.bounce_memh = b.memh();
-    c.chunk = chunk_bytes;
-    const size_t chunks = b.size() / chunk_bytes;
-    c.free_chunks.reserve(chunks);
-    for (size_t k = chunks; k-- > 0;) c.free_chunks.push_back(static_cast<uint32_t>(k));
   }
   request_id_ = request_id;
   // The handler's argument: the core, held as long as the handler is registered.

@@ -3,20 +3,16 @@
 from __future__ import annotations
 
 import logging
-import math
-import os
 import threading
 import warnings
 import weakref
 from typing import Any
 
-import numpy as np
-
 from .. import rate_limiters as _rate_limiters
 from .. import selectors as _selectors
 from ..config import read_token, rendezvous_config, token_path, ucx_tls
 from ..errors import CapacityWarning, ConfigError
-from ..protocol import MAX_SAMPLE, parse_reply
+from ..protocol import parse_reply
 from ..rate_limiters import RateLimiter
 from ..selectors import Selector
 from ..spec import TableSpec
@@ -135,6 +131,8 @@ class Client:
         `warnings` and warned once (CapacityWarning)."""
         info = _strip(self._checked("table_info", name=name), keep_warnings=True)
         self._warn_capacity(info.get("warnings"))
+        if name not in self._specs:  # spec() and slice_len() need not ask again
+            self._remember_layout(name, info)
         return info
 
     def tables(self) -> list[dict]:
@@ -170,13 +168,14 @@ class Client:
 
     def spec(self, table: str) -> TableSpec:
         """The layout of a table's items (cached)."""
-        spec = self._specs.get(table)
-        if spec is None:
-            info = self.table_info(table)
-            spec = TableSpec.from_wire(info["spec"])
-            self._specs[table] = spec
-            self._slice_lens[table] = info.get("slice_len") or 0
-        return spec
+        if table not in self._specs:
+            self.table_info(table)  # remembers it
+        return self._specs[table]
+
+    def _remember_layout(self, table: str, info: dict) -> None:
+        """Cache the spec and slice length a table_info reply carries."""
+        self._specs[table] = TableSpec.from_wire(info["spec"])
+        self._slice_lens[table] = info.get("slice_len") or 0
 
     def slice_len(self, table: str) -> int:
         """Steps in one slice of a table of slices; 0 for a table of items (cached)."""
@@ -197,15 +196,10 @@ class Client:
 
         `batch_size` is 1 to 65536 (what one sample request carries), and a
         host ring of `prefetch + 1` such batches must fit in memory: both are
-        refused here with ConfigError, before anything is allocated.
+        refused with ConfigError before anything is allocated (see
+        client/learner/arguments.py).
         """
         ensure_open(self, "client")
-        _refuse_batch_size(batch_size)
-        # A table of slices reads batch_size slices of slice_len steps: as many rows.
-        rows = batch_size * max(1, self.slice_len(table))
-        _refuse_batch_size(rows)
-        _refuse_unadmittable(self.table_info(table), table, batch_size)  # counts slices
-        _refuse_unmappable_ring(self.spec(table), table, rows, device, options)
         learner = Learner(self, table, batch_size, device=device, **options)
         self._children.append(learner)
         return learner
@@ -320,59 +314,3 @@ def _refuse_uncalled(role: str, value: Any) -> None:
                           f"e.g. {role}=ds.{_FACTORIES.get(name, name + '(...)')}")
     raise ConfigError(f"{role} must be made by one of ds.{', ds.'.join(_FACTORIES)} "
                       f"(called), got {value!r}")
-
-
-def _refuse_batch_size(batch_size: Any) -> None:
-    """A batch one sample request cannot carry (protocol.MAX_SAMPLE items) is
-    refused before any memory is allocated for it."""
-    if isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)):
-        raise ConfigError(f"batch_size must be an integer, got {batch_size!r}")
-    if not 1 <= batch_size <= MAX_SAMPLE:
-        raise ConfigError(
-            f"batch_size={batch_size} is outside [1, {MAX_SAMPLE}]: one sample request "
-            f"carries at most {MAX_SAMPLE} items (the protocol's limit). Use a smaller "
-            "batch_size, and sample several batches for more"
-        )
-
-
-def _refuse_unmappable_ring(spec: TableSpec, table: str, batch_size: int, device: str,
-                            options: dict) -> None:
-    """A host ring (prefetch + 1 buffers of batch_size slots) larger than this
-    machine's memory cannot be mapped: say so with the sizes, instead of
-    failing inside UCX's mmap."""
-    if str(device) != "cpu":
-        return  # device memory: the GPU's allocator says what does not fit
-    ring = options.get("ring")
-    slots = ring if ring is not None else options.get("prefetch", 2) + 1
-    if not isinstance(slots, int) or slots < 1:
-        return  # the Learner names that mistake
-    need = batch_size * spec.slot_size * slots
-    try:
-        memory = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    except (ValueError, OSError):
-        return
-    if need > memory:
-        gib = 1 << 30
-        raise ConfigError(
-            f"learner of table {table!r}: its ring needs {need / gib:.1f} GiB "
-            f"({slots} buffers of batch_size={batch_size} x {spec.slot_size}-byte slots), more "
-            f"than this machine's {memory / gib:.1f} GiB of memory: use a smaller batch_size "
-            f"(at most {memory // (spec.slot_size * slots)}) or a smaller prefetch"
-        )
-
-
-def _refuse_unadmittable(info: dict, table: str, batch_size: int) -> None:
-    """A batch the table's rate limiter could never admit at once (a Queue(10)
-    asked for 64 items) is refused here, not after waiting out a timeout."""
-    limiter = info.get("rate_limiter") or {}
-    lo, hi = limiter.get("min_diff"), limiter.get("max_diff")
-    if lo is None or hi is None or not (math.isfinite(lo) and math.isfinite(hi)):
-        return
-    if batch_size > hi - lo:
-        kind = limiter.get("kind")
-        what = f"Queue({int(hi)})" if kind == "queue" else f"its {kind} rate limiter"
-        raise ConfigError(
-            f"table {table!r}: {what} can never hand out {batch_size} items at once "
-            f"(at most {int(hi - lo)}): use batch_size <= {int(hi - lo)}, or recreate the "
-            "table with a larger limit"
-        )

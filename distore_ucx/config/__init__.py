@@ -6,7 +6,10 @@ A setting has one dotted name (``node.arena``), which is also its place in
 taken in this order: CLI flag, then ``DISTORE_*`` variable, then the TOML
 file, then the default. The CLI and the environment are read in one place
 (cli.py) and handed to :func:`resolve`; nothing deeper reads either, and
-processes get the typed dataclasses below.
+processes get the typed dataclasses below. The one exception: measuring and
+debugging switches (``DISTORE_AM_INSERTS``, ``DISTORE_AM_SAMPLES``, ...:
+:data:`SWITCHES`), read by the functions of :mod:`.environment` where they
+are used; ``distore config show`` lists them with the settings.
 
 The package, one concept a module:
 
@@ -18,7 +21,8 @@ The package, one concept a module:
 - :mod:`.resolved`: resolve() and Settings (flag > variable > file > default);
 - :mod:`.checks`: what the processes refuse at start (config check);
 - :mod:`.auth`: reading the shared token;
-- :mod:`.environment`: the switches read from the environment where used.
+- :mod:`.environment`: the switches read from the environment where used
+  (SWITCHES, switches_table).
 """
 
 from ..table_definition import TableProblems
@@ -26,6 +30,8 @@ from .auth import MIN_TOKEN_BYTES, read_token, token_path
 from .checks import check_exposure, check_file, is_loopback
 from .environment import (
     AM_MIN_ITEM_BYTES,
+    SWITCHES,
+    Switch,
     am_insert_runs_enabled,
     am_inserts_enabled,
     am_min_item_bytes,
@@ -36,6 +42,8 @@ from .environment import (
     sample_ahead_from_env,
     size_from_env,
     switch_from_env,
+    switches_shown,
+    switches_table,
     ucx_tls,
 )
 from .resolved import Settings, resolve
@@ -64,5 +72,5 @@ __all__ = [
     "am_samples_enabled",
     "disk_bounce",
     "local_map_default", "rendezvous_config", "sample_ahead_from_env", "size_from_env",
-    "switch_from_env", "ucx_tls",
+    "switch_from_env", "ucx_tls", "SWITCHES", "Switch", "switches_shown", "switches_table",
 ]

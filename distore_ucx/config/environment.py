@@ -1,19 +1,87 @@
 """Switches read from the environment where they are used.
 
 Measuring and debugging switches (``DISTORE_AM_INSERTS``,
-``DISTORE_LOCAL_MAP``, ...) and the UCX variables the runtime reports. Code
-below the configuration layer calls these functions and never reads the
-environment itself (tests/unit/test_layers.py). They read at each call (not
-once at import), so that a process or test that sets a variable late is
-heard.
+``DISTORE_LOCAL_MAP``, ...: SWITCHES) and the UCX variables the runtime
+reports. They are not settings (no flag, no TOML key): they choose how
+bytes move, not what a process is, and are turned off to measure or to
+rule a path out. Code below the configuration layer calls these functions
+and never reads the environment itself (tests/unit/test_layers.py). They
+read at each call (not once at import), so that a process or test that
+sets a variable late is heard. `distore config show` lists them beside the
+settings, and docs/deployment.md in a table of its own (switches_table).
 """
 
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 
 from ..errors import ConfigError
 from .values import parse_size, to_bool
+
+# A rendezvous message costs three control messages besides the bytes, a
+# get one: below this size per-item overhead wins over the copies saved.
+# perf/insert_bandwidth.py measures the crossover (docs/performance.md).
+AM_MIN_ITEM_BYTES = 64 << 10
+
+
+@dataclass(frozen=True)
+class Switch:
+    """One variable read where it is used: its name, its default as a user
+    would write it (None: the process decides) and what it does."""
+
+    variable: str
+    default: str | None
+    meaning: str
+
+
+SWITCHES = (
+    Switch("DISTORE_AM_INSERTS", "1",
+           "writers send items of DISTORE_AM_MIN_ITEM or more to storage nodes as UCX active "
+           "messages where UCX emulates RMA (TCP); 0: nodes read writers' staging buffers "
+           "with one-sided gets (nodes and writers)"),
+    Switch("DISTORE_AM_INSERT_RUNS", "1",
+           "items much smaller than a megabyte go to a node several to a message; 0: one "
+           "item a message (nodes or writers)"),
+    Switch("DISTORE_AM_SAMPLES", "1",
+           "where UCX emulates RMA (TCP), nodes send sampled items into learners' buffers "
+           "as active messages; 0: learners read them with one-sided gets (nodes or "
+           "learners)"),
+    Switch("DISTORE_AM_MIN_ITEM", f"{AM_MIN_ITEM_BYTES >> 10}KiB",
+           "items smaller than this go by one-sided gets even to nodes that take active "
+           "messages (writers; bytes, or e.g. 64KiB)"),
+    Switch("DISTORE_LOCAL_MAP", "1",
+           "same-host processes share memory: learners read nodes' arenas through a "
+           "read-only mapping, nodes map writers' staging buffers; 0: UCX and "
+           "process_vm_readv (learners and writers; their local_map= wins)"),
+    Switch("DISTORE_DISK_BOUNCE", None,
+           "1 or 0: cold reads go (or not) through hugepage buffers, in place of the "
+           "node's own choice (nodes with a disk tier)"),
+    Switch("DISTORE_SAMPLE_AHEAD", None,
+           "batches a learner asks the control plane for in one request when its "
+           "sample_ahead= is left out (learners; unset: the learner's default, see "
+           "Learner)"),
+)
+
+
+def switches_shown(environ) -> dict[str, dict]:
+    """Each switch's value in `environ` and where it came from ("env" or
+    "default"), as `distore config show` prints the settings."""
+    shown = {}
+    for s in SWITCHES:
+        value = environ.get(s.variable, "").strip()
+        shown[s.variable] = {"value": value or s.default, "source": "env" if value else "default"}
+    return shown
+
+
+def switches_table() -> str:
+    """SWITCHES as the Markdown table of docs/deployment.md (which holds it
+    between markers; tests/unit/test_docs.py keeps the two equal)."""
+    rows = ["| variable | default | meaning |", "|---|---|---|"]
+    for s in SWITCHES:
+        default = "the process decides" if s.default is None else f"`{s.default}`"
+        rows.append(f"| `{s.variable}` | {default} | {s.meaning} |")
+    return "\n".join(rows) + "\n"
 
 
 def switch_from_env(name: str, default: bool = True) -> bool:
@@ -42,12 +110,6 @@ def size_from_env(name: str, default: int) -> int:
         return parse_size(value)
     except ConfigError as exc:
         raise ConfigError(f"{name}: {exc}") from None
-
-
-# A rendezvous message costs three control messages besides the bytes, a
-# get one: below this size per-item overhead wins over the copies saved.
-# perf/insert_bandwidth.py measures the crossover (docs/performance.md).
-AM_MIN_ITEM_BYTES = 64 << 10
 
 
 def am_inserts_enabled() -> bool:

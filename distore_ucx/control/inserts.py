@@ -72,8 +72,7 @@ class Inserts:
             keys, offsets, gens, prios = keys[new], offsets[new], gens[new], prios[new]
             if steps is not None:
                 steps = tuple(a[new] for a in steps)
-        freed = table.add(node_id, keys, offsets, gens, prios, steps)
-        retired = table.retired_leased
+        freed, retired = table.add(node_id, keys, offsets, gens, prios, steps)
         # A cold one is read ahead from the copy its node staged for the
         # learner's sample: that copy is marked instead of the disk slot.
         retired = retired + self.reclaim.leases.staged_copies(table.name, retired)

@@ -54,18 +54,31 @@ class ItemStore:
         self._nfree = 0
 
     def __getattr__(self, name: str) -> np.ndarray:
+        # The columns by name: node, offset and generation are views of the
+        # place column (assignments write through). There is no `key` column
+        # when the table core holds the keys: `keys(recs)` reads them.
         cols = self.__dict__["cols"]
         if name in _PLACE_FIELDS:
-            return cols["place"][name]  # a view: assignments write through
-        if name == "key" and self.__dict__["_keys"] is not None:
-            # Keys live in the table core: a read-only copy, one per record.
-            keys = self._keys.record_keys(np.arange(self.capacity, dtype=np.int64))
-            keys.setflags(write=False)
-            return keys
+            return cols["place"][name]
         try:
             return cols[name]
         except KeyError:
             raise AttributeError(name) from None
+
+    def keys(self, recs: np.ndarray) -> np.ndarray:
+        """The keys of records `recs` (ids, or a mask over every record;
+        uint64, a copy): the key last given to each, whether or not it is
+        still in the table.
+
+        >>> store.keys(store.state == LIVE)
+        """
+        recs = np.asarray(recs)
+        if recs.dtype == np.bool_:
+            recs = np.flatnonzero(recs)
+        recs = np.ascontiguousarray(recs, np.int64)
+        if self._keys is not None:
+            return self._keys.record_keys(recs)
+        return self.cols["key"][recs]
 
     @property
     def location(self) -> np.ndarray:

@@ -27,15 +27,6 @@ from ..slot_format import COLD, stride_of
 from .items import FREE, LIVE
 
 
-def pick_for_room(table, node_id: int, n: int, rng: np.random.Generator) -> np.ndarray:
-    """Record ids of up to n of `table`'s LIVE, unleased, hot items on
-    `node_id`, those its remover would evict first (one full scan)."""
-    cand = np.flatnonzero(_evictable(table.store, slice(None), node_id))
-    if n <= 0:
-        return cand[:0]
-    return _ranked(table, cand, n, rng)
-
-
 class Room:
     """Candidates to evict for room, found by one scan per (table, node)
     and handed out over many requests (as control/tiers.py Demotions do):

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import secrets
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
@@ -83,6 +84,15 @@ class Retired:
         return len(self.nodes)
 
 
+class Evicted(NamedTuple):
+    """What an add evicted: `freed`, slots to free now (their items were not
+    leased); `leased`, items a learner holds a lease on, retired: the caller
+    has their slots marked retired before it acknowledges the insert."""
+
+    freed: Freed
+    leased: Retired
+
+
 class Table:
     """One table: its definition (spec, capacity, selectors, rate limiter) and
     its item records."""
@@ -128,9 +138,6 @@ class Table:
         # request: nodes' staging areas are sized for three batches of cold
         # items per learner (control/sampling.py).
         self.may_hold_cold = False
-        # Leased items the last add() evicted: the caller has their slots
-        # marked retired before it acknowledges the insert.
-        self.retired_leased = Retired.empty()
         # Picks which checkpointed items a random remover drops at capacity
         # (restores only; `survivors`).
         self._rng = np.random.default_rng(seed)
@@ -164,11 +171,12 @@ class Table:
 
     # -- inserts and evictions -------------------------------------------
     def add(self, node: int, keys, offsets, generations, priorities,
-            steps: tuple | None = None) -> Freed:
+            steps: tuple | None = None) -> Evicted:
         """Make a batch of stored items sampleable; evicts by the remover at
-        capacity. A table of slices takes `steps`: each item's (episode,
-        position, flags) arrays (InvalidRequest without them, or with them
-        for a table of items)."""
+        capacity and returns what it evicted: slots to free, and leased
+        items to mark retired (Evicted). A table of slices takes `steps`:
+        each item's (episode, position, flags) arrays (InvalidRequest
+        without them, or with them for a table of items)."""
         self._check_steps(len(keys), steps)
         keys = np.ascontiguousarray(keys, np.uint64)
         if self.pending is not None:
@@ -186,8 +194,8 @@ class Table:
             # the room left) end the slices through them.
             self.slices.remove(evicted)
         self.inserts += len(keys)
-        self.retired_leased = self._leased(evicted)
-        return self._retire(evicted)
+        leased = self._leased(evicted)
+        return Evicted(self._retire(evicted), leased)
 
     def _check_steps(self, n: int, steps: tuple | None) -> None:
         """Steps of episodes go to a table of slices, and only there."""
@@ -291,7 +299,7 @@ class Table:
         live = np.flatnonzero(s.state == LIVE)
         keys, seqs = self.core.keys(live), self.core.sequences(live)
         prios, times = self.core.priorities(live), self.core.times_sampled(live)
-        retired = self.core.record_keys(np.flatnonzero(s.state == RETIRED))
+        retired = s.keys(s.state == RETIRED)
         p = self.pending
         if p is not None:
             left = np.flatnonzero(~p.claimed)

@@ -82,7 +82,7 @@ void bind_am(nb::module_& m) {
           "unauthenticated (closed: a wrong capability or none in time), and receives\n"
           "left to UCX (abandoned_receives).")
       .def_prop_ro("waiting", &AmInbox::waiting, "Messages received and not taken yet.")
-      .def_prop_ro("chunks", &AmInbox::chunks,
+      .def_prop_ro("chunks", [](const AmInbox& a) { return a.chunk_pool().made(); },
                    "Bounce chunks made so far for runs (at most 16 in use at once).")
       .def_ro_static("run_bytes", &AmInbox::kRunBytes,
                      "The largest run (bytes of data in one message) a pull receives.")

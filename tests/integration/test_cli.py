@@ -119,11 +119,14 @@ def test_config_check_says_what_is_wrong_and_where(tmp_path):
 def test_config_show_tells_each_value_and_its_source(tmp_path):
     cfg = tmp_path / "distore.toml"
     cfg.write_text('[node]\narena = "2GiB"\nname = "from-file"\n')
-    env = dict(os.environ, DISTORE_CONFIG=str(cfg), DISTORE_NODE_NAME="from-env")
+    env = dict(os.environ, DISTORE_CONFIG=str(cfg), DISTORE_NODE_NAME="from-env",
+               DISTORE_AM_SAMPLES="0")
     shown = json.loads(run_cli("config", "show", env=env).stdout)
     assert shown["node.arena"] == {"value": 2 << 30, "source": "file"}
     assert shown["node.name"] == {"value": "from-env", "source": "env"}
     assert shown["control.lease_timeout"]["source"] == "default"
+    # Switches read where they are used are listed too.
+    assert shown["DISTORE_AM_SAMPLES"] == {"value": "0", "source": "env"}
 
 
 def test_control_plane_creates_configured_tables_and_stops_on_sigterm(tmp_path, tls):

@@ -95,6 +95,19 @@ def test_torch_cpu_tensors_through_dlpack(filled, tls):
     assert kept.data["obs"].data_ptr() != batch.data["obs"].data_ptr()
 
 
+def test_a_learner_asks_for_its_table_once(filled, cluster, tls, monkeypatch):
+    # Its arguments are checked from the one table_info reply its spec, slice
+    # length and rate limiter come in, also by a client that did not make
+    # the table (none of it cached yet).
+    with ds.connect(cluster.address) as other:
+        asked = []
+        real = other.call
+        monkeypatch.setattr(other, "call", lambda op, **f: (asked.append(op), real(op, **f))[1])
+        with other.learner("replay", batch_size=4, prefetch=0) as learner:
+            learner.sample()
+        assert asked.count("table_info") == 1, asked
+
+
 def test_device_options_are_checked(filled, tls):
     client, _, _ = filled
     with pytest.raises(ds.ConfigError, match="expected 'cpu', 'cuda' or 'cuda:N'"):

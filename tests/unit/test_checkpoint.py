@@ -38,7 +38,7 @@ def fill(table: Table, keys, node=1, priorities=None) -> None:
 
 def live(table: Table) -> dict[int, tuple[float, int]]:
     recs = np.flatnonzero(table.store.state == LIVE)
-    return dict(zip(table.store.key[recs].tolist(),
+    return dict(zip(table.store.keys(recs).tolist(),
                     zip(table.core.priorities(recs).tolist(),
                         table.core.times_sampled(recs).tolist())))
 
@@ -165,7 +165,7 @@ def test_fifo_order_survives_whatever_order_nodes_resend_in():
     order = []
     while r.size:
         recs = r.sample(1)[0]
-        order.append(int(r.store.key[recs[0]]))
+        order.append(int(r.store.keys(recs[:1])[0]))
         r.core.remove(recs)
     assert order == [0, 1, 3, 7, 11, 15, 19, 1000]
 

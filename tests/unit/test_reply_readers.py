@@ -12,7 +12,7 @@ import pytest
 from distore_ucx import protocol
 from distore_ucx.client.client import Client
 from distore_ucx.client.learner.sample_stream import SampleStream
-from distore_ucx.client.writer.keys import KeyRange
+from distore_ucx.client.writer.keys import KeyRange, key_span
 from distore_ucx.protocol import ITEM_LOCATION, ProtocolError
 
 PEER = "control plane at 10.0.0.1:7700"
@@ -93,6 +93,14 @@ def test_a_writer_takes_its_keys_from_a_checked_reply():
     assert (keys.writer_id, keys.base, keys.count) == (3, 3 << 24, 1 << 24)
     with pytest.raises(ProtocolError, match=r"register_writer\.key_bits: 0 outside"):
         KeyRange(FakeClient({"id": 1, "ok": True, "writer_id": 3, "key_bits": 0}))
+
+
+def test_keys_given_are_never_given_again():
+    keys = KeyRange(FakeClient({"id": 1, "ok": True, "writer_id": 3, "key_bits": 2}))
+    assert keys.give(3) == 12 and keys.give(1) == 15  # id 3's 4 keys: 12 to 15
+    keys._client = FakeClient({"id": 2, "ok": True, "writer_id": 4, "key_bits": 2})
+    assert list(key_span(keys.give(2), 2)) == [16, 17]  # used up: the next id's
+    assert keys.writer_id == 4 and list(keys.peek(2)) == [18, 19]
 
 
 def offline_client(reply: dict) -> Client:

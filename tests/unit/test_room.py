@@ -8,7 +8,7 @@ import pytest
 
 import distore_ucx as ds
 from distore_ucx.control.items import LIVE, RETIRED
-from distore_ucx.control.room import pick_for_room
+from distore_ucx.control.room import Room
 from distore_ucx.control.tables import Table
 from distore_ucx.spec import TableSpec
 
@@ -21,8 +21,13 @@ def add(table, keys, node, priorities=None):
     return table.add(node, keys, keys * np.uint64(64), keys + np.uint64(1000), prios)
 
 
+def pick_for_room(table, node_id, n, rng):
+    """What a node's first request for room on `node_id` is handed (one scan)."""
+    return Room(rng).pick(table, node_id, n)
+
+
 def keys_of(table, recs):
-    return sorted(table.store.key[recs].tolist())
+    return sorted(table.store.keys(recs).tolist())
 
 
 @pytest.mark.parametrize("remover, expect", [
@@ -66,17 +71,14 @@ def test_add_reports_the_leased_items_it_evicted_for_marking():
     t = Table.make("t", 3, SPEC)
     add(t, [0, 1, 2], node=1)
     t.lease(t.core.lookup(np.array([0], np.uint64)))
-    freed = add(t, [3, 4], node=2)  # evicts 0 (leased) and 1
+    freed, r = add(t, [3, 4], node=2)  # evicts 0 (leased) and 1
     assert freed.offsets.tolist() == [64]
-    r = t.retired_leased
     assert r.nodes.tolist() == [1] and r.offsets.tolist() == [0]
     assert r.generations.tolist() == [1000]
     assert (t.store.state == RETIRED).sum() == 1
 
 
 def test_room_hands_out_one_scans_candidates_over_many_requests():
-    from distore_ucx.control.room import Room
-
     t = Table.make("t", 10_000, SPEC)  # Fifo remover
     add(t, np.arange(6000), node=1)
     add(t, np.arange(6000, 6100), node=2)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from distore_ucx.client.learner.learner import SAMPLE_AHEAD_BYTES, _sample_ahead
+from distore_ucx.client.learner.sample_stream import SAMPLE_AHEAD_BYTES, resolve_sample_ahead
 from distore_ucx.errors import ConfigError
 
 
@@ -24,18 +24,18 @@ def _no_env(monkeypatch):
     (1, 64, 8),
 ])
 def test_default_is_bounded_by_items_and_bytes(batch, item_bytes, expected):
-    ahead = _sample_ahead(None, batch, False, item_bytes)
+    ahead = resolve_sample_ahead(None, batch, False, item_bytes)
     assert ahead == expected
     assert ahead == 1 or ahead * batch * item_bytes <= SAMPLE_AHEAD_BYTES
 
 
 def test_env_and_explicit_values_are_not_bounded_by_bytes(monkeypatch):
-    assert _sample_ahead(3, 32, False, 10_485_824) == 3
+    assert resolve_sample_ahead(3, 32, False, 10_485_824) == 3
     monkeypatch.setenv("DISTORE_SAMPLE_AHEAD", "5")
-    assert _sample_ahead(None, 4, False, 10_485_824) == 5
+    assert resolve_sample_ahead(None, 4, False, 10_485_824) == 5
 
 
-def test_consuming_tables_never_sample_ahead():
-    assert _sample_ahead(None, 4, True, 64) == 1
+def test_consuming_tables_neverresolve_sample_ahead():
+    assert resolve_sample_ahead(None, 4, True, 64) == 1
     with pytest.raises(ConfigError, match="cannot be sampled ahead"):
-        _sample_ahead(2, 4, True, 64)
+        resolve_sample_ahead(2, 4, True, 64)

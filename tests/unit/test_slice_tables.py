@@ -125,7 +125,7 @@ def test_a_checkpoint_keeps_episodes_and_a_restore_puts_steps_back_in_them(tmp_p
     recs, _, positions, flags = back.sample_slices(4 * 30)
     pos = positions.reshape(30, 4)
     assert (np.diff(pos, axis=1) == 1).all()
-    assert (flags.reshape(30, 4)[:, -1] == (back.store.key[recs].reshape(30, 4)[:, -1] == 105)
+    assert (flags.reshape(30, 4)[:, -1] == (back.store.keys(recs).reshape(30, 4)[:, -1] == 105)
             ).all()  # the flag of episode 10's last step came back
 
 
@@ -142,7 +142,7 @@ def test_short_slices_are_padded_with_their_last_step_and_flagged(pad, starts):
     add(t, 1, 12, range(2), 300)  # still going: no start yet
     assert t.sampleable == starts
     recs, _, positions, flags = t.sample_slices(4 * 400)
-    keys = t.store.key[recs].reshape(400, 4)
+    keys = t.store.keys(recs).reshape(400, 4)
     flags = flags.reshape(400, 4)
     real = (flags & STEP_PAD) == 0
     lengths = real.sum(axis=1)

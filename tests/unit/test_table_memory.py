@@ -286,6 +286,7 @@ def test_standalone_item_store_keeps_its_own_keys():
     assert loc["offset"].tolist() == [1 << 63, 128, 64]
     assert (loc["node"] == 2).all() and (loc["generation"] == 5).all()
     assert (loc["pad"] == 0).all()
+    assert s.keys(recs).tolist() == [7, 8, 9] and s.keys(s.node == 2).tolist() == [7, 8, 9]
 
 
 def test_table_locations_join_the_store_and_the_core():
@@ -301,7 +302,8 @@ def test_table_locations_join_the_store_and_the_core():
     assert loc["offset"].tolist() == offsets.tolist()
     assert loc["generation"].tolist() == (keys + np.uint64(1)).tolist()
     assert (loc["pad"] == 0).all() and (loc["node"] == 4).all()
-    assert t.store.key[recs].tolist() == keys.tolist()
+    assert t.store.keys(recs).tolist() == keys.tolist()
+    assert not hasattr(t.store, "key")  # the core holds them: no column to copy whole
     with pytest.raises(errors.TableCoreError, match="outside the item store"):
         t.locations(i64([t.store.capacity]))
 
@@ -315,7 +317,7 @@ def test_keys_of_items_evicted_while_leased_stay_readable():
     t.lease(recs)
     t.add(1, u64([20, 21]), u64([256, 320]), u64([2, 2]), np.ones(2))  # evicts 10, 11
     retired = np.flatnonzero(t.store.state == RETIRED)
-    assert sorted(t.store.key[retired].tolist()) == [10, 11]
+    assert sorted(t.store.keys(retired).tolist()) == [10, 11]
     assert sorted(t.locations(retired)["key"].tolist()) == [10, 11]
     assert sorted(t.image().retired.tolist()) == [10, 11]
     assert t.core.lookup(u64([10, 11, 20])).tolist()[:2] == [-1, -1]
@@ -323,7 +325,7 @@ def test_keys_of_items_evicted_while_leased_stay_readable():
     assert sorted(freed.offsets.tolist()) == [0, 64]
     # the freed records are reused for new keys; the core tells them apart
     t.add(1, u64([30, 31]), u64([0, 64]), u64([3, 3]), np.ones(2))  # evicts 12, 13
-    assert set(t.store.key[t.store.state == LIVE].tolist()) == {20, 21, 30, 31}
+    assert set(t.store.keys(t.store.state == LIVE).tolist()) == {20, 21, 30, 31}
     assert sorted(t.core.lookup(u64([30, 31])).tolist()) == sorted(retired.tolist())
     assert t.core.lookup(u64([10, 11, 12, 13])).tolist() == [-1] * 4
 

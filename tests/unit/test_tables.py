@@ -23,13 +23,13 @@ def add(table, keys, node=1, priorities=None):
 
 def live_keys(table):
     s = table.store
-    return set(s.key[s.state == LIVE].tolist())
+    return set(s.keys(s.state == LIVE).tolist())
 
 
 def test_fifo_evicts_oldest_first_and_frees_their_slots():
     t = Table.make("t", 10, SPEC)
-    assert len(add(t, range(10)).nodes) == 0
-    freed = add(t, range(10, 13))
+    assert len(add(t, range(10)).freed.nodes) == 0
+    freed, _ = add(t, range(10, 13))
     assert live_keys(t) == set(range(3, 13))
     assert sorted(freed.offsets.tolist()) == [0, 64, 128]
     assert t.deletes == 3 and t.inserts == 13 and t.size == 10
@@ -56,7 +56,7 @@ def test_leased_items_are_retired_not_freed_until_released():
     t = Table.make("t", 4, SPEC, seed=1)
     add(t, range(4))
     recs, _, _ = t.sample(64)  # leases every sampled record
-    freed = add(t, range(4, 8))  # evicts every sampled item
+    freed, _ = add(t, range(4, 8))  # evicts every sampled item
     assert len(freed.nodes) == 4 - len(np.unique(recs))
     assert (t.store.state[np.unique(recs)] == RETIRED).all()
     freed = t.unlease(recs)
@@ -90,7 +90,7 @@ def test_max_times_sampled_retires_items_after_their_last_use():
     t = Table.make("t", 100, SPEC, sampler=ds.Fifo(), max_times_sampled=2, seed=0)
     add(t, range(3))
     recs, probs, freed = t.sample(5)
-    assert t.store.key[recs].tolist() == [0, 0, 1, 1, 2]
+    assert t.store.keys(recs).tolist() == [0, 0, 1, 1, 2]
     assert np.all(probs == 1.0)
     assert live_keys(t) == {2}
     assert len(freed.nodes) == 0  # leased by this very sample
@@ -110,7 +110,7 @@ def test_priority_updates_skip_evicted_keys():
     add(t, range(20))  # keys 0..9 evicted
     assert t.update_priorities(np.array([5, 15], np.uint64), np.array([9.0, 7.0])) == 1
     recs, _, _ = t.sample(1)
-    assert t.store.key[recs].tolist() == [15]
+    assert t.store.keys(recs).tolist() == [15]
 
 
 def test_queue_forces_fifo_exactly_once_and_checks_capacity():

@@ -195,14 +195,13 @@ class Gather:
         am = u & (peers.am_lut[nodes] >= 0)
         if am.any():
             a = np.flatnonzero(am)
-            got = self._runtime.am_sample_client().fetch(
-                peers.am_endpoints, peers.am_lut[nodes[a]].astype(np.uint32),
-                items["offset"][a], dest_rows[a], self._ring.reads, dest, timeout,
-                tags=items["pad"][a], slot_size=self._slot_size)
-            busy = got == _native.STATUS_BUSY  # read by gets below
-            done = a[~busy]
+            sent, got = fetch_by_message(self._runtime, peers.am_endpoints,
+                                         peers.am_lut[nodes[a]], items[a], dest_rows[a],
+                                         self._ring.reads, dest, timeout, self._slot_size)
+            done = a[sent]  # the rest were refused as busy: read by gets below
             self._stats.fetched("ucx-am", len(done), len(done) * self._read)
-            statuses[done] = self._checked(got[~busy], items[done], rows[done], slot)
+            statuses[done] = checked_headers(got, self._ring.headers(slot)[rows[done]],
+                                             items[done])
             u[done] = False
         if u.any():
             k = int(u.sum())
@@ -212,17 +211,35 @@ class Gather:
                 dest, self._ring.staging(), timeout,
             )
             self._stats.fetched("ucx", k, k * self._read)
-            statuses[u] = self._checked(got, items[u], rows[u], slot)
+            statuses[u] = checked_headers(got, self._ring.headers(slot)[rows[u]], items[u])
         return statuses
 
-    def _checked(self, got: np.ndarray, items: np.ndarray, rows: np.ndarray,
-                 slot: int) -> np.ndarray:
-        """Statuses of items read into `rows` of ring slot `slot` with UCX
-        (`got`: the read's), each slot header checked against the (key,
-        generation) the control plane gave: STATUS_STALE where it differs."""
-        header = self._ring.headers(slot)[rows]  # (k, 2): key, generation
-        same = (header[:, 0] == items["key"]) & (header[:, 1] == items["generation"])
-        return np.where((got == 0) & ~same, _native.STATUS_STALE, got)
+
+def checked_headers(got: np.ndarray, headers: np.ndarray, items: np.ndarray) -> np.ndarray:
+    """Statuses of items read with UCX (`got`: the read's, 0 where read),
+    each slot header read (`headers`: (k, 2) key, generation, read after
+    the read completed) checked against the (key, generation) the control
+    plane gave (`items`: protocol.ITEM_LOCATION records): STATUS_STALE
+    where it differs (the slot was reused, or the node marked it retired)."""
+    same = (headers[:, 0] == items["key"]) & (headers[:, 1] == items["generation"])
+    return np.where((got == 0) & ~same, _native.STATUS_STALE, got)
+
+
+def fetch_by_message(runtime, endpoints: list, index: np.ndarray, items: np.ndarray,
+                     rows: np.ndarray, layout, dest, timeout: float,
+                     slot_size: int) -> tuple[np.ndarray, np.ndarray]:
+    """Have nodes that serve samples by active message send `items`
+    (ITEM_LOCATION records; `index`: each one's node in `endpoints`) into
+    `rows` of `dest` laid out as `layout`, in one native call of at most
+    `timeout` s. Returns (sent, statuses): the mask of items the nodes sent
+    and, for those, the read's statuses (headers not checked yet:
+    checked_headers). A node serving too many batches refuses with
+    STATUS_BUSY: its items (~sent) are for the caller to read by gets."""
+    got = runtime.am_sample_client().fetch(
+        endpoints, index.astype(np.uint32), items["offset"], rows, layout, dest, timeout,
+        tags=items["pad"], slot_size=slot_size)
+    sent = got != _native.STATUS_BUSY
+    return sent, got[sent]
 
 
 def _steps_of(reply: dict) -> tuple[np.ndarray, np.ndarray]:

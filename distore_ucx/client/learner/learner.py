@@ -1,16 +1,19 @@
-"""Learner: samples batches straight into a registered buffer, one-sided.
+"""Learner: samples batches straight into a registered buffer.
 
 For each batch the learner takes the next reply of its sample stream
 (client/learner/sample_stream.py): n items from the control plane in one round
 trip, which also releases the previous batch's lease; the next batch's
 request is sent before the current batch is read, and while replies carry
 cold items (read from a node's disk tier first) two are kept in flight.
-It then reads the items into one destination buffer (client/learner/gather.py):
-same-host arenas it has mapped in one native call, the rest with one UCX
-get per item, from every storage node, in another. Each slot's header
-(key, generation) comes in the same read and is checked: an item whose
-slot was reused, or whose node failed mid-read, is dropped and resampled,
-never returned.
+It then reads the items into one destination buffer (client/learner/gather.py),
+each node by its path (client/learner/peers.py): same-host arenas it has
+mapped in one native call; over TCP, where UCX emulates RMA, the nodes
+send their items' fields into the buffer as active messages (one request
+per node and batch, in another call: the default there); the rest with
+one one-sided UCX get per item, from every storage node, in a third. Each
+slot's header (key, generation) comes in the same read and is checked: an
+item whose slot was reused, or whose node failed mid-read, is dropped and
+resampled, never returned.
 
 Batches land on the learner's device (client/learner/device.py: "cpu" or
 "cuda:N"; numpy, torch or CuPy) through a ring of `prefetch + 1`
@@ -49,6 +52,7 @@ from ...protocol import ITEM_LOCATION, STEP_LAST, STEP_PAD, check_reply
 from ...spec import SLOT_HEADER
 from ...transport import capabilities
 from ..lifecycle import ensure_open, mark_closed
+from .arguments import check_learner
 from .batch import Batch
 from .device import Device, choose_path, resolve_framework
 from .gather import Gather
@@ -58,10 +62,6 @@ from .recheck import HeaderRecheck
 from .ring import Ring
 from .sample_stream import SampleStream, resolve_sample_ahead
 from .weights import importance_weights
-
-# Names other modules import from here (the learner was one module before).
-from .sample_stream import SAMPLE_AHEAD_BYTES  # noqa: F401  isort: skip
-from .sample_stream import resolve_sample_ahead as _sample_ahead  # noqa: F401  isort: skip
 
 log = logging.getLogger(__name__)
 
@@ -127,12 +127,11 @@ class Learner:
     ):
         """See the class docstring. `beta`: importance-sampling exponent for
         prioritized tables (batch.weights); None leaves weights out."""
-        if beta is not None and not (np.isfinite(beta) and beta >= 0):
-            raise ConfigError(f"beta must be a finite number >= 0, got {beta!r}")
-        if ring is not None:
-            prefetch = ring - 1
-        if batch_size < 1 or prefetch < 0:
-            raise ConfigError("batch_size must be positive and prefetch (ring - 1) not negative")
+        info, self.spec, self._rows, prefetch = check_learner(client, table, batch_size, device,
+                                                             prefetch, ring, beta)
+        # A table of slices: a batch is batch_size slices of slice_len steps,
+        # read as batch_size * slice_len rows (each slice's steps in order).
+        self.slice_len = info.get("slice_len") or 0
         dev = Device.parse(device)
         self.table = table
         self.batch_size = batch_size
@@ -143,12 +142,6 @@ class Learner:
         self.transfer_timeout = transfer_timeout
         self._client = client
         self.beta = beta
-        info = client.table_info(table)
-        self.spec = client.spec(table)
-        # A table of slices: a batch is batch_size slices of slice_len steps,
-        # read as batch_size * slice_len rows (each slice's steps in order).
-        self.slice_len = info.get("slice_len") or 0
-        self._rows = batch_size * max(1, self.slice_len)
         # Only tables where sampling is free are sampled ahead: with
         # max_times_sampled or a Queue a batch fetched but never used would be
         # lost, and a ratio limiter would count it before it was asked for.

@@ -40,8 +40,8 @@ plane drops it.
 
 The directory keeps per-node lookup tables (node id -> index into the
 remote keys, into the mappings, into the active-message endpoints, and the
-arena base), so that one batch is
-split into its two kinds with array indexing, never a loop per item.
+arena base), so that one batch is split by how its items' nodes are read
+with array indexing, never a loop per item.
 Peers are made for every live node when the learner starts (the first
 sample then costs what a warm one does) and whenever a new node id shows up.
 Thread safety: one thread (the learner's sampling thread) uses a directory.

@@ -14,6 +14,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..._native_loader import _native
+from .gather import checked_headers, fetch_by_message
 
 
 class HeaderRecheck:
@@ -70,9 +71,7 @@ class HeaderRecheck:
                     worker, [key], np.zeros(len(u), np.uint32),
                     base_lut[node_id] + locs["offset"][u], np.full(len(u), 16, np.uint64),
                     self._headers, self._rows[u] * np.uint64(16), timeout)
-                same = ((header[u, 0] == locs["key"][u])
-                        & (header[u, 1] == locs["generation"][u]))
-                statuses[u] = np.where((got == 0) & ~same, _native.STATUS_STALE, got)
+                statuses[u] = checked_headers(got, header[u], locs[u])
                 if (got != 0).any():
                     self._check_keys.pop(node_id, None)  # made again next time
         return np.flatnonzero(statuses != 0)
@@ -98,16 +97,12 @@ class HeaderRecheck:
         if not by_message.any():
             return rest
         u = rest[by_message]
-        got = self._runtime.am_sample_client().fetch(
-            eps, index[by_message].astype(np.uint32), locs["offset"][u], self._rows[u],
-            self._header_layout, self._headers, timeout, tags=locs["pad"][u],
-            slot_size=self._slot_size)
-        busy = got == _native.STATUS_BUSY
-        done, got = u[~busy], got[~busy]
-        same = ((header[done, 0] == locs["key"][done])
-                & (header[done, 1] == locs["generation"][done]))
-        statuses[done] = np.where((got == 0) & ~same, _native.STATUS_STALE, got)
-        return np.concatenate([rest[~by_message], u[busy]])
+        sent, got = fetch_by_message(self._runtime, eps, index[by_message], locs[u],
+                                     self._rows[u], self._header_layout, self._headers,
+                                     timeout, self._slot_size)
+        done = u[sent]
+        statuses[done] = checked_headers(got, header[done], locs[done])
+        return np.concatenate([rest[~by_message], u[~sent]])
 
     def _check_key(self, node_id: int, rkeys: list, key_lut: np.ndarray):
         """(worker, remote key) to re-read a node's headers from the consumer's

@@ -42,4 +42,22 @@ class KeyRange:
 
     def peek(self, n: int) -> np.ndarray:
         """The next n keys (uint64), not given yet (make room first)."""
-        return np.uint64(self.base + self.seq) + np.arange(n, dtype=np.uint64)
+        return key_span(self.base + self.seq, n)
+
+    def give(self, n: int) -> int:
+        """Give the next n keys (taking the next writer id first if this
+        one's are used up); returns the first, the rest follow it
+        (key_span). A key given is never given again.
+
+        >>> keys = key_span(given.give(4), 4)
+        """
+        if self.seq + n > self.count:
+            self.make_room(n)
+        first = self.base + self.seq
+        self.seq += n
+        return first
+
+
+def key_span(first: int, n: int) -> np.ndarray:
+    """The n keys from `first` on (uint64)."""
+    return np.uint64(first) + np.arange(n, dtype=np.uint64)

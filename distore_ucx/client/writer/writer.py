@@ -75,7 +75,7 @@ from ..lifecycle import close_on_exit, ensure_open
 from .connections import Connections
 from .failures import Failed
 from .in_flight import InFlight
-from .keys import KeyRange
+from .keys import KeyRange, key_span
 from .placement import Placement
 from .send import Sender
 from .staging import OneItemLayout, StagingPool, batch_bytes_for
@@ -223,12 +223,8 @@ class Writer:
             spec, n = layout.spec, 1
         else:
             spec, n, arrays, priorities = self._checked(table, data, priority)
-        given = self._keys  # the next n keys become the items'
-        if given.seq + n > given.count:
-            given.make_room(n)
-        first = given.base + given.seq
-        keys = np.array((first,), np.uint64) if n == 1 else given.peek(n)
-        given.seq += n
+        first = self._keys.give(n)  # the next n keys become the items'
+        keys = np.array((first,), np.uint64) if n == 1 else key_span(first, n)
         # The one-item call stages inline (no closure: it is the actor's hot
         # path); a batch goes through _stage as append's steps do.
         if parts is None:
@@ -291,11 +287,7 @@ class Writer:
         spec, n, arrays, priorities = self._checked(table, steps, priority)
         env = _per_step(env, n, np.int64, "env")
         done = _per_step(done, n, np.bool_, "done")
-        given = self._keys
-        if given.seq + n > given.count:
-            given.make_room(n)
-        keys = given.peek(n)
-        given.seq += n
+        keys = key_span(self._keys.give(n), n)
         metadata = _steps(keys, env, done, self._episodes.setdefault(table, {}))
         self._stage(table, spec, keys, lambda batch, lo, k: batch.put_steps(
             arrays, keys, priorities, metadata, lo, k))
