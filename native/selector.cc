@@ -8,6 +8,7 @@
 namespace distore {
 
 SelectorKind selector_kind(int index) {
+  if (index == kNoSelector) return SelectorKind::kNone;
   if (index < 0 || index >= kSelectorKinds) {
     throw TableError("selector kind " + std::to_string(index) +
                      " is not an index of distore_ucx.selectors.KINDS (0.." +
@@ -49,6 +50,8 @@ void Selector::insert(int64_t id, double priority) {
       if (i >= tree_.capacity()) tree_.resize(i + 1);
       tree_.set(i, weight(priority));
       break;
+    case SelectorKind::kNone:
+      break;
     default:
       // FIFO/LIFO by sequence, min/max heap by priority (the core's columns).
       if (by_sequence()) {
@@ -74,6 +77,8 @@ void Selector::remove(int64_t id) {
       members_[i >> 6] &= ~(uint64_t{1} << (i & 63));
       member_list_valid_ = false;
       tree_.set(i, 0.0);
+      break;
+    case SelectorKind::kNone:
       break;
     default:
       if (by_sequence()) {
@@ -115,6 +120,9 @@ int64_t Selector::uniform_member(std::mt19937_64& rng) {
 
 int64_t Selector::select(std::mt19937_64& rng, double* probability) {
   switch (kind_) {
+    case SelectorKind::kNone:
+      throw TableError("this table core has no sampler (a table of slices draws from its "
+                       "SliceIndex): sample its slices, not its items");
     case SelectorKind::kPrioritized: {
       const double total = tree_.total();
       if (total > 0.0) {
@@ -139,6 +147,10 @@ int64_t Selector::select(std::mt19937_64& rng, double* probability) {
 }
 
 void Selector::select_many(std::mt19937_64& rng, size_t n, int64_t* ids, double* probabilities) {
+  if (kind_ == SelectorKind::kNone && n > 0) {
+    double unused;
+    select(rng, &unused);  // refuses
+  }
   if (kind_ == SelectorKind::kUniform) {
     // The same draws as n select() calls; the list reads overlap.
     std::uniform_int_distribution<size_t> u(0, size_ - 1);
@@ -174,6 +186,8 @@ double Selector::probability(int64_t id) const {
     }
     case SelectorKind::kUniform:
       return size_ == 0 ? 0.0 : 1.0 / static_cast<double>(size_);
+    case SelectorKind::kNone:
+      return 0.0;
     default:
       if (by_sequence()) return (!queue_.empty() && queue_.top() == id) ? 1.0 : 0.0;
       return (!heap_.empty() && heap_.top() == id) ? 1.0 : 0.0;
@@ -190,6 +204,8 @@ double Selector::min_probability() const {
     }
     case SelectorKind::kUniform:
       return 1.0 / static_cast<double>(size_);
+    case SelectorKind::kNone:
+      return 0.0;
     default:
       return 1.0;
   }
@@ -206,6 +222,8 @@ void Selector::resident_bytes(const char* prefix,
       out->emplace_back(p + ".sum_tree", tree_.resident_bytes());
       out->emplace_back(p + ".members", members_.resident_bytes() +
                                             member_list_.capacity() * sizeof(uint32_t));
+      break;
+    case SelectorKind::kNone:
       break;
     default:
       if (by_sequence()) {

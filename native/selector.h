@@ -21,11 +21,15 @@ namespace distore {
 
 // A selector kind is the index of its name in distore_ucx.selectors.KINDS,
 // the one list of selector names (Python passes the index; no name is
-// spelled here). Keep this enum in that order.
-enum class SelectorKind : int { kUniform, kPrioritized, kFifo, kLifo, kMinHeap, kMaxHeap };
+// spelled here). Keep this enum in that order. kNone is not a name of
+// KINDS: a sampler that holds nothing (no memory an item) and refuses to
+// draw, for a table of slices, which draws from its SliceIndex (index -1).
+enum class SelectorKind : int { kUniform, kPrioritized, kFifo, kLifo, kMinHeap, kMaxHeap, kNone };
 constexpr int kSelectorKinds = 6;
+constexpr int kNoSelector = -1;
 
-// The kind of index `index` in KINDS; throws TableError when out of range.
+// The kind of index `index` in KINDS (or kNoSelector: kNone); throws
+// TableError when out of range.
 SelectorKind selector_kind(int index);
 
 // One selection policy over the table's items. Ids are below 2^32 - 1.

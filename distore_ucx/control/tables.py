@@ -107,10 +107,11 @@ class Table:
         self.rate_limiter = definition.rate_limiter
         self.max_times_sampled = definition.max_times_sampled
         # A table of slices draws from its SliceIndex, never from the core's
-        # sampler: the cheapest kind there (8 bytes a step, no sum tree).
-        core_sampler = "uniform" if definition.slices else self.sampler.kind
+        # sampler: the core has none (no memory a step).
+        core_sampler = (_tables.NO_SAMPLER if definition.slices
+                        else KINDS.index(self.sampler.kind))
         self.core = _tables.TableCore(
-            KINDS.index(core_sampler), self.sampler.alpha,
+            core_sampler, self.sampler.alpha,
             KINDS.index(self.remover.kind), self.remover.alpha,
             self.capacity, self.max_times_sampled,
             secrets.randbits(63) if seed is None else seed,

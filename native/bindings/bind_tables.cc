@@ -383,6 +383,7 @@ void bind_slice_index(nb::module_& m) {
 
 void bind_tables(nb::module_& m) {
   m.attr("SELECTOR_KINDS") = kSelectorKinds;
+  m.attr("NO_SAMPLER") = kNoSelector;
   bind_grants(m);
   bind_slice_index(m);
   m.def("lease_add", &lease_add, "counts"_a, "ids"_a, "counts[ids] += 1, duplicates counted.");
@@ -439,12 +440,17 @@ void bind_tables(nb::module_& m) {
           [](TableCore* self, int sampler, double sampler_alpha,
              int remover, double remover_alpha, uint64_t capacity,
              uint32_t max_times_sampled, uint64_t seed) {
+            if (remover == kNoSelector) {
+              throw TableError("TableCore: a remover must select (an index of "
+                               "distore_ucx.selectors.KINDS), not NO_SAMPLER");
+            }
             new (self) TableCore(selector_kind(sampler), sampler_alpha, selector_kind(remover),
                                  remover_alpha, capacity, max_times_sampled, seed);
           },
           "sampler"_a, "sampler_alpha"_a, "remover"_a, "remover_alpha"_a, "capacity"_a,
           "max_times_sampled"_a, "seed"_a,
-          "`sampler` and `remover` are indices into distore_ucx.selectors.KINDS.")
+          "`sampler` and `remover` are indices into distore_ucx.selectors.KINDS; sampler -1\n"
+          "(NO_SAMPLER): none, for a table of slices (it draws from its SliceIndex).")
       .def_prop_ro("size", &TableCore::size)
       .def_prop_ro("capacity", &TableCore::capacity)
       .def_prop_ro("max_times_sampled", &TableCore::max_times_sampled)

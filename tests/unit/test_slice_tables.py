@@ -163,3 +163,20 @@ def test_slice_pad_is_checked_and_goes_over_the_wire():
     d = TableDefinition.make("s", 100, SPEC, slice_len=4, slice_pad="short_episodes")
     assert TableDefinition.from_wire(d.to_wire()) == d
     assert "slice_pad" not in TableDefinition.make("s", 100, SPEC, slice_len=4).to_wire()
+
+
+def test_a_table_of_slices_core_keeps_no_sampler():
+    """The core of a table of slices holds no sampler (its draws are the
+    SliceIndex's): no memory a step there, and a draw from it is refused."""
+    from distore_ucx import _tables
+    from distore_ucx.errors import TableCoreError
+
+    t = table(capacity=1000)
+    add(t, 1, 10, range(500), 100, last=True)
+    parts = t.core.memory_usage()
+    assert not any(name.startswith("sampler") for name in parts), parts
+    with pytest.raises(TableCoreError, match="no sampler"):
+        t.core.sample(1)
+    with pytest.raises(TableCoreError, match="remover must select"):
+        _tables.TableCore(0, 1.0, _tables.NO_SAMPLER, 1.0, 10, 0, 1)
+    assert t.sample_slices(4 * 3)[0].shape == (12,)  # slices are drawn as ever
