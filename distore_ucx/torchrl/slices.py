@@ -18,8 +18,10 @@ slice's first step when the data has it, and ("collector", "mask") with
 `pad_output=True`; on a prioritized buffer `priority_weight` (each slice's
 start draw's weight, repeated over its steps). Starts are drawn uniformly
 over the valid starts (or by the start step's priority^alpha), where
-TorchRL draws a trajectory uniformly and then a start in it; docs/torchrl.md
-says what else differs.
+TorchRL draws a trajectory uniformly and then a start in it. Refused, with
+a message: SliceSamplerWithoutReplacement, span other than (False, True),
+static `ends` / `trajectories`, `end_keys`, `fragmented=True` (the README's
+"TorchRL replay buffers" says the same).
 
 Functions and one options class; no state.
 """
