@@ -135,6 +135,27 @@ def let_actor_finish(learner, proc, errors, seconds: float = 30.0) -> None:
         proc.join(5)
 
 
+def sync_nets(step: int, net, target, weights_q, max_priority: float, target_every: int,
+              send_every: int) -> None:
+    """After training step `step`: copy the online net into the target net
+    every `target_every` steps, and send the actor the weights (and the
+    priority for new items) every `send_every` steps."""
+    if step % target_every == 0:
+        target.load_state_dict(net.state_dict())
+    if step % send_every == 0:
+        weights_q.put(({k: v.clone() for k, v in net.state_dict().items()}, max_priority))
+
+
+def finish(stop, learner, proc, client) -> None:
+    """Stop the actor (see let_actor_finish), then close the learner and client."""
+    import distore_ucx as ds
+
+    stop.set()
+    let_actor_finish(learner, proc, ds.DistoreError)
+    learner.close()
+    client.close()
+
+
 def follow_returns(returns_q, returns: list, t0: float, step: int,
                    target: float) -> float | None:
     """Take the episodes the actor finished from `returns_q` into `returns`
@@ -234,20 +255,13 @@ def train(args) -> dict:
                 learner.update_priorities(batch.keys, prios)
                 learner.beta = min(1.0, 0.4 + step / 20_000)
                 step += 1
-                if step % 500 == 0:
-                    target.load_state_dict(net.state_dict())
-                if step % 100 == 0:
-                    weights_q.put(({k: v.clone() for k, v in net.state_dict().items()},
-                                   max_priority))
+                sync_nets(step, net, target, weights_q, max_priority, 500, 100)
                 solved_at = solved_at or follow_returns(returns_q, returns, t0, step,
                                                         args.target)
                 if solved_at is not None:
                     break
         finally:
-            stop.set()
-            let_actor_finish(learner, proc, ds.DistoreError)
-            learner.close()
-            client.close()
+            finish(stop, learner, proc, client)
     return summarize(returns, step, solved_at, t0)
 
 

@@ -28,12 +28,13 @@ import time
 import numpy as np
 from dqn_cartpole import (
     actor,
+    finish,
     follow_returns,
-    let_actor_finish,
     make_net,
     report,
     require_extras,
     summarize,
+    sync_nets,
 )
 
 STEP = {
@@ -128,20 +129,13 @@ def train(args) -> dict:
                 learner.update_priorities(batch.keys, prios)  # the slices' start steps
                 learner.beta = min(1.0, 0.4 + step / 20_000)
                 step += 1
-                if step % 500 == 0:
-                    target.load_state_dict(net.state_dict())
-                if step % 100 == 0:
-                    weights_q.put(({k: v.clone() for k, v in net.state_dict().items()},
-                                   max_priority))
+                sync_nets(step, net, target, weights_q, max_priority, 500, 100)
                 solved_at = solved_at or follow_returns(returns_q, returns, t0, step,
                                                         args.target)
                 if solved_at is not None:
                     break
         finally:
-            stop.set()
-            let_actor_finish(learner, proc, ds.DistoreError)
-            learner.close()
-            client.close()
+            finish(stop, learner, proc, client)
     return summarize(returns, step, solved_at, t0)
 
 

@@ -31,7 +31,7 @@ import sys
 import time
 
 import numpy as np
-from dqn_cartpole import follow_returns, let_actor_finish, report, require_extras, summarize
+from dqn_cartpole import finish, follow_returns, report, require_extras, summarize, sync_nets
 
 STEP = {
     "obs": ((2,), "float32"),       # position and angle only
@@ -206,20 +206,13 @@ def train(args) -> dict:
                 max_priority = max(max_priority, float(prios.max()))
                 learner.update_priorities(batch.keys, prios)  # the slices' start steps
                 step += 1
-                if step % 250 == 0:
-                    target.load_state_dict(net.state_dict())
-                if step % 25 == 0:
-                    weights_q.put(({k: v.clone() for k, v in net.state_dict().items()},
-                                   max_priority))
+                sync_nets(step, net, target, weights_q, max_priority, 250, 25)
                 solved_at = solved_at or follow_returns(returns_q, returns, t0, step,
                                                         args.target)
                 if solved_at is not None:
                     break
         finally:
-            stop.set()
-            let_actor_finish(learner, proc, ds.DistoreError)
-            learner.close()
-            client.close()
+            finish(stop, learner, proc, client)
     return summarize(returns, step, solved_at, t0)
 
 
