@@ -11,8 +11,6 @@ pickling, `share()`, `state_dict()`).
 from __future__ import annotations
 
 import logging
-import threading
-import weakref
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -20,6 +18,7 @@ import numpy as np
 import torch
 
 from ..errors import ConfigError, TableNotFound
+from ..transport.runtime import ClosedAtExit
 from .conversion import INDEX_KEY, WEIGHT_KEYS, _key_tuple
 from .handle import Sharing, records_options
 from .priorities import REDUCTIONS, Priorities
@@ -184,7 +183,7 @@ class DistoreReplayBuffer(Writing, Sampling, Priorities, TableBinding, Sharing):
             if self._owns_client:
                 client.close()
             raise
-        _track_open(self)
+        _OPEN.add(self)
 
     def _slice_table(self, sampler: Any, batch_size: int | None, beta: float | None,
                      capacity: int | None) -> tuple[float | None, int | None]:
@@ -295,30 +294,8 @@ class DistoreReplayBuffer(Writing, Sampling, Priorities, TableBinding, Sharing):
                         why, exc)
 
 
-# Buffers not closed yet, closed at interpreter exit before the UCX runtimes
-# (transport/runtime.py close_at_exit). Held weakly: one dropped earlier
-# closes in __del__.
-_OPEN: weakref.WeakSet[DistoreReplayBuffer] = weakref.WeakSet()
-_OPEN_LOCK = threading.Lock()
-_at_exit_registered = False
-
-
-def _track_open(buffer: DistoreReplayBuffer) -> None:
-    global _at_exit_registered
-    from ..transport.runtime import close_at_exit
-
-    with _OPEN_LOCK:
-        if not _at_exit_registered:
-            close_at_exit(_close_buffers_at_exit)  # the last registered runs first
-            _at_exit_registered = True
-        _OPEN.add(buffer)
-
-
-def _close_buffers_at_exit() -> None:
-    with _OPEN_LOCK:
-        buffers = list(_OPEN)
-    for buffer in buffers:
-        buffer._close_unattended("still open at interpreter exit")
+# Buffers not closed yet, closed at interpreter exit before the UCX runtimes.
+_OPEN = ClosedAtExit()
 
 
 class DistorePrioritizedReplayBuffer(DistoreReplayBuffer):

@@ -378,6 +378,33 @@ def close_at_exit(callback) -> None:
     _AT_EXIT.append(callback)
 
 
+class ClosedAtExit:
+    """Objects not closed yet (writers, replay buffers), each closed with its
+    `_close_unattended(why)` at interpreter exit, before the UCX runtimes
+    close (close_at_exit, registered with the first object added: after its
+    client's runtime, and the last registered runs first). Held weakly: an
+    object dropped earlier closes itself in its __del__."""
+
+    def __init__(self):
+        self._open: weakref.WeakSet = weakref.WeakSet()
+        self._lock = threading.Lock()
+        self._registered = False
+
+    def add(self, obj) -> None:
+        """Close `obj` at exit unless it was closed or collected before."""
+        with self._lock:
+            if not self._registered:
+                close_at_exit(self._close_all)
+                self._registered = True
+            self._open.add(obj)
+
+    def _close_all(self) -> None:
+        with self._lock:
+            objs = list(self._open)
+        for obj in objs:
+            obj._close_unattended("still open at interpreter exit")
+
+
 @atexit.register
 def _close_live_runtimes() -> None:
     for callback in reversed(_AT_EXIT):

@@ -55,9 +55,7 @@ from __future__ import annotations
 
 import logging
 import math
-import threading
 import time
-import weakref
 
 import numpy as np
 
@@ -70,7 +68,7 @@ from ...config import (
 )
 from ...errors import ConfigError
 from ...protocol import STEP_LAST
-from ...transport.runtime import close_at_exit
+from ...transport.runtime import ClosedAtExit
 from ..lifecycle import close_on_exit, ensure_open
 from .connections import Connections
 from .failures import Failed
@@ -176,7 +174,7 @@ class Writer:
                                 timeout)
         metrics.track("writer", self)
         self._closed = False
-        _track_open(self)
+        _OPEN.add(self)
 
     def next_keys(self, n: int = 1) -> np.ndarray:
         """The keys the next `n` items this writer inserts will get (uint64), so
@@ -410,28 +408,7 @@ def _steps(keys: np.ndarray, env: np.ndarray, done: np.ndarray,
     return out
 
 
-# Writers not closed yet; at interpreter exit each is flushed and closed
-# (before the UCX runtimes close: their staging buffers and active-message
-# sends use them). Held weakly: a writer dropped earlier flushes in __del__.
-_OPEN: weakref.WeakSet[Writer] = weakref.WeakSet()
-_OPEN_LOCK = threading.Lock()
-_at_exit_registered = False
-
-
-def _track_open(writer: Writer) -> None:
-    # Registered with the first writer, after its client's runtime registered
-    # its own callback: the last registered runs first, so writers flush
-    # before learners close and before the runtimes do.
-    global _at_exit_registered
-    with _OPEN_LOCK:
-        if not _at_exit_registered:
-            close_at_exit(_close_writers_at_exit)
-            _at_exit_registered = True
-        _OPEN.add(writer)
-
-
-def _close_writers_at_exit() -> None:
-    with _OPEN_LOCK:
-        writers = list(_OPEN)
-    for writer in writers:
-        writer._close_unattended("still open at interpreter exit")
+# Writers not closed yet: each is flushed and closed at interpreter exit,
+# before the UCX runtimes close (their staging buffers and active-message
+# sends use them), and before learners close.
+_OPEN = ClosedAtExit()
