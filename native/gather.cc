@@ -199,10 +199,15 @@ void gather_dense(ucp_worker_h worker, const std::vector<const RemoteKey*>& rkey
                   const uint32_t* key_index, const uint64_t* remote_address,
                   const uint64_t* rows, size_t n, const BatchLayout& layout,
                   const MemoryRegion& dest, const MemoryRegion* staging, double timeout_s,
-                  int32_t* statuses, double stall_s) {
+                  int32_t* statuses, double stall_s, uint64_t slot_stride, uint64_t* reads) {
   layout.check(rows, n, dest.size());
   const auto& fields = layout.fields();
   const uint64_t read = layout.read_length();
+  if (slot_stride != 0 && slot_stride < read) {
+    throw UcxError(kStatusBadArgument, "gather_dense: a slot stride of " +
+                                           std::to_string(slot_stride) + " bytes is shorter "
+                                           "than the " + std::to_string(read) + " read of a slot");
+  }
   // Same-host (CMA) keys scatter with one iovec per part; UCX keys read
   // whole slots into `staging` (one get each) when there is one.
   std::vector<size_t> whole, parted;
@@ -214,10 +219,15 @@ void gather_dense(ucp_worker_h worker, const std::vector<const RemoteKey*>& rkey
     const bool cma = rkeys[key_index[i]]->pid() > 0;
     (staging != nullptr && !cma ? whole : parted).push_back(i);
   }
-  if (!whole.empty() && staging->size() < whole.size() * read) {
+  // Whole slot j lands at j * step of the staging region: with a stride,
+  // spaced as in the arena, so a run of slots that follow each other there
+  // (a slice's steps) is one stretch on both sides and one get.
+  const uint64_t step = slot_stride != 0 ? slot_stride : read;
+  const uint64_t staged = whole.empty() ? 0 : (whole.size() - 1) * step + read;
+  if (!whole.empty() && staging->size() < staged) {
     throw UcxError(kStatusOutOfBounds, "gather_dense: the staging buffer holds " +
                                            std::to_string(staging->size()) + " bytes, " +
-                                           std::to_string(whole.size() * read) + " needed");
+                                           std::to_string(staged) + " needed");
   }
 
   std::vector<GatherItem> parts;
@@ -231,12 +241,24 @@ void gather_dense(ucp_worker_h worker, const std::vector<const RemoteKey*>& rkey
                                  fields[k].length, layout.field_at(k, rows[i])});
     }
   }
+  // One get per run: whole slot j joins the get of slot j - 1 when both are
+  // of one key and slot j sits right after it in the arena.
   std::vector<GatherItem> slots;
+  std::vector<size_t> first;  // per whole slot: its get
   slots.reserve(whole.size());
+  first.reserve(whole.size());
   for (size_t j = 0; j < whole.size(); ++j) {
     const size_t i = whole[j];
-    slots.push_back(GatherItem{key_index[i], remote_address[i], read, j * read});
+    const bool joins = slot_stride != 0 && j > 0 && key_index[i] == key_index[whole[j - 1]] &&
+                       remote_address[i] == remote_address[whole[j - 1]] + slot_stride;
+    if (joins) {
+      slots.back().length += slot_stride;  // the run's last slot ends at j * step + read
+    } else {
+      slots.push_back(GatherItem{key_index[i], remote_address[i], read, j * step});
+    }
+    first.push_back(slots.size() - 1);
   }
+  if (reads != nullptr) *reads += slots.size() + parts.size();
   // Validate everything before posting anything.
   if (!slots.empty()) validate(rkeys, slots.data(), slots.size(), *staging);
   validate(rkeys, parts.data(), parts.size(), dest);
@@ -250,9 +272,9 @@ void gather_dense(ucp_worker_h worker, const std::vector<const RemoteKey*>& rkey
     const auto* from = reinterpret_cast<const uint8_t*>(staging->local_address());
     for (size_t j = 0; j < whole.size(); ++j) {
       const size_t i = whole[j];
-      statuses[i] = got[j];
-      if (got[j] != UCS_OK) continue;
-      const uint8_t* slot = from + j * read;
+      statuses[i] = got[first[j]];
+      if (statuses[i] != UCS_OK) continue;
+      const uint8_t* slot = from + j * step;
       std::memcpy(to + layout.header_at(rows[i]), slot, BatchLayout::kHeader);
       for (size_t k = 0; k < fields.size(); ++k) {
         std::memcpy(to + layout.field_at(k, rows[i]), slot + fields[k].src, fields[k].length);

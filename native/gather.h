@@ -53,11 +53,20 @@ void gather(ucp_worker_h worker, const std::vector<const RemoteKey*>& rkeys,
 // the items it asked for (they may be in device memory). Throws like
 // gather(), and if a row is outside the layout, the layout does not fit
 // `dest` or staging is too small. Must be called without the GIL.
+//
+// Runs: with `slot_stride` (the arena's slot size; 0: none), whole slots
+// are staged `slot_stride` apart, and an item whose slot follows the
+// previous item's in the same arena joins its get: a slice's steps stored
+// one after another are one read (staging then needs (n - 1) x slot_stride
+// + read_length bytes). A failed get fails every item of its run.
+// `reads`, when given, is incremented by the reads posted (gets, and parts
+// of CMA items).
 void gather_dense(ucp_worker_h worker, const std::vector<const RemoteKey*>& rkeys,
                   const uint32_t* key_index, const uint64_t* remote_address,
                   const uint64_t* rows, size_t n, const BatchLayout& layout,
                   const MemoryRegion& dest, const MemoryRegion* staging, double timeout_s,
-                  int32_t* statuses, double stall_s = 0.0);
+                  int32_t* statuses, double stall_s = 0.0, uint64_t slot_stride = 0,
+                  uint64_t* reads = nullptr);
 
 // One-sided write of `length` bytes from `src` to `remote_address` under
 // `key`; returns the final ucs_status_t. It exists to verify that storage

@@ -112,11 +112,14 @@ def run_paths(args, ds, out: JsonLines) -> list[dict]:
                     ("slices 80/40", "slices", SLICES, SLICES * T * STEP, check_slices)):
                 learner = client.learner(table, batch_size=batch, local_map=local)
                 lat, ok = time_samples(learner, args.seconds, check)
+                reads = getattr(learner.stats, "ucx_reads", None)  # None: a build before runs
                 learner.close()
                 r = row(kind, path, lat, nbytes, ok)
+                r["ucx_reads_a_batch"] = None if reads is None else int(reads[0]) / (len(lat) + 3)
                 out.write(r)
                 rows.append(r)
-                log(f"{kind} {path}: {r['GB/s']:.2f} GB/s p50 {r['p50_ms']:.1f} ms")
+                log(f"{kind} {path}: {r['GB/s']:.2f} GB/s p50 {r['p50_ms']:.1f} ms, "
+                    f"UCX reads a batch {r['ucx_reads_a_batch']}")
     return rows
 
 

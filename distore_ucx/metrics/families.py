@@ -237,6 +237,9 @@ def client_families(learners: Iterable[tuple[str, Any]],
            labels=lt + ["path"])
     fb = C("distore_learner_fetched_bytes", "Bytes read into the learner's ring (slot header "
            "included), by path", labels=lt + ["path"])
+    ur = C("distore_learner_ucx_reads", "One-sided UCX reads posted (path ucx): one per "
+           "run of slots that follow each other in a node's arena, so a slice's steps "
+           "stored together are one read", labels=lt)
     nb = C("distore_learner_batches", "Batches handed out", labels=lt)
     rs = C("distore_learner_resampled_items", "Items dropped (slot reused, node gone) and "
            "sampled again", labels=lt)
@@ -259,6 +262,7 @@ def client_families(learners: Iterable[tuple[str, Any]],
         for path in ("mapped", "ucx", "ucx-am"):
             fi.add_metric(lv + [path], st.fetched_items.get(path, 0))
             fb.add_metric(lv + [path], st.fetched_bytes.get(path, 0))
+        ur.add_metric(lv, int(st.ucx_reads[0]))
         nb.add_metric(lv, st.batches)
         rs.add_metric(lv, learner.resampled)
         torn.add_metric(lv, learner.torn)

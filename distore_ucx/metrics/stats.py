@@ -11,6 +11,8 @@ import time
 from collections import Counter
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from .histogram import Histogram
 
 
@@ -59,6 +61,10 @@ class LearnerStats:
 
     fetched_items: Counter = field(default_factory=Counter)  # path -> items read
     fetched_bytes: Counter = field(default_factory=Counter)  # path -> bytes read
+    # UCX reads posted (gets, and parts of same-host CMA items), added to
+    # natively by each gather: a run of slots that follow each other in an
+    # arena (a slice's steps) is one get.
+    ucx_reads: np.ndarray = field(default_factory=lambda: np.zeros(1, np.uint64))
     batches: int = 0
     gather: Histogram = field(default_factory=Histogram)  # one gather (all paths)
     wait_seconds: float = 0.0  # iterating: time the caller waited for a batch

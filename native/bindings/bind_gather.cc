@@ -37,19 +37,29 @@ nb::ndarray<nb::numpy, int32_t, nb::ndim<1>> gather_py(
 nb::ndarray<nb::numpy, int32_t, nb::ndim<1>> gather_dense_py(
     nb::object worker, std::vector<const RemoteKey*> rkeys, Vec<uint32_t> key_index,
     Vec<uint64_t> remote_address, Vec<uint64_t> rows, const BatchLayout& layout,
-    const MemoryRegion& dest, const MemoryRegion* staging, double timeout_s, double stall_s) {
+    const MemoryRegion& dest, const MemoryRegion* staging, double timeout_s, double stall_s,
+    uint64_t slot_stride, nb::object reads_obj) {
+  using Counter = nb::ndarray<uint64_t, nb::shape<1>, nb::c_contig, nb::device::cpu>;
   const size_t n = key_index.shape(0);
   if (remote_address.shape(0) != n || rows.shape(0) != n) {
     throw UcxError(kStatusBadArgument, "gather_dense: key_index, remote_address and rows "
                                        "must have the same length");
   }
+  Counter reads;
+  const bool count = !reads_obj.is_none();
+  if (count && !nb::try_cast(reads_obj, reads)) {
+    throw UcxError(kStatusBadArgument, "gather_dense: `reads` must be a writable uint64 "
+                                       "array of one element");
+  }
   auto worker_h = reinterpret_cast<ucp_worker_h>(handle_of(worker, "worker"));
   auto [array, statuses] = new_statuses(n);
+  uint64_t posted = 0;
   {
     nb::gil_scoped_release release;
     gather_dense(worker_h, rkeys, key_index.data(), remote_address.data(), rows.data(), n,
-                 layout, dest, staging, timeout_s, statuses, stall_s);
+                 layout, dest, staging, timeout_s, statuses, stall_s, slot_stride, &posted);
   }
+  if (count) reads(0) += posted;
   return array;
 }
 
@@ -89,12 +99,16 @@ void bind_gather(nb::module_& m) {
 
   m.def("gather_dense", &gather_dense_py, "worker"_a, "rkeys"_a, "key_index"_a,
         "remote_address"_a, "rows"_a, "layout"_a, "dest"_a, "staging"_a.none() = nb::none(),
-        "timeout"_a = 30.0, "stall"_a = 2.0,
+        "timeout"_a = 30.0, "stall"_a = 2.0, "slot_stride"_a = 0, "reads"_a = nb::none(),
         "Read a sampled batch over UCX into `layout` (a BatchLayout) in `dest`, in one\n"
         "call: item i's slot at remote_address[i] goes to row rows[i], its header into\n"
         "the header array, each field into its own dense array. With a host `staging`\n"
         "region (n x layout.read_length bytes) each slot is read whole with one get\n"
         "and copied into place; without, one get per part (header, each field).\n"
+        "With `slot_stride` (the arena's slot size), slots staged that far apart, and\n"
+        "items whose slots follow each other in one arena read with one get a run\n"
+        "(staging: (n - 1) x slot_stride + read_length bytes). `reads` (a uint64\n"
+        "array of one), when given, is incremented by the reads posted.\n"
         "Same-host (CMA) keys always scatter directly. Per-item ucs_status_t\n"
         "(0 = UCS_OK); the caller checks the headers. Stalls and bad items as in\n"
         "gather().");

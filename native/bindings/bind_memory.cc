@@ -2,10 +2,25 @@
 #include "bindings.h"
 
 #include "memory.h"
+#include "rows.h"
 
 namespace distore {
 
 void bind_memory(nb::module_& m) {
+  m.def(
+      "permute_rows",
+      [](nb::ndarray<uint8_t, nb::ndim<2>, nb::c_contig, nb::device::cpu> rows,
+         Vec<int64_t> order) {
+        if (order.shape(0) != rows.shape(0)) {
+          throw UcxError(kStatusBadArgument, "permute_rows: one order entry per row");
+        }
+        nb::gil_scoped_release release;
+        permute_rows(rows.data(), rows.shape(1), order.data(), rows.shape(0));
+      },
+      "rows"_a, "order"_a,
+      "Reorder the rows of a C-contiguous (n, row_bytes) uint8 array in place so\n"
+      "that row i holds what row order[i] held (each row moved copied once).\n"
+      "Raises InvalidArgument, touching nothing, unless `order` is a permutation.");
   nb::class_<MemoryRegion>(m, "MemoryRegion",
                            "Memory registered with UCX; page aligned when allocated here.")
       .def(

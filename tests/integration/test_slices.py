@@ -99,6 +99,31 @@ def test_slices_are_consecutive_steps_of_one_episode_while_writers_append(make_c
         learner.close()
 
 
+@pytest.mark.parametrize("tls", ["tcp"], indirect=True)
+def test_a_vectorized_actors_slice_is_one_read(make_cluster, tls, monkeypatch):
+    # One call of a vectorized actor: 4 envs' steps interleaved (env 0, 1,
+    # 2, 3, 0, 1, ...). The writer groups each episode's steps in its batch,
+    # the node stores the batch in slots that follow each other, and the
+    # learner reads each slice with one get (gets, not active messages).
+    monkeypatch.setenv("DISTORE_AM_SAMPLES", "0")
+    cluster = make_cluster(nodes=1)
+    envs, length = 4, 16
+    with ds.connect(cluster.address) as client:
+        client.create_table("s", capacity=1000, spec=SPEC, slice_len=T)
+        pos = np.repeat(np.arange(length), envs)
+        env = np.tile(np.arange(envs), length)
+        with client.writer() as w:
+            keys = w.append("s", steps(env + 1, pos), env=env, done=pos == length - 1)
+        assert len(np.unique(keys)) == envs * length
+        learner = client.learner("s", batch_size=8)
+        for _ in range(5):
+            check(learner.sample(), 8, {e + 1: length for e in range(envs)})
+        slices = learner.stats.fetched_items["ucx"] / T  # read ahead too, perhaps
+        assert slices >= 5 * 8
+        assert int(learner.stats.ucx_reads[0]) == slices, "a slice took more than one read"
+        learner.close()
+
+
 def test_starts_are_drawn_uniformly_over_valid_starts(make_cluster, tls):
     # Episodes of known lengths, nothing evicted: each episode of L steps
     # has L - T + 1 valid starts (none if shorter than T), each as likely.

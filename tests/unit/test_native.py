@@ -132,6 +132,52 @@ def test_gather_dense_scatters_each_item_into_a_structure_of_arrays(runtime, rem
                                  runtime.map_region(item))
 
 
+def test_gather_dense_reads_a_run_of_following_slots_with_one_get(runtime, remote):
+    # Slots 4160 bytes apart (a 4096-byte read, padded as an arena pads
+    # them): rows 0-3 are slots 10-13 (one run), rows 4-5 slots 20 and 22
+    # (no run), rows 6-7 slots 30-31 (a run). Three runs and two lone slots:
+    # five gets, each item in its row as if read alone.
+    region, key = remote
+    src = region.view()
+    stride, n = 4160, 8
+    fields = [(16, 1000), (1024, 3072)]
+    dest_at = [128, 128 + 8064]
+    layout = _native.BatchLayout(n, 0, np.array([16, 1024], np.uint64),
+                                 np.array([1000, 3072], np.uint64), np.array(dest_at, np.uint64))
+    dest = runtime.map_region(layout.nbytes)
+    staging = runtime.map_region((n - 1) * stride + layout.read_length)
+    slots = np.array([10, 11, 12, 13, 20, 22, 30, 31], np.uint64) * np.uint64(stride)
+    rows = np.arange(n, dtype=np.uint64)
+    reads = np.zeros(1, np.uint64)
+    st = _native.gather_dense(runtime.worker, [key], np.zeros(n, np.uint32),
+                              region.address + slots, rows, layout, dest, staging,
+                              slot_stride=stride, reads=reads)
+    assert st.tolist() == [0] * n
+    assert int(reads[0]) == 4  # 10-13, 20, 22, 30-31
+    out = dest.view()
+    header = out[:n * 16].reshape(n, 16)
+    arrays = [out[at:at + n * length].reshape(n, length)
+              for at, (_, length) in zip(dest_at, fields)]
+    for slot, r in zip(slots, rows):
+        o, r = int(slot), int(r)
+        assert np.array_equal(header[r], src[o:o + 16])
+        for (s, length), a in zip(fields, arrays):
+            assert np.array_equal(a[r], src[o + s:o + s + length])
+    # Without the stride: a get a slot.
+    reads[0] = 0
+    _native.gather_dense(runtime.worker, [key], np.zeros(n, np.uint32), region.address + slots,
+                         rows, layout, dest, staging, reads=reads)
+    assert int(reads[0]) == n
+    with pytest.raises(errors.OutOfBoundsError, match="staging buffer holds"):
+        _native.gather_dense(runtime.worker, [key], np.zeros(n, np.uint32),
+                             region.address + slots, rows, layout, dest,
+                             runtime.map_region(n * layout.read_length), slot_stride=stride)
+    with pytest.raises(errors.InvalidArgument, match="shorter than the 4096 read"):
+        _native.gather_dense(runtime.worker, [key], np.zeros(n, np.uint32),
+                             region.address + slots, rows, layout, dest, staging,
+                             slot_stride=4000)
+
+
 def test_out_of_range_address_raises_and_names_the_peer(runtime, remote):
     region, key = remote
     dest = runtime.map_region(4096)

@@ -181,3 +181,55 @@ def test_a_writer_says_its_batch_waits_for_samples_only_when_the_limiter_holds_i
     assert waiting_for_samples(_Tables(_limited(size=500, diff=95.0, max_diff=None)), "t",
                                10) is None
     assert waiting_for_samples(_Tables(ConnectionError("gone")), "t", 10) is None
+
+
+class SliceClient(FakeClient):
+    """A FakeClient whose table holds steps of episodes."""
+
+    def slice_len(self, table: str) -> int:
+        return 4
+
+
+def test_a_batch_groups_each_episodes_steps_in_order_before_it_goes(runtime):
+    # Three envs appending one step each a call (interleaved): the batch
+    # sent holds each episode's steps together, in order, with their keys,
+    # priorities, positions and bytes moved with them (the node stores a
+    # batch in slots that follow each other: a slice is then one read).
+    w = Writer(SliceClient(runtime), max_items=64, max_delay=None)
+    sent = []
+
+    def send(batch, exclude, full=None):
+        batch.group_episodes()  # what InFlight.send does first
+        ib = batch.spec.item_bytes
+        rows = np.frombuffer(bytes(batch.buffer.view[: batch.n * ib]), np.uint8)
+        sent.append((batch.keys[: batch.n].copy(), batch.priorities[: batch.n].copy(),
+                     batch.episodes[: batch.n].copy(), batch.positions[: batch.n].copy(),
+                     rows.reshape(batch.n, ib)))
+        w._pool.release(batch.buffer)
+
+    w._flight.send = send
+    keys = []
+    for t in range(5):
+        k = w.append("t", {name: np.stack([item(10 * e + t)[name] for e in range(3)])
+                           for name in ("obs", "action", "reward")},
+                     env=np.arange(3), priority=[float(10 * e + t) for e in range(3)])
+        keys.append(k)
+    w.flush()
+    w.close()
+    (got_keys, prios, episodes, positions, rows), = sent
+    assert sorted(got_keys.tolist()) == sorted(np.concatenate(keys).tolist())
+    by_env = np.stack(keys, axis=1)  # [env, t]: the keys append returned
+    assert got_keys.tolist() == by_env.ravel().tolist()  # env 0's 5 steps, then env 1's, ...
+    assert episodes.tolist() == np.repeat(by_env[:, 0], 5).tolist()  # an episode: its 1st key
+    assert positions.tolist() == [0, 1, 2, 3, 4] * 3
+    assert prios.tolist() == [float(10 * e + t) for e in range(3) for t in range(5)]
+    assert rows[:, 0].tolist() == [10 * e + t for e in range(3) for t in range(5)]  # obs bytes
+    # A batch grouped already (one env) is sent as it was staged.
+    w = Writer(SliceClient(runtime), max_items=64, max_delay=None)
+    sent.clear()
+    w._flight.send = send
+    one = w.append("t", {name: np.stack([item(t)[name] for t in range(6)])
+                         for name in ("obs", "action", "reward")}, env=7)
+    w.flush()
+    w.close()
+    assert sent[0][0].tolist() == one.tolist() and sent[0][4][:, 0].tolist() == list(range(6))

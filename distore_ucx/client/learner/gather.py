@@ -6,7 +6,8 @@ path its node is reached by (client/learner/peers.py): items of mapped (same-hos
 nodes are copied from the node's arena with plain loads, in one native call
 that takes the records as they came (`_native.mapped_gather_located`); the
 rest are read with one UCX gather (`_native.gather_dense`), one get per
-item into the ring's host staging area, then scattered, except those of
+item, or per run of items whose slots follow each other in a node's arena
+(a slice's steps), into the ring's host staging area, then scattered, except those of
 nodes that serve samples by active message (the "ucx-am" path, where UCX
 emulates RMA: client/learner/peers.py), which come in one more native call
 (`AmSampleClient.fetch`): each node sends its items' fields straight into
@@ -208,7 +209,8 @@ class Gather:
             got = _native.gather_dense(
                 self._runtime.reader_worker, peers.rkeys, index[u].astype(np.uint32),
                 peers.base_lut[nodes[u]] + items["offset"][u], dest_rows[u], self._ring.reads,
-                dest, self._ring.staging(), timeout,
+                dest, self._ring.staging(), timeout, slot_stride=self._slot_size,
+                reads=self._stats.ucx_reads,
             )
             self._stats.fetched("ucx", k, k * self._read)
             statuses[u] = checked_headers(got, self._ring.headers(slot)[rows[u]], items[u])

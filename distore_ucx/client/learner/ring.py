@@ -68,6 +68,7 @@ class Ring:
         self.layout = spec.layout(batch_size)
         # The same layout for the native readers: where each field's bytes
         # lie in a node's slot, and where its array lies in a ring slot.
+        self._slot_size = spec.slot_size
         self.reads = _native.BatchLayout(
             batch_size, self.layout.header,
             np.array([SLOT_HEADER + f.offset for f in spec.fields], np.uint64),
@@ -139,7 +140,8 @@ class Ring:
         return s.dest
 
     def staging(self):
-        """Host memory where UCX reads whole slots, one get each, before they
+        """Host memory where UCX reads whole slots, one get each (or a run of
+        them that follow each other in a node's arena), before they
         are copied into a ring slot's arrays (_native.gather_dense): where RMA
         is emulated (TCP) a get per header and per field costs a round trip
         each. Made on first use (learners reading only mapped nodes never
@@ -147,7 +149,9 @@ class Ring:
         if self.path == "gpu-direct":
             return None
         if self._staging is None:
-            region = self._runtime.map_region(self.batch_size * self.reads.read_length)
+            # Slots staged a slot size apart, as in a node's arena, so that
+            # a run of them is one get (_native.gather_dense's slot_stride).
+            region = self._runtime.map_region(self.batch_size * self._slot_size)
             region.view().fill(0)  # fault its pages in now, not during a read
             self._staging = region
         return self._staging

@@ -78,6 +78,7 @@ class InFlight:
         """Send `batch` to a node not in `exclude`. `full`: a node's StorageFull
         that made us try another; raised (it says what holds the space) when
         no other node is left."""
+        batch.group_episodes()  # a table of slices: each episode's steps together
         nbytes = batch.n * batch.spec.item_bytes
         while True:
             try:

@@ -134,6 +134,25 @@ class StagedBatch:
             a[lo : lo + k] for a in steps)
         self.put(arrays, keys, priorities, lo, k)
 
+    def group_episodes(self) -> None:
+        """Put the staged steps of each episode next to each other, in
+        order (a stable sort by episode): the node stores a batch's rows in
+        slots that follow each other, so a slice of them is one read for a
+        learner. A vectorized actor appends one step of each env a call,
+        interleaved; a batch already grouped (one env) is left as it is."""
+        if self.episodes is None or self.n < 2:
+            return
+        episodes = self.episodes[: self.n]
+        changes = int(np.count_nonzero(episodes[1:] != episodes[:-1]))
+        if changes == 0 or changes + 1 == len(np.unique(episodes)):
+            return  # grouped already
+        order = np.argsort(episodes, kind="stable")
+        ib = self.spec.item_bytes
+        _native.permute_rows(self.buffer.view[: self.n * ib].reshape(self.n, ib), order)
+        for column in (self.keys, self.priorities, self.episodes, self.positions,
+                       self.step_flags):
+            column[: self.n] = column[: self.n][order]
+
     def step_fields(self) -> dict:
         """The descriptor's per-step fields ({} for items)."""
         if self.episodes is None:
