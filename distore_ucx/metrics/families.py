@@ -239,7 +239,8 @@ def client_families(learners: Iterable[tuple[str, Any]],
            "included), by path", labels=lt + ["path"])
     ur = C("distore_learner_ucx_reads", "One-sided UCX reads posted (path ucx): one per "
            "run of slots that follow each other in a node's arena, so a slice's steps "
-           "stored together are one read", labels=lt)
+           "stored together are one read (a same-host CMA read counts one per header and "
+           "field)", labels=lt)
     nb = C("distore_learner_batches", "Batches handed out", labels=lt)
     rs = C("distore_learner_resampled_items", "Items dropped (slot reused, node gone) and "
            "sampled again", labels=lt)
