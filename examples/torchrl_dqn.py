@@ -86,7 +86,7 @@ def train(args) -> dict:
     optim = torch.optim.Adam(loss_module.parameters(), lr=args.lr)
 
     returns: list[float] = []
-    steps, frames, solved_at, missing = 0, 0, None, 0
+    steps, frames, solved_at = 0, 0, None
     t0 = time.monotonic()
     # One machine, busy with training: a node late with its heartbeat is slow,
     # not dead (the 2 s default would drop it, and its items, on a loaded box).
@@ -112,7 +112,7 @@ def train(args) -> dict:
                         loss.backward()
                         torch.nn.utils.clip_grad_norm_(loss_module.parameters(), 10.0)
                         optim.step()
-                        missing += rb.update_tensordict_priority(sample)["missing"]
+                        rb.update_tensordict_priority(sample)  # not waited for
                         target_updater.step()
                         steps += 1
                     rb.beta = min(1.0, 0.4 + 0.6 * frames / max(args.frames, 1))
@@ -128,6 +128,7 @@ def train(args) -> dict:
                     break
                 if frames >= args.frames or time.monotonic() - t0 > args.minutes * 60:
                     break
+            missing = rb.flush_priorities()["missing"]  # every update applied first
             table = rb._client.table_info(TABLE)
         finally:
             collector.shutdown()

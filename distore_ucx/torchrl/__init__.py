@@ -31,7 +31,10 @@ lists those left out and why):
   whole table. `sample_ahead=True` and `clone=False` trade these for speed.
 - `update_priority(index, priority)` and `update_tensordict_priority(td)`
   send new priorities in one batched request (`|priority| + eps`; a td
-  without the priority key gets the default priority, as TorchRL's).
+  without the priority key gets the default priority, as TorchRL's),
+  not waited for: the buffer's next samples follow them, and
+  `flush_priorities()` waits until they are applied and returns
+  {"updated", "missing"} (keys evicted meanwhile).
 - Errors are distore's (`ds.DistoreError`) and also what TorchRL's code
   catches: no batch size raises `BatchSizeNotSet` (a RuntimeError) from
   `sample()` and iteration; sampling an empty buffer raises `EmptyTable` (a

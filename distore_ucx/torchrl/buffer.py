@@ -167,6 +167,7 @@ class DistoreReplayBuffer(Writing, Sampling, Priorities, TableBinding, Sharing):
         self._learner_options = dict(learner_options or {})
         self._writer = None
         self._learners: dict[int, Any] = {}  # one per batch size asked for
+        self._direct_updates = [0, 0]  # [updated, missing] of updates sent with no learner
         self._fields: dict[str, tuple[tuple[str, ...], tuple[int, ...], np.dtype]] | None = None
         self._item_batch: tuple[int, ...] | None = None  # an item's own batch dims, once known
         self._max_priority = 1.0

@@ -3,12 +3,13 @@
 A priority is |p| + eps, reduced over an item's trailing dimensions by one
 of TorchRL's reductions; without one an item gets the default priority (the
 largest this buffer has set so far, as TorchRL's buffers give). Updates go
-in one batched request, through a learner of the buffer when it has one,
-else to the control plane.
+in one batched request, through a learner of the buffer when it has one
+(not waited for: `flush_priorities` waits), else to the control plane.
 
 `Priorities` is a part of DistoreReplayBuffer (buffer.py), which sets the
 state it reads: `_client`, `table`, `_learners`, `_item_batch`,
-`priority_key`, `default_priority`, `eps`, `reduction`, `_max_priority`.
+`priority_key`, `default_priority`, `eps`, `reduction`, `_max_priority`,
+`_direct_updates` ([updated, missing] of updates sent without a learner).
 """
 
 from __future__ import annotations
@@ -29,31 +30,49 @@ class Priorities:
     """update_priority and update_tensordict_priority, and the priorities of
     inserted items, for DistoreReplayBuffer."""
 
-    def update_priority(self, index: Any, priority: Any) -> dict:
+    def update_priority(self, index: Any, priority: Any) -> None:
         """Set the priorities of the items with keys `index` (from `sample()` or
         `extend()`), in one batched request: |priority| + eps (a priority
         with more dimensions than `index` is reduced over them by
-        `reduction`, as TorchRL does). Keys evicted meanwhile are skipped and
-        counted ({"updated", "missing"})."""
+        `reduction`, as TorchRL does). Through the buffer's learner it is not
+        waited for (its next samples follow it; docs/semantics.md, "Priority
+        updates"); without one (an actor re-prioritizing) it is one request
+        to the control plane. Returns None, as TorchRL's; keys evicted
+        meanwhile are skipped and counted by `flush_priorities()`."""
         self._ensure_open()
         keys = self._index_keys(index)
         prios = self._priorities(priority, len(keys))
         learner = next(iter(self._learners.values()), None)
         if learner is not None:
-            return learner.update_priorities(keys, prios)
+            learner.update_priorities(keys, prios)
+            return
         # No learner here (e.g. an actor re-prioritizing): ask the control plane.
         if not np.isfinite(prios).all():
             raise ValueError(f"table {self.table!r}: priorities must be finite, got "
                              f"{prios[~np.isfinite(prios)][:3].tolist()}")
         reply = check_reply("update_priorities", self._client.call(
             "update_priorities", table=self.table, keys=keys, priorities=prios), "control plane")
-        return {"updated": reply["updated"], "missing": reply["missing"]}
+        self._direct_updates[0] += reply["updated"]
+        self._direct_updates[1] += reply["missing"]
 
-    def update_tensordict_priority(self, data: TensorDictBase) -> dict:
+    def flush_priorities(self) -> dict:
+        """Wait until every priority update of this buffer is applied; raise
+        one the control plane refused, else return {"updated", "missing"}
+        (keys no longer in the table) since the last flush."""
+        self._ensure_open()
+        counts = {"updated": self._direct_updates[0], "missing": self._direct_updates[1]}
+        self._direct_updates[:] = [0, 0]
+        for learner in self._learners.values():
+            got = learner.flush_priorities()
+            counts = {k: counts[k] + got[k] for k in counts}
+        return counts
+
+    def update_tensordict_priority(self, data: TensorDictBase) -> None:
         """`update_priority(data["index"], data[priority_key])`: what TorchRL
         loops call after the loss wrote its `td_error` into the sample. A
         TensorDict without the priority key sets the default priority (the
-        largest so far), as TorchRL's buffers do."""
+        largest so far), as TorchRL's buffers do. Not waited for, as
+        update_priority."""
         self._ensure_open()
         index = data.get(INDEX_KEY, None)
         if index is None:
@@ -62,7 +81,7 @@ class Priorities:
         priority = data.get(self.priority_key, None)
         if priority is None:
             priority = torch.tensor(float(self._fill_priority()))
-        return self.update_priority(index, priority)
+        self.update_priority(index, priority)
 
     def _fill_priority(self) -> float:
         return self._max_priority if self.default_priority is None else self.default_priority

@@ -64,7 +64,7 @@ def test_every_process_serves_metrics_that_add_up(make_cluster):
             client.learner("adds_up", batch_size=10) as learner:
         for _ in range(4):
             learner.sample()
-        learner.update_priorities(learner.sample().keys, np.ones(10))
+        learner.update_priorities(learner.sample().keys, np.ones(10), wait=True)
         control = scrape(urls["control"])
         t = {"table": "adds_up"}
         assert total(control, "distore_table_inserts_total", **t) == ITEMS

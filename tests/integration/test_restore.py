@@ -42,7 +42,7 @@ def test_sigkilled_control_plane_restored_gets_items_and_priorities_back(make_cl
     writer.flush()
     learner = client.learner("per", batch_size=64)
     check(learner.sample())
-    learner.update_priorities(keys[:20], np.full(20, 40.0))
+    learner.update_priorities(keys[:20], np.full(20, 40.0), wait=True)  # in the checkpoint
     nodes_before = sorted(n["node_id"] for n in client.status()["nodes"])
     assert client.checkpoint()["items"] == 600
     # After the checkpoint: this update is lost with the crash, these inserts are not.
@@ -99,7 +99,7 @@ def test_periodic_and_shutdown_checkpoints(make_cluster, ckpt, tls):
         keys = writer.insert("t", items(0, 100))
     first = wait_for(lambda: _items_in(ckpt) == 100 and _created(ckpt), 5, "a periodic checkpoint")
     wait_for(lambda: _created(ckpt) > first, 5, "the next periodic checkpoint")
-    client.learner("t", batch_size=1).update_priorities(keys[7:8], [9.0])
+    client.learner("t", batch_size=1).update_priorities(keys[7:8], [9.0], wait=True)
     st = client.status()["checkpoint"]
     assert st["path"] == ckpt and st["why"] in ("periodic", "on demand")
 

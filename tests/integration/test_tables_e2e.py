@@ -56,7 +56,8 @@ def test_prioritized_probabilities_weights_and_updates(client):
     # Make item 3 dominant; evicted or unknown keys are skipped and counted.
     new = np.full(20, 1e-3)
     new[3] = 1e6
-    res = learner.update_priorities(np.append(keys, np.uint64(12345)), np.append(new, 1.0))
+    res = learner.update_priorities(np.append(keys, np.uint64(12345)), np.append(new, 1.0),
+                                    wait=True)
     assert res == {"updated": 20, "missing": 1}
     assert learner.priority_updates_missing == 1
     # The batches sampled ahead (one request holds sample_ahead of them,

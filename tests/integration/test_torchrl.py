@@ -128,8 +128,9 @@ def test_update_priority_reaches_the_table(cluster):
         # As a TorchRL loop does: the loss writes td_error, the buffer sends it back.
         hot = td["index"][0]
         td["td_error"] = torch.where(td["index"] == hot, 5.0, 0.0)[:, None]
-        out = rb.update_tensordict_priority(td)
-        assert out["missing"] == 0 and out["updated"] >= 1
+        assert rb.update_tensordict_priority(td) is None  # not waited for, as TorchRL's
+        out = rb.flush_priorities()
+        assert out["missing"] == 0 and out["updated"] == len(td)
         # Items sampled above now have priority 0 (never drawn) except `hot`.
         zero = set(td["index"].tolist()) - {int(hot)}
         seen = torch.cat([rb.sample()["index"] for _ in range(20)]).tolist()
@@ -418,7 +419,8 @@ def test_dqn_loss_and_a_collector_use_the_buffer_unchanged(cluster):
         out = loss(td)  # reads priority_weight, writes td_error
         assert torch.isfinite(out["loss"]) and td["td_error"].shape == (32, 1)
         out["loss"].backward()
-        assert rb.update_tensordict_priority(td)["missing"] == 0
+        rb.update_tensordict_priority(td)
+        assert rb.flush_priorities()["missing"] == 0
 
 
 def test_the_example_trains_with_torchrl_components(tls, monkeypatch):

@@ -48,7 +48,7 @@ from ... import metrics
 from ..._native_loader import _native
 from ...config import am_samples_enabled, local_map_default
 from ...errors import ConfigError, DistoreError, NoData, RateLimiterTimeout
-from ...protocol import ITEM_LOCATION, STEP_LAST, STEP_PAD, check_reply
+from ...protocol import ITEM_LOCATION, STEP_LAST, STEP_PAD
 from ...spec import SLOT_HEADER
 from ...transport import capabilities
 from ..lifecycle import ensure_open, mark_closed
@@ -58,6 +58,7 @@ from .device import Device, choose_path, resolve_framework
 from .gather import Gather
 from .peers import PeerDirectory
 from .prefetch import Prefetcher, Stopped
+from .priorities import PriorityUpdates, checked_priorities
 from .recheck import HeaderRecheck
 from .ring import Ring
 from .sample_stream import SampleStream, resolve_sample_ahead
@@ -155,7 +156,6 @@ class Learner:
         self.sample_ahead = resolve_sample_ahead(sample_ahead, self._rows,
                                                  self._consuming or not pipeline,
                                                  self.spec.slot_size)
-        self.priority_updates_missing = 0
         self._read = SLOT_HEADER + self.spec.item_bytes
         runtime = client.runtime
         self._runtime = runtime
@@ -172,10 +172,14 @@ class Learner:
                      "are read over UCX", table)
             local_map = False
         self._rpc = client.connection()
+        # Priority updates on a connection of their own, not waited for; each
+        # sample request goes once those made before it are applied.
+        self._priorities = PriorityUpdates(client.connection, table, timeout)
         # Requests and replies of the control connection: pipelining, sampling
         # ahead, cold depth and leases (the first request goes out now).
         self._stream = SampleStream(self._rpc, table, self._rows, self.sample_ahead,
-                                    pipeline and not self._consuming)
+                                    pipeline and not self._consuming,
+                                    before_request=self._priorities.settle)
         self._next = 0
         self._prefetcher: Prefetcher | None = None
         self._held: int | None = None  # ring slot of the batch the caller holds (GPU fences)
@@ -424,29 +428,39 @@ class Learner:
             batch.weights = importance_weights(batch.probabilities, min_probs, self.beta)
         return batch
 
-    def update_priorities(self, keys, priorities) -> dict:
-        """Set new priorities for sampled items, in one batched request.
+    def update_priorities(self, keys, priorities, wait: bool = False) -> dict | None:
+        """Set new priorities for sampled items, without waiting for the
+        control plane (docs/semantics.md, "Priority updates").
 
-        Keys that were evicted meanwhile are skipped and counted (returned as
-        "missing", summed in `priority_updates_missing`), never an error.
-        Thread safe: it uses the client's connection, not the learner's.
+        The update goes at once, or with the next ones while an earlier one
+        is in flight; samples this learner asks for after the call follow
+        it. An update the control plane refuses is raised by the next call
+        or by `flush_priorities()`. With `wait=True` it returns, as
+        `flush_priorities()`, once everything is applied: {"updated",
+        "missing"} since the last flush (keys evicted meanwhile are skipped
+        and counted, never an error; summed in `priority_updates_missing`).
+        Thread safe.
         >>> learner.update_priorities(batch.keys, np.abs(td_errors) + 1e-6)
         """
         ensure_open(self, "learner")
-        keys = np.ascontiguousarray(keys, dtype=np.uint64).reshape(-1)
-        prios = np.ascontiguousarray(priorities, dtype=np.float64).reshape(-1)
-        if len(keys) != len(prios):
-            raise ValueError(f"{len(keys)} keys but {len(prios)} priorities")
-        if not np.isfinite(prios).all() or (prios < 0).any():
-            bad = prios[~(np.isfinite(prios) & (prios >= 0))][:3]
-            raise ValueError(f"priorities must be finite and >= 0; got {bad.tolist()}")
-        if len(keys) == 0:
-            return {"updated": 0, "missing": 0}
-        reply = check_reply("update_priorities", self._client.call(
-            "update_priorities", table=self.table, keys=keys, priorities=prios
-        ), "control plane")
-        self.priority_updates_missing += reply["missing"]
-        return {"updated": reply["updated"], "missing": reply["missing"]}
+        keys, prios = checked_priorities(keys, priorities)
+        if len(keys):
+            self._priorities.update(keys, prios)
+        return self.flush_priorities() if wait else None
+
+    def flush_priorities(self) -> dict:
+        """Wait until every priority update made so far is applied; raise
+        one the control plane refused, else return {"updated": keys
+        updated, "missing": keys no longer in the table} since the last
+        flush."""
+        ensure_open(self, "learner")
+        return self._priorities.flush()
+
+    @property
+    def priority_updates_missing(self) -> int:
+        """Keys of priority updates that were no longer in the table
+        (evicted), over the learner's life, as their replies came."""
+        return self._priorities.missing_total
 
     def _stop_prefetch(self) -> None:
         if self._prefetcher is not None:
@@ -463,6 +477,11 @@ class Learner:
         # A prefetch thread reconnecting to a control plane that is gone (^C
         # stopped a local cluster) gives up now rather than after `timeout` s.
         self._rpc.stop_reconnecting()
+        try:
+            self._priorities.close()  # what was updated is applied before the learner goes
+        except DistoreError as exc:
+            log.warning("learner on table %r: priority updates not applied at close: %s",
+                        self.table, exc)
         self._stop_prefetch()
         self._stream.release_all(self.timeout)
         self._recheck.close()

@@ -107,11 +107,16 @@ class SampleStream:
 
     `pipelined`: keep the next request in flight (and ask for the first
     batch now, without waiting for data); `ahead`: batches one request asks
-    for while samples come back to back.
+    for while samples come back to back; `before_request`: called before
+    each request is sent.
     """
 
-    def __init__(self, rpc, table: str, batch_size: int, ahead: int, pipelined: bool):
+    def __init__(self, rpc, table: str, batch_size: int, ahead: int, pipelined: bool,
+                 before_request=None):
         self.rpc = rpc
+        # Called before each sample request goes: the learner's priority
+        # updates made so far are applied first (PriorityUpdates.settle).
+        self._before_request = before_request
         self.table = table
         self.batch_size = batch_size
         self.per_request = ahead
@@ -252,6 +257,8 @@ class SampleStream:
 
     # -- requests (one connection, replies in order) -----------------------
     def _fields(self, n: int, wait: float) -> dict:
+        if self._before_request is not None:
+            self._before_request()
         self.requests += 1
         self._sent.append(time.monotonic())
         with self._leases_lock:
