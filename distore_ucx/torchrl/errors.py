@@ -6,7 +6,7 @@ wire vocabulary; each is also the distore error it is.
 
 from __future__ import annotations
 
-from ..errors import ConfigError, NoData
+from ..errors import ConfigError, NoData, SpecMismatch
 
 
 class EmptyTable(NoData, RuntimeError):
@@ -17,3 +17,9 @@ class EmptyTable(NoData, RuntimeError):
 class BatchSizeNotSet(ConfigError, RuntimeError):
     """sample() or iteration without a batch size: a RuntimeError, as TorchRL
     raises, and a ds.ConfigError."""
+
+
+class EndSignalShape(SpecMismatch, RuntimeError):
+    """A slice sampler's end key holds more than one value a frame: TorchRL's
+    message and RuntimeError ("Expected the end-of-trajectory signal to be
+    1-dimensional"), and a ds.SpecMismatch."""

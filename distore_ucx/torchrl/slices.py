@@ -28,6 +28,7 @@ Functions and one options class; no state.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from typing import Any
 
@@ -37,6 +38,9 @@ from tensordict import TensorDict, TensorDictBase
 
 from ..errors import ConfigError, SpecMismatch
 from .conversion import _key_tuple
+from .errors import EndSignalShape
+
+log = logging.getLogger(__name__)
 
 TRAJ_KEYS = (("collector", "traj_ids"), ("episode",))  # what TorchRL probes, in order
 MASK_KEY = ("collector", "mask")
@@ -82,7 +86,8 @@ class SliceOptions:
                               "episode on it)")
         if (sampler.num_slices is None) == (sampler.slice_len is None):
             raise ConfigError(f"{kind}: give num_slices or slice_len, not both")
-        span = sampler.span if isinstance(sampler.span, tuple) else (sampler.span,) * 2
+        span = (tuple(sampler.span) if isinstance(sampler.span, (tuple, list))
+                else (sampler.span,) * 2)
         left, right = span
         if left or (right and right is not True):
             raise ConfigError(
@@ -194,10 +199,17 @@ class PrioritizedSliceSampler(SliceSampler):
 def traj_key_of(opts: SliceOptions, data: TensorDictBase) -> tuple[str, ...] | None:
     """The key whose values say which trajectory each frame continues: the
     sampler's traj_key, else the first of TRAJ_KEYS the data has (as
-    TorchRL probes), else None (one stream, ended by the end key)."""
-    if opts.traj_key is not None:
-        return opts.traj_key
+    TorchRL probes), else None (one stream, ended by the end key). A
+    traj_key the data lacks falls back to the end key, as TorchRL's
+    sampler does (logged at INFO)."""
     keys = {_key_tuple(k) for k in data.keys(include_nested=True, leaves_only=True)}
+    if opts.traj_key is not None:
+        if opts.traj_key in keys:
+            return opts.traj_key
+        log.info("the slice sampler's traj_key %r is not in the data: trajectories end at "
+                 "the end key %r instead (as TorchRL's SliceSampler falls back)",
+                 opts.traj_key, opts.end_key)
+        return None
     return next((k for k in TRAJ_KEYS if k in keys), None)
 
 
@@ -215,15 +227,20 @@ def steps_of(opts: SliceOptions, data: TensorDictBase, traj_key) -> tuple[np.nda
     else:
         env = np.zeros(n, np.int64)
     done = data.get(opts.end_key, None)
-    done = np.zeros(n, bool) if done is None else _per_frame(done, n, opts.end_key).numpy()
+    if done is None:
+        done = np.zeros(n, bool)
+    else:
+        done = _per_frame(done, n, opts.end_key, EndSignalShape,
+                          "Expected the end-of-trajectory signal to be 1-dimensional: ").numpy()
     return env, done.astype(bool, copy=False)
 
 
-def _per_frame(value: torch.Tensor, n: int, key) -> torch.Tensor:
+def _per_frame(value: torch.Tensor, n: int, key, error: type = SpecMismatch,
+               prefix: str = "") -> torch.Tensor:
     value = value.detach().cpu()
     if value.numel() != n:
-        raise SpecMismatch(f"key {key!r} must hold one value per frame ({n}), got shape "
-                           f"{list(value.shape)}")
+        raise error(f"{prefix}key {key!r} must hold one value per frame ({n}), got shape "
+                    f"{list(value.shape)}")
     return value.reshape(n)
 
 
