@@ -158,9 +158,17 @@ void SliceIndex::mark(int64_t id, bool valid) {
 void SliceIndex::mark_short(const Episode& e, int64_t from, int64_t to, int64_t end) {
   const bool ends = end >= 0 && is_last(at(e, end) - 1);
   for (int64_t p = first_multiple(from, P_); p <= to; p += static_cast<int64_t>(P_)) {
-    const bool valid = ends && (pad_ == SlicePad::kEnd || p == 0);
+    const bool valid = ends && (pad_ == SlicePad::kEnd || p == static_cast<int64_t>(e.lo));
     mark(at(e, p) - 1, valid);
   }
+}
+
+void SliceIndex::recheck_first(const Episode& e, int64_t p) {
+  if (pad_ != SlicePad::kShortEpisodes || at(e, p) == 0) return;
+  const int64_t T = static_cast<int64_t>(T_);
+  int64_t b = p;
+  while (b < p + (T - 1) && at(e, b + 1) != 0) ++b;
+  if (b - p + 1 < T) mark_short(e, p, p, b);  // a full start is not a short one's business
 }
 
 // -- steps ------------------------------------------------------------------
@@ -206,6 +214,7 @@ void SliceIndex::add_one(int64_t id, uint64_t episode, uint32_t position, double
   Episode& e = eps_[s];
   const uint64_t lo = std::min(e.lo, position), hi = std::max(e.hi, position);
   if (hi - lo + 1 > uint64_t{e.mask} + 1) resize(e, pow2_at_least(hi - lo + 1));
+  const int64_t was_first = found >= 0 && position < e.lo ? int64_t{e.lo} : -1;
   e.lo = static_cast<uint32_t>(lo);
   e.hi = static_cast<uint32_t>(hi);
   slots(e)[position & e.mask] = static_cast<uint32_t>(id) + 1;
@@ -236,6 +245,8 @@ void SliceIndex::add_one(int64_t id, uint64_t episode, uint32_t position, double
   // Short slices: the starts after those run out at b before T steps (b is
   // where the run really ends: it stopped before q + T - 1).
   if (pad_ != SlicePad::kNone) mark_short(e, std::max(from, full + 1), q, b);
+  // kShortEpisodes: the step that was the episode's first is not now.
+  if (was_first >= 0) recheck_first(e, was_first);
 }
 
 void SliceIndex::remove_one(int64_t id) {
@@ -262,6 +273,7 @@ void SliceIndex::remove_one(int64_t id) {
   // Keep lo and hi on present steps (there is one: count > 0).
   if (q == e.lo) {
     while (window[e.lo & e.mask] == 0) ++e.lo;
+    recheck_first(e, e.lo);  // kShortEpisodes: what is left of the episode starts here now
   } else if (q == e.hi) {
     while (window[e.hi & e.mask] == 0) --e.hi;
   }

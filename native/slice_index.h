@@ -19,9 +19,12 @@
 // of present successors ends, before T steps, at a step marked as its
 // episode's last (add's `last`). kEnd: any such step (a slice may start
 // anywhere and be cut by its episode's end); kShortEpisodes: only an
-// episode's first step (position 0), so that only episodes shorter than T
-// give short slices, whole (TorchRL's strict_length=False). expand() pads a
-// short slice by repeating its last step and says each slice's length.
+// episode's first present step (position 0, or the first one left after
+// its oldest steps were removed), so that only episodes, or what is left
+// of them, shorter than T give short slices, whole (TorchRL's
+// strict_length=False, whose trajectories are what its storage holds).
+// expand() pads a short slice by repeating its last step and says each
+// slice's length.
 //
 // Structures:
 //  - by id (Columns): the step's episode slot + 1 (0: not a step), its
@@ -181,6 +184,9 @@ class SliceIndex {
   // multiples of P) whose runs now end at `end` (a present step, or -1 for
   // none) without T steps; starts with T steps are marked by the caller.
   void mark_short(const Episode& e, int64_t from, int64_t to, int64_t end);
+  // kShortEpisodes: (un)mark present step p of `e` as a short start after
+  // the episode's first present step changed (p: the new first, or the old).
+  void recheck_first(const Episode& e, int64_t p);
   void mark(int64_t id, bool valid);
   void remove_one(int64_t id);
   uint32_t new_episode(uint64_t episode, uint32_t position);

@@ -71,17 +71,13 @@ Left out or cut, and why:
   each trajectory's last step (`_ends_marked`, marked "adapted" where used):
   the same trajectories for TorchRL, ended for the store.
 
-Known difference, not by design (xfail, strict): with strict_length=False,
-TorchRL samples what is left of a trajectory whose first steps were
-overwritten, when shorter than slice_len, as one short slice; a table of
-slices (slice_pad "short_episodes") starts a short slice only at an
-episode's position 0, so that remainder is never sampled. This is the
-native SliceIndex's rule (docs/semantics.md, "Short slices"), not the
-TorchRL layer's: test_slice_sampler_prioritized with strict_length=False
-and circ or at_capacity is expected to fail until it changes (as is
-test_slice_sampler_prioritized_span with strict_length=False, circ and
-span=False, whose circ runs are cut for the suite's time: 1001 samples
-each, and the same eviction as test_slice_sampler_prioritized's circ).
+With strict_length=False, what is left of a trajectory whose first steps
+were overwritten, when shorter than slice_len, is one short slice, as
+TorchRL samples it (slice_pad "short_episodes" starts a short slice at an
+episode's first present step: docs/semantics.md, "Short slices").
+test_slice_sampler_prioritized_span's circ runs are cut for the suite's
+time (1001 samples each, the same eviction as
+test_slice_sampler_prioritized's circ runs, which are kept).
 
 Differences by design, assertions kept: starts are drawn uniformly over the
 valid starts (TorchRL draws a trajectory, then a start in it); no kept
@@ -120,13 +116,6 @@ LISTSTORAGE_DEFAULT = 1000  # TorchRL's buffers default to ListStorage(max_size=
 def store():
     """One LocalCluster for the module (one table a buffer)."""
     yield from sm_store()
-
-
-# A known difference, not by design (issue #48): see the module docstring.
-_HEAD_EVICTED = pytest.mark.xfail(
-    strict=True, reason="strict_length=False: what is left of an episode whose first steps "
-    "were evicted, shorter than slice_len, is no slice (the store's short_episodes starts "
-    "only at position 0); TorchRL samples it whole")
 
 
 def _ends_marked(data, traj_key="traj"):
@@ -864,10 +853,7 @@ class TestSamplers:
     @pytest.mark.parametrize("strict_length", [True, False])
     @pytest.mark.parametrize("circ", [False, True])
     @pytest.mark.parametrize("at_capacity", [False, True])
-    def test_slice_sampler_prioritized(self, ndim, strict_length, circ, at_capacity,
-                                       request):
-        if not strict_length and (circ or at_capacity):  # adapted: a known difference
-            request.applymarker(_HEAD_EVICTED)
+    def test_slice_sampler_prioritized(self, ndim, strict_length, circ, at_capacity):
         torch.manual_seed(0)
         out = []
         for t in range(5):
@@ -939,9 +925,7 @@ class TestSamplers:
     @pytest.mark.parametrize(
         "span", [False, [False, True]]  # (cut: [False, False] = False; 3, [False, 3])
     )
-    def test_slice_sampler_prioritized_span(self, ndim, strict_length, circ, span, request):
-        if not strict_length and circ and not span:  # adapted: a known difference
-            request.applymarker(_HEAD_EVICTED)
+    def test_slice_sampler_prioritized_span(self, ndim, strict_length, circ, span):
         torch.manual_seed(0)
         out = []
         # 5 trajs of length 3, 6, 9, 12 and 15

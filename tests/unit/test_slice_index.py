@@ -45,7 +45,7 @@ class Reference:
 
     def __init__(self, slice_len, period, prioritized, alpha, pad=0):
         self.T, self.P, self.prioritized, self.alpha = slice_len, period, prioritized, alpha
-        self.pad = pad  # 0 strict, 1 short slices at any end, 2 short episodes only
+        self.pad = pad  # 0 strict, 1 short slices at any end, 2 short episodes (what is left)
         self.steps: dict[int, tuple[int, int]] = {}  # id -> (episode, position)
         self.at: dict[tuple[int, int], int] = {}  # (episode, position) -> id
         self.priority: dict[int, float] = {}
@@ -79,7 +79,12 @@ class Reference:
             return False
         if len(run) == self.T:
             return True
-        return bool(self.pad) and run[-1] in self.last and (self.pad == 1 or p == 0)
+        return bool(self.pad) and run[-1] in self.last and (self.pad == 1 or p == self.first(i))
+
+    def first(self, i):
+        """The lowest position present in step i's episode."""
+        e = self.steps[i][0]
+        return min(q for f, q in self.steps.values() if f == e)
 
     def slice(self, i):
         run = self.run(i)
@@ -463,3 +468,27 @@ def test_a_second_thread_inside_the_index_is_refused_not_raced():
             assert "another thread is inside this index" in refused
             return
     pytest.fail("no call landed inside another thread's add in 10 tries")
+
+
+def test_short_episodes_start_what_is_left_of_an_episode_whose_head_left():
+    # pad 2 (TorchRL's strict_length=False): an episode of 10 steps with
+    # T = 8 gives full slices only; once its first 4 steps are evicted,
+    # what is left (6 steps) is shorter than T and is one short slice from
+    # its first present step, as TorchRL samples a trajectory its storage
+    # holds part of. A step arriving below it moves the start there.
+    index = _tables.SliceIndex(8, pad=2, seed=1)
+    add(index, [(i, 7, i, 1.0) for i in range(10)], last=[0] * 9 + [1])
+    assert index.valid_starts == 3  # 0, 1, 2: full
+    index.remove(i64([0, 1, 2, 3]))
+    assert index.valid_starts == 1
+    ids, lengths = index.expand_lengths(i64([4]))
+    assert ids.tolist() == [4, 5, 6, 7, 8, 9, 9, 9] and lengths.tolist() == [6]
+    index.remove(i64([4]))
+    assert index.valid_starts == 1 and index.expand_lengths(i64([5]))[1].tolist() == [5]
+    with pytest.raises(errors.TableCoreError):
+        index.expand(i64([4]))  # gone
+    add(index, [(13, 7, 3, 1.0)])  # position 3 again, below the first: a gap at 4
+    # 3's run (one step) does not reach the end: no start; 5 is not first.
+    assert index.valid_starts == 0
+    add(index, [(14, 7, 4, 1.0)])  # 3..9: 7 steps, one short slice from 3
+    assert index.valid_starts == 1 and index.expand_lengths(i64([13]))[1].tolist() == [7]
