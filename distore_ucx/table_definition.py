@@ -33,8 +33,9 @@ MAX_NAME = 128  # protocol.MAX_NAME; a table name is a name on the wire
 # (every slice has slice_len steps of one episode); "end", a slice may start
 # at any (period) step and is cut short by its episode's end; "short_episodes",
 # an episode shorter than slice_len, or what is left of one after its oldest
-# steps were evicted, is one short slice, whole (TorchRL's strict_length=False). Short slices are padded to slice_len by repeating
-# their last step, and samples say which rows are padding (a mask).
+# steps were evicted, is one short slice, whole (TorchRL's strict_length=False).
+# Short slices are padded to slice_len by repeating their last step, and
+# samples say which rows are padding (a mask).
 SLICE_PADS = ("none", "end", "short_episodes")
 MAX_CAPACITY = 2**40  # the create_table message's bound
 

@@ -106,13 +106,19 @@ class Writing:
         return index
 
     def add(self, data: TensorDictBase) -> torch.Tensor:
-        """Insert one item (a TensorDict shaped as one item: batch size [] or
-        the items' own batch dimensions); returns its key."""
+        """Insert one element along the first of the `ndim` item dimensions,
+        as TorchRL's `add` writes one at its storage's cursor: with ndim=1,
+        one item (batch size [] or the items' own batch dimensions), its key
+        returned; with ndim=2, one row: a TensorDict of batch size [n, ...]
+        is n items (a ParallelEnv's step), their n keys returned."""
         _check_batch(data, 0)
-        item = data
-        for _ in range(self.ndim):
-            item = item.unsqueeze(0)
-        index = self.extend(item).reshape(-1)[0]
+        if data.batch_dims < self.ndim - 1:
+            raise SpecMismatch(
+                f"add() takes one element along the first of this buffer's {self.ndim} item "
+                f"dimensions (ndim={self.ndim}): a TensorDict of at least {self.ndim - 1} batch "
+                f"dimension(s), got batch size {list(data.batch_size)}; extend() it instead, "
+                "or reshape it")
+        index = self.extend(data.unsqueeze(0))[0]
         if not data.is_locked:
             self._set_index(data, index)
         return index

@@ -23,14 +23,11 @@ listed below.
 Parametrizations: LazyTensorStorage and LazyMemmapStorage become the same
 kind of table, so the collector tests run with LazyTensorStorage only.
 
-Known difference, not by design (xfail, strict):
 test_parallel_env_with_multi_collector_and_replay_buffer with
-extend_buffer=False. Its workers `add()` each step of ParallelEnv(2), a
-TensorDict of batch size [2], into a buffer over a 2-dimensional storage:
-TorchRL writes it as one row along the storage's first dimension, 2
-elements (len counts 2), where distore's `add` makes the whole TensorDict
-one item (of batch size [2]; len counts 1), so the buffer holds half the
-"frames" TorchRL counts.
+extend_buffer=False runs as written: its workers `add()` each step of
+ParallelEnv(2), a TensorDict of batch size [2], into a buffer over a
+2-dimensional storage, and `add` writes it as TorchRL does, one row of 2
+items.
 
 Left out or cut, and why:
 
@@ -398,12 +395,8 @@ class TestCollectorRB:
     )
     @pytest.mark.parametrize("extend_buffer", [True, False])
     def test_parallel_env_with_multi_collector_and_replay_buffer(
-        self, collector_class, extend_buffer, request
+        self, collector_class, extend_buffer
     ):
-        if not extend_buffer:  # adapted: a known difference (see the module docstring)
-            request.applymarker(pytest.mark.xfail(
-                strict=True, reason="add() of a [2] TensorDict into an ndim=2 buffer stores "
-                "one item of batch [2]; TorchRL's storage stores 2 elements"))
         """Test that ParallelEnv works with multi-collectors when replay_buffer is given.
 
         Regression test for issue #3240 / PR #3341.
