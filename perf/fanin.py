@@ -25,7 +25,9 @@ It prints one JSON line for the run and a short table: offered and
 achieved inserts/s, items in the table against acknowledged inserts, node
 drops (and unresponsive episodes), the longest heartbeat gap of each node,
 learner p50/p99, the actors' peak RSS
-and the control plane's and nodes' RSS. Exit 1 when items are missing,
+and the control plane's and nodes' RSS, when all (and half) the actors
+were ready, the longest flush, and the CPU the control plane and the nodes
+(together) spent over the run per acknowledged item. Exit 1 when items are missing,
 a node was dropped, or the learner's p99 exceeds `--max-p99-ms`.
 Only 127.0.0.1 is used (UCX_NET_DEVICES=lo).
 """
@@ -45,6 +47,7 @@ os.environ.setdefault("UCX_LOG_LEVEL", "error")
 os.environ.setdefault("UCX_NET_DEVICES", "lo")
 
 import numpy as np
+import psutil
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from soak import percentiles, rss_bytes  # noqa: E402 - after the UCX settings
@@ -52,9 +55,16 @@ from soak import percentiles, rss_bytes  # noqa: E402 - after the UCX settings
 TABLE = "fanin"
 
 
+def cpu_seconds(proc) -> float:
+    """User + system CPU seconds of a psutil.Process so far."""
+    t = proc.cpu_times()
+    return t.user + t.system
+
+
 def actor(index: int, address: str, args, start, ready, results) -> None:
     """One actor process: paced inserts for `args.seconds`; puts a result dict."""
-    out = {"actor": index, "offered": 0, "acked": 0, "error": None, "rss_peak": None}
+    out = {"actor": index, "offered": 0, "acked": 0, "error": None, "rss_peak": None,
+           "flush_max_s": 0.0}
     try:
         import distore_ucx as ds
 
@@ -75,7 +85,9 @@ def actor(index: int, address: str, args, start, ready, results) -> None:
                     w.insert(TABLE, {"payload": payload}, priority=1.0)
                 out["offered"] = done = max(done, due)
                 if now >= next_flush:
+                    t_flush = time.monotonic()
                     w.flush()
+                    out["flush_max_s"] = max(out["flush_max_s"], time.monotonic() - t_flush)
                     out["acked"] = done
                     next_flush = now + args.flush_every
                 time.sleep(min(0.01, max(0.0, next_flush - time.monotonic())))
@@ -182,16 +194,20 @@ def main(argv=None) -> int:
         for p in procs:
             p.start()
         # Actors connect before the clock starts, then wait on `start`.
+        ready_s = []
         for _ in procs:
             ready.get(timeout=args.start_timeout)
-        print(f"fanin: {args.actors} actors connected in {time.monotonic() - t_up:.1f} s",
-              file=sys.stderr, flush=True)
+            ready_s.append(time.monotonic() - t_up)
+        print(f"fanin: {args.actors} actors connected in {ready_s[-1]:.1f} s (half in "
+              f"{ready_s[len(ready_s) // 2]:.1f} s)", file=sys.stderr, flush=True)
         seen: dict = {}
         stop = threading.Event()
         learner = Learner(client, args)
         threads = [threading.Thread(target=learner.run, name="learner"),
                    threading.Thread(target=watch_nodes, args=(client, stop, seen),
                                     name="watch")]
+        servers = [psutil.Process(pid) for pid in cluster.pids()]  # control, nodes
+        cpu0 = [cpu_seconds(p) for p in servers]
         start.set()
         t0 = time.monotonic()
         for th in threads:
@@ -203,6 +219,7 @@ def main(argv=None) -> int:
             except Exception:  # noqa: BLE001 - an actor that never reported
                 break
         elapsed = time.monotonic() - t0
+        cpu = [cpu_seconds(p) - c for p, c in zip(servers, cpu0)]
         learner.stop.set()
         stop.set()
         for th in threads:
@@ -238,6 +255,11 @@ def main(argv=None) -> int:
         "server_rss_mib": {k: round(v / 2**20, 1) if v else None for k, v in rss.items()},
         "actors_reported": len(got), "actor_errors": errors[:5], "n_actor_errors": len(errors),
         "learner_error": learner.error, "elapsed_s": round(elapsed, 1),
+        "all_ready_s": round(ready_s[-1], 1), "half_ready_s": round(ready_s[len(ready_s) // 2], 1),
+        "flush_max_s": round(max((r["flush_max_s"] for r in got), default=0.0), 2),
+        # CPU seconds of each server process over the run, per acknowledged item.
+        "control_cpu_us_per_item": round(1e6 * cpu[0] / max(acked, 1), 1),
+        "node_cpu_us_per_item": round(1e6 * sum(cpu[1:]) / max(acked, 1), 1),
     }
     line = json.dumps(row)
     print(line, flush=True)
@@ -246,13 +268,16 @@ def main(argv=None) -> int:
             fh.write(line + "\n")
     print(f"{'actors':>7} {'offered/s':>10} {'achieved/s':>10} {'acked':>8} {'in table':>8} "
           f"{'drops':>5} {'unresp':>6} {'p50 ms':>7} {'p99 ms':>7} {'actor MiB':>9} "
-          f"{'ctl MiB':>7} {'node MiB':>8}", file=sys.stderr)
+          f"{'ctl MiB':>7} {'node MiB':>8} {'ready s':>7} {'flush s':>7} {'ctl us/it':>9} "
+          f"{'node us/it':>10}", file=sys.stderr)
     nodes_mib = [v for k, v in row["server_rss_mib"].items() if k != "control" and v]
     print(f"{args.actors:7d} {row['offered_per_s']:10.0f} {row['achieved_per_s']:10.0f} "
           f"{acked:8d} {info['size']:8d} {row['node_drops']:5d} {row['unresponsive']:6d} "
           f"{lat['p50_ms'] or 0:7.2f} {lat['p99_ms'] or 0:7.2f} "
           f"{row['actor_rss_peak_mib'] or 0:9.1f} {row['server_rss_mib']['control'] or 0:7.1f} "
-          f"{max(nodes_mib, default=0):8.1f}", file=sys.stderr, flush=True)
+          f"{max(nodes_mib, default=0):8.1f} {row['all_ready_s']:7.1f} {row['flush_max_s']:7.2f} "
+          f"{row['control_cpu_us_per_item']:9.1f} {row['node_cpu_us_per_item']:10.1f}",
+          file=sys.stderr, flush=True)
     bad = (row["missing"] != 0 or row["node_drops"] or errors or learner.error
            or (lat["p99_ms"] or 0) > args.max_p99_ms)
     return 1 if bad else 0

@@ -68,7 +68,7 @@ log = logging.getLogger(__name__)
 
 MAX_SOURCES = 64  # cached staging buffers per writer connection
 MAX_MAPPED = 4  # of which mapped (a writer uses one buffer per connection)
-MAX_OFFERED = 256  # handed-over buffers not yet claimed by a connection
+MAX_OFFERED = 1024  # handed-over buffers not yet claimed (hundreds of writers start at once)
 
 
 @dataclass(frozen=True)

@@ -44,6 +44,7 @@ import secrets
 import socket
 import struct
 import threading
+import time
 
 from ..errors import ConnectionFailed
 from . import auth
@@ -69,6 +70,24 @@ def _address(name: str) -> str:
     # "@name" is Linux's abstract namespace: no file to clean up, and it is
     # private to the network namespace (which host_id() includes).
     return "\0" + name[1:] if name.startswith("@") else name
+
+
+def _connect(sock: socket.socket, name: str, timeout: float) -> None:
+    """Connect `sock` to map socket `name` within `timeout` s. A Unix socket
+    whose listen queue is full refuses at once (EAGAIN) rather than waiting,
+    as a TCP one would: hundreds of writers starting together queue up, so
+    try again until the node has accepted the ones ahead, up to `timeout`."""
+    deadline = time.monotonic() + timeout
+    pause = 0.001
+    while True:
+        try:
+            sock.connect(_address(name))
+            return
+        except BlockingIOError:  # EAGAIN: the queue is full
+            if time.monotonic() + pause > deadline:
+                raise
+            time.sleep(pause)
+            pause = min(2 * pause, 0.05)
 
 
 def _recv_exact(sock: socket.socket, n: int) -> bytes:
@@ -115,7 +134,9 @@ class LocalMapServer:
         """Listen and serve on a background thread (it blocks in accept, idle)."""
         self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self._sock.bind(_address(self.name))
-        self._sock.listen(64)
+        # Hundreds of writers and learners may start at once: the kernel caps
+        # the queue at net.core.somaxconn; clients retry a full one (_connect).
+        self._sock.listen(socket.SOMAXCONN)
         self._thread = threading.Thread(target=self._serve, name="distore-local-map",
                                         daemon=True)
         self._thread.start()
@@ -220,7 +241,7 @@ def receive_arena(name: str, arena_id: int, token: bytes | None, node: str,
     sock.settimeout(timeout)
     try:
         try:
-            sock.connect(_address(name))
+            _connect(sock, name, timeout)
             magic, version, wants_token, nonce = _HELLO.unpack(_recv_exact(sock, _HELLO.size))
         except (OSError, ConnectionError, struct.error) as exc:
             raise ConnectionFailed(f"cannot reach {node}'s same-host map socket ({exc})") from None
@@ -269,7 +290,7 @@ def send_staging(name: str, fd: int, size: int, ticket: bytes, token: bytes | No
     sock.settimeout(timeout)
     try:
         try:
-            sock.connect(_address(name))
+            _connect(sock, name, timeout)
             creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED,
                                     struct.calcsize("3i"))
             pid, _, _ = struct.unpack("3i", creds)

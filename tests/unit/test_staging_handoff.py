@@ -122,3 +122,83 @@ def test_the_node_refuses_an_fd_that_is_not_a_sealed_memfd(runtime, arena):
         os.close(fd)
         server.close()
     assert not sources._offered
+
+
+def test_hundreds_of_writers_handing_buffers_at_once_are_all_mapped(runtime, staging, arena):
+    # 256 actors starting together: the node's map socket queue fills, and a
+    # Unix socket refuses a connect to a full queue at once (EAGAIN); each
+    # writer must wait its turn, not fall back to slower reads for 30 s.
+    import threading
+
+    sources = Sources(runtime, "test-node")
+    server = serve(arena, sources)
+    tickets = [os.urandom(TICKET_BYTES) for _ in range(300)]
+    failed = []
+
+    def hand(ticket):
+        try:
+            send_staging(server.name, staging.share_fd, staging.size, ticket, None,
+                         os.getpid(), "test-node", timeout=20.0)
+        except errors.ConnectionFailed as exc:
+            failed.append(str(exc))
+
+    threads = [threading.Thread(target=hand, args=(t,)) for t in tickets]
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+    finally:
+        server.close()
+    assert failed == []
+    for ticket in tickets:
+        assert sources.get(peer(), descriptor(staging, ticket)).mapping is not None
+
+
+def test_a_connect_to_a_full_queue_waits_its_turn():
+    import socket
+    import threading
+
+    from distore_ucx.transport.local_map import _connect
+
+    name = f"@distore-test-queue-{os.getpid()}"
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind("\0" + name[1:])
+    listener.listen(1)
+    queued = []
+    try:
+        while True:  # fill the queue until the kernel refuses at once
+            s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            s.settimeout(1.0)
+            try:
+                s.connect("\0" + name[1:])
+            except BlockingIOError:
+                s.close()
+                break
+            queued.append(s)
+        accepted = []
+        acceptor = threading.Timer(0.2, lambda: accepted.extend(
+            listener.accept()[0] for _ in range(len(queued) + 1)))
+        acceptor.start()
+        late = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        late.settimeout(5.0)
+        _connect(late, name, 5.0)  # refused at first, then taken
+        acceptor.join(5)
+        assert len(accepted) == len(queued) + 1
+        late.close()
+        with pytest.raises(BlockingIOError):  # within its timeout only
+            full = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            full.settimeout(0.05)
+            for _ in range(len(queued) + 2):
+                extra = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+                extra.settimeout(1.0)
+                try:
+                    extra.connect("\0" + name[1:])
+                except BlockingIOError:
+                    break
+                queued.append(extra)
+            _connect(full, name, 0.05)
+    finally:
+        for s in queued:
+            s.close()
+        listener.close()

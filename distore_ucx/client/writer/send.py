@@ -46,8 +46,10 @@ from .staging import StagedBatch, StagingBuffer
 
 log = logging.getLogger(__name__)
 
-# Seconds before handing a node that failed to take a staging buffer another one.
-NO_MAP_RETRY = 30.0
+# Seconds before handing a node that failed to take a staging buffer another
+# one (a node too busy to answer within CONNECT_TIMEOUT, hundreds of writers
+# starting at once: it reads their batches another way meanwhile).
+NO_MAP_RETRY = 10.0
 # Seconds a node whose insert listener could not be reached reads this
 # writer's batches with gets before the writer tries to connect again.
 NO_AM_RETRY = 30.0
