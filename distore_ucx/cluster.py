@@ -15,6 +15,7 @@ import logging
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import tempfile
 import time
@@ -105,12 +106,22 @@ class LocalCluster:
 
     # -- lifecycle -------------------------------------------------------
     def start(self) -> LocalCluster:
-        """Start the control plane, then the nodes; wait until all are serving."""
+        """Start the control plane and the nodes side by side; wait until all
+        are serving. A process's start is mostly its own (importing, loading
+        UCX, mapping an arena): the control plane gets a free port first, so
+        that the nodes, told it, start with it (a node joins once it serves)."""
         try:
-            self.start_control()
-            # Started side by side, then waited for: a node's start is mostly
-            # its own (importing, loading UCX, mapping its arena).
-            for proc in [self._spawn_node() for _ in range(self.n_nodes)]:
+            if self.port == 0 and _is_ipv4(self.host):
+                self.port = _free_port(self.host)
+            if self.port:
+                control = self._spawn_control()
+                self.address = f"{self.host}:{self.port}"
+                nodes = [self._spawn_node() for _ in range(self.n_nodes)]
+                self._control_ready(control)
+            else:  # the control plane's port is known once it serves
+                self.start_control()
+                nodes = [self._spawn_node() for _ in range(self.n_nodes)]
+            for proc in nodes:
                 proc.info = self._wait_ready(proc)
         except BaseException:
             self.stop()
@@ -123,6 +134,12 @@ class LocalCluster:
         """Start the control plane (on the port it had before, if it ran
         already) and wait until it serves; `restore` starts it from the
         checkpoint file."""
+        proc = self._spawn_control(restore)
+        self._control_ready(proc)
+        return proc
+
+    def _spawn_control(self, restore: bool = False) -> Process:
+        """Start the control plane (see start_control); not waited for."""
         args = ["control", "--host", self.host, "--port", str(self.port),
                 "--heartbeat-timeout", str(self.heartbeat_timeout)]
         if self.checkpoint:
@@ -140,10 +157,13 @@ class LocalCluster:
         self._control_runs += 1
         proc = self._spawn(role, args)
         self.control = proc
+        return proc
+
+    def _control_ready(self, proc: Process) -> None:
+        """Wait until the control plane `proc` serves; its address."""
         proc.info = self._wait_ready(proc)
         self.address = proc.info["address"]
         self.port = int(self.address.rsplit(":", 1)[1])
-        return proc
 
     def kill_control(self, sig: int = signal.SIGKILL) -> int:
         """Send `sig` to the control plane (default SIGKILL); its exit code."""
@@ -240,6 +260,23 @@ class LocalCluster:
 
     def _wait_ready(self, proc: Process) -> dict:
         return wait_ready(proc, self.startup_timeout)
+
+
+def _is_ipv4(host: str) -> bool:
+    """Whether `host` is a dotted IPv4 address."""
+    try:
+        socket.inet_aton(host)
+    except OSError:
+        return False
+    return host.count(".") == 3
+
+
+def _free_port(host: str) -> int:
+    """A TCP port free on `host` now (the kernel's pick; a process that takes
+    it meanwhile makes the control plane's start fail, saying so)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return sock.getsockname()[1]
 
 
 def _remove_log_dir(path: str) -> None:
