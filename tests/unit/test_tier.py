@@ -24,6 +24,7 @@ from distore_ucx.storage.tier import (
     TierFileError,
     bounce_reads,
 )
+from distore_ucx.table_definition import TableDefinition
 from distore_ucx.transport import UcxRuntime
 
 MiB = 1 << 20
@@ -107,6 +108,38 @@ def test_staging_area_spans_free_extents_and_merges_them_back():
         assert area.give(start)
     assert area.used_bytes == 0 and area.take(10, 4096) is not None
     assert not area.give(12345)
+
+
+def test_a_batch_that_fits_one_free_extent_is_staged_in_it_whole():
+    # A cold slice read as one run lands in one piece: a batch is spread over
+    # extents only when no single one holds it.
+    area = StagingArea(12 * 4096)
+    _, low = area.take(2, 4096)
+    area.take(3, 4096)
+    _, mid = area.take(4, 4096)
+    assert area.give(low[0]) and area.give(mid[0])  # free: pages 0-1, 5-8, 9-11
+    offsets, extents = area.take(3, 4096)  # not pages 0-1 and 5: pages 5-7
+    assert extents == [5 * 4096] and offsets.tolist() == [5 * 4096, 6 * 4096, 7 * 4096]
+    offsets, extents = area.take(4, 4096)  # no extent holds 4 (0-1, 8-11 merged: 4!)
+    assert offsets.tolist() == [8 * 4096 + i * 4096 for i in range(4)]
+    offsets, extents = area.take(2, 4096)
+    assert offsets.tolist() == [0, 4096]
+
+
+def test_disk_slots_freed_in_any_order_are_handed_out_ascending(tmp_path):
+    # Items written in order (a slice's steps) then follow each other on disk
+    # wherever the free slots do.
+    tier = DiskTier(str(tmp_path / "t.tier"), MiB, "n0", arena_id=1)
+    try:
+        a = tier.allocate("t", 5000, 16)
+        tier.commit("t", a, a, a, np.ones(16))
+        tier.free("t", a[[9, 3, 8, 4, 7, 5, 6]])
+        tier.free("t", a[[12, 11, 10]])
+        got = tier.allocate("t", 5000, 12)
+        assert (np.diff(got.astype(np.int64)) > 0).all()
+        assert got[:7].tolist() == a[3:10].tolist()
+    finally:
+        tier.close()
 
 
 @pytest.fixture
@@ -507,3 +540,19 @@ def test_a_run_whose_destinations_are_apart_is_still_one_read(on_disk, arena, ch
     statuses, reads = read_run(reader, tier, arena, data, keys, gens, dest)
     assert (statuses == 0).all() and reads == 1
     assert np.array_equal(staged(arena, dest, slice(None)), want)
+
+
+def test_a_slice_tables_demotions_go_to_disk_by_episode_and_position():
+    # Four envs' steps arrive interleaved (one step of each per batch); the
+    # oldest 16 go to disk grouped by episode, in position order, so each
+    # episode's steps follow each other on disk.
+    t = Table(TableDefinition.make("s", 100, SPEC, slice_len=4), seed=1)
+    for p in range(6):
+        keys = np.arange(4, dtype=np.uint64) + np.uint64(10 * p + 1)
+        t.add(1, keys, keys * np.uint64(64), keys, np.ones(4),
+              (np.arange(4, dtype=np.uint64) + np.uint64(100), np.full(4, p, np.uint32),
+               np.zeros(4, np.uint8)))
+    for picked in (Demotions().pick(t, 1, 16)[0], pick_demotions(t, 1, 16)[0]):
+        recs = t.core.lookup(picked)
+        assert t.slices.episode(recs).tolist() == np.repeat([100, 101, 102, 103], 4).tolist()
+        assert t.slices.position(recs).tolist() == [0, 1, 2, 3] * 4
