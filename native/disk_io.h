@@ -18,6 +18,7 @@
 // concurrently on disjoint slots.
 #pragma once
 
+#include <atomic>
 #include <condition_variable>
 #include <cstddef>
 #include <cstdint>
@@ -65,11 +66,17 @@ void disk_read_slots(int fd, const uint64_t* disk_offsets, size_t stride, uint8_
 // queued while the last reads of the current one complete, and each batch
 // completes at the disk's full speed instead of two completing together.
 //
-// With `chunk` > 0 each thread reads through its own `chunk` bytes of
-// hugepage-backed memory (made here, 2 MiB aligned) and copies to dest, a
-// slot in ceil(stride / chunk) units: for a dest of scattered 4 KiB pages,
-// which a disk splits into many small requests (storage/tier.py says
-// when). With chunk 0 each unit is a whole slot read straight into dest.
+// Runs: slots that follow each other in the batch and on disk (each one
+// `stride` past the one before, as a cold slice's steps are) are read
+// together. With chunk 0 a run is one unit, read straight into dest: one
+// pread when the run's destinations follow each other too, else one preadv
+// (at most IOV_MAX destination pieces a run). With `chunk` > 0 each thread
+// reads through its own `chunk` bytes of hugepage-backed memory (made here,
+// 2 MiB aligned) and copies to dest, a run in ceil(run bytes / chunk) units:
+// for a dest of scattered 4 KiB pages, which a disk splits into many small
+// requests (storage/tier.py says when). Every slot of a run is still checked
+// alone (header, trailer); a read of several slots that fails is read again
+// slot by slot, so an I/O error fails only the slots it is in.
 //
 // Ownership: the threads and the bounce memory, released by the destructor,
 // which first lets every queued batch finish. Thread safety: read() may be
@@ -90,10 +97,15 @@ class DiskReader {
 
   size_t threads() const { return pool_.size(); }
   size_t chunk() const { return chunk_; }
+  // Read calls (pread/preadv) issued so far, all batches together: one per
+  // run or per chunk of a run, more after short reads or failed runs.
+  uint64_t reads() const { return reads_.load(std::memory_order_relaxed); }
 
  private:
   struct Batch;
   void work(size_t worker);
+  void read_run(Batch& b, size_t run);
+  void read_chunk(Batch& b, size_t run, size_t part, uint8_t* via);
 
   size_t chunk_;
   uint8_t* bounce_ = nullptr;  // threads x chunk_ bytes, 2 MiB aligned, inside map_
@@ -105,6 +117,7 @@ class DiskReader {
   std::deque<Batch*> queue_;          // batches with units not yet handed out
   bool stopping_ = false;
   std::vector<std::thread> pool_;
+  std::atomic<uint64_t> reads_{0};
 };
 
 }  // namespace distore

@@ -20,6 +20,16 @@ per item (from /sys/dev/block/.../stat): a read into scattered 4 KiB pages
 is split at the disk's segment limit into several requests, which costs
 bandwidth (docs/performance.md).
 
+``--slices T``: a table of slices instead (docs/semantics.md, "Slices"):
+each SIZE is a step's size and each BATCH the slices a sample asks for; 4
+envs of one writer append interleaved episodes of 4T steps, nearly all
+demoted to disk, and a sample reads BATCH x T cold steps. Baselines: the
+same reads slot by slot (``disk_o_direct_qd8``: B x T reads) and each
+slice as one read of T slots (``disk_o_direct_qd8_runs``: B reads). Rows
+add the node's read calls per cold slice (``node_reads_per_slice``, from
+node_info ``disk_reads``; absent on builds before it). To compare builds,
+run it with each build's package first on PYTHONPATH, alternating.
+
 ``--hot``: also sample a table that fits the arena (32 x 110 KB items) from a
 node with a disk tier and from one without, alternated, to show that hot
 sampling pays nothing for the tier.
@@ -113,6 +123,116 @@ def timed(fn, seconds: float) -> tuple[int, float, list[float]]:
         fn()
         lat.append(time.perf_counter() - t)
     return len(lat), time.perf_counter() - t0, lat
+
+
+def slices_run(args, size: int, batch: int, out: JsonLines) -> list[dict]:
+    """One step size of a table of slices: fill, then alternate disk
+    baselines (slot by slot, and one read a slice) and cold sampling."""
+    import distore_ucx as ds
+    from distore_ucx._native_loader import _native
+    from distore_ucx.transport import rpc
+
+    T, envs = args.slices, 4
+    stride = stride_of(size)
+    rows_per_batch = batch * T
+    staging = 8 * rows_per_batch * stride
+    hot_items = 128  # two writer batches: an insert needs room for its batch
+    arena = staging + hot_items * stride + MiB
+    length = 4 * T  # steps an episode
+    n_items = args.table_bytes // size // (envs * length) * (envs * length)
+    disk = (n_items + 2 * rows_per_batch) * stride + MiB
+    tier_dir = os.path.join(args.dir, f"tier-slices-{size}")
+    os.makedirs(tier_dir, exist_ok=True)
+    rows = []
+    with ds.LocalCluster(nodes=1, arena_bytes=arena, disk_bytes=disk, disk_staging=staging,
+                         disk_dir=tier_dir, log_level="WARNING") as cluster:
+        client = ds.connect(cluster.address)
+        client.create_table("cold", capacity=n_items, spec=((size,), "uint8"), slice_len=T)
+        log(f"{size} B steps, slices of {T}: filling {n_items} steps "
+            f"({n_items * size / 1e9:.2f} GB), arena {arena} B of which {staging} B staging")
+        t0 = time.perf_counter()
+        key_to_idx = {}
+        env = np.tile(np.arange(envs), 16)  # a vectorized actor: 16 steps of 4 envs a call
+        with client.writer(max_items=len(env)) as writer:
+            for start in range(0, n_items, len(env)):
+                idx = np.arange(start, start + len(env), dtype=np.uint64)
+                pos = (idx // np.uint64(envs)) % np.uint64(length)
+                keys = writer.append("cold", items(idx, size), env=env,
+                                     done=pos == np.uint64(length - 1))
+                key_to_idx.update(zip(keys.tolist(), idx.tolist()))
+        fill_s = time.perf_counter() - t0
+        hot_fraction = 1 - client.table_info("cold")["cold"] / n_items
+        client.close()
+        log(f"filled in {fill_s:.1f} s, {100 * hot_fraction:.1f}% hot")
+        reader = ds.connect(cluster.address)
+        learner = reader.learner("cold", batch_size=batch)
+        node = rpc.RpcClient(reader.nodes()[0]["address"], token=reader.token)
+
+        def node_reads():
+            return node.call("node_info").get("disk_reads")
+
+        def verify(b) -> bool:
+            idx = np.array([key_to_idx[int(k)] for k in b.step_keys.ravel()], np.uint64)
+            return check(np.asarray(b.data).reshape(len(idx), size), idx, size)
+
+        fd = os.open(cluster.disk_path(0), os.O_RDONLY | os.O_DIRECT)
+        rng = np.random.default_rng(1)
+        used = n_items - hot_items - T
+        scratch = hugepage_buffer(rows_per_batch * stride)
+        disk_stat = block_stat_path(args.dir)
+
+        def raw_steps():  # B slices of T slots, slot by slot
+            first = rng.integers(0, used, batch).astype(np.uint64)
+            offsets = ALIGN + ((first[:, None] + np.arange(T, dtype=np.uint64)) *
+                               np.uint64(stride)).ravel()
+            assert (_native.disk_read_raw(fd, offsets, stride, 8, scratch) == 0).all()
+
+        def raw_runs():  # each slice as one read of T slots
+            first = rng.integers(0, used, batch).astype(np.uint64)
+            offsets = ALIGN + first * np.uint64(stride)
+            assert (_native.disk_read_raw(fd, offsets, T * stride, 8, scratch) == 0).all()
+
+        def ours():
+            ours.last = learner.sample()
+
+        bad = 0
+        learner.sample()  # warm: endpoints, mappings
+        for run in range(args.runs):
+            for what, fn in (("disk_o_direct_qd8", raw_steps),
+                             ("disk_o_direct_qd8_runs", raw_runs),
+                             ("cold_sample", ours)):
+                before, reads0 = block_stat(disk_stat), node_reads()
+                samples0 = reader.table_info("cold")["samples"]
+                calls, wall, lat = timed(fn, args.seconds)
+                after, reads1 = block_stat(disk_stat), node_reads()
+                row = {"size": size, "batch": batch, "slice_len": T, "what": what, "run": run,
+                       "gbps": calls * rows_per_batch * size / wall / 1e9,
+                       "p50_ms": 1e3 * statistics.median(lat),
+                       "hot_fraction": hot_fraction, "fill_s": fill_s}
+                if what == "cold_sample" and reads0 is not None:
+                    # every slice asked for (`samples` counts slices), those asked ahead too
+                    slices = reader.table_info("cold")["samples"] - samples0
+                    row["node_reads_per_slice"] = (reads1 - reads0) / max(1, slices)
+                if before is not None and after is not None:
+                    reads, sectors = after[0] - before[0], after[1] - before[1]
+                    row["disk_requests_per_item"] = reads / max(1, calls * rows_per_batch)
+                    row["disk_kib_per_request"] = sectors * 512 / 1024 / max(1, reads)
+                out.write(row)
+                rows.append(row)
+            bad += not verify(ours.last)
+        os.close(fd)
+        for _ in range(10):
+            bad += not verify(learner.sample())
+        if bad:
+            log(f"MISMATCH: {bad} batches held bytes other than their steps'")
+            rows.append({"size": size, "what": "mismatch"})
+        else:
+            log(f"{args.runs + 10} batches checked byte for byte")
+        node.close()
+        learner.close()
+        reader.close()
+    shutil.rmtree(tier_dir, ignore_errors=True)
+    return rows
 
 
 def cold_run(args, size: int, batch: int, out: JsonLines) -> list[dict]:
@@ -317,6 +437,8 @@ def main(argv=None) -> int:
     p.add_argument("--seconds", type=float, default=4.0, help="per measurement")
     p.add_argument("--runs", type=int, default=3, help="alternations of baseline and ours")
     p.add_argument("--tls", default="sm", help="UCX_TLS (the learner maps same-host arenas)")
+    p.add_argument("--slices", type=int, default=0, metavar="T",
+                   help="tables of slices of T steps (SIZE: a step, BATCH: slices a sample)")
     p.add_argument("--hot", action="store_true", help="also compare hot sampling")
     p.add_argument("--capacity", action="store_true",
                    help="also fill a table 4x the nodes' arenas and check sampled contents")
@@ -332,7 +454,8 @@ def main(argv=None) -> int:
     with JsonLines(args.json_out) as out:
         for part in ([] if args.skip_cold else args.sizes.split(",")):
             size, batch = part.split(":")
-            rows += cold_run(args, parse_size(size), int(batch), out)
+            run = slices_run if args.slices else cold_run
+            rows += run(args, parse_size(size), int(batch), out)
         if args.capacity:
             rows += capacity_run(args, out)
         if args.hot:
@@ -356,9 +479,12 @@ def main(argv=None) -> int:
                       fmt(med, ".2f"), fmt(statistics.median(r["p50_ms"] for r in rs), ".1f"),
                       fmt(ratio, ".2f"), fmt(ratio2, ".2f"),
                       fmt(statistics.median(r["disk_requests_per_item"] for r in rs), ".2f")
-                      if all("disk_requests_per_item" in r for r in rs) else "-"])
+                      if all("disk_requests_per_item" in r for r in rs) else "-",
+                      fmt(statistics.median(r["node_reads_per_slice"] for r in rs), ".2f")
+                      if all("node_reads_per_slice" in r for r in rs) else "-"])
     common.print_table(["item", "batch", "what", "GB/s per run", "median", "p50 ms",
-                        "vs baseline (qd8)", "vs qd8_2buf", "disk req/item"], table)
+                        "vs baseline (qd8)", "vs qd8_2buf", "disk req/item",
+                        "node reads/slice"], table)
     return 1 if bad else 0
 
 

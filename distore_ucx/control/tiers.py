@@ -8,7 +8,10 @@ do not change, so neither does any sampling probability.
 
 Demotion: a node whose arena is full asks for `n` items of a table it holds
 (`demote`); we name its LIVE, hot, unleased ones that the table would give
-up first (lowest priority for prioritized samplers, else oldest). The node
+up first (lowest priority for prioritized samplers, else oldest), a table
+of slices' steps by episode and position: the node gives them ascending
+disk slots in that order, so the steps of an episode demoted together
+follow each other on disk and a cold slice is read as one run. The node
 copies them to disk and reports the moves (`items_moved`); a move is taken
 only if the record still has the location the node copied from and no lease
 (a learner may have sampled it meanwhile): otherwise the node keeps the DRAM
@@ -54,6 +57,7 @@ def pick_demotions(table, node_id: int, n: int) -> tuple[np.ndarray, np.ndarray,
         cand = cand[np.argpartition(score, n - 1)[:n]]
     elif n <= 0:
         cand = cand[:0]
+    cand = disk_order(table, cand)
     loc = s.locations(cand)  # keys live in the table core: read only these rows
     return loc["key"].copy(), loc["offset"].copy(), loc["generation"].copy()
 
@@ -104,7 +108,7 @@ class Demotions:
             ids = ids[ok]
             picked.append(ids)
             need -= len(ids)
-        ids = np.concatenate(picked) if picked else np.empty(0, np.int64)
+        ids = disk_order(table, np.concatenate(picked) if picked else np.empty(0, np.int64))
         loc = table.store.locations(ids)
         return loc["key"].copy(), loc["offset"].copy(), loc["generation"].copy()
 
@@ -134,6 +138,17 @@ class _Candidates:
 
     def __init__(self, table, ids: np.ndarray, seqs: np.ndarray):
         self.table, self.ids, self.seqs, self.pos = table, ids, seqs, 0
+
+
+def disk_order(table, ids: np.ndarray) -> np.ndarray:
+    """Records picked for demotion in the order the node writes them to disk:
+    a table of slices' steps by (episode, position), so that an episode's
+    steps demoted together follow each other on disk (its slices are read
+    as one run each); other tables' as picked."""
+    if table.slices is None or len(ids) < 2:
+        return ids
+    ids = np.ascontiguousarray(ids, np.int64)
+    return ids[np.lexsort((table.slices.position(ids), table.slices.episode(ids)))]
 
 
 def _demotable(s, rows, node_id: int) -> np.ndarray:

@@ -424,4 +424,7 @@ class NodeInfoReply(Record):
     demoted: int | None = wire(COUNT, optional=True)
     disk_write_errors: int | None = wire(COUNT, optional=True)
     disk_read_errors: int | None = wire(COUNT, optional=True)
+    # read calls of cold reads: one per run of slots that follow each other
+    # on disk (a cold slice's steps), or per hugepage chunk of a run
+    disk_reads: int | None = wire(COUNT, optional=True)
     staging_used_bytes: int | None = wire(USED_BYTES, optional=True)

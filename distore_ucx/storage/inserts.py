@@ -56,7 +56,7 @@ class InsertServer:
                 "inserted": self.inserted,
                 **({"disk_size": self.tier.size, "disk_used_bytes": self.tier.used_bytes,
                     "demoted": self.tier.demoted, "disk_write_errors": self.tier.write_errors,
-                    "disk_read_errors": self.tier.read_errors,
+                    "disk_read_errors": self.tier.read_errors, "disk_reads": self.tier.reads,
                     "staging_used_bytes": self.staging.used_bytes}
                    if self.tier is not None else {}),
             }

@@ -12,7 +12,10 @@ never accept its bytes.
 A sampled cold item is staged: the node reads it from the tier file, in one
 batch with the rest of the sample's cold items, straight into the staging
 area at the bottom of its arena (registered, mapped by same-host learners),
-and the control plane answers the sample with those locations. Each disk
+and the control plane answers the sample with those locations. Slots that
+follow each other on disk and in the batch (a cold slice's steps: demoted
+together in episode order, given ascending disk slots, staged in one
+extent) are read as one run (native/disk_io.h). Each disk
 slot ends with a checksum of its bytes, written with it and checked on every
 read: an item whose bytes changed on disk is reported lost (the control
 plane drops it, its staged header is zeroed, learners resample it). The staged
@@ -116,6 +119,7 @@ class DiskTier:
         self.bounce = False  # read through hugepage buffers (bounce_reads(); the node sets it)
         self._reader = None  # the native read queue, made on the first read
         self._reader_lock = threading.Lock()  # the node's two disk threads may both make it
+        self._reads_before = 0  # read calls of readers replaced since
         self.demoted = 0  # items moved here from the arena
 
     # -- the file ----------------------------------------------------------
@@ -225,7 +229,9 @@ class DiskTier:
         return free + (self.size - self._bump) // stride_of(slot_size)
 
     def allocate(self, table: str, slot_size: int, k: int) -> np.ndarray:
-        """Data offsets of k free disk slots of `table` (ALLOCATED); all or nothing."""
+        """Data offsets of k free disk slots of `table` (ALLOCATED), ascending,
+        so that items written in order (a slice's steps) follow each other on
+        disk where the free slots do; all or nothing."""
         stride = stride_of(slot_size)
         slots = self._tables.get(table)
         if slots is None:
@@ -236,7 +242,7 @@ class DiskTier:
                 f"{self.size} disk bytes used) while making room for {k} items of table "
                 f"{table!r}. Lower the table's capacity to what the nodes' arenas and disk "
                 "tiers hold (it then evicts by its remover), or give nodes a larger --disk-size")
-        reused = slots.reuse(k)
+        reused = np.sort(slots.reuse(k))  # freed in any order; fresh ones lie above
         rest = k - len(reused)
         fresh = (self._bump + np.arange(rest, dtype=np.uint64) * stride).astype(np.uint64)
         self._bump += rest * stride
@@ -270,6 +276,14 @@ class DiskTier:
         keys, offsets, gens, prios = self._tables[table].live()
         return keys, offsets | COLD, gens, prios
 
+    @property
+    def reads(self) -> int:
+        """Read calls (pread/preadv) cold reads have taken: one per run of
+        slots that follow each other on disk (a cold slice's steps), or per
+        bounce chunk of a run; node_info's `disk_reads`."""
+        reader = self._reader
+        return self._reads_before + (reader.reads if reader is not None else 0)
+
     # -- batched I/O (run on the disk thread) --------------------------------
     def write(self, region, src_offsets, slot_size: int, disk_offsets, keys,
               generations) -> np.ndarray:
@@ -295,6 +309,8 @@ class DiskTier:
                 # IO_THREADS threads for the node's life, one queue: batches
                 # of concurrent samples are read one after another, in order,
                 # each at the disk's full speed, the next one's reads queued.
+                if self._reader is not None:
+                    self._reads_before += self._reader.reads
                 self._reader = _native.DiskReader(IO_THREADS, chunk)
             reader = self._reader
         data = (np.asarray(disk_offsets, np.uint64) & ~COLD) + np.uint64(HEADER_BYTES)
@@ -316,12 +332,17 @@ class StagingArea:
         self.used_bytes = 0
 
     def take(self, n: int, stride: int) -> tuple[np.ndarray, list[int]] | None:
-        """Room for n items of `stride` bytes, from as many free extents as it
+        """Room for n items of `stride` bytes: the first free extent that holds
+        them all (so the batch's items follow each other, and a cold slice
+        read as one run lands in one piece), else as many extents as it
         takes (first fit): (the items' offsets, the starts of the extents
         taken), or None if there is not room for all n now."""
         fits = [length // stride for _, length in self._free]
         if sum(fits) < n:
             return None
+        whole = next((i for i, fit in enumerate(fits) if fit >= n), None)
+        if whole is not None:  # only that extent is taken from
+            fits = [n if i == whole else 0 for i in range(len(fits))]
         offsets, starts, left, keep = [], [], n, []
         for (start, length), fit in zip(self._free, fits):
             k = min(fit, left)

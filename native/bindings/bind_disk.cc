@@ -115,11 +115,16 @@ void bind_disk(nb::module_& m) {
            "through its own `chunk` bytes of hugepage-backed memory.")
       .def_prop_ro("threads", &DiskReader::threads, "Reading threads.")
       .def_prop_ro("chunk", &DiskReader::chunk, "Bounce bytes per thread (0: straight in).")
+      .def_prop_ro("reads", &DiskReader::reads,
+                   "Read calls (pread/preadv) issued so far: one per run of slots that "
+                   "follow each other on disk, or per chunk of a run through the bounce "
+                   "memory; more after short or failed reads.")
       .def("read", &disk_reader_read, "fd"_a, "disk_offsets"_a, "stride"_a, "region"_a,
            "dest_offsets"_a, "keys"_a, "generations"_a,
            "Read tier-file slots into the arena behind earlier calls' batches and check "
            "their headers and checksums (GIL released); per-slot statuses (0, an errno, "
-           "STATUS_STALE or STATUS_CORRUPT).");
+           "STATUS_STALE or STATUS_CORRUPT). Slots that follow each other on disk are "
+           "read as one run.");
   m.def("disk_read_raw", &disk_read_raw_py, "fd"_a, "disk_offsets"_a, "stride"_a, "threads"_a,
         "scratch"_a,
         "O_DIRECT reads of the same shape into scratch memory (the disk's own bandwidth).");

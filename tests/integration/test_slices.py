@@ -16,6 +16,8 @@ import pytest
 from helpers import wait_for
 
 import distore_ucx as ds
+from distore_ucx.protocol import parse_reply
+from distore_ucx.transport import rpc
 
 T = 8
 SPEC = {"episode": ((), "int64"), "pos": ((), "int64"), "obs": ((200,), "uint8")}
@@ -261,3 +263,45 @@ def test_a_restored_control_plane_samples_the_same_slices(make_cluster, tmp_path
         check(learner.sample(timeout=10), 16, lengths)
     learner.close()
     client.close()
+
+
+@pytest.mark.parametrize("tls", ["tcp"], indirect=True)
+def test_a_cold_slices_steps_are_read_from_the_disk_tier_with_one_read(make_cluster, tmp_path,
+                                                                        tls):
+    # Episodes of 16 steps from one env, 5120 steps of 256 B: the arena keeps
+    # the newest 4096 (1.5 MiB less 512 KiB of staging), the oldest go to disk
+    # in order, one slot after another. A sample's cold slice is one run of
+    # the tier file, read with one read (two slices that follow each other
+    # on disk and in the batch, one read too).
+    cluster = make_cluster(nodes=1, arena_bytes="1536KiB", disk_bytes="16MiB",
+                           disk_staging="512KiB", disk_dir=str(tmp_path))
+    episodes, length = 320, 16
+    with ds.connect(cluster.address) as client:
+        client.create_table("s", capacity=10_000, spec=SPEC, slice_len=T)
+        pos = np.tile(np.arange(length), episodes)
+        with client.writer(max_items=64, max_in_flight=1) as w:
+            keys = w.append("s", steps(np.repeat(np.arange(episodes), length), pos),
+                            env=np.zeros(len(pos), np.int64), done=pos == length - 1)
+        cold = client.table_info("s")["cold"]
+        assert 0 < cold < len(keys)
+        learner = client.learner("s", batch_size=4)
+        for _ in range(5):  # cold and hot steps alike, byte for byte
+            check(learner.sample(), 4, {e: length for e in range(episodes)})
+        learner.close()
+        order = {int(k): i for i, k in enumerate(keys)}  # the oldest `cold` are on disk
+        node = client.nodes()[0]
+        with rpc.RpcClient(node["address"], token=client.token) as to_node, \
+                client.connection() as conn:
+            expected = read = staged = 0
+            for _ in range(10):
+                before = to_node.call("node_info")["disk_reads"]
+                reply = parse_reply("sample", conn.call("sample", table="s", n=8 * T))
+                read += to_node.call("node_info")["disk_reads"] - before
+                conn.call("release", leases=[reply.lease])
+                at = np.array([order[int(k)] for k in reply.items["key"]])
+                at = at[at < cold]  # disk slots in write order, in the batch's order
+                expected += len(at) and 1 + int(np.count_nonzero(np.diff(at) != 1))
+                assert reply.staged == len(at)
+                staged += reply.staged
+        # One read a step was staged reads (about 8 a run).
+        assert expected >= 5 and read == expected and staged > 4 * read, (expected, read, staged)

@@ -17,12 +17,14 @@ from distore_ucx.errors import StorageFull
 from distore_ucx.slot_format import COLD, is_cold, stride_of
 from distore_ucx.spec import TableSpec
 from distore_ucx.storage.tier import (
+    BOUNCE_CHUNK,
     HEADER_BYTES,
     DiskTier,
     StagingArea,
     TierFileError,
     bounce_reads,
 )
+from distore_ucx.table_definition import TableDefinition
 from distore_ucx.transport import UcxRuntime
 
 MiB = 1 << 20
@@ -106,6 +108,38 @@ def test_staging_area_spans_free_extents_and_merges_them_back():
         assert area.give(start)
     assert area.used_bytes == 0 and area.take(10, 4096) is not None
     assert not area.give(12345)
+
+
+def test_a_batch_that_fits_one_free_extent_is_staged_in_it_whole():
+    # A cold slice read as one run lands in one piece: a batch is spread over
+    # extents only when no single one holds it.
+    area = StagingArea(12 * 4096)
+    _, low = area.take(2, 4096)
+    area.take(3, 4096)
+    _, mid = area.take(4, 4096)
+    assert area.give(low[0]) and area.give(mid[0])  # free: pages 0-1, 5-8, 9-11
+    offsets, extents = area.take(3, 4096)  # not pages 0-1 and 5: pages 5-7
+    assert extents == [5 * 4096] and offsets.tolist() == [5 * 4096, 6 * 4096, 7 * 4096]
+    offsets, extents = area.take(4, 4096)  # no extent holds 4 (0-1, 8-11 merged: 4!)
+    assert offsets.tolist() == [8 * 4096 + i * 4096 for i in range(4)]
+    offsets, extents = area.take(2, 4096)
+    assert offsets.tolist() == [0, 4096]
+
+
+def test_disk_slots_freed_in_any_order_are_handed_out_ascending(tmp_path):
+    # Items written in order (a slice's steps) then follow each other on disk
+    # wherever the free slots do.
+    tier = DiskTier(str(tmp_path / "t.tier"), MiB, "n0", arena_id=1)
+    try:
+        a = tier.allocate("t", 5000, 16)
+        tier.commit("t", a, a, a, np.ones(16))
+        tier.free("t", a[[9, 3, 8, 4, 7, 5, 6]])
+        tier.free("t", a[[12, 11, 10]])
+        got = tier.allocate("t", 5000, 12)
+        assert (np.diff(got.astype(np.int64)) > 0).all()
+        assert got[:7].tolist() == a[3:10].tolist()
+    finally:
+        tier.close()
 
 
 @pytest.fixture
@@ -391,3 +425,134 @@ def test_the_slot_checksum_is_crc32c_at_every_length_and_split():
     whole = _native.crc32c(data)
     for cut in (1, 5000, 20_000, 39_999):
         assert _native.crc32c(data[cut:], _native.crc32c(data[:cut])) == whole, cut
+
+
+# -- runs: slots that follow each other on disk, read together ---------------
+
+
+@pytest.fixture
+def on_disk(tmp_path, arena):
+    """8 slots of 20,000 bytes (5 pages on disk) written in a row, and what
+    they hold: (tier, disk offsets, keys, generations, wanted bytes)."""
+    tier = DiskTier(str(tmp_path / "t.tier"), 2 * MiB, "n0", arena_id=1)
+    slot, n = 20_000, 8
+    view = arena.view()
+    view[: n * slot] = np.random.default_rng(11).integers(0, 256, n * slot, dtype=np.uint8)
+    want = view[: n * slot].reshape(n, slot)[:, 16:].copy()
+    keys = np.arange(1, n + 1, dtype=np.uint64)
+    gens = keys + np.uint64(70)
+    disk = tier.allocate("t", slot, n)
+    assert (np.diff(disk.astype(np.int64)) == stride_of(slot)).all()  # one run on disk
+    assert (tier.write(arena, np.arange(n, dtype=np.uint64) * np.uint64(slot), slot, disk, keys,
+                       gens) == 0).all()
+    yield tier, (disk & ~COLD) + np.uint64(HEADER_BYTES), keys, gens, want
+    tier.close()
+
+
+def read_run(reader, tier, arena, data, keys, gens, dest):
+    """Statuses of one batch through `reader`, and the read calls it took."""
+    before = reader.reads
+    statuses = reader.read(tier.fd, data, stride_of(20_000), arena, dest, keys, gens)
+    return statuses, reader.reads - before
+
+
+def staged(arena, dest, rows) -> np.ndarray:
+    view = arena.view()
+    return np.stack([view[int(d) + 16: int(d) + 20_000] for d in dest[rows]])
+
+
+@pytest.mark.parametrize("chunk", [0, BOUNCE_CHUNK], ids=["direct", "bounce"])
+def test_a_run_of_slots_is_read_with_one_read(on_disk, arena, chunk):
+    tier, data, keys, gens, want = on_disk
+    stride = stride_of(20_000)
+    reader = _native.DiskReader(3, chunk)
+    dest = np.uint64(MiB) + np.arange(8, dtype=np.uint64) * np.uint64(stride)
+    statuses, reads = read_run(reader, tier, arena, data, keys, gens, dest)
+    assert (statuses == 0).all() and reads == 1
+    assert np.array_equal(staged(arena, dest, slice(None)), want)
+    # Out of disk order the batch is as many runs as it has breaks: 0-2, 5-6, 3.
+    order = np.array([0, 1, 2, 5, 6, 3])
+    statuses, reads = read_run(reader, tier, arena, data[order], keys[order], gens[order],
+                               dest[:6])
+    assert (statuses == 0).all() and reads == 3
+    assert np.array_equal(staged(arena, dest[:6], slice(None)), want[order])
+
+
+@pytest.mark.parametrize("chunk", [0, 8192], ids=["direct", "bounce"])
+def test_a_corrupt_slot_inside_a_run_fails_alone(on_disk, arena, chunk):
+    tier, data, keys, gens, want = on_disk
+    stride = stride_of(20_000)
+    reader = _native.DiskReader(3, chunk)
+    dest = np.uint64(MiB) + np.arange(8, dtype=np.uint64) * np.uint64(stride)
+    fd = os.open(tier.path, os.O_RDWR)
+    try:  # one flipped bit in slot 3 (through 8 KiB chunks: one shared with slot 2)
+        where = int(data[3]) + 100
+        os.pwrite(fd, bytes([os.pread(fd, 1, where)[0] ^ 0x10]), where)
+    finally:
+        os.close(fd)
+    wrong = gens.copy()
+    wrong[6] += 1  # and slot 6 asked for with an older generation
+    statuses, reads = read_run(reader, tier, arena, data, keys, wrong, dest)
+    assert statuses[3] == _native.STATUS_CORRUPT and statuses[6] == _native.STATUS_STALE
+    ok = ~np.isin(np.arange(8), [3, 6])
+    assert (statuses[ok] == 0).all()
+    assert np.array_equal(staged(arena, dest, ok), want[ok])
+    view = arena.view()
+    for i in (3, 6):  # no reader can take them for their items
+        assert (view[int(dest[i]): int(dest[i]) + 16] == 0).all()
+    assert reads == (1 if chunk == 0 else -(-8 * stride // chunk))  # no read again
+
+
+@pytest.mark.parametrize("chunk", [0, 8192], ids=["direct", "bounce"])
+def test_an_io_error_inside_a_run_fails_only_the_slots_it_is_in(on_disk, arena, chunk):
+    tier, data, keys, gens, want = on_disk
+    stride = stride_of(20_000)
+    reader = _native.DiskReader(2, chunk)
+    dest = np.uint64(MiB) + np.arange(8, dtype=np.uint64) * np.uint64(stride)
+    os.truncate(tier.path, int(data[5]) + 4096)  # the file ends inside slot 5
+    statuses, reads = read_run(reader, tier, arena, data, keys, gens, dest)
+    assert (statuses[:5] == 0).all() and (statuses[5:] == 5).all()  # EIO past the end
+    assert np.array_equal(staged(arena, dest, slice(0, 5)), want[:5])
+    assert reads > 1  # the failed read again, slot by slot
+
+
+def test_a_run_through_the_bounce_memory_is_read_a_chunk_at_a_time(on_disk, arena):
+    # 8 slots of 5 pages, 40 pages, in chunks of 3 pages: 14 reads (one slot
+    # at a time took 8 x 2); slots cut by chunk boundaries come back whole.
+    tier, data, keys, gens, want = on_disk
+    stride = stride_of(20_000)
+    reader = _native.DiskReader(4, 3 * 4096)
+    dest = np.uint64(MiB) + np.arange(8, dtype=np.uint64) * np.uint64(stride)
+    statuses, reads = read_run(reader, tier, arena, data, keys, gens, dest)
+    assert (statuses == 0).all() and reads == 14
+    assert np.array_equal(staged(arena, dest, slice(None)), want)
+
+
+@pytest.mark.parametrize("chunk", [0, BOUNCE_CHUNK], ids=["direct", "bounce"])
+def test_a_run_whose_destinations_are_apart_is_still_one_read(on_disk, arena, chunk):
+    # Straight into dest that is one preadv of the run's pieces (slots 0-1,
+    # 2-4, 5, 6-7 each in a row), through the bounce memory one pread.
+    tier, data, keys, gens, want = on_disk
+    stride = stride_of(20_000)
+    rows = np.array([0, 1, 3, 4, 5, 7, 9, 10])  # places in the arena's upper half
+    dest = np.uint64(MiB) + rows.astype(np.uint64) * np.uint64(stride)
+    reader = _native.DiskReader(3, chunk)
+    statuses, reads = read_run(reader, tier, arena, data, keys, gens, dest)
+    assert (statuses == 0).all() and reads == 1
+    assert np.array_equal(staged(arena, dest, slice(None)), want)
+
+
+def test_a_slice_tables_demotions_go_to_disk_by_episode_and_position():
+    # Four envs' steps arrive interleaved (one step of each per batch); the
+    # oldest 16 go to disk grouped by episode, in position order, so each
+    # episode's steps follow each other on disk.
+    t = Table(TableDefinition.make("s", 100, SPEC, slice_len=4), seed=1)
+    for p in range(6):
+        keys = np.arange(4, dtype=np.uint64) + np.uint64(10 * p + 1)
+        t.add(1, keys, keys * np.uint64(64), keys, np.ones(4),
+              (np.arange(4, dtype=np.uint64) + np.uint64(100), np.full(4, p, np.uint32),
+               np.zeros(4, np.uint8)))
+    for picked in (Demotions().pick(t, 1, 16)[0], pick_demotions(t, 1, 16)[0]):
+        recs = t.core.lookup(picked)
+        assert t.slices.episode(recs).tolist() == np.repeat([100, 101, 102, 103], 4).tolist()
+        assert t.slices.position(recs).tolist() == [0, 1, 2, 3] * 4
