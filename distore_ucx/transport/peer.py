@@ -107,11 +107,36 @@ class Peer:
         self.state = PeerState()
         self.closed = asyncio.Event()
         self.tasks: set[asyncio.Task] = set()  # requests being answered concurrently
+        self._outbox: list | None = None  # frames queued in this turn of the event loop
+
+    def send(self, frames: list) -> None:
+        """Queue encoded frames for this connection. Everything queued in one
+        turn of the event loop goes out in one write (a system call each
+        cost the control plane a third of its CPU under a fan-in of 256
+        actors, where one node's many registrations are answered together),
+        in the order queued."""
+        if self._outbox is None:
+            self._outbox = []
+            asyncio.get_running_loop().call_soon(self._flushed)
+        self._outbox.extend(frames)
+
+    def flush(self) -> None:
+        """Write what is queued now (send() has it written at the end of the
+        turn: a caller about to close the connection calls this first)."""
+        if self._outbox is None:  # nothing queued, no flush scheduled
+            return
+        frames, self._outbox = self._outbox, []
+        if frames and not self.writer.is_closing():
+            self.writer.writelines(frames)
+
+    def _flushed(self) -> None:
+        self.flush()
+        self._outbox = None  # the next send() schedules the next flush
 
     def push(self, op: str, **fields: Any) -> None:
         """Send a message that expects no reply (id 0)."""
         if not self.writer.is_closing():
-            self.writer.writelines(protocol.encode(protocol.request(op, 0, **fields)))
+            self.send(protocol.encode(protocol.request(op, 0, **fields)))
 
     def close(self) -> None:
         """Close the connection; the serving task then ends."""

@@ -122,9 +122,9 @@ async def serve(
         if mid == 0 or not await drained(writer):  # push: no reply; or the peer is gone
             return
         if isinstance(result, BaseException):
-            writer.writelines(protocol.encode(protocol.error_reply(mid, result)))
+            peer.send(protocol.encode(protocol.error_reply(mid, result)))
         else:
-            writer.writelines(protocol.encode(protocol.reply(mid, **(result or {}))))
+            peer.send(protocol.encode(protocol.reply(mid, **(result or {}))))
 
     async def connection(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         sock = writer.get_extra_info("socket")
@@ -162,7 +162,7 @@ async def serve(
                     msg = await read_frame(reader, max_frame)
                 except protocol.ProtocolError as exc:
                     log.warning("closing %s: %s", peer.address, exc)
-                    writer.writelines(protocol.encode(protocol.error_reply(0, exc)))
+                    peer.send(protocol.encode(protocol.error_reply(0, exc)))
                     break
                 if msg is None:
                     break
@@ -171,7 +171,7 @@ async def serve(
                     op, fields = protocol.validate_request(msg)
                 except protocol.ProtocolError as exc:
                     log.warning("closing %s: %s", peer.address, exc)
-                    writer.writelines(protocol.encode(protocol.error_reply(mid, exc)))
+                    peer.send(protocol.encode(protocol.error_reply(mid, exc)))
                     break
                 if op in concurrent or op in ordered:
                     after = None
@@ -203,6 +203,7 @@ async def serve(
                 task.cancel()
             if on_close is not None:
                 on_close(peer)
+            peer.flush()  # what was answered goes before the connection closes
             writer.close()
 
     # A deep accept queue: a burst of connections is taken in and sorted
