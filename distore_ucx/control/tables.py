@@ -343,14 +343,16 @@ class Table:
         return table
 
     def restore_items(self, node: int, keys, offsets, generations,
-                      priorities) -> tuple[Freed, dict]:
+                      priorities, steps: tuple | None = None) -> tuple[Freed, dict]:
         """Items a node re-sends after a control-plane restart: (slots to free, counts).
 
         A checkpointed key comes back with its checkpointed priority, use
         count and place in insertion order; a key that had left the table
         (retired while leased) or that the table already holds is freed on
         the node; any other key was inserted after the checkpoint and is
-        taken as a new insert with the priority it was inserted with.
+        taken as a new insert with the priority it was inserted with. In a
+        table of slices, `steps` (each item's episode, position and flags,
+        as the node kept them) places such a step in its episode.
         """
         keys = np.ascontiguousarray(keys, np.uint64)
         offsets = np.ascontiguousarray(offsets, np.uint64)
@@ -381,11 +383,11 @@ class Table:
             idx = np.full(n, -1, np.int64)
         back = np.flatnonzero(idx >= 0)
         new = np.flatnonzero((idx < 0) & ~discard)
-        if self.slices is not None:
-            # A step inserted after the last checkpoint (or any, from a file
-            # that kept no episodes): its episode and position are not known
-            # here, so it is freed, never sampled wrong (counted as
-            # discarded; the node logs it).
+        if self.slices is not None and steps is None:
+            # A step whose episode and position are known neither here (a
+            # file that kept no episodes, or inserted after the checkpoint)
+            # nor from its node (a node of an older release): freed, never
+            # sampled wrong (counted as discarded; the node logs it).
             if p is None or p.steps is None:
                 discard[back], back = True, back[:0]
             discard[new], new = True, new[:0]
@@ -394,12 +396,16 @@ class Table:
             j = idx[back]
             recs = self._place(node, keys[back], offsets[back], generations[back])
             if self.slices is not None:
-                self._add_steps(recs, tuple(a[j] for a in p.steps), p.priorities[j])
+                known = p.steps is not None
+                self._add_steps(recs, tuple(a[j] for a in p.steps) if known
+                                else tuple(np.asarray(a)[back] for a in steps), p.priorities[j])
             evicted.append(self.core.restore(recs, keys[back], p.priorities[j],
                                              p.times_sampled[j], p.sequences[j]))
             p.claimed[j] = True
         if len(new):
             recs = self._place(node, keys[new], offsets[new], generations[new])
+            if self.slices is not None:  # inserted after the checkpoint: as the node kept them
+                self._add_steps(recs, tuple(np.asarray(a)[new] for a in steps), priorities[new])
             evicted.append(self.core.insert(recs, keys[new], priorities[new]))
             self.inserts += len(new)
         if evicted and self.slices is not None:

@@ -136,6 +136,9 @@ MESSAGES: dict[str, tuple[F, ...]] = {
         OFFSETS,
         GENERATIONS,
         PRIORITIES,
+        EPISODES.optional(),  # steps of episodes: as their inserts gave them
+        POSITIONS.optional(),
+        STEP_FLAGS.optional(),
     ),
     # A re-joined node has sent every item it holds (when register_node's
     # reply has "items_resent"): the restore need not wait for it any more.

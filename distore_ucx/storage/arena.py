@@ -183,9 +183,11 @@ class Arena:
             st, end = st[:-1], end[:-1]
         self._ext_start, self._ext_len = st, end - st
 
-    def commit(self, table: str, offsets: np.ndarray, keys, generations, priorities) -> None:
-        """The control plane acknowledged these slots' items: remember what they hold."""
-        self._tables[table].commit(offsets, keys, generations, priorities)
+    def commit(self, table: str, offsets: np.ndarray, keys, generations, priorities,
+               steps: tuple | None = None) -> None:
+        """The control plane acknowledged these slots' items: remember what they
+        hold (`steps`: steps of episodes' (episodes, positions, flags))."""
+        self._tables[table].commit(offsets, keys, generations, priorities, steps)
 
     def free(self, table: str, offsets: np.ndarray, live_only: bool = False) -> None:
         """Return slots to the table's free list (the control plane released

@@ -179,8 +179,12 @@ class InsertServer:
             offsets, keys, gens = offsets[keep], keys[keep], gens[keep]
             prios = f["priorities"][keep]
         else:
+            keep = slice(None)
             prios = f["priorities"]
-        self.arena.commit(table, offsets, keys, gens, prios)
+        # Steps of episodes: kept with their slots, re-sent to a restored control plane.
+        steps = (tuple(f[name][keep] for name in STEP_FIELDS)
+                 if all(name in f for name in STEP_FIELDS) else None)
+        self.arena.commit(table, offsets, keys, gens, prios, steps)
         self.inserted += k
         self.stats.inserted(k, k * item_bytes, time.perf_counter() - t0)
         return {"n": k, "evicted": reply["evicted"], "via": source.via}

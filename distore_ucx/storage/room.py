@@ -134,7 +134,8 @@ class RoomForInserts:
             if taken.any():  # then the table still has these arena slots
                 hot = self.arena.tables()[table]
                 prios = hot.cols["priority"][hot.index(offsets[taken])]
-                self.tier.commit(table, disk[taken], keys[taken], new_gens[taken], prios)
+                self.tier.commit(table, disk[taken], keys[taken], new_gens[taken], prios,
+                                 hot.steps_of(offsets[taken]))
                 self.arena.free(table, offsets[taken], live_only=True)
             self.tier.demoted += int(taken.sum())
             return int(taken.sum())

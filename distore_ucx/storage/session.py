@@ -31,6 +31,7 @@ from ..transport.auth import PROBE_AFTER
 from ..transport.rpc import AsyncClient
 from ..transport.runtime import host_id
 from .arena import granted_page_kind
+from .inserts import STEP_FIELDS
 
 log = logging.getLogger(__name__)
 
@@ -173,18 +174,27 @@ class ControlSession:
 
     def _held_items(self) -> dict:
         """LIVE items by table, both tiers: (keys, offsets, generations,
-        priorities, slot size); disk items have COLD offsets."""
-        held = {t: (*slots.live(), slots.slot_size) for t, slots in self.arena.tables().items()}
+        priorities, slot size, steps); disk items have COLD offsets; steps:
+        steps of episodes' (episodes, positions, flags), or None."""
+        held = {t: (*slots.live(), slots.slot_size, slots.live_steps())
+                for t, slots in self.arena.tables().items()}
         if self.tier is not None:
             for table in self.tier.tables():
-                cold = self.tier.live(table)
+                cold, cold_steps = self.tier.live(table), self.tier.live_steps(table)
                 if table in held:
                     hot = held[table]
+                    steps = None
+                    if hot[5] is not None and cold_steps is not None:
+                        steps = tuple(np.concatenate([a, b]) for a, b in zip(hot[5], cold_steps))
+                    elif not len(cold[0]):
+                        steps = hot[5]
+                    elif not len(hot[0]):
+                        steps = cold_steps
                     held[table] = (*(np.concatenate([a, b]) for a, b in zip(hot[:4], cold)),
-                                   hot[4])
+                                   hot[4], steps)
                 elif len(cold[0]):
                     # the arena has no slots of it: its slot size is the spec's
-                    held[table] = (*cold, self._slot_sizes.get(table, 0))
+                    held[table] = (*cold, self._slot_sizes.get(table, 0), cold_steps)
         return held
 
     def _free(self, table: str, offsets, live_only: bool = False) -> None:
@@ -198,7 +208,7 @@ class ControlSession:
 
     async def _resend_items(self) -> None:
         """Send the restoring control plane every item we hold, in bounded batches."""
-        for table, (keys, offsets, gens, prios, slot_size) in self._held_items().items():
+        for table, (keys, offsets, gens, prios, slot_size, steps) in self._held_items().items():
             totals = {"restored": 0, "adopted": 0, "discarded": 0}
             progress = Progress(f"re-sending table {table!r}", total=len(keys), unit="items",
                                 logger=log, every=5.0)
@@ -208,6 +218,7 @@ class ControlSession:
                     "items_restored", reply_timeout=60.0, node_id=self.node_id, table=table,
                     slot_size=slot_size, keys=keys[part], offsets=offsets[part],
                     generations=gens[part], priorities=prios[part],
+                    **({} if steps is None else dict(zip(STEP_FIELDS, (a[part] for a in steps)))),
                 )
                 got = parse_reply("items_restored", msg, self.control.name)
                 for k in totals:
@@ -222,7 +233,7 @@ class ControlSession:
     def _discard_items(self) -> None:
         """The control plane does not know our items (it started afresh, or had
         dropped us): free them, loudly."""
-        for table, (_, offsets, _, _, _) in self._held_items().items():
+        for table, (_, offsets, *_) in self._held_items().items():
             if len(offsets):
                 self._free(table, offsets)
                 log.warning("the control plane does not restore items (it started without "

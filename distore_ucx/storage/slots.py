@@ -2,7 +2,8 @@
 
 A slot is FREE (reusable), ALLOCATED (an insert is writing it or waiting
 for the control plane) or LIVE (the control plane acknowledged its item).
-LIVE slots keep the item's key, generation and insert priority: after the
+LIVE slots keep the item's key, generation and insert priority (and a
+step's episode, position and flags, in a table of slices): after the
 control plane restarts, the node re-sends them, because the node's slot
 table is the truth about which bytes it holds.
 
@@ -21,6 +22,8 @@ FREE, ALLOCATED, LIVE = 0, 1, 2
 
 _COLUMNS = {"offset": np.uint64, "state": np.uint8, "key": np.uint64,
             "generation": np.uint64, "priority": np.float64}
+# Steps of episodes (a table of slices), made at the first commit of steps.
+_STEP_COLUMNS = {"episode": np.uint64, "position": np.uint32, "step_flags": np.uint8}
 
 
 class SlotTable:
@@ -74,13 +77,31 @@ class SlotTable:
             raise ValueError("offsets that are not slots of this table")
         return idx
 
-    def commit(self, offsets: np.ndarray, keys, generations, priorities) -> None:
-        """ALLOCATED slots whose items the control plane acknowledged: LIVE."""
+    def commit(self, offsets: np.ndarray, keys, generations, priorities,
+               steps: tuple | None = None) -> None:
+        """ALLOCATED slots whose items the control plane acknowledged: LIVE.
+        `steps`: for steps of episodes, their (episodes, positions, flags),
+        kept so that a restored control plane learns where each step sits."""
         idx = self.index(offsets)
         self.cols["state"][idx] = LIVE
         self.cols["key"][idx] = keys
         self.cols["generation"][idx] = generations
         self.cols["priority"][idx] = priorities
+        if steps is not None:
+            if "episode" not in self.cols:
+                size = len(self.cols["state"])
+                for name, dt in _STEP_COLUMNS.items():
+                    self.cols[name] = np.zeros(size, dt)
+            for name, values in zip(_STEP_COLUMNS, steps):
+                self.cols[name][idx] = values
+
+    def steps_of(self, offsets: np.ndarray) -> tuple | None:
+        """(episodes, positions, flags) of the slots at `offsets`, or None for
+        a table of items."""
+        if "episode" not in self.cols:
+            return None
+        idx = self.index(offsets)
+        return tuple(self.cols[name][idx] for name in _STEP_COLUMNS)
 
     def release(self, offsets: np.ndarray, live_only: bool = False) -> int:
         """Make slots FREE; returns how many were not FREE already (a repeated
@@ -105,3 +126,11 @@ class SlotTable:
         idx = np.flatnonzero(self.cols["state"][: self.n] == LIVE)
         c = self.cols
         return c["key"][idx], c["offset"][idx], c["generation"][idx], c["priority"][idx]
+
+    def live_steps(self) -> tuple | None:
+        """LIVE slots' (episodes, positions, flags), in live()'s order; None
+        for a table of items."""
+        if "episode" not in self.cols:
+            return None
+        idx = np.flatnonzero(self.cols["state"][: self.n] == LIVE)
+        return tuple(self.cols[name][idx] for name in _STEP_COLUMNS)

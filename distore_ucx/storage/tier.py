@@ -250,9 +250,12 @@ class DiskTier:
         self.used_bytes += k * stride
         return np.concatenate([reused, fresh]) if len(reused) else fresh
 
-    def commit(self, table: str, offsets, keys, generations, priorities) -> None:
-        """Disk slots whose items the control plane moved here: LIVE."""
-        self._tables[table].commit(np.asarray(offsets, np.uint64), keys, generations, priorities)
+    def commit(self, table: str, offsets, keys, generations, priorities,
+               steps: tuple | None = None) -> None:
+        """Disk slots whose items the control plane moved here: LIVE (`steps`:
+        steps of episodes' (episodes, positions, flags))."""
+        self._tables[table].commit(np.asarray(offsets, np.uint64), keys, generations, priorities,
+                                   steps)
 
     def free(self, table: str, offsets, live_only: bool = False) -> None:
         """Return disk slots (data offsets, COLD bit cleared or not) to the table."""
@@ -275,6 +278,10 @@ class DiskTier:
         """LIVE disk items of `table`: (keys, COLD offsets, generations, priorities)."""
         keys, offsets, gens, prios = self._tables[table].live()
         return keys, offsets | COLD, gens, prios
+
+    def live_steps(self, table: str) -> tuple | None:
+        """live()'s (episodes, positions, flags), None for a table of items."""
+        return self._tables[table].live_steps()
 
     @property
     def reads(self) -> int:

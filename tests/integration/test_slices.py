@@ -48,14 +48,15 @@ def check(batch, batch_size: int, lengths: dict | None = None) -> None:
         assert (pos[finished, -1] <= last[finished, 0]).all(), "a slice crosses an episode end"
 
 
-def write_episodes(client, table: str, writers: int, envs: int, rng, total: int) -> dict:
+def write_episodes(client, table: str, writers: int, envs: int, rng, total: int,
+                   first_episode: int = 0) -> dict:
     """`writers` writers, each with `envs` environments appending interleaved
     steps of episodes of random lengths (3 to 40: some shorter than a
     slice), one step per env per call; returns episode -> length of the
-    finished ones."""
+    finished ones (episodes numbered from `first_episode`)."""
     lengths: dict[int, int] = {}
     ws = [client.writer(max_delay=None) for _ in range(writers)]
-    next_episode = [w * 1_000_000 for w in range(writers)]
+    next_episode = [first_episode + w * 1_000_000 for w in range(writers)]
     state = [[None] * envs for _ in range(writers)]  # (episode, position, length)
     written = 0
     while written < total:
@@ -251,8 +252,13 @@ def test_a_restored_control_plane_samples_the_same_slices(make_cluster, tmp_path
     client.create_table("s", capacity=2000, spec=SPEC, slice_len=T)
     lengths = write_episodes(client, "s", writers=2, envs=3, rng=np.random.default_rng(9),
                              total=300)
+    assert client.checkpoint()["items"] == client.table_info("s")["size"]
+    # Steps inserted after the checkpoint: their nodes kept each one's
+    # episode and position, and re-send them with it.
+    lengths.update(write_episodes(client, "s", writers=2, envs=3, rng=np.random.default_rng(4),
+                                  total=120, first_episode=500_000))
     before = client.table_info("s")
-    assert client.checkpoint()["items"] == before["size"]
+    assert before["size"] == 420
     cluster.kill_control()
     cluster.start_control(restore=True)
     wait_for(lambda: client.table_info("s")["awaiting_restore"] == 0

@@ -49,3 +49,24 @@ def test_offsets_that_are_not_slots_are_refused():
         slots.release(np.array([SLOT // 2], np.uint64))
     with pytest.raises(ValueError, match="not slots"):
         slots.release(np.array([50 * SLOT], np.uint64))
+
+
+def test_steps_keep_their_episode_position_and_flags_for_a_restore():
+    # A table of slices: each LIVE slot keeps its step's place, re-sent to a
+    # restored control plane with the slot (storage/session.py), through
+    # the columns' growth; a table of items keeps none.
+    slots = SlotTable(SLOT, initial=2)
+    a = carve(slots, 0, 2)
+    assert slots.live_steps() is None and slots.steps_of(a) is None
+    slots.commit(a, [1, 2], [1, 1], [1.0, 1.0],
+                 (np.array([9, 9], np.uint64), np.array([0, 1], np.uint32),
+                  np.array([0, 1], np.uint8)))
+    b = carve(slots, 5, 3)  # grows every column, the steps' too
+    slots.commit(b[1:], [3, 4], [1, 1], [1.0, 1.0],
+                 (np.array([12, 12], np.uint64), np.array([4, 5], np.uint32),
+                  np.array([0, 0], np.uint8)))
+    episodes, positions, flags = slots.live_steps()
+    assert slots.live()[0].tolist() == [1, 2, 3, 4]
+    assert episodes.tolist() == [9, 9, 12, 12] and positions.tolist() == [0, 1, 4, 5]
+    assert flags.tolist() == [0, 1, 0, 0]
+    assert [c.tolist() for c in slots.steps_of(b[2:])] == [[12], [5], [0]]
