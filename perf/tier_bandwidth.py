@@ -59,6 +59,15 @@ MiB = 1 << 20
 ALIGN = 4096
 
 
+def checked(bad: int, batches: int, size: int, what: str) -> list[dict]:
+    """Say how the byte-for-byte checks of `batches` batches went; a
+    mismatch row when `bad` of them held other bytes than their `what`'."""
+    if bad:
+        log(f"MISMATCH: {bad} batches held bytes other than their {what}'")
+        return [{"size": size, "what": "mismatch"}]
+    log(f"{batches} batches checked byte for byte")
+    return []
+
 def items(keys: np.ndarray, size: int) -> np.ndarray:
     """Rows whose bytes follow from their index (byte j: (idx + j) mod 251;
     the first 8 bytes hold the index)."""
@@ -223,11 +232,7 @@ def slices_run(args, size: int, batch: int, out: JsonLines) -> list[dict]:
         os.close(fd)
         for _ in range(10):
             bad += not verify(learner.sample())
-        if bad:
-            log(f"MISMATCH: {bad} batches held bytes other than their steps'")
-            rows.append({"size": size, "what": "mismatch"})
-        else:
-            log(f"{args.runs + 10} batches checked byte for byte")
+        rows += checked(bad, args.runs + 10, size, "steps")
         node.close()
         learner.close()
         reader.close()
@@ -328,11 +333,7 @@ def cold_run(args, size: int, batch: int, out: JsonLines) -> list[dict]:
         os.close(fd)
         for _ in range(20):  # and 20 more, untimed
             bad += not verify(learner.sample())
-        if bad:
-            log(f"MISMATCH: {bad} batches held bytes other than their items'")
-            rows.append({"size": size, "what": "mismatch"})
-        else:
-            log(f"{2 * args.runs + 20} batches checked byte for byte")
+        rows += checked(bad, 2 * args.runs + 20, size, "items")
         learner.close()
         reader.close()
     shutil.rmtree(tier_dir, ignore_errors=True)

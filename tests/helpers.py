@@ -75,3 +75,12 @@ def sm_store():
         with ds.LocalCluster(nodes=1, arena_bytes=64 << 20, log_level="WARNING",
                              heartbeat_timeout=30.0, env={"UCX_TLS": "sm"}) as cluster:
             yield cluster
+
+
+def closing_builders(builders):
+    """A generator fixture body (`yield from closing_builders(...)`) for the
+    upstream TorchRL tests: yields `builders` (their buffer constructors) and
+    closes every buffer they opened (`builders.open`) after the test."""
+    yield builders
+    for rb in builders.open:
+        rb.close()

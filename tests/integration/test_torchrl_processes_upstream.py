@@ -68,7 +68,7 @@ import itertools
 import sys
 
 import pytest
-from helpers import sm_store
+from helpers import closing_builders, sm_store
 
 torch = pytest.importorskip("torch", reason="needs torch (pip install '.[examples]')")
 pytest.importorskip("tensordict", reason="needs tensordict (pip install '.[examples]')")
@@ -154,10 +154,7 @@ class _Builders:
 @pytest.fixture
 def rbs(store, request):
     """Builds distore buffers where the upstream tests build TorchRL ones."""
-    builders = _Builders(store.address, request.node.name)
-    yield builders
-    for rb in builders.open:
-        rb.close()
+    yield from closing_builders(_Builders(store.address, request.node.name))
 
 
 # -- test/rb/test_writers.py: TestMultiProc ------------------------------------------

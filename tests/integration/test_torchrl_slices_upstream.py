@@ -90,7 +90,7 @@ import itertools
 import warnings
 
 import pytest
-from helpers import sm_store
+from helpers import closing_builders, sm_store
 
 torch = pytest.importorskip("torch", reason="needs torch (pip install '.[examples]')")
 pytest.importorskip("tensordict", reason="needs tensordict (pip install '.[examples]')")
@@ -228,10 +228,7 @@ class _Builders:
 @pytest.fixture
 def rbs(store, request):
     """Builds distore buffers where the upstream tests build TorchRL ones."""
-    builders = _Builders(store.address, request.node.name)
-    yield builders
-    for rb in builders.open:
-        rb.close()
+    yield from closing_builders(_Builders(store.address, request.node.name))
 
 
 # -- test/rb/test_samplers.py: TestSamplers ----------------------------------------

@@ -87,6 +87,20 @@ def test_gather_random_offsets_and_sizes(runtime, remote):
             assert np.array_equal(got[d : d + s], src[o : o + s])
 
 
+def assert_dense(out, src, n, dest_at, fields, slots, rows) -> None:
+    """Each slot of `src` at `slots` is in its row of `out`: its 16-byte
+    header in the (n, 16) header array at 0, each field (offset in the
+    slot, length) in its own [n, length] array at `dest_at`."""
+    header = out[:n * 16].reshape(n, 16)
+    arrays = [out[at:at + n * length].reshape(n, length)
+              for at, (_, length) in zip(dest_at, fields)]
+    for slot, r in zip(slots, rows):
+        o, r = int(slot), int(r)
+        assert np.array_equal(header[r], src[o:o + 16])
+        for (s, length), a in zip(fields, arrays):
+            assert np.array_equal(a[r], src[o + s:o + s + length])
+
+
 @pytest.mark.parametrize("staged", [False, True], ids=["get-per-part", "staged"])
 def test_gather_dense_scatters_each_item_into_a_structure_of_arrays(runtime, remote, staged):
     # Slots of 4096 bytes: a 16-byte header, a 1000-byte field, a gap, a
@@ -108,15 +122,7 @@ def test_gather_dense_scatters_each_item_into_a_structure_of_arrays(runtime, rem
     st = _native.gather_dense(runtime.worker, [key], np.zeros(n, np.uint32),
                               region.address + slots, rows, layout, dest, staging)
     assert st.tolist() == [0] * n
-    out = dest.view()
-    header = out[:n * 16].reshape(n, 16)
-    arrays = [out[at:at + n * length].reshape(n, length)
-              for at, (_, length) in zip(dest_at, fields)]
-    for slot, r in zip(slots, rows):
-        o, r = int(slot), int(r)
-        assert np.array_equal(header[r], src[o:o + 16])
-        for (s, length), a in zip(fields, arrays):
-            assert np.array_equal(a[r], src[o + s:o + s + length])
+    assert_dense(dest.view(), src, n, dest_at, fields, slots, rows)
     with pytest.raises(errors.OutOfBoundsError, match="row 6 of a batch of 6"):
         _native.gather_dense(runtime.worker, [key], np.zeros(1, np.uint32),
                              np.array([region.address], np.uint64), np.array([6], np.uint64),
@@ -154,15 +160,7 @@ def test_gather_dense_reads_a_run_of_following_slots_with_one_get(runtime, remot
                               slot_stride=stride, reads=reads)
     assert st.tolist() == [0] * n
     assert int(reads[0]) == 4  # 10-13, 20, 22, 30-31
-    out = dest.view()
-    header = out[:n * 16].reshape(n, 16)
-    arrays = [out[at:at + n * length].reshape(n, length)
-              for at, (_, length) in zip(dest_at, fields)]
-    for slot, r in zip(slots, rows):
-        o, r = int(slot), int(r)
-        assert np.array_equal(header[r], src[o:o + 16])
-        for (s, length), a in zip(fields, arrays):
-            assert np.array_equal(a[r], src[o + s:o + s + length])
+    assert_dense(dest.view(), src, n, dest_at, fields, slots, rows)
     # Without the stride: a get a slot.
     reads[0] = 0
     _native.gather_dense(runtime.worker, [key], np.zeros(n, np.uint32), region.address + slots,
