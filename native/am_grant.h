@@ -21,7 +21,7 @@
 // has to authenticate again first.
 //
 // Header-only, with no UCX and no Python: the control plane's table module
-// (bind_tables.cc) and the node's (am_sample.cc, am_connections.cc) compute
+// (bind_tables.cc) and the node's (am_sample_server.cc, am_connections.cc) compute
 // the same values. Thread safety: pure functions.
 #pragma once
 

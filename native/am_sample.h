@@ -178,7 +178,7 @@ class AmSampleServer {
  public:
   enum class Endpoints { kReply, kRegistered };
 
-  struct Core;  // shared with the batches in flight (am_sample.cc)
+  struct Core;  // shared with the batches in flight (am_sample_server.cc)
 
   // Registers the request handler for AM `request_id` on `worker`; sends
   // parts of `arena` (its registered, remote-readable address) as AM
@@ -304,7 +304,7 @@ class AmSampleClient {
   // cancelled.
   void close();
 
-  struct Batch;  // am_sample.cc
+  struct Batch;  // am_sample_client.cc
   // A receive into part `part` of `b` ended (its completion callback).
   void received(Batch* b, size_t part, int32_t status);
 

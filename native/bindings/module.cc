@@ -28,5 +28,5 @@ NB_MODULE(_native, m) {
   bind_staging(m);  // staging.cc: same-host writers' sealed staging buffers
   bind_disk(m);     // disk_io.cc: batched slot I/O of the disk tier
   bind_am(m);       // am_insert.cc: inserts carried by UCX active messages
-  bind_am_sample(m);  // am_sample.cc: samples carried by UCX active messages
+  bind_am_sample(m);  // am_sample_*.cc: samples carried by UCX active messages
 }

@@ -1,6 +1,6 @@
-"""Samples by active message (native/am_sample.cc), both ends in one process
-over UCX tcp: a node's AmSampleServer on one runtime's worker (progressed by
-its thread), a learner's AmSampleClient on another runtime's reader worker
+"""Samples by active message (native/am_sample_server.cc, am_sample_client.cc),
+both ends in one process over UCX tcp: a node's AmSampleServer on one runtime's
+worker (progressed by its thread), a learner's AmSampleClient on another runtime's reader worker
 (progressed by fetch alone). tests/integration/test_am_sample.py runs them
 in separate processes, with items of the sizes measured and a learner killed
 mid-batch."""
