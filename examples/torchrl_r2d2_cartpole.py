@@ -52,7 +52,7 @@ import types
 
 import numpy as np
 from r2d2_cartpole import SEEN, losses, make_net, slice_loss
-from torchrl_dqn import require_extras
+from torchrl_dqn import add_common_args, require_extras, run
 
 TABLE, EPISODES = "r2d2_slices", "episodes"
 # Added to each priority (the R2D2 example's 1e-3): a slice with no step that
@@ -238,7 +238,7 @@ def update(rb, net, target, optim, args) -> tuple[float, int]:
 
 def train(args) -> dict:
     """Collects, trains and reports; returns a summary dict."""
-    require_extras()
+    require_extras("torchrl_r2d2_cartpole.py")
     from tensordict import TensorDict
     from torchrl.collectors import MultiSyncCollector
 
@@ -313,7 +313,8 @@ def train(args) -> dict:
         table = rb._client.table_info(TABLE)
     return {
         "episodes": len(returns),
-        "frames": int(table["inserts"]),
+        "frames": int(table["inserts"]),  # every frame stored once
+        "table_inserts": int(table["inserts"]),
         "train_steps": steps,
         "first20": float(np.mean(returns[:20])) if returns else 0.0,
         "mean100": float(np.mean(returns[-100:])) if returns else 0.0,
@@ -330,53 +331,24 @@ def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description="R2D2-style recurrent DQN with TorchRL's "
                                 "components on CartPole-v1 without velocities, from a "
                                 "distore buffer of slices")
-    p.add_argument("--frames", type=int, default=1_000_000, help="environment steps at most")
-    p.add_argument("--minutes", type=float, default=30.0, help="time limit (default 30)")
-    p.add_argument("--target", type=float, default=195.0,
-                   help="stop when the mean return of 100 episodes reaches it (0: never)")
+    add_common_args(p)
+    p.set_defaults(frames=1_000_000, frames_per_batch=128, updates_per_batch=4,
+                   explore_frames=30_000, target_every=250, lr=1e-3)
     p.add_argument("--workers", type=int, default=2, help="collector processes")
     p.add_argument("--lanes", type=int, default=8, help="CartPole games each worker steps")
-    p.add_argument("--frames-per-batch", type=int, default=128,
-                   help="frames a collector batch, over all workers and lanes")
-    p.add_argument("--updates-per-batch", type=int, default=4,
-                   help="gradient steps per collected batch")
     p.add_argument("--batch", type=int, default=32, help="slices a sample")
     p.add_argument("--slice-len", type=int, default=20)
     p.add_argument("--burn-in", type=int, default=5)
     p.add_argument("--init-frames", type=int, default=2000,
                    help="frames in the buffer before training starts")
-    p.add_argument("--explore-frames", type=int, default=30_000,
-                   help="frames over which epsilon anneals from 1 to 0.02")
-    p.add_argument("--target-every", type=int, default=250,
-                   help="gradient steps between target-network copies")
-    p.add_argument("--lr", type=float, default=1e-3)
-    p.add_argument("--print-every", type=float, default=10.0, help="seconds between progress "
-                   "lines")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--print-every", type=float, default=10.0,
+                   help="seconds between progress lines")
     return p.parse_args(argv)
 
 
 def main(argv=None) -> int:
-    args = parse_args(argv)
-    try:
-        require_extras()
-    except ImportError as exc:
-        print(str(exc).replace("torchrl_dqn.py", "torchrl_r2d2_cartpole.py"), file=sys.stderr)
-        return 2
-    s = train(args)
-    solved = s["solved_seconds"] is not None
-    print(f"\n{s['episodes']} episodes, {s['frames']} frames, {s['train_steps']} training steps "
-          f"in {s['seconds']:.0f} s; mean return of the first 20 episodes {s['first20']:.1f}, "
-          f"of the last 100 {s['mean100']:.1f}; the table took {s['frames']} inserts and "
-          f"{s['table_samples']} samples"
-          + (f"; solved (>= {args.target}) after {s['solved_seconds']:.0f} s" if solved
-             else f"; not solved (target {args.target})"))
-    return 0 if solved or args.target <= 0 else 1
+    return run("torchrl_r2d2_cartpole.py", parse_args, train, argv)
 
 
 if __name__ == "__main__":
-    try:
-        sys.exit(main())
-    except KeyboardInterrupt:  # ^C: the store's processes stopped with it
-        print("interrupted", file=sys.stderr)
-        sys.exit(130)
+    sys.exit(main())

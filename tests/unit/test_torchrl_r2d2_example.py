@@ -7,23 +7,38 @@ from __future__ import annotations
 
 import importlib
 import os
+import subprocess
+import sys
 
 import pytest
 
-torch = pytest.importorskip("torch", reason="needs torch (pip install '.[examples]')")
-pytest.importorskip("torchrl", reason="needs torchrl (pip install '.[examples]')")
-pytest.importorskip("gymnasium", reason="needs gymnasium (pip install '.[examples]')")
-
-EXAMPLES = os.path.join(os.path.dirname(__file__), "..", "..", "examples")
+EXAMPLES = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", "examples"))
 
 
 @pytest.fixture
 def example(monkeypatch):
-    monkeypatch.syspath_prepend(os.path.abspath(EXAMPLES))
+    for name in ("torch", "torchrl", "gymnasium"):
+        pytest.importorskip(name, reason=f"needs {name} (pip install '.[examples]')")
+    monkeypatch.syspath_prepend(EXAMPLES)
     return importlib.import_module("torchrl_r2d2_cartpole")
 
 
+def test_without_torchrl_it_says_what_to_install():
+    # As `python examples/torchrl_r2d2_cartpole.py` runs it (its folder first
+    # on sys.path), with torchrl made unimportable.
+    path = os.path.join(EXAMPLES, "torchrl_r2d2_cartpole.py")
+    code = (f"import runpy, sys; sys.modules['torchrl'] = None; sys.path.insert(0, {EXAMPLES!r}); "
+            f"sys.argv = [{path!r}]; runpy.run_path({path!r}, run_name='__main__')")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=120, check=False)
+    assert out.returncode == 2, out.stdout + out.stderr
+    assert "examples/torchrl_r2d2_cartpole.py needs torchrl, which is not installed" in out.stderr
+    assert "pip install 'distore-ucx[examples]'" in out.stderr and "Traceback" not in out.stderr
+
+
 def test_lanes_see_position_angle_and_the_previous_action(example):
+    import torch
+
     env = example.make_env(4)
     try:
         env.set_seed(0)
@@ -51,6 +66,7 @@ def test_lanes_see_position_angle_and_the_previous_action(example):
 
 
 def test_a_flat_sample_becomes_the_losses_batch(example):
+    import torch
     from tensordict import TensorDict
 
     b, t = 3, 5
