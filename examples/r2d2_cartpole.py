@@ -155,6 +155,20 @@ def losses(batch, net, target, burn_in: int):
     return (y - q) * take, take
 
 
+def slice_loss(td, take, weights):
+    """The batch's loss and each slice's priority, from `losses`' TD errors
+    [B, T] and mask: the importance-weighted (`weights` [B]) mean over slices
+    of each slice's smooth-L1 TD error averaged over the steps that take a
+    loss, and R2D2's priority ETA max |TD| + (1 - ETA) mean |TD| (no grad)."""
+    import torch
+
+    counted = take.sum(1).clamp(min=1)
+    per_slice = torch.nn.functional.smooth_l1_loss(
+        td, torch.zeros_like(td), reduction="none").sum(1) / counted
+    err = td.detach().abs()
+    return (weights * per_slice).mean(), ETA * err.max(1).values + (1 - ETA) * err.sum(1) / counted
+
+
 def train(args) -> dict:
     """Runs the actor and the learner; returns a summary dict."""
     require_extras()
@@ -191,18 +205,13 @@ def train(args) -> dict:
             while time.monotonic() - t0 < args.minutes * 60:
                 batch = learner.sample()  # slices: fields [batch, 80, ...], mask [batch, 80]
                 td, take = losses(batch, net, target, args.burn_in)
-                per_slice = torch.nn.functional.smooth_l1_loss(
-                    td, torch.zeros_like(td), reduction="none").sum(1) / take.sum(1).clamp(min=1)
-                w = torch.as_tensor(batch.weights, dtype=torch.float32)
-                loss = (w * per_slice).mean()
+                loss, prios = slice_loss(td, take, torch.as_tensor(batch.weights,
+                                                                   dtype=torch.float32))
                 opt.zero_grad()
                 loss.backward()
                 torch.nn.utils.clip_grad_norm_(net.parameters(), 10.0)
                 opt.step()
-                err = td.detach().abs()
-                mean = err.sum(1) / take.sum(1).clamp(min=1)
-                prios = (ETA * err.max(1).values + (1 - ETA) * mean).numpy().astype(np.float64)
-                prios += 1e-3
+                prios = prios.numpy().astype(np.float64) + 1e-3
                 max_priority = max(max_priority, float(prios.max()))
                 learner.update_priorities(batch.keys, prios)  # the slices' start steps
                 step += 1

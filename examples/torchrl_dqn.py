@@ -32,12 +32,13 @@ EXTRAS = ("torch", "gymnasium", "torchrl", "tensordict")
 TABLE = "cartpole"
 
 
-def require_extras() -> None:
-    """Raise ImportError saying what to install when an extra is missing."""
+def require_extras(example: str = "torchrl_dqn.py") -> None:
+    """Raise ImportError saying what `example` needs installed when an extra
+    is missing."""
     missing = [name for name in EXTRAS if importlib.util.find_spec(name) is None]
     if missing:
         raise ImportError(
-            f"examples/torchrl_dqn.py needs {', '.join(missing)}, which "
+            f"examples/{example} needs {', '.join(missing)}, which "
             f"{'is' if len(missing) == 1 else 'are'} not installed: pip install "
             "'distore-ucx[examples]' (from a source checkout: pip install '.[examples]')"
         )
@@ -150,42 +151,43 @@ def train(args) -> dict:
     }
 
 
-def parse_args(argv=None) -> argparse.Namespace:
-    """The example's options (its defaults solve CartPole)."""
-    p = argparse.ArgumentParser(description="TorchRL DQN on CartPole-v1 with a distore "
-                                            "replay buffer")
+def add_common_args(p: argparse.ArgumentParser) -> None:
+    """The options every TorchRL example takes, with this one's defaults
+    (another example changes them with `p.set_defaults`)."""
     p.add_argument("--frames", type=int, default=80_000, help="environment steps at most")
     p.add_argument("--minutes", type=float, default=30.0, help="time limit (default 30)")
     p.add_argument("--target", type=float, default=195.0,
                    help="stop when the mean return of 100 episodes reaches it (0: never)")
-    p.add_argument("--batch", type=int, default=64, help="sample size")
-    p.add_argument("--envs", type=int, default=4,
-                   help="environments the collector steps at once (a ParallelEnv)")
     p.add_argument("--frames-per-batch", type=int, default=16,
-                   help="collector batch, over all environments (a multiple of --envs)")
+                   help="collector batch, over all environments (a multiple of their number)")
     p.add_argument("--updates-per-batch", type=int, default=8,
                    help="gradient steps per collected batch")
-    p.add_argument("--init-frames", type=int, default=1024,
-                   help="random frames first (a multiple of --frames-per-batch)")
     p.add_argument("--explore-frames", type=int, default=10_000,
                    help="frames over which epsilon anneals from 1 to 0.02")
     p.add_argument("--target-every", type=int, default=500,
                    help="gradient steps between target-network copies")
     p.add_argument("--lr", type=float, default=5e-4)
+    p.add_argument("--seed", type=int, default=0)
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    """The example's options (its defaults solve CartPole)."""
+    p = argparse.ArgumentParser(description="TorchRL DQN on CartPole-v1 with a distore "
+                                            "replay buffer")
+    add_common_args(p)
+    p.add_argument("--batch", type=int, default=64, help="sample size")
+    p.add_argument("--envs", type=int, default=4,
+                   help="environments the collector steps at once (a ParallelEnv)")
+    p.add_argument("--init-frames", type=int, default=1024,
+                   help="random frames first (a multiple of --frames-per-batch)")
     p.add_argument("--alpha", type=float, default=0.3,
                    help="priority exponent on DQNLoss's td_error (a squared error)")
-    p.add_argument("--seed", type=int, default=0)
     return p.parse_args(argv)
 
 
-def main(argv=None) -> int:
-    args = parse_args(argv)
-    try:
-        require_extras()
-    except ImportError as exc:
-        print(exc, file=sys.stderr)
-        return 2
-    s = train(args)
+def report(s: dict, args) -> int:
+    """Print a run's summary (`train`'s dict); the exit code: 0 when it
+    solved, or when it had no target (--target 0)."""
     solved = s["solved_seconds"] is not None
     print(f"\n{s['episodes']} episodes, {s['frames']} frames, {s['train_steps']} training steps "
           f"in {s['seconds']:.0f} s; mean return of the first 20 episodes {s['first20']:.1f}, "
@@ -195,9 +197,26 @@ def main(argv=None) -> int:
     return 0 if solved or args.target <= 0 else 1
 
 
-if __name__ == "__main__":
+def run(example: str, parse_args, train, argv=None) -> int:
+    """A TorchRL example as a program: its options, what to install when an
+    extra is missing (exit code 2), the run and its summary (`report`'s
+    exit code), or 130 after ^C (the store's processes stop with it)."""
+    args = parse_args(argv)
     try:
-        sys.exit(main())
-    except KeyboardInterrupt:  # ^C: the store's processes stopped with it
+        require_extras(example)
+    except ImportError as exc:
+        print(exc, file=sys.stderr)
+        return 2
+    try:
+        return report(train(args), args)
+    except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
-        sys.exit(130)
+        return 130
+
+
+def main(argv=None) -> int:
+    return run("torchrl_dqn.py", parse_args, train, argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

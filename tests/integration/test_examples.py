@@ -63,3 +63,39 @@ def test_nstep_dqn_from_slices_returns_improve(monkeypatch):
     assert len(returns) >= 60, f"only {len(returns)} episodes"
     first, last = returns[:20].mean(), returns[-20:].mean()
     assert last > 2 * first and last > 50, (first, last)
+
+
+@pytest.fixture
+def fork_start():
+    """TorchRL's collectors start their workers with the global start method:
+    fork here (a spawned worker imports torch and TorchRL again, seconds on 2
+    busy cores; the example itself runs with TorchRL's default, spawn)."""
+    import multiprocessing as mp
+
+    before = mp.get_start_method(allow_none=True)
+    mp.set_start_method("fork", force=True)
+    yield
+    mp.set_start_method(before, force=True)
+
+
+def test_torchrl_r2d2_runs_briefly(monkeypatch, fork_start):
+    """examples/torchrl_r2d2_cartpole.py for a few seconds: two collector
+    workers extend the buffer of slices, the learner trains on it and writes
+    priorities back, the episodes come back through the second buffer. Its
+    learning run is the example's own (README, "Examples")."""
+    pytest.importorskip("torchrl", reason="needs torchrl (pip install '.[examples]')")
+    pytest.importorskip("gymnasium", reason="needs gymnasium (pip install '.[examples]')")
+    monkeypatch.syspath_prepend(os.path.abspath(EXAMPLES))
+    example = importlib.import_module("torchrl_r2d2_cartpole")
+    args = example.parse_args(["--frames", "500", "--init-frames", "128", "--target", "0",
+                               "--lanes", "4", "--frames-per-batch", "64",
+                               "--updates-per-batch", "2", "--batch", "8", "--slice-len", "10",
+                               "--burn-in", "2", "--minutes", "2"])
+    s = example.train(args)
+    assert s["frames"] == 512, s  # 8 whole batches of 64 frames, each stored once
+    assert s["train_steps"] == 2 * (8 - 128 // 64 + 1), s  # from the batch reaching 128
+    assert s["table_samples"] == 8 * s["train_steps"] and s["priority_updates_missing"] == 0
+    # Random play (epsilon ~1): episodes of ~20 steps in 8 lanes; those that
+    # ended came back with their returns.
+    assert s["episodes"] >= 10 and all(r >= 1 and r == int(r) for r in s["returns"]), s
+
