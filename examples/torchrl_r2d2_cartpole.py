@@ -219,10 +219,10 @@ def drain(episodes, returns: list) -> None:
         returns.append(float(episodes.sample(1)["return"]))
 
 
-def update(rb, net, target, optim, args) -> tuple[float, int]:
+def update(rb, net, target, optim, args) -> float:
     """One gradient step of the R2D2 loss on a sample of `args.batch` slices;
     writes each slice's priority back, as `td_error` on each of its real
-    steps. Returns (the largest priority it set, keys no longer there)."""
+    steps. Returns the largest priority it set."""
     sample = rb.sample()  # flat: batch * slice_len steps, slice by slice
     batch = as_slices(sample, args.batch)
     td_error, take = losses(batch, net, target, args.burn_in)
@@ -233,7 +233,8 @@ def update(rb, net, target, optim, args) -> tuple[float, int]:
     optim.step()
     sample.set("td_error", priority.repeat_interleave(args.slice_len))
     real = sample[sample.get(("collector", "mask"))]  # not the padding
-    return float(priority.max()), rb.update_tensordict_priority(real)["missing"]
+    rb.update_tensordict_priority(real)  # not waited for: the next sample follows it
+    return float(priority.max())
 
 
 def train(args) -> dict:
@@ -260,7 +261,7 @@ def train(args) -> dict:
         strict_length=False, pad_output=True, span=(False, True),  # padded at the end
         truncated_key=None)  # keep the stored done: where an episode really ended
     returns: list[float] = []
-    steps, solved_at, missing, max_priority = 0, None, 0, 1.0
+    steps, solved_at, max_priority = 0, None, 1.0
     t0 = last_print = time.monotonic()
     # One machine, busy: a node late with its heartbeat is slow, not dead.
     with ds.LocalCluster(nodes=1, arena_bytes=128 << 20, log_level="WARNING",
@@ -288,8 +289,7 @@ def train(args) -> dict:
                 drain(episodes, returns)
                 if frames >= args.init_frames:
                     for _ in range(args.updates_per_batch):
-                        highest, lost = update(rb, net, target, optim, args)
-                        max_priority, missing = max(max_priority, highest), missing + lost
+                        max_priority = max(max_priority, update(rb, net, target, optim, args))
                         steps += 1
                         if steps % args.target_every == 0:
                             target.load_state_dict(net.state_dict())
@@ -310,6 +310,7 @@ def train(args) -> dict:
         finally:
             collector.shutdown()
         drain(episodes, returns)
+        missing = rb.flush_priorities()["missing"]  # every update applied first
         table = rb._client.table_info(TABLE)
     return {
         "episodes": len(returns),

@@ -71,7 +71,9 @@ class DistoreReplayBuffer(Writing, Sampling, Priorities, TableBinding, Sharing):
     never sample; call `flush()`). Items get the data's `priority_key`
     entry as priority when present (reduced over an item's trailing
     dimensions by `reduction`, TorchRL's "max", "min", "mean", "median" or
-    "sum"), else `default_priority` (None: the largest priority this buffer
+    "sum"; `eps` is added to every priority set; both default to the
+    sampler's own when it has them, as TorchRL's prioritized samplers do,
+    else "max" and 1e-8), else `default_priority` (None: the largest priority this buffer
     has set so far, 1.0 at first, as TorchRL does). The priority key is
     stored with the item when the table has that field (it is made from the
     first data's keys). `exclude_keys` are never stored; neither are
@@ -112,14 +114,18 @@ class DistoreReplayBuffer(Writing, Sampling, Priorities, TableBinding, Sharing):
         flush: bool = True,
         priority_key: str | tuple[str, ...] = "td_error",
         default_priority: float | None = None,
-        eps: float = 1e-8,
+        eps: float | None = None,
         beta: float | None = None,
-        reduction: str = "max",
+        reduction: str | None = None,
         exclude_keys: Sequence[Any] = (),
         writer_options: Mapping[str, Any] | None = None,
         learner_options: Mapping[str, Any] | None = None,
     ):
         """See the class docstring."""
+        # Left out: the sampler's own (TorchRL's prioritized samplers take
+        # them), else TorchRL's defaults.
+        eps = _sampler_option(sampler, "eps", eps, 1e-8)
+        reduction = _sampler_option(sampler, "reduction", reduction, "max")
         if batch_size is not None and (not isinstance(batch_size, int) or batch_size < 1):
             raise ConfigError(f"batch_size must be a positive integer or None, got {batch_size!r}")
         if not (np.isfinite(eps) and eps >= 0):
@@ -315,7 +321,7 @@ class DistorePrioritizedReplayBuffer(DistoreReplayBuffer):
 
     @records_options
     def __init__(self, client: Any, table: str, *, alpha: float, beta: float,
-                 eps: float = 1e-8, priority_key: str | tuple[str, ...] = "td_error",
+                 eps: float | None = None, priority_key: str | tuple[str, ...] = "td_error",
                  **kwargs: Any):
         """See the class docstring; other options as DistoreReplayBuffer's."""
         import distore_ucx as ds
@@ -324,3 +330,15 @@ class DistorePrioritizedReplayBuffer(DistoreReplayBuffer):
             kwargs["sampler"] = ds.Prioritized(alpha=alpha)
         self.alpha = alpha
         super().__init__(client, table, beta=beta, eps=eps, priority_key=priority_key, **kwargs)
+
+
+def _sampler_option(sampler: Any, name: str, given: Any, default: Any) -> Any:
+    """`given`, else the sampler's `name` (TorchRL's samplers keep eps as
+    `_eps`), else `default`."""
+    if given is not None:
+        return given
+    for attr in (name, f"_{name}"):
+        value = getattr(sampler, attr, None)
+        if value is not None and not callable(value):
+            return value
+    return default

@@ -179,9 +179,11 @@ def test_prioritized_slices_follow_priorities_and_short_trajectories_need_strict
                                 [length]))
     data = torch.cat(parts)
     rb = buffers(sampler=PrioritizedSliceSampler(max_capacity=75, alpha=1.0, beta=1.0,
-                                                 end_key="done", slice_len=10,
+                                                 end_key="done", slice_len=10, eps=1e-3,
+                                                 reduction="mean",
                                                  strict_length=strict_length),
                  batch_size=50, capacity=None)
+    assert (rb.eps, rb.reduction) == (1e-3, "mean")  # the sampler's, as TorchRL takes them
     index = rb.extend(data)
     rb.update_priority(index, data["priority"])
     samples = torch.cat([rb.sample() for _ in range(60)])
