@@ -97,99 +97,55 @@ async def serve(
     # runs out of them (an accept that fails pauses accepting for 1 s).
     backlog = max(64, min(LISTEN_BACKLOG, (fd_limit - FD_RESERVE) // 4))
     quiet_accept_errors(asyncio.get_running_loop())
+    served = _Connections(handler, on_close, concurrent, ordered, token, max_frame, max_pending,
+                          handshake_timeout, role, admission)
+    # A deep accept queue: a burst of connections is taken in and sorted
+    # out here (admission), instead of SYNs dropped and clients waiting 1 s.
+    return await asyncio.start_server(served.connection, host, port, limit=1 << 20,
+                                      backlog=backlog)
 
-    async def drained(writer) -> bool:
-        """Wait while this connection's unsent replies are over MAX_UNSENT;
-        False if it closed meanwhile."""
-        if writer.transport.get_write_buffer_size() > MAX_UNSENT:
-            try:
-                await writer.drain()
-            except (ConnectionError, RuntimeError):  # closed, or closing
-                return False
-        return not writer.is_closing()
 
-    async def answer(peer: Peer, writer, mid: int, op: str, fields: dict,
-                     after: asyncio.Task | None = None) -> None:
+async def drained(writer) -> bool:
+    """Wait while this connection's unsent replies are over MAX_UNSENT;
+    False if it closed meanwhile."""
+    if writer.transport.get_write_buffer_size() > MAX_UNSENT:
         try:
-            result = await handler(peer, op, fields)
-        except errors.DistoreError as exc:
-            result = exc
-        except Exception as exc:  # a bug here must not take the server down
-            log.exception("error handling %s from %s", op, peer.address)
-            result = exc
-        if after is not None:  # the reply to the request before this one goes first
-            await asyncio.wait([after])
-        if mid == 0 or not await drained(writer):  # push: no reply; or the peer is gone
-            return
-        if isinstance(result, BaseException):
-            peer.send(protocol.encode(protocol.error_reply(mid, result)))
-        else:
-            peer.send(protocol.encode(protocol.reply(mid, **(result or {}))))
+            await writer.drain()
+        except (ConnectionError, RuntimeError):  # closed, or closing
+            return False
+    return not writer.is_closing()
 
-    async def connection(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+
+class _Connections:
+    """What `serve` does with each connection (see its docstring): admit,
+    authenticate, then read and answer requests under its bounds."""
+
+    def __init__(self, handler: Handler, on_close, concurrent: frozenset[str],
+                 ordered: frozenset[str], token: bytes | None, max_frame: int, max_pending: int,
+                 handshake_timeout: float, role: str | None, admission: ConnectionAdmission):
+        self.handler, self.on_close = handler, on_close
+        self.concurrent, self.ordered = concurrent, ordered
+        self.token, self.role = token, role
+        self.max_frame, self.max_pending = max_frame, max_pending
+        self.handshake_timeout = handshake_timeout
+        self.admission = admission
+
+    async def connection(self, reader: asyncio.StreamReader,
+                         writer: asyncio.StreamWriter) -> None:
+        """Serve one accepted connection until it closes (asyncio's callback)."""
         sock = writer.get_extra_info("socket")
         if sock is not None:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         peer = Peer(reader, writer)
         addr = writer.get_extra_info("peername")
         host = addr[0] if addr else "?"
-        if not admission.admit(peer, host):
+        if not self.admission.admit(peer, host):
             writer.close()
             return
-        last: asyncio.Task | None = None  # the latest `ordered` request's answer
         try:
-            try:
-                ok = await asyncio.wait_for(
-                    auth.server_handshake_async(reader, writer, token, peer.address, role),
-                    handshake_timeout)
-            except asyncio.TimeoutError:
-                bursts.note("handshake", "authentication failed for %s: no answer within %g s",
-                             peer.address, handshake_timeout)
-                ok = False
-            if not ok:
-                return
-            peer.state.authenticated = True
-            admission.authenticated(peer, host)
-            while True:
-                if len(peer.tasks) >= max_pending:
-                    # Enough of this connection's requests are waiting: read
-                    # no more of it until one is answered.
-                    await asyncio.wait(set(peer.tasks), return_when=asyncio.FIRST_COMPLETED)
-                    continue
-                if not await drained(writer):  # its replies unread: read no more until they go
-                    break
-                try:
-                    msg = await read_frame(reader, max_frame)
-                except protocol.ProtocolError as exc:
-                    log.warning("closing %s: %s", peer.address, exc)
-                    peer.send(protocol.encode(protocol.error_reply(0, exc)))
-                    break
-                if msg is None:
-                    break
-                mid = msg["id"]
-                try:
-                    op, fields = protocol.validate_request(msg)
-                except protocol.ProtocolError as exc:
-                    log.warning("closing %s: %s", peer.address, exc)
-                    peer.send(protocol.encode(protocol.error_reply(mid, exc)))
-                    break
-                if op in concurrent or op in ordered:
-                    after = None
-                    if op in ordered:
-                        after = last if last is not None and not last.done() else None
-                    task = asyncio.get_running_loop().create_task(
-                        answer(peer, writer, mid, op, fields, after)
-                    )
-                    peer.tasks.add(task)
-                    task.add_done_callback(peer.tasks.discard)
-                    if op in ordered:
-                        last = task
-                    continue
-                if last is not None:
-                    if not last.done():  # ordered replies still to go: this one after them
-                        await asyncio.wait([last])
-                    last = None
-                await answer(peer, writer, mid, op, fields)
+            if await self._authenticated(peer):
+                self.admission.authenticated(peer, host)
+                await self._requests(peer)
         except (ConnectionError, asyncio.IncompleteReadError):
             pass
         except asyncio.CancelledError:
@@ -197,15 +153,94 @@ async def serve(
             # stream callback from logging a traceback for the cancelled task.
             pass
         finally:
-            admission.left(peer, host)
+            self.admission.left(peer, host)
             peer.closed.set()
             for task in list(peer.tasks):
                 task.cancel()
-            if on_close is not None:
-                on_close(peer)
+            if self.on_close is not None:
+                self.on_close(peer)
             peer.flush()  # what was answered goes before the connection closes
             writer.close()
 
-    # A deep accept queue: a burst of connections is taken in and sorted
-    # out here (admission), instead of SYNs dropped and clients waiting 1 s.
-    return await asyncio.start_server(connection, host, port, limit=1 << 20, backlog=backlog)
+    async def _authenticated(self, peer: Peer) -> bool:
+        """Whether the peer answered the greeting's challenge in time."""
+        try:
+            ok = await asyncio.wait_for(
+                auth.server_handshake_async(peer.reader, peer.writer, self.token, peer.address,
+                                            self.role),
+                self.handshake_timeout)
+        except asyncio.TimeoutError:
+            bursts.note("handshake", "authentication failed for %s: no answer within %g s",
+                        peer.address, self.handshake_timeout)
+            ok = False
+        peer.state.authenticated = bool(ok)
+        return bool(ok)
+
+    async def _requests(self, peer: Peer) -> None:
+        """Read and answer requests until the peer closes or breaks a rule."""
+        last: asyncio.Task | None = None  # the latest `ordered` request's answer
+        while True:
+            if len(peer.tasks) >= self.max_pending:
+                # Enough of this connection's requests are waiting: read
+                # no more of it until one is answered.
+                await asyncio.wait(set(peer.tasks), return_when=asyncio.FIRST_COMPLETED)
+                continue
+            if not await drained(peer.writer):  # its replies unread: read no more until they go
+                return
+            request = await self._read(peer)
+            if request is None:
+                return
+            mid, op, fields = request
+            if op in self.concurrent or op in self.ordered:
+                after = last if op in self.ordered and last is not None and not last.done() \
+                    else None
+                task = asyncio.get_running_loop().create_task(
+                    self._answer(peer, mid, op, fields, after))
+                peer.tasks.add(task)
+                task.add_done_callback(peer.tasks.discard)
+                if op in self.ordered:
+                    last = task
+                continue
+            if last is not None:
+                if not last.done():  # ordered replies still to go: this one after them
+                    await asyncio.wait([last])
+                last = None
+            await self._answer(peer, mid, op, fields)
+
+    async def _read(self, peer: Peer) -> tuple[int, str, dict] | None:
+        """The next request (id, op, fields); None when the peer closed, or
+        sent a malformed one (answered with an error: the caller closes)."""
+        try:
+            msg = await read_frame(peer.reader, self.max_frame)
+        except protocol.ProtocolError as exc:
+            log.warning("closing %s: %s", peer.address, exc)
+            peer.send(protocol.encode(protocol.error_reply(0, exc)))
+            return None
+        if msg is None:
+            return None
+        try:
+            op, fields = protocol.validate_request(msg)
+        except protocol.ProtocolError as exc:
+            log.warning("closing %s: %s", peer.address, exc)
+            peer.send(protocol.encode(protocol.error_reply(msg["id"], exc)))
+            return None
+        return msg["id"], op, fields
+
+    async def _answer(self, peer: Peer, mid: int, op: str, fields: dict,
+                      after: asyncio.Task | None = None) -> None:
+        """Handle one request and queue its reply (after `after`'s)."""
+        try:
+            result = await self.handler(peer, op, fields)
+        except errors.DistoreError as exc:
+            result = exc
+        except Exception as exc:  # a bug here must not take the server down
+            log.exception("error handling %s from %s", op, peer.address)
+            result = exc
+        if after is not None:  # the reply to the request before this one goes first
+            await asyncio.wait([after])
+        if mid == 0 or not await drained(peer.writer):  # push: no reply; or the peer is gone
+            return
+        if isinstance(result, BaseException):
+            peer.send(protocol.encode(protocol.error_reply(mid, result)))
+        else:
+            peer.send(protocol.encode(protocol.reply(mid, **(result or {}))))
