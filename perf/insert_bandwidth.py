@@ -30,6 +30,10 @@ what else runs, the CPU cost much less.
 perftest
     ``ucx_perftest -t ucp_get -s SIZE -O BATCH`` between two local processes with the same
     UCX settings: what UCX itself reaches reading items of that size, a batch in flight.
+cpprb (``--cpprb``, same host)
+    cpprb's shared-memory ring (``MPReplayBuffer``, its memory written once first, as the
+    arena's slots are) filled by another process for ``--seconds``: one item per ``add``
+    (mode one) or ``--batch`` (batched): what a multiprocess shared-memory buffer inserts.
 
 After each run a sample of the table is read back and checked against what was written
 (the item's bytes encode its index); a mismatch makes the exit status 1.
@@ -209,6 +213,42 @@ def verify(client, table: str, src: np.ndarray, size: int) -> bool:
         learner.close()
 
 
+def _cpprb_adds(rb, size: int, per_call: int, seconds: float, conn) -> None:
+    """The cpprb baseline's writer process: `per_call` items a call for
+    `seconds`, the GB/s it reached sent back on `conn`."""
+    rows = np.zeros((per_call, size), np.uint8)
+    rows[:, :8] = 1
+    n, t0 = 0, time.perf_counter()
+    while time.perf_counter() - t0 < seconds:
+        rb.add(obs=rows)
+        n += per_call
+    conn.send(n * size / (time.perf_counter() - t0) / 1e9)
+
+
+def cpprb_insert_gbps(size: int, per_call: int, seconds: float, ring_bytes: int) -> float:
+    """GB/s another process inserts into cpprb's shared-memory ring of about
+    `ring_bytes`, `per_call` items of `size` bytes an add, its memory
+    written once first (pip install cpprb)."""
+    import multiprocessing as mp
+
+    from cpprb import MPReplayBuffer
+
+    ctx = mp.get_context("fork")  # the ring's shared memory goes with the child
+    capacity = max(4 * per_call, ring_bytes // size)
+    rb = MPReplayBuffer(capacity, {"obs": {"shape": (size,), "dtype": np.uint8}}, ctx=ctx)
+    chunk = np.zeros((max(1, min(capacity, (64 * MiB) // size)), size), np.uint8)
+    for _ in range(-(-capacity // len(chunk))):  # every page written once
+        rb.add(obs=chunk)
+    recv, send = ctx.Pipe(duplex=False)
+    child = ctx.Process(target=_cpprb_adds, args=(rb, size, per_call, seconds, send))
+    child.start()
+    got = recv.recv() if recv.poll(seconds + 60) else None
+    child.join(30)
+    if got is None or child.exitcode != 0:
+        raise RuntimeError(f"the cpprb writer process failed (exit code {child.exitcode})")
+    return float(got)
+
+
 def run_tls(args, tls: str, out) -> list[dict]:
     import distore_ucx as ds
 
@@ -233,6 +273,11 @@ def run_tls(args, tls: str, out) -> list[dict]:
                     row = run_mode(ds, client, tls, size, mode, args, pids)
                     row["perftest_gbps"] = pt["gbps"] if pt else None
                     row["ratio_vs_perftest"] = row["gbps"] / pt["gbps"] if pt else None
+                    if args.cpprb and mode in ("one", "batched"):
+                        rb = cpprb_insert_gbps(size, args.batch if mode == "batched" else 1,
+                                               args.seconds, args.arena // 2)
+                        row["cpprb_gbps"], row["vs_cpprb"] = rb, row["gbps"] / rb
+                        log(f"[{tls}] cpprb: {rb:.2f} GB/s ({row['vs_cpprb']:.2f}x)")
                     rows.append(row)
                     out.write(row)
             finally:
@@ -242,10 +287,11 @@ def run_tls(args, tls: str, out) -> list[dict]:
 
 def print_rows(rows: list[dict]) -> None:
     head = ["tls", "item_B", "mode", "items", "GB/s", "items/s", "perf_GB/s", "vs_perf",
-            "cpu_s/GB w+n+c", "sample_GB/s", "via", "ok"]
+            "cpprb_GB/s", "vs_cpprb", "cpu_s/GB w+n+c", "sample_GB/s", "via", "ok"]
     lines = [[r["tls"], str(r["item_bytes"]), r["mode"], str(r["items"]), fmt(r["gbps"], ".3g"),
               fmt(r["items_per_s"], ".3g"), fmt(r["perftest_gbps"], ".3g"),
-              fmt(r["ratio_vs_perftest"], ".2f"),
+              fmt(r["ratio_vs_perftest"], ".2f"), fmt(r.get("cpprb_gbps"), ".3g"),
+              fmt(r.get("vs_cpprb"), ".2f"),
               "+".join(format(r[f"cpu_s_per_gb_{k}"], ".2f") for k in ("writer", "node",
                                                                        "control")),
               fmt(r.get("sample_gbps"), ".3g"), r["via"], "yes" if r["verified"] else "NO"]
@@ -277,6 +323,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--in-flight", type=int, default=4,
                    help="writer max_in_flight (default 4, the writer's)")
     p.add_argument("--perftest-timeout", type=float, default=120.0)
+    p.add_argument("--cpprb", action="store_true",
+                   help="also time cpprb's shared-memory ring filled by another process, "
+                        "modes one and batched (pip install cpprb)")
     p.add_argument("--json-out", help="also write the JSON lines to this file")
     args = p.parse_args(argv)
     args.sizes = size_list(args.sizes)
