@@ -161,3 +161,17 @@ def test_priorities_are_checked_before_anything_is_sent():
         checked_priorities(u64(1), [np.nan])
     keys, prios = checked_priorities([[1, 2]], [[0.5, 1]])
     assert keys.dtype == np.uint64 and prios.tolist() == [0.5, 1.0]
+
+
+def test_an_update_held_keeps_its_keys_when_the_callers_arrays_change(rpc, updates):
+    # A batch's keys are a view into the learner's ring: the next samples
+    # rewrite them while the update waits behind the one in flight.
+    updates.update(u64(1), f64(1.0))
+    keys, prios = u64(5, 6), f64(0.5, 0.6)
+    updates.update(keys, prios)  # held
+    keys[:], prios[:] = 7, 9.0  # the ring slot reused
+    rpc.answer()
+    updates.update(u64(8), f64(0.8))
+    assert rpc.sent[1]["keys"].tolist() == [5, 6, 8]
+    assert rpc.sent[1]["priorities"].tolist() == [0.5, 0.6, 0.8]
+

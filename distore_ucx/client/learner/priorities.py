@@ -79,7 +79,10 @@ class PriorityUpdates:
         error first."""
         with self._lock:
             self._raise_error()
-            self._held.append((keys, priorities))
+            # Copies: a batch's keys are a view into the learner's ring,
+            # rewritten by later samples while an update may still be held
+            # (or sent again after a lost connection).
+            self._held.append((keys.copy(), priorities.copy()))
             self._held_keys += len(keys)
             if self._sent is not None and self._rpc.wait_readable(0):
                 self._take_reply(self.timeout)  # answered already: no wait
