@@ -19,12 +19,17 @@ The sample path follows from the device and from what the loaded UCX can do
 from __future__ import annotations
 
 import importlib
+import logging
 import os
 from dataclasses import dataclass
 
 import numpy as np
 
+from ...config import local_map_default
 from ...errors import ConfigError, install_hint
+from ...transport import capabilities
+
+log = logging.getLogger(__name__)
 
 PATHS = ("host", "gpu-direct", "host-staged")
 FRAMEWORKS = ("numpy", "torch", "cupy")
@@ -296,3 +301,22 @@ def host_cuda_ops(framework: str) -> CudaOps | None:
             except Exception:  # no usable CUDA in that framework: stay unpinned
                 continue
     return None
+
+
+def read_settings(runtime, dev: Device, path: str, copy_threads: int | None,
+                   local_map: bool | None, table: str) -> tuple[str, int, bool]:
+    """How a learner reads: (its path, copy threads, whether it maps
+    same-host nodes), from what was asked and what this machine has."""
+    caps = capabilities.query(runtime.context) if dev.is_cuda else None
+    path = choose_path(dev, caps, path)
+    if copy_threads is None:
+        copy_threads = max(2, min(4, os.cpu_count() or 2))
+    if copy_threads < 1:
+        raise ConfigError(f"copy_threads must be >= 1, got {copy_threads}")
+    if local_map is None:
+        local_map = local_map_default()
+    if local_map and path == "gpu-direct":
+        log.info("learner on table %r: gpu-direct ring is device memory; same-host nodes "
+                 "are read over UCX", table)
+        local_map = False
+    return path, copy_threads, local_map

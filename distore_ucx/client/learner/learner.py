@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import logging
 import math
-import os
 import time
 from collections.abc import Iterator
 
@@ -46,15 +45,14 @@ import numpy as np
 
 from ... import metrics
 from ..._native_loader import _native
-from ...config import am_samples_enabled, local_map_default
+from ...config import am_samples_enabled
 from ...errors import ConfigError, DistoreError, NoData, RateLimiterTimeout
 from ...protocol import ITEM_LOCATION, STEP_LAST, STEP_PAD
 from ...spec import SLOT_HEADER
-from ...transport import capabilities
 from ..lifecycle import ensure_open, mark_closed
 from .arguments import check_learner
 from .batch import Batch
-from .device import Device, choose_path, resolve_framework
+from .device import Device, read_settings, resolve_framework
 from .gather import Gather
 from .peers import PeerDirectory
 from .prefetch import Prefetcher, Stopped
@@ -69,6 +67,7 @@ log = logging.getLogger(__name__)
 # The prefetch thread asks the control plane in slices this long, so that
 # close() never waits long for a thread blocked on an empty table.
 PREFETCH_POLL = 0.5
+
 
 
 class Learner:
@@ -159,18 +158,8 @@ class Learner:
         self._read = SLOT_HEADER + self.spec.item_bytes
         runtime = client.runtime
         self._runtime = runtime
-        caps = capabilities.query(runtime.context) if dev.is_cuda else None
-        self.path = choose_path(dev, caps, path)
-        if copy_threads is None:
-            copy_threads = max(2, min(4, os.cpu_count() or 2))
-        if copy_threads < 1:
-            raise ConfigError(f"copy_threads must be >= 1, got {copy_threads}")
-        if local_map is None:
-            local_map = local_map_default()
-        if local_map and self.path == "gpu-direct":
-            log.info("learner on table %r: gpu-direct ring is device memory; same-host nodes "
-                     "are read over UCX", table)
-            local_map = False
+        self.path, copy_threads, local_map = read_settings(runtime, dev, path, copy_threads,
+                                                           local_map, table)
         self._rpc = client.connection()
         # Priority updates on a connection of their own, not waited for; each
         # sample request goes once those made before it are applied.
