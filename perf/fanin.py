@@ -47,18 +47,12 @@ os.environ.setdefault("UCX_LOG_LEVEL", "error")
 os.environ.setdefault("UCX_NET_DEVICES", "lo")
 
 import numpy as np
-import psutil
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from soak import percentiles, rss_bytes  # noqa: E402 - after the UCX settings
+from common import cpu_seconds  # noqa: E402 - after the UCX settings
+from soak import percentiles, rss_bytes  # noqa: E402
 
 TABLE = "fanin"
-
-
-def cpu_seconds(proc) -> float:
-    """User + system CPU seconds of a psutil.Process so far."""
-    t = proc.cpu_times()
-    return t.user + t.system
 
 
 def actor(index: int, address: str, args, start, ready, results) -> None:
@@ -206,7 +200,7 @@ def main(argv=None) -> int:
         threads = [threading.Thread(target=learner.run, name="learner"),
                    threading.Thread(target=watch_nodes, args=(client, stop, seen),
                                     name="watch")]
-        servers = [psutil.Process(pid) for pid in cluster.pids()]  # control, nodes
+        servers = cluster.pids()  # control, nodes
         cpu0 = [cpu_seconds(p) for p in servers]
         start.set()
         t0 = time.monotonic()

@@ -17,6 +17,7 @@ import logging
 import numpy as np
 
 from ..errors import InvalidRequest, NodeGone
+from ..protocol import steps_of
 from ..transport.rpc import Peer
 from .admission import Admission
 from .catalog import Catalog
@@ -57,9 +58,7 @@ class Inserts:
         keys, offsets = f["keys"], f["offsets"]
         gens, prios = f["generations"], f["priorities"]
         # Steps of episodes (a table of slices): where each sits in its episode.
-        steps = ((f["episodes"], f["positions"], f.get("step_flags", np.zeros(len(keys),
-                                                                              np.uint8)))
-                 if "episodes" in f and "positions" in f else None)
+        steps = steps_of(f)
         # A writer resends a batch whose node became unresponsive: if both
         # copies reach the table, the second is refused here (its slots are
         # freed by its node), so a key is never stored twice.

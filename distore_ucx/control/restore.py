@@ -22,6 +22,7 @@ import numpy as np
 
 from ..errors import CheckpointError, DistoreError, InvalidRequest
 from ..progress import Progress
+from ..protocol import steps_of
 from ..transport.rpc import Peer
 from . import checkpoint
 from .admission import Admission
@@ -170,8 +171,7 @@ class Restore:
                         "take (%s); the node frees them", node_id, n, name, why)
             return None, Freed(np.full(n, node_id, np.uint32), f["offsets"].copy()), {
                 "restored": 0, "adopted": 0, "discarded": n}
-        steps = ((f["episodes"], f["positions"], f["step_flags"])
-                 if all(k in f for k in ("episodes", "positions", "step_flags")) else None)
+        steps = steps_of(f)
         freed, counts = table.restore_items(node_id, f["keys"], f["offsets"], f["generations"],
                                             f["priorities"], steps)
         log.info("node %d re-sent %d items of table %r: %d restored from the checkpoint, %d "

@@ -25,7 +25,7 @@ import numpy as np
 from .. import _tables
 from ..errors import InvalidRequest
 from ..metrics import TableStats
-from ..protocol import STEP_LAST, STEP_PAD
+from ..protocol import STEP_FIELDS, STEP_LAST, STEP_PAD
 from ..rate_limiters import RateLimiter
 from ..selectors import KINDS, Selector
 from ..slot_format import COLD
@@ -319,7 +319,7 @@ class Table:
             if p is not None and p.steps is not None:
                 parts.append(tuple(a[left] for a in p.steps))
             steps = {name: np.concatenate([part[i] for part in parts])
-                     for i, name in enumerate(("episodes", "positions", "step_flags"))}
+                     for i, name in enumerate(STEP_FIELDS)}
         return TableImage(self.definition.to_wire(), self.inserts, self.samples, self.deletes,
                           self.core.next_seq, keys, prios, times, seqs, retired, **steps)
 

@@ -28,9 +28,11 @@ from .fields import (
     MAX_NAME,
     MAX_NODE_ID,
     MAX_SAMPLE,
+    STEP_FIELDS,
     STEP_LAST,
     STEP_PAD,
     F,
+    steps_of,
 )
 from .framing import (
     AM_AUTH_ACK_ID,
@@ -119,6 +121,7 @@ __all__ = [
     "RegisterNodeReply",
     "RegisterWriterReply",
     "ReleaseReply",
+    "STEP_FIELDS",
     "STEP_LAST",
     "STEP_PAD",
     "SampleReply",
@@ -143,4 +146,5 @@ __all__ = [
     "reply",
     "request",
     "validate_request",
+    "steps_of",
 ]

@@ -58,6 +58,7 @@ __all__ = [
     "EPISODES",
     "POSITIONS",
     "STEP_FLAGS",
+    "STEP_FIELDS",
     "STEP_LAST",
     "STEP_PAD",
     "SELECTOR",
@@ -73,6 +74,7 @@ __all__ = [
     "WORKER_ADDRESS",
     "WRITER_ID",
     "check",
+    "steps_of",
 ]
 
 MAX_NAME = 128
@@ -182,6 +184,18 @@ POSITIONS = F("positions", "u32[]")
 STEP_FLAGS = F("step_flags", "u8[]")
 STEP_LAST = 1
 STEP_PAD = 2
+STEP_FIELDS = (EPISODES.name, POSITIONS.name, STEP_FLAGS.name)
+
+
+def steps_of(f: dict) -> tuple | None:
+    """A message's steps of episodes (inserts, re-sent items): (episodes,
+    positions, flags), flags 0 where the message has none; None for items."""
+    if EPISODES.name not in f or POSITIONS.name not in f:
+        return None
+    flags = f.get(STEP_FLAGS.name)
+    if flags is None:
+        flags = np.zeros(len(f[POSITIONS.name]), np.uint8)
+    return f[EPISODES.name], f[POSITIONS.name], flags
 # The slots and items one message moves (an insert, a stage, a re-sent batch).
 SLOT_SIZE = F("slot_size", "int", lo=1, hi=1 << 34)
 ITEM_BYTES = SLOT_SIZE.named("item_bytes")

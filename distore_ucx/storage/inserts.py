@@ -18,14 +18,12 @@ import time
 import numpy as np
 
 from ..errors import ConnectionFailed, DistoreError, InvalidRequest, SpecMismatch
-from ..protocol import check_reply
+from ..protocol import STEP_FIELDS, check_reply, steps_of
 from ..spec import SLOT_HEADER
 
 log = logging.getLogger(__name__)
 
 WRITER_CHECK = 0.05  # s between checks that a writer whose batch is pulled is still there
-# What an insert of steps of episodes carries per item (a table of slices).
-STEP_FIELDS = ("episodes", "positions", "step_flags")
 
 
 class InsertServer:
@@ -182,8 +180,9 @@ class InsertServer:
             keep = slice(None)
             prios = f["priorities"]
         # Steps of episodes: kept with their slots, re-sent to a restored control plane.
-        steps = (tuple(f[name][keep] for name in STEP_FIELDS)
-                 if all(name in f for name in STEP_FIELDS) else None)
+        steps = steps_of(f)
+        if steps is not None:
+            steps = tuple(a[keep] for a in steps)
         self.arena.commit(table, offsets, keys, gens, prios, steps)
         self.inserted += k
         self.stats.inserted(k, k * item_bytes, time.perf_counter() - t0)

@@ -25,13 +25,12 @@ from ..errors import (
     WrongPeer,
 )
 from ..progress import Progress
-from ..protocol import parse_reply
+from ..protocol import STEP_FIELDS, parse_reply
 from ..slot_format import is_cold
 from ..transport.auth import PROBE_AFTER
 from ..transport.rpc import AsyncClient
 from ..transport.runtime import host_id
 from .arena import granted_page_kind
-from .inserts import STEP_FIELDS
 
 log = logging.getLogger(__name__)
 

@@ -17,7 +17,7 @@ from .. import errors, protocol
 from . import auth
 from .address import parse_address
 from .auth import PROBE_AFTER
-from .frames import read_frame
+from .frames import Outbox, read_frame
 
 __all__ = ["AsyncClient"]
 
@@ -34,7 +34,7 @@ class AsyncClient:
         self._ids = itertools.count(1)
         self._waiting: dict[int, asyncio.Future] = {}
         self._on_push = on_push
-        self._outbox: list | None = None  # frames queued in this turn of the event loop
+        self._outbox = Outbox(writer)  # the requests of one loop turn go in one write
         self._task = asyncio.get_running_loop().create_task(self._read_loop())
         self.closed = asyncio.Event()
 
@@ -79,7 +79,7 @@ class AsyncClient:
         mid = next(self._ids)
         fut = asyncio.get_running_loop().create_future()
         self._waiting[mid] = fut
-        self._send(protocol.encode(protocol.request(op, mid, **fields)))
+        self._outbox.send(protocol.encode(protocol.request(op, mid, **fields)))
         try:
             msg = await asyncio.wait_for(fut, reply_timeout)
         except asyncio.TimeoutError:
@@ -95,22 +95,7 @@ class AsyncClient:
     def push(self, op: str, **fields: Any) -> None:
         """Send a message that expects no reply."""
         if not self.closed.is_set():
-            self._send(protocol.encode(protocol.request(op, 0, **fields)))
-
-    def _send(self, frames: list) -> None:
-        """Queue frames: the requests made in one turn of the event loop go
-        out in one write (a storage node registers many writers' batches at
-        once; a system call each was a sixth of its CPU at a fan-in of 256
-        actors), in the order made."""
-        if self._outbox is None:
-            self._outbox = []
-            asyncio.get_running_loop().call_soon(self._flush)
-        self._outbox.extend(frames)
-
-    def _flush(self) -> None:
-        frames, self._outbox = self._outbox, None
-        if frames and not self._writer.is_closing():
-            self._writer.writelines(frames)
+            self._outbox.send(protocol.encode(protocol.request(op, 0, **fields)))
 
     async def _read_loop(self) -> None:
         try:
@@ -138,8 +123,7 @@ class AsyncClient:
 
     async def close(self) -> None:
         """Close the connection and wait for the reader task to end."""
-        if self._outbox:  # requests made this turn go first
-            self._flush()
+        self._outbox.flush()  # requests made this turn go first
         self._writer.close()
         try:
             await self._writer.wait_closed()

@@ -76,3 +76,29 @@ def send_frame(sock: socket.socket, msg: dict[str, Any]) -> None:
     """Encode and send one message on a blocking socket (OSError on failure)."""
     head, meta = protocol.encode(msg)
     sock.sendall(head + meta)
+
+
+class Outbox:
+    """Frames queued for one connection's stream writer: everything queued
+    in one turn of the event loop goes out in one write (a send system call
+    per reply was a third of the control plane's CPU under a fan-in of 256
+    actors, and a sixth of a node's), in the order queued. Used from the
+    event loop's thread."""
+
+    def __init__(self, writer):
+        self._writer = writer
+        self._frames: list | None = None  # queued this turn; None: no flush scheduled
+
+    def send(self, frames: list) -> None:
+        """Queue encoded frames; they go at the end of this turn."""
+        if self._frames is None:
+            self._frames = []
+            asyncio.get_running_loop().call_soon(self.flush)
+        self._frames.extend(frames)
+
+    def flush(self) -> None:
+        """Write what is queued now (a connection about to close calls it)."""
+        frames, self._frames = self._frames, None
+        if frames and not self._writer.is_closing():
+            self._writer.writelines(frames)
+

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .. import protocol
+from .frames import Outbox
 
 __all__ = ["Peer", "PeerState"]
 
@@ -107,31 +108,16 @@ class Peer:
         self.state = PeerState()
         self.closed = asyncio.Event()
         self.tasks: set[asyncio.Task] = set()  # requests being answered concurrently
-        self._outbox: list | None = None  # frames queued in this turn of the event loop
+        self._outbox = Outbox(writer)
 
     def send(self, frames: list) -> None:
-        """Queue encoded frames for this connection. Everything queued in one
-        turn of the event loop goes out in one write (a system call each
-        cost the control plane a third of its CPU under a fan-in of 256
-        actors, where one node's many registrations are answered together),
-        in the order queued."""
-        if self._outbox is None:
-            self._outbox = []
-            asyncio.get_running_loop().call_soon(self._flushed)
-        self._outbox.extend(frames)
+        """Queue encoded frames for this connection: those of one turn of the
+        event loop go in one write, in order (frames.Outbox)."""
+        self._outbox.send(frames)
 
     def flush(self) -> None:
-        """Write what is queued now (send() has it written at the end of the
-        turn: a caller about to close the connection calls this first)."""
-        if self._outbox is None:  # nothing queued, no flush scheduled
-            return
-        frames, self._outbox = self._outbox, []
-        if frames and not self.writer.is_closing():
-            self.writer.writelines(frames)
-
-    def _flushed(self) -> None:
-        self.flush()
-        self._outbox = None  # the next send() schedules the next flush
+        """Write what is queued now (before the connection closes)."""
+        self._outbox.flush()
 
     def push(self, op: str, **fields: Any) -> None:
         """Send a message that expects no reply (id 0)."""

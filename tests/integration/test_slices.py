@@ -123,7 +123,8 @@ def test_a_vectorized_actors_slice_is_one_read(make_cluster, tls, monkeypatch):
             check(learner.sample(), 8, {e + 1: length for e in range(envs)})
         slices = learner.stats.fetched_items["ucx"] / T  # read ahead too, perhaps
         assert slices >= 5 * 8
-        assert int(learner.stats.ucx_reads[0]) == slices, "a slice took more than one read"
+        # One get a slice, or one for two slices next to each other in the arena.
+        assert 0 < int(learner.stats.ucx_reads[0]) <= slices, "a slice took more than one read"
         learner.close()
 
 
