@@ -21,6 +21,7 @@ import tempfile
 import time
 
 from .config import parse_size
+from .errors import ConnectionFailed
 from .roles import Process, spawn, wait_ready
 
 log = logging.getLogger(__name__)
@@ -112,8 +113,8 @@ class LocalCluster:
         that the nodes, told it, start with it (a node joins once it serves)."""
         try:
             if self.port == 0 and _is_ipv4(self.host):
-                self.port = _free_port(self.host)
-            if self.port:
+                nodes = self._start_side_by_side()
+            elif self.port:
                 control = self._spawn_control()
                 self.address = f"{self.host}:{self.port}"
                 nodes = [self._spawn_node() for _ in range(self.n_nodes)]
@@ -129,6 +130,32 @@ class LocalCluster:
         log.info("local cluster up: control plane %s, %d nodes, logs in %s",
                  self.address, self.n_nodes, self.log_dir)
         return self
+
+    def _start_side_by_side(self) -> list[Process]:
+        """Start the control plane on a free port and the nodes beside it;
+        the nodes, not waited for. A port another process took between the
+        pick and the control plane's bind (an outgoing connection's ephemeral
+        port, another cluster's pick) is picked again: the nodes told the
+        old one are stopped and started anew."""
+        attempt = 1
+        while True:
+            self.port = _free_port(self.host)
+            control = self._spawn_control()
+            self.address = f"{self.host}:{self.port}"
+            nodes = [self._spawn_node() for _ in range(self.n_nodes)]
+            try:
+                self._control_ready(control)
+                return nodes
+            except ConnectionFailed as exc:
+                if attempt == PORT_PICKS or "already in use" not in str(exc).lower():
+                    raise
+            log.info("port %d was taken before the control plane bound it; picking another "
+                     "(%d of %d)", self.port, attempt + 1, PORT_PICKS)
+            for proc in nodes:
+                proc.popen.kill()
+                proc.popen.wait()
+                self.nodes.remove(proc)
+            attempt += 1
 
     def start_control(self, restore: bool = False) -> Process:
         """Start the control plane (on the port it had before, if it ran
@@ -271,9 +298,13 @@ def _is_ipv4(host: str) -> bool:
     return host.count(".") == 3
 
 
+# times start() picks a free port for the control plane, at most
+PORT_PICKS = 5
+
+
 def _free_port(host: str) -> int:
-    """A TCP port free on `host` now (the kernel's pick; a process that takes
-    it meanwhile makes the control plane's start fail, saying so)."""
+    """A TCP port free on `host` now (the kernel's pick; a process may take
+    it before the control plane binds it: start() then picks another)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind((host, 0))
         return sock.getsockname()[1]

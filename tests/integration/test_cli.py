@@ -91,6 +91,31 @@ def test_environment_reaches_every_process(tls):
     assert os.environ["UCX_TLS"] == tls
 
 
+def test_a_cluster_whose_picked_port_is_taken_picks_another(monkeypatch):
+    # Another process may bind the port picked for the control plane before
+    # the control plane does (it failed a test once): the start picks again.
+    import socket
+
+    import distore_ucx.cluster as cluster_module
+
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen()
+    picks = []
+    free_port = cluster_module._free_port
+
+    def pick(host):
+        picks.append(taken.getsockname()[1] if not picks else free_port(host))
+        return picks[-1]
+
+    monkeypatch.setattr(cluster_module, "_free_port", pick)
+    with taken, ds.LocalCluster(nodes=1, arena_bytes=16 << 20, log_level="WARNING") as cluster:
+        assert len(picks) == 2 and cluster.port == picks[1]
+        assert len(cluster.nodes) == 1 and cluster.nodes[0].alive()
+        with ds.connect(cluster.address) as client:
+            assert [n["state"] for n in client.status()["nodes"]] == ["live"]
+
+
 # -- configuration, status --watch, SIGTERM -------------------------------------
 
 import signal  # noqa: E402
