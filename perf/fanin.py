@@ -27,7 +27,8 @@ drops (and unresponsive episodes), the longest heartbeat gap of each node,
 learner p50/p99, the actors' peak RSS
 and the control plane's and nodes' RSS, when all (and half) the actors
 were ready, the longest flush, and the CPU the control plane and the nodes
-(together) spent over the run per acknowledged item. Exit 1 when items are missing,
+(together) spent over the run per acknowledged item, and the insert batches each
+items_added of the nodes registered (from their /metrics). Exit 1 when items are missing,
 a node was dropped, or the learner's p99 exceeds `--max-p99-ms`.
 Only 127.0.0.1 is used (UCX_NET_DEVICES=lo).
 """
@@ -41,6 +42,7 @@ import os
 import sys
 import threading
 import time
+import urllib.request
 
 os.environ.setdefault("UCX_WARN_UNUSED_ENV_VARS", "n")
 os.environ.setdefault("UCX_LOG_LEVEL", "error")
@@ -142,6 +144,23 @@ def watch_nodes(client, stop: threading.Event, seen: dict) -> None:
         seen["node_ids"] = len(state)
 
 
+def batches_per_registration(urls: dict) -> float | None:
+    """Insert batches per items_added request over the nodes, from their
+    /metrics counters (storage/registrations.py coalesces registrations)."""
+    totals = {"distore_node_insert_batches_total": 0.0,
+              "distore_node_registration_requests_total": 0.0}
+    for role, url in urls.items():
+        if not role.startswith("node"):
+            continue
+        with urllib.request.urlopen(url, timeout=10) as resp:
+            for line in resp.read().decode().splitlines():
+                name = line.split("{")[0].split(" ")[0]
+                if name in totals:
+                    totals[name] += float(line.rsplit(" ", 1)[1])
+    requests = totals["distore_node_registration_requests_total"]
+    return round(totals["distore_node_insert_batches_total"] / requests, 2) if requests else None
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--actors", type=int, default=32)
@@ -175,7 +194,8 @@ def main(argv=None) -> int:
           f"UCX_TLS={args.tls}, learner {args.sample_rate:g} x {args.batch}/s",
           file=sys.stderr, flush=True)
     cluster = ds.LocalCluster(nodes=args.nodes, arena_bytes=arena, env={"UCX_TLS": args.tls},
-                              log_level="WARNING", heartbeat_timeout=args.heartbeat_timeout)
+                              log_level="WARNING", heartbeat_timeout=args.heartbeat_timeout,
+                              metrics=True)
     ctx = mp.get_context("fork")  # the imports are shared: 128 starts cost little
     with cluster, ds.connect(cluster.address) as client:
         client.create_table(TABLE, capacity=capacity, spec=spec, sampler=ds.Prioritized(0.6),
@@ -224,6 +244,7 @@ def main(argv=None) -> int:
                 p.kill()
         info = client.table_info(TABLE)
         status = client.status()
+        per_request = batches_per_registration(cluster.metrics_urls())
         rss = {name: rss_bytes(pid) for pid, name in
                zip(cluster.pids(), ["control"] + [f"node{i}" for i in range(args.nodes)])}
     acked = sum(r["acked"] for r in got)
@@ -254,6 +275,8 @@ def main(argv=None) -> int:
         # CPU seconds of each server process over the run, per acknowledged item.
         "control_cpu_us_per_item": round(1e6 * cpu[0] / max(acked, 1), 1),
         "node_cpu_us_per_item": round(1e6 * sum(cpu[1:]) / max(acked, 1), 1),
+        # insert batches each items_added of the nodes registered (coalesced)
+        "batches_per_registration": per_request,
     }
     line = json.dumps(row)
     print(line, flush=True)

@@ -164,6 +164,10 @@ def node_families(snap: dict) -> list:
     by.add_metric(lv, snap["bytes"])
     f = C("distore_node_insert_failures", "Insert batches that failed (slots freed)", labels=n)
     f.add_metric(lv, snap["failed_batches"])
+    r = C("distore_node_registration_requests", "items_added requests sent to the control "
+          "plane (each registers the insert batches stored while the last was answered)",
+          labels=n)
+    r.add_metric(lv, snap["registration_requests"])
     lat = H("distore_node_insert_seconds", "Time from an insert request to its acknowledgement "
             "(pull, registration and any rate-limiter wait)", labels=n)
     buckets, total_s = snap["latency"]
@@ -219,7 +223,7 @@ def node_snapshot(node, joined: bool) -> dict:
         "carved_bytes": arena.high_water if arena else 0, "items": items,
         "batches": st.batches, "items_inserted": st.items, "bytes": st.bytes,
         "failed_batches": st.failed_batches, "latency": st.latency.snapshot(),
-        "joined": joined,
+        "registration_requests": node.registrations.requests, "joined": joined,
         "am_sample": dict(getattr(node, "sample_server", None) and node.sample_server.stats
                           or {}),
     }
@@ -307,7 +311,7 @@ def catalog() -> dict[str, tuple[str, str]]:
                "last_checkpoint": {"seconds": 0.0, "bytes": 0, "items": 0, "created": 0.0}}
     node = {"node": "n", "arena_bytes": 0, "used_bytes": 0, "carved_bytes": 0,
             "items": {"t": 0}, "batches": 0, "items_inserted": 0, "bytes": 0,
-            "failed_batches": 0, "latency": hist, "joined": True}
+            "failed_batches": 0, "latency": hist, "registration_requests": 0, "joined": True}
     out = {}
     for fam in control_families(control) + node_families(node) + client_families((), ()):
         name = fam.name + ("_total" if fam.type == "counter" else "")

@@ -21,9 +21,17 @@ answer to its challenge). Import their names from here.
 
 from __future__ import annotations
 
-from .error_codes import ERRORS, ProtocolError, error_code, error_reply, remote_error
+from .error_codes import (
+    ERRORS,
+    ProtocolError,
+    batch_errors,
+    error_code,
+    error_reply,
+    remote_error,
+)
 from .fields import (
     ITEM_LOCATION,
+    MAX_BATCHES,
     MAX_ITEMS,
     MAX_NAME,
     MAX_NODE_ID,
@@ -107,6 +115,7 @@ __all__ = [
     "ItemsMovedReply",
     "ItemsRestoredReply",
     "MAX_FRAME",
+    "MAX_BATCHES",
     "MAX_ITEMS",
     "MAX_NAME",
     "MAX_NODE_ID",
@@ -133,6 +142,7 @@ __all__ = [
     "VERSION",
     "auth_mac",
     "check_hello",
+    "batch_errors",
     "check_reply",
     "decode",
     "encode",

@@ -1,8 +1,10 @@
 """The error vocabulary: `ProtocolError` for malformed input, and the codes
-an error reply carries, each raised as its exception on the other side."""
+an error reply carries, each raised as its exception on the other side
+(and those of the inserts an items_added of several refused, `batch_errors`)."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from .. import errors
@@ -10,6 +12,7 @@ from .. import errors
 __all__ = [
     "ERRORS",
     "ProtocolError",
+    "batch_errors",
     "error_code",
     "error_reply",
     "remote_error",
@@ -77,3 +80,21 @@ def remote_error(msg: dict[str, Any], peer: str) -> Exception:
     if cls is None or cls is errors.RemoteError:
         return errors.RemoteError(text, str(code))
     return cls(text)
+
+
+def batch_errors(reply: Mapping[str, Any], peer: str) -> dict[int, Exception]:
+    """The inserts an items_added reply of several refused, by their index
+    in the request, each as the exception its error code stands for (as an
+    error reply's, naming `peer`); ProtocolError if an entry is malformed.
+
+    >>> batch_errors({"evicted": 0, "errors": [[1, "node_gone", "gone"]]}, "cp")
+    {1: NodeGone('gone (from cp)')}
+    """
+    out: dict[int, Exception] = {}
+    for entry in reply.get("errors") or ():
+        if (not isinstance(entry, list) or len(entry) != 3 or type(entry[0]) is not int
+                or not isinstance(entry[1], str) or not isinstance(entry[2], str)):
+            raise ProtocolError(f"reply to items_added: an entry of 'errors' is not "
+                                f"[index, code, message] (from {peer})")
+        out[entry[0]] = remote_error({"error": entry[1], "message": entry[2]}, peer)
+    return out

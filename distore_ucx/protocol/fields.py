@@ -20,6 +20,7 @@ __all__ = [
     "ARENA_ID",
     "ARRAY_DTYPES",
     "BASE",
+    "BATCHES",
     "CAPACITY",
     "DISK_SIZE",
     "EPOCH",
@@ -34,6 +35,7 @@ __all__ = [
     "LEASE",
     "LISTED_HOST_ID",
     "LOCAL_SOCKET",
+    "MAX_BATCHES",
     "MAX_ITEMS",
     "MAX_NAME",
     "MAX_NODE_ID",
@@ -70,6 +72,7 @@ __all__ = [
     "TABLE_ITEM_BYTES",
     "TABLE_SLOT_SIZE",
     "TIMEOUT",
+    "TIMEOUTS",
     "USED_BYTES",
     "WORKER_ADDRESS",
     "WRITER_ID",
@@ -205,6 +208,11 @@ ITEM_BYTES = SLOT_SIZE.named("item_bytes")
 TABLE_SLOT_SIZE = F("slot_size", "int", lo=1, hi=2**64 - 1)
 TABLE_ITEM_BYTES = TABLE_SLOT_SIZE.named("item_bytes")
 TIMEOUT = F("timeout", "float", lo=0, hi=86400)  # seconds a request may wait
+# Inserts registered in one items_added (storage/registrations.py): at most
+# this many, their sizes and their timeouts (lists: per insert, not per item).
+MAX_BATCHES = 4096
+BATCHES = F("batches", "list", max_len=MAX_BATCHES)
+TIMEOUTS = F("timeouts", "list", max_len=MAX_BATCHES)
 EPOCH = F("epoch", "int", lo=0, hi=2**63 - 1)  # a node's, as its node list entry says
 REQUEST = F("request", "int", lo=1, hi=2**63 - 1)  # a stage or retire push's number
 WRITER_ID = F("writer_id", "int", lo=1, hi=2**64 - 1)

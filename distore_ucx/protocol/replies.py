@@ -42,6 +42,7 @@ from .fields import (
     LEASE,
     LISTED_HOST_ID,
     LOCAL_SOCKET,
+    MAX_BATCHES,
     MAX_TIMES_SAMPLED,
     NAME,
     NODE_ID,
@@ -196,10 +197,13 @@ class DeregisterNodeReply(Record):
 
 @declare("reply to items_added", "items_added")
 class ItemsAddedReply(Record):
-    """Items the insert evicted; offsets of keys the table held already."""
+    """Items the inserts evicted; offsets of keys the table held already."""
 
     evicted: int = wire(COUNT)
     duplicate_offsets: np.ndarray | None = wire(OFFSETS, optional=True)
+    # A request of several inserts: [index, error code, message] of each
+    # insert that was refused (the others are registered); see batch_errors.
+    errors: list | None = wire("list", optional=True, max_len=MAX_BATCHES)
 
 
 @declare("reply to items_restored", "items_restored")

@@ -14,6 +14,7 @@ from .fields import (
     ARENA_ID,
     ARRAY_DTYPES,
     BASE,
+    BATCHES,
     BEAT_SECRET,
     CAPACITY,
     DISK_SIZE,
@@ -50,6 +51,7 @@ from .fields import (
     STORE_ID,
     TABLE,
     TIMEOUT,
+    TIMEOUTS,
     USED_BYTES,
     WORKER_ADDRESS,
     WRITER_ID,
@@ -125,6 +127,11 @@ MESSAGES: dict[str, tuple[F, ...]] = {
         EPISODES.optional(),  # steps of episodes: as the insert's
         POSITIONS.optional(),
         STEP_FLAGS.optional(),
+        # Several inserts registered in one request (storage/registrations.py):
+        # the items of each, in order (absent: one insert), and the seconds
+        # each may wait for the rate limiter (absent: `timeout` for all).
+        BATCHES.optional(),
+        TIMEOUTS.optional(),
     ),
     # A re-joined node's items, when register_node's reply asked for them
     # (the control plane is restoring from a checkpoint).

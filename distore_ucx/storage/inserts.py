@@ -2,8 +2,9 @@
 
 A writer sends an insert descriptor; the node allocates slots (making room
 if the arena is full, storage/room.py), pulls the batch into them
-(storage/puller.py), has the control plane register the items and commits
-them, then acknowledges: an acknowledged insert is sampleable. On any
+(storage/puller.py), has the control plane register the items (with the
+inserts stored meanwhile, storage/registrations.py) and commits them, then
+acknowledges: an acknowledged insert is sampleable. On any
 failure the slots are freed before the error reply. `node_info` answers
 what `distore status` shows of the node.
 """
@@ -18,8 +19,9 @@ import time
 import numpy as np
 
 from ..errors import ConnectionFailed, DistoreError, InvalidRequest, SpecMismatch
-from ..protocol import STEP_FIELDS, check_reply, steps_of
+from ..protocol import steps_of
 from ..spec import SLOT_HEADER
+from .registrations import Stored
 
 log = logging.getLogger(__name__)
 
@@ -30,7 +32,7 @@ class InsertServer:
     """Serves writers' inserts and `node_info`.
 
     Mixed into StorageNode (storage/node.py): uses its arena, tier, staging
-    area, control connection, node id, stats, `puller`, `_frees`, `_joined`,
+    area, control connection, node id, stats, `puller`, `registrations`, `_frees`, `_joined`,
     `_leaving`, `_allocate` (storage/room.py) and `_until_joined`
     (storage/session.py).
     """
@@ -129,25 +131,12 @@ class InsertServer:
                         f"storage node {self.name} was dropped by the control plane while it "
                         f"stored an insert (it is node {self.node_id} now); resend it"
                     )
-                left = max(0.0, deadline - time.monotonic())
                 control = self.control
                 try:
-                    reply = await control.call(
-                        "items_added",
-                        reply_timeout=left + 10.0,
-                        timeout=left,
-                        node_id=node_id,
-                        table=table,
-                        keys=keys,
-                        offsets=offsets,
-                        generations=gens,
-                        priorities=f["priorities"],
-                        used_bytes=self.arena.used_bytes,
-                        **({"epoch": f["epoch"]} if "epoch" in f else {}),
+                    registered = await self.registrations.register(
+                        control, node_id, table, f.get("epoch"),
                         # steps of episodes: passed on as the writer gave them
-                        **{k: f[k] for k in STEP_FIELDS if k in f},
-                    )
-                    check_reply("items_added", reply, control.name)  # the map: once per insert
+                        Stored(keys, offsets, gens, f["priorities"], steps_of(f), deadline))
                     break
                 except ConnectionFailed:
                     if self._leaving or not control.closed.is_set():
@@ -168,7 +157,7 @@ class InsertServer:
                             "are freed (the writer resends or reports it): %s", self.name, k,
                             table, source.name, exc)
             raise
-        twice = np.frombuffer(reply.get("duplicate_offsets", b""), np.uint64)
+        twice = registered.duplicate_offsets
         if len(twice):
             # Keys the table holds already (this batch was resent here after
             # its first node went unresponsive, and both copies arrived).
@@ -186,7 +175,7 @@ class InsertServer:
         self.arena.commit(table, offsets, keys, gens, prios, steps)
         self.inserted += k
         self.stats.inserted(k, k * item_bytes, time.perf_counter() - t0)
-        return {"n": k, "evicted": reply["evicted"], "via": source.via}
+        return {"n": k, "evicted": registered.evicted, "via": source.via}
 
     def _watch_writer(self, peer, token: int | None, k: int):
         """While batch `token` is pulled: if the writer's connection hangs up

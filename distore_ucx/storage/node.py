@@ -46,6 +46,7 @@ from .heartbeat import Heartbeat
 from .held_frees import HeldFrees
 from .inserts import InsertServer
 from .puller import Puller
+from .registrations import Registrations
 from .room import RoomForInserts
 from .sample_server import SampleServer
 from .session import LOOP_WEDGED, ControlSession
@@ -102,6 +103,9 @@ class StorageNode(ControlSession, InsertServer, RoomForInserts, ColdStaging):
         # Registrations in flight, and frees from the control plane held
         # until those in flight when they came are done (_on_push).
         self._frees = HeldFrees(self._apply_free)
+        # items_added requests: the inserts stored while one is answered go together
+        self.registrations = Registrations(
+            lambda: self.arena.used_bytes if self.arena is not None else 0)
         self._joined = asyncio.Event()  # registered with a live control plane
         self._staged = asyncio.Event()  # set when staged extents come back
         self._demoting = asyncio.Lock()  # one demotion at a time

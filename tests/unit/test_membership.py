@@ -222,3 +222,59 @@ def test_a_slice_sample_wakes_an_insert_its_rate_limiter_holds():
         return time.monotonic() - t0
 
     assert asyncio.run(run()) < 1.0
+
+
+def batches(node, *sizes, first_key=1, **extra) -> dict:
+    """One items_added carrying several inserts of these sizes (a node's
+    coalesced registrations, storage/registrations.py)."""
+    n = sum(sizes)
+    keys = np.arange(first_key, first_key + n, dtype=np.uint64)
+    return dict(node_id=node.node_id, table="t", keys=keys, offsets=keys * 64,
+                generations=np.ones(n, np.uint64), priorities=np.ones(n),
+                batches=list(sizes), **extra)
+
+
+def test_several_inserts_in_one_request_are_added_and_refused_each_on_its_own():
+    cp, (peer,), (node,) = plane()
+    reply = request(cp, peer, "items_added", batches(node, 2, 3, 1))
+    assert reply == {"evicted": 0} and cp.tables["t"].size == 6
+    # One with a negative priority is refused alone; a key held already is
+    # not stored twice, whichever insert of the request it is in.
+    f = batches(node, 2, 2, 2, first_key=6)
+    f["priorities"] = np.array([1, 1, 1, -1, 1, 1], np.float64)
+    reply = request(cp, peer, "items_added", f)
+    assert [e[:2] for e in reply["errors"]] == [[1, "invalid_request"]]
+    assert "priorities must be >= 0" in reply["errors"][0][2]
+    assert reply["duplicate_offsets"].tolist() == [6 * 64]  # key 6, in the first
+    assert cp.tables["t"].size == 6 + 3  # keys 7, 10, 11
+    assert (cp.tables["t"].core.lookup(np.array([8, 9], np.uint64)) < 0).all()
+
+
+def test_an_insert_the_rate_limiter_holds_past_its_timeout_fails_alone():
+    import distore_ucx as ds
+    from distore_ucx.table_definition import TableDefinition
+
+    cp, (peer,), (node,) = plane()
+    cp.tables["t"] = Table(TableDefinition.make(
+        "t", 1000, TableSpec.parse(((8,), "uint8")),
+        rate_limiter=ds.SampleToInsertRatio(samples_per_insert=1.0, min_size_to_sample=1,
+                                            error_buffer=4.0)), seed=1)
+    # The limiter admits 4 more inserts: the first two fit, the third (3
+    # items) would pass its buffer and may not wait (timeout 0); the fourth
+    # (1 item) still fits after it.
+    reply = request(cp, peer, "items_added", batches(node, 1, 2, 3, 1, timeouts=[0, 0, 0, 5]))
+    assert [e[:2] for e in reply["errors"]] == [[2, "rate_limiter_timeout"]]
+    assert cp.tables["t"].size == 4
+    # Malformed: sizes that do not add up to the keys, a timeout per insert missing.
+    with pytest.raises(InvalidRequest, match="add up"):
+        request(cp, peer, "items_added", {**batches(node, 1, 1, first_key=50), "batches": [1]})
+    with pytest.raises(InvalidRequest, match="timeouts"):
+        request(cp, peer, "items_added", batches(node, 1, 1, first_key=50, timeouts=[1]))
+
+
+def test_a_request_of_several_inserts_from_a_node_not_live_is_refused_whole():
+    cp, (peer,), (node,) = plane()
+    cp.members.unresponsive(node)
+    with pytest.raises(NodeGone):  # the node's inserts each fail, and are resent
+        request(cp, peer, "items_added", batches(node, 1, 1))
+    assert cp.tables["t"].size == 0

@@ -1,0 +1,167 @@
+"""Registering stored inserts with the control plane, several per request.
+
+A node acknowledges an insert only once the control plane has registered
+its items (`items_added`). Under fan-in (hundreds of actors sending a few
+items each) a request per insert costs the node and the control plane more
+than the items do, so a node keeps one `items_added` in flight per table
+(and node id, and placement epoch): the inserts stored while it is answered
+wait and go together in the next one. The added delay is bounded by one
+request's round trip; a lone insert goes at once, as before.
+
+Each insert is still admitted, checked and refused on its own by the
+control plane (control/inserts.py): one refused (its rate limiter's
+timeout passed, it was placed before the node was last unresponsive) fails
+alone, and the others are registered. A request that fails as a whole (the
+control plane went away) fails every insert in it, and each one's caller
+retries or reports it as it did before.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..protocol import STEP_FIELDS, batch_errors, check_reply
+from ..transport.rpc import AsyncClient
+
+# s added to a request's longest timeout before its reply is given up on
+REPLY_GRACE = 10.0
+
+
+@dataclass
+class Stored:
+    """An insert stored in slots, to be registered: its items' keys,
+    offsets, generations, priorities, steps (a table of slices:
+    episodes, positions, flags; else None) and the monotonic time by which
+    the rate limiter must have admitted it."""
+
+    keys: np.ndarray
+    offsets: np.ndarray
+    generations: np.ndarray
+    priorities: np.ndarray
+    steps: tuple | None
+    deadline: float
+    done: asyncio.Future = field(default=None)  # type: ignore[assignment]
+
+
+@dataclass(frozen=True)
+class Registered:
+    """What registering an insert did: the items evicted from the table (the
+    request's, counted once: on its last insert registered) and the offsets
+    of its keys the table held already (their slots are the node's to free)."""
+
+    evicted: int
+    duplicate_offsets: np.ndarray
+
+
+class Registrations:
+    """A node's `items_added` requests: one in flight per (control plane
+    connection, node id, table, epoch); inserts stored meanwhile go in the
+    next. All on the node's event loop."""
+
+    def __init__(self, used_bytes: Callable[[], int]):
+        self._used_bytes = used_bytes
+        self._waiting: dict[tuple, list[Stored]] = {}  # a key in here: a request in flight
+        self._tasks: set[asyncio.Task] = set()
+        self.requests = 0  # items_added sent (metrics: inserts per request)
+        self.inserts = 0
+
+    async def register(self, control: AsyncClient, node_id: int, table: str,
+                       epoch: int | None, insert: Stored) -> Registered:
+        """Register one stored insert; returns once the control plane has
+        its items (or raises what refused it, or what failed the request)."""
+        insert.done = asyncio.get_running_loop().create_future()
+        key = (control, node_id, table, epoch, insert.steps is not None)
+        waiting = self._waiting.get(key)
+        if waiting is not None:  # a request is in flight: this one goes in the next
+            waiting.append(insert)
+        else:
+            self._waiting[key] = []
+            task = asyncio.get_running_loop().create_task(self._send(key, [insert]))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+        return await insert.done
+
+    async def _send(self, key: tuple, inserts: list[Stored]) -> None:
+        """Send `inserts` in one request, then those that waited meanwhile,
+        until none wait."""
+        try:
+            while inserts:
+                inserts = [s for s in inserts if not s.done.done()]  # cancelled callers
+                if inserts:
+                    await self._request(key, inserts)
+                inserts = self._waiting[key]
+                self._waiting[key] = []
+        except BaseException as exc:
+            for s in inserts + self._waiting.get(key, []):
+                _fail(s, exc)
+            raise
+        finally:
+            self._waiting.pop(key, None)
+
+    async def _request(self, key: tuple, inserts: list[Stored]) -> None:
+        """One items_added for `inserts`; settles each one's future."""
+        control, node_id, table, epoch, has_steps = key
+        one = inserts[0] if len(inserts) == 1 else None
+        now = time.monotonic()
+        lefts = [max(0.0, s.deadline - now) for s in inserts]
+        fields = {
+            "node_id": node_id, "table": table,
+            "keys": one.keys if one else np.concatenate([s.keys for s in inserts]),
+            "offsets": one.offsets if one else np.concatenate([s.offsets for s in inserts]),
+            "generations": one.generations if one else
+            np.concatenate([s.generations for s in inserts]),
+            "priorities": one.priorities if one else
+            np.concatenate([s.priorities for s in inserts]),
+            "used_bytes": self._used_bytes(),
+            "timeout": max(lefts),
+        }
+        if epoch is not None:
+            fields["epoch"] = epoch
+        if has_steps:
+            for j, name in enumerate(STEP_FIELDS):
+                fields[name] = one.steps[j] if one else \
+                    np.concatenate([s.steps[j] for s in inserts])
+        if one is None:
+            fields["batches"] = [len(s.keys) for s in inserts]
+            fields["timeouts"] = lefts
+        self.requests += 1
+        self.inserts += len(inserts)
+        try:
+            reply = await control.call("items_added", reply_timeout=max(lefts) + REPLY_GRACE,
+                                       **fields)
+            check_reply("items_added", reply, control.name)  # the map: once per request
+            refused = batch_errors(reply, control.name)
+        except Exception as exc:
+            for s in inserts:
+                _fail(s, exc)
+            return
+        _settle(inserts, reply, refused)
+
+
+def _settle(inserts: list[Stored], reply: dict, refused: dict[int, Exception]) -> None:
+    """Hand each insert of a request its part of the reply, or its error."""
+    twice = np.frombuffer(reply.get("duplicate_offsets", b""), np.uint64)
+    last = max((i for i in range(len(inserts)) if i not in refused), default=-1)
+    for i, s in enumerate(inserts):
+        if s.done.done():  # its caller was cancelled meanwhile
+            continue
+        if i in refused:
+            s.done.set_exception(refused[i])
+            continue
+        dup = s.offsets[np.isin(s.offsets, twice)] if len(twice) else twice
+        s.done.set_result(Registered(reply["evicted"] if i == last else 0, dup))
+
+
+def _fail(s: Stored, exc: BaseException) -> None:
+    """Fail one insert's registration with exc (cancel it if exc is a cancellation)."""
+    if s.done.done():
+        return
+    if isinstance(exc, asyncio.CancelledError):
+        s.done.cancel()
+    else:
+        s.done.set_exception(exc)

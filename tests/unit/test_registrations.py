@@ -1,0 +1,109 @@
+"""A storage node's registrations (storage/registrations.py): one
+items_added in flight per table, the inserts stored meanwhile sent together
+in the next, each one's result or error handed back to it alone."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import numpy as np
+import pytest
+
+from distore_ucx.errors import ConnectionFailed, NodeGone
+from distore_ucx.storage.registrations import Registrations, Stored
+
+
+class FakeControl:
+    """A control plane connection whose replies the test releases."""
+
+    name = "the control plane"
+
+    def __init__(self):
+        self.calls: list[dict] = []
+        self.replies: list[asyncio.Future] = []
+
+    async def call(self, op, reply_timeout=None, **fields):
+        assert op == "items_added"
+        self.calls.append(fields)
+        reply = asyncio.get_running_loop().create_future()
+        self.replies.append(reply)
+        return await reply
+
+
+def stored(first: int, n: int, steps: bool = False) -> Stored:
+    keys = np.arange(first, first + n, dtype=np.uint64)
+    return Stored(keys, keys * 64, np.ones(n, np.uint64), np.ones(n),
+                  (keys, keys.astype(np.uint32), np.zeros(n, np.uint8)) if steps else None,
+                  time.monotonic() + 5.0)
+
+
+async def until(condition):
+    for _ in range(100):
+        if condition():
+            return
+        await asyncio.sleep(0)
+    raise AssertionError("the registrations never got there")
+
+
+def test_inserts_stored_while_one_is_registered_go_together_in_the_next():
+    async def run():
+        control, regs = FakeControl(), Registrations(lambda: 4096)
+        first = asyncio.ensure_future(regs.register(control, 1, "t", 0, stored(0, 2)))
+        await until(lambda: len(control.calls) == 1)
+        assert "batches" not in control.calls[0]  # one insert: a plain request
+        later = [asyncio.ensure_future(regs.register(control, 1, "t", 0, stored(10 * i, 3)))
+                 for i in (1, 2, 3)]
+        other_table = asyncio.ensure_future(regs.register(control, 1, "u", 0, stored(99, 1)))
+        await until(lambda: len(control.calls) == 2)  # "u" has none in flight: at once
+        assert control.calls[1]["table"] == "u"
+        control.replies[0].set_result({"evicted": 0})
+        control.replies[1].set_result({"evicted": 0})
+        assert (await first).evicted == 0
+        await until(lambda: len(control.calls) == 3)
+        together = control.calls[2]
+        assert together["batches"] == [3, 3, 3] and len(together["timeouts"]) == 3
+        assert together["keys"].tolist() == [10, 11, 12, 20, 21, 22, 30, 31, 32]
+        assert together["used_bytes"] == 4096 and together["epoch"] == 0
+        # The second insert is refused alone; a key of the third was held already.
+        control.replies[2].set_result({
+            "evicted": 5, "duplicate_offsets": np.array([31 * 64], np.uint64).tobytes(),
+            "errors": [[1, "node_gone", "storage node 1 was unresponsive"]]})
+        a, b, c = await asyncio.gather(*later, return_exceptions=True)
+        assert isinstance(b, NodeGone) and "unresponsive" in str(b)
+        assert a.duplicate_offsets.tolist() == [] and c.duplicate_offsets.tolist() == [31 * 64]
+        assert a.evicted + c.evicted == 5  # counted once, on the last registered
+        assert (await other_table).evicted == 0
+        assert (regs.requests, regs.inserts) == (3, 5)
+
+    asyncio.run(run())
+
+
+def test_a_request_that_fails_whole_fails_each_insert_and_the_next_go_on():
+    async def run():
+        control, regs = FakeControl(), Registrations(lambda: 0)
+        first = asyncio.ensure_future(regs.register(control, 1, "s", None, stored(0, 1, True)))
+        await until(lambda: len(control.calls) == 1)
+        assert control.calls[0]["episodes"].tolist() == [0] and "epoch" not in control.calls[0]
+        queued = [asyncio.ensure_future(regs.register(control, 1, "s", None, stored(i, 1, True)))
+                  for i in (1, 2)]
+        cancelled = asyncio.ensure_future(regs.register(control, 1, "s", None, stored(3, 1, True)))
+        await asyncio.sleep(0)
+        cancelled.cancel()  # its caller gave up before it was sent: it is left out
+        control.replies[0].set_exception(ConnectionFailed("the control plane went away"))
+        with pytest.raises(ConnectionFailed):
+            await first
+        await until(lambda: len(control.calls) == 2)
+        assert control.calls[1]["positions"].tolist() == [1, 2]
+        control.replies[1].set_exception(ConnectionFailed("again"))
+        for q in queued:
+            with pytest.raises(ConnectionFailed, match="again"):
+                await q
+        # Nothing in flight now: the next goes at once, alone.
+        after = asyncio.ensure_future(regs.register(control, 1, "s", None, stored(4, 1, True)))
+        await until(lambda: len(control.calls) == 3)
+        assert "batches" not in control.calls[2]
+        control.replies[2].set_result({"evicted": 0})
+        assert (await after).duplicate_offsets.tolist() == []
+
+    asyncio.run(run())
