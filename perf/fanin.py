@@ -286,15 +286,15 @@ def main(argv=None) -> int:
     print(f"{'actors':>7} {'offered/s':>10} {'achieved/s':>10} {'acked':>8} {'in table':>8} "
           f"{'drops':>5} {'unresp':>6} {'p50 ms':>7} {'p99 ms':>7} {'actor MiB':>9} "
           f"{'ctl MiB':>7} {'node MiB':>8} {'ready s':>7} {'flush s':>7} {'ctl us/it':>9} "
-          f"{'node us/it':>10}", file=sys.stderr)
+          f"{'node us/it':>10} {'batch/reg':>9}", file=sys.stderr)
     nodes_mib = [v for k, v in row["server_rss_mib"].items() if k != "control" and v]
     print(f"{args.actors:7d} {row['offered_per_s']:10.0f} {row['achieved_per_s']:10.0f} "
           f"{acked:8d} {info['size']:8d} {row['node_drops']:5d} {row['unresponsive']:6d} "
           f"{lat['p50_ms'] or 0:7.2f} {lat['p99_ms'] or 0:7.2f} "
           f"{row['actor_rss_peak_mib'] or 0:9.1f} {row['server_rss_mib']['control'] or 0:7.1f} "
           f"{max(nodes_mib, default=0):8.1f} {row['all_ready_s']:7.1f} {row['flush_max_s']:7.2f} "
-          f"{row['control_cpu_us_per_item']:9.1f} {row['node_cpu_us_per_item']:10.1f}",
-          file=sys.stderr, flush=True)
+          f"{row['control_cpu_us_per_item']:9.1f} {row['node_cpu_us_per_item']:10.1f} "
+          f"{per_request or 0:9.2f}", file=sys.stderr, flush=True)
     bad = (row["missing"] != 0 or row["node_drops"] or errors or learner.error
            or (lat["p99_ms"] or 0) > args.max_p99_ms)
     return 1 if bad else 0

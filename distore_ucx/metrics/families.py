@@ -175,7 +175,7 @@ def node_families(snap: dict) -> list:
     joined = G("distore_node_joined", "1 while the node is registered with a control plane",
                labels=n)
     joined.add_metric(lv, 1 if snap["joined"] else 0)
-    out = [total, used, carved, items, b, i, by, f, lat, joined]
+    out = [total, used, carved, items, b, i, by, f, r, lat, joined]
     am = snap.get("am_sample")
     if am:  # the node serves samples by active message (storage/sample_server.py)
         sb = C("distore_node_sample_batches", "Sample batches served by active message, by "
