@@ -29,8 +29,8 @@ namespace distore {
 
 class StagingMap {
  public:
-  // Maps the first `size` bytes of a writer's memfd read-only and makes
-  // their page tables at once. Refuses (UcxError, kStatusBadArgument) an fd
+  // Maps the first `size` bytes of a writer's memfd read-only (a hugepage
+  // memfd's pages made at once, staging.cc says why only those). Refuses (UcxError, kStatusBadArgument) an fd
   // that is not sealed against shrinking and against writes (a file that
   // could shrink, or have holes punched, could fault a later read with
   // SIGBUS), or that is smaller than `size`. `peer` names the writer.
