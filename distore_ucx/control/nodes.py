@@ -118,6 +118,13 @@ class Nodes:
         (unresponsive ones are routed around)."""
         return {"nodes": [n.describe() for n in self.members.live()]}
 
+    def op_node_state(self, peer: Peer, f: dict) -> dict:
+        """One node's state, for a writer waiting on it (client/writer):
+        "unknown" for an id this control plane has not seen (a restarted
+        one the node has not re-joined yet)."""
+        node = self.members.nodes.get(f["node_id"])
+        return {"state": "unknown" if node is None else node.state}
+
     # -- state changes ---------------------------------------------------
     def on_close(self, peer: Peer) -> None:
         """A control connection closed: a node on it is gone."""

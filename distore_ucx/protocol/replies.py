@@ -345,6 +345,14 @@ class TablesReply(Record):
     tables: list[TableInfo] = wire("list", of=TableInfo)
 
 
+@declare("reply to node_state", "node_state")
+class NodeStateReply(Record):
+    """A node's state: live, unresponsive, gone, or unknown (not registered
+    with this control plane: a restarted one it has not re-joined yet)."""
+
+    state: str = wire(NODE_STATE)
+
+
 @declare("reply to nodes", "nodes")
 class NodesReply(Record):
     """The live storage nodes, with how to read from them."""

@@ -208,6 +208,8 @@ MESSAGES: dict[str, tuple[F, ...]] = {
     "table_info": (NAME,),
     "list_tables": (),
     "nodes": (),
+    # One node's state, for a writer waiting on it (cheaper than status).
+    "node_state": (NODE_ID,),
     "sample": (
         TABLE,
         F("n", "int", lo=1, hi=MAX_SAMPLE),

@@ -14,7 +14,8 @@ from distore_ucx.errors import InvalidRequest
 
 SERVED = {
     # writers and learners
-    "register_writer", "create_table", "table_info", "list_tables", "nodes", "sample",
+    "register_writer", "create_table", "table_info", "list_tables", "nodes", "node_state",
+    "sample",
     "release", "update_priorities", "status", "checkpoint",
     # storage nodes
     "register_node", "heartbeat", "deregister_node", "items_added", "items_restored",

@@ -278,3 +278,23 @@ def test_a_request_of_several_inserts_from_a_node_not_live_is_refused_whole():
     with pytest.raises(NodeGone):  # the node's inserts each fail, and are resent
         request(cp, peer, "items_added", batches(node, 1, 1))
     assert cp.tables["t"].size == 0
+
+
+def test_a_writer_asks_one_nodes_state_and_an_unknown_id_is_live_to_it():
+    # A writer waiting on a node asks for its state (not the whole status,
+    # which hundreds of waiting writers made the control plane build twice a
+    # second each); an id the control plane has not seen is a node that has
+    # not re-joined a restarted control plane: it will, and register the batch.
+    from distore_ucx.client.writer.connections import node_state
+
+    cp, (peer,), (node,) = plane()
+
+    class Client:
+        def call(self, op, **f):
+            return request(cp, peer, op, f)
+
+    assert request(cp, peer, "node_state", {"node_id": node.node_id}) == {"state": LIVE}
+    cp.members.unresponsive(node)
+    assert node_state(Client(), node.node_id) == UNRESPONSIVE
+    assert request(cp, peer, "node_state", {"node_id": 99}) == {"state": "unknown"}
+    assert node_state(Client(), 99) == LIVE

@@ -67,6 +67,7 @@ REPLIES = {
     "table_info": {**TABLE, "cold": 0, "fits": 1000},
     "list_tables": {"tables": [TABLE, dict(TABLE, name="other")]},
     "nodes": {"nodes": [dict(NODE, worker_address=b"w" * 40, rkey=b"DSRK" + b"k" * 20)]},
+    "node_state": {"state": "unresponsive"},
     "sample": {"lease": 12345, "refused": 0, "table_size": 10, "items": locations(4),
                "probabilities": np.full(4, 0.1), "min_probability": 0.1, "staged": 0,
                "lease_timeout": 30.0, "held": 0.0},

@@ -15,6 +15,7 @@ import logging
 import time
 
 from ...errors import AuthenticationFailed, ConnectionFailed, Timeout
+from ...protocol import parse_reply
 from ...transport import rpc
 
 log = logging.getLogger(__name__)
@@ -39,13 +40,10 @@ def node_state(client, node_id: int) -> str:
     ("live" when it is away, or does not know the id yet: a restarted
     control plane the node has not re-joined)."""
     try:
-        nodes = client.status()["nodes"]
+        state = parse_reply("node_state", client.call("node_state", node_id=node_id)).state
     except ConnectionFailed:
         return "live"
-    for n in nodes:
-        if n["node_id"] == node_id:
-            return n.get("state", "live" if n["alive"] else "gone")
-    return "live"
+    return "live" if state == "unknown" else state
 
 
 class Connections:
