@@ -30,8 +30,47 @@ log = logging.getLogger(__name__)
 class LocalCluster:
     """A control plane and `nodes` storage nodes on this machine.
 
+    Nothing starts until `start()`, or entering it as a context manager;
+    `stop()` (or leaving the `with`) stops every process and removes the
+    log folder it made. Times are in seconds; a setting left None keeps the
+    default of the ``distore`` flag of the same name.
+
     >>> with ds.LocalCluster(nodes=2, arena_bytes=1 << 30) as cluster:
     ...     client = ds.connect(cluster.address)
+
+    Args:
+        nodes: Storage nodes to start.
+        arena_bytes: Each node's arena, in bytes or as a size ("64MiB").
+        host: The address every process listens on.
+        env: Variables added to this process's environment for the children
+            (UCX settings such as UCX_TLS reach them anyway).
+        log_dir: Where the processes' logs go (default: a new temporary
+            folder, removed by `stop()` unless DISTORE_KEEP_LOGS=1).
+        startup_timeout: How long each process may take to serve.
+        hugepages: Back the arenas with 2 MiB pages where possible.
+        heartbeat_timeout: A node silent this long is unresponsive
+            (``--heartbeat-timeout``).
+        log_level: The processes' log level.
+        token_file: The store's shared secret (``--token-file``).
+        checkpoint: The control plane's checkpoint file; then
+            `restart_control(restore=True)` brings the store back.
+        checkpoint_interval: ``--checkpoint-interval``.
+        restore_grace: ``--restore-grace``.
+        reconnect_timeout: The nodes' ``--reconnect-timeout``.
+        metrics: Every process serves Prometheus /metrics on a free port
+            (`metrics_urls()`).
+        disk_bytes: Give every node a disk tier of that size, its file
+            ``node<i>.tier`` in `disk_dir`.
+        disk_dir: Where the tier files go (default: the log folder).
+        disk_staging: ``--disk-staging``.
+        unresponsive_grace: ``--unresponsive-grace``.
+        lease_timeout: ``--lease-timeout``.
+
+    Attributes:
+        address: The control plane's "host:port", once started.
+        control: The control plane's `Process`.
+        nodes: The storage nodes' processes, in the order started.
+        log_dir: The folder of the processes' logs.
     """
 
     def __init__(
@@ -57,15 +96,7 @@ class LocalCluster:
         unresponsive_grace: float | None = None,
         lease_timeout: float | None = None,
     ):
-        """`checkpoint`: the control plane's checkpoint file (then
-        `restart_control(restore=True)` brings the store back);
-        `checkpoint_interval`, `restore_grace`, `unresponsive_grace`,
-        `lease_timeout` and the nodes' `reconnect_timeout` as the flags of
-        the same names (None: defaults);
-        `metrics`: every process serves Prometheus /metrics on a free port
-        (`cluster.metrics_urls()`); off by default. `disk_bytes`: give every
-        node a disk tier of that size, its file `node<i>.tier` in `disk_dir`
-        (default: the log directory); `disk_staging` as --disk-staging."""
+        """See the class docstring; nothing starts here."""
         self.n_nodes = nodes
         self.disk_bytes = parse_size(disk_bytes)
         self.disk_staging = parse_size(disk_staging)
@@ -110,7 +141,16 @@ class LocalCluster:
         """Start the control plane and the nodes side by side; wait until all
         are serving. A process's start is mostly its own (importing, loading
         UCX, mapping an arena): the control plane gets a free port first, so
-        that the nodes, told it, start with it (a node joins once it serves)."""
+        that the nodes, told it, start with it (a node joins once it serves).
+
+        Returns:
+            The cluster itself.
+
+        Raises:
+            ConnectionFailed: A process exited while starting (the message
+                holds its log's end); every process is stopped then.
+            Timeout: A process did not serve within `startup_timeout`.
+        """
         try:
             if self.port == 0 and _is_ipv4(self.host):
                 nodes = self._start_side_by_side()
@@ -159,8 +199,18 @@ class LocalCluster:
 
     def start_control(self, restore: bool = False) -> Process:
         """Start the control plane (on the port it had before, if it ran
-        already) and wait until it serves; `restore` starts it from the
-        checkpoint file."""
+        already) and wait until it serves.
+
+        Args:
+            restore: Start it from the checkpoint file.
+
+        Returns:
+            Its `Process`.
+
+        Raises:
+            ConnectionFailed: It exited while starting.
+            Timeout: It did not serve within `startup_timeout`.
+        """
         proc = self._spawn_control(restore)
         self._control_ready(proc)
         return proc
@@ -193,21 +243,36 @@ class LocalCluster:
         self.port = int(self.address.rsplit(":", 1)[1])
 
     def kill_control(self, sig: int = signal.SIGKILL) -> int:
-        """Send `sig` to the control plane (default SIGKILL); its exit code."""
+        """Send `sig` to the control plane (default SIGKILL) and wait for it.
+
+        Returns:
+            Its exit code.
+        """
         if self.control.alive():
             self.control.popen.send_signal(sig)
         return self.control.popen.wait(timeout=30)
 
     def restart_control(self, restore: bool = True, sig: int = signal.SIGKILL) -> Process:
         """Stop the control plane with `sig` and start it again on the same
-        port, from its checkpoint when `restore`; nodes re-join by themselves."""
+        port, from its checkpoint when `restore`; nodes re-join by themselves.
+
+        Returns:
+            The new control plane's `Process`; raises as `start_control`.
+        """
         self.kill_control(sig)
         return self.start_control(restore)
 
     def add_node(self, arena_bytes: int | None = None,
                  extra_args: list[str] | None = None) -> Process:
         """Start one more storage node and wait until it has registered.
-        `extra_args`: more `distore node` flags (e.g. ["--no-write-protect"])."""
+
+        Args:
+            arena_bytes: Its arena (default: the cluster's `arena_bytes`).
+            extra_args: More ``distore node`` flags (``["--no-write-protect"]``).
+
+        Returns:
+            Its `Process`; raises as `start`.
+        """
         proc = self._spawn_node(arena_bytes, extra_args)
         proc.info = self._wait_ready(proc)
         return proc
@@ -232,7 +297,7 @@ class LocalCluster:
         return proc
 
     def disk_path(self, index: int) -> str:
-        """The tier file of storage node `index` (with `disk_bytes`)."""
+        """The path of storage node `index`'s tier file (with `disk_bytes`)."""
         return os.path.join(self._disk_dir or self.log_dir, f"node{index}.tier")
 
     def kill_node(self, index: int, sig: int = signal.SIGKILL) -> None:
@@ -267,8 +332,12 @@ class LocalCluster:
         self.stop()
 
     def metrics_urls(self) -> dict[str, str]:
-        """{role: http://HOST:PORT/metrics} of the running processes (control,
-        node0, ...); empty unless the cluster was made with metrics=True."""
+        """The /metrics URLs of the running processes.
+
+        Returns:
+            ``{role: "http://HOST:PORT/metrics"}`` (roles "control", "node0",
+            ...); empty unless the cluster was made with metrics=True.
+        """
         procs = ([self.control] if self.control else []) + self.nodes
         return {p.role: f"http://{self.host}:{p.info['metrics_port']}/metrics" for p in procs
                 if p.alive() and p.info and p.info.get("metrics_port")}

@@ -28,6 +28,7 @@ class DefaultHandler(logging.StreamHandler):
         self.setFormatter(logging.Formatter(FORMAT))
 
     def emit(self, record: logging.LogRecord) -> None:
+        """Write `record` to stderr, unless the root logger has handlers."""
         if logging.getLogger().handlers:
             return  # the application's handlers have it (the record propagates)
         super().emit(record)

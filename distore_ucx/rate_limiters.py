@@ -22,7 +22,25 @@ from .errors import ConfigError
 
 @dataclass(frozen=True)
 class RateLimiter:
-    """A rate limiter; use MinSize, SampleToInsertRatio or Queue."""
+    """A rate limiter; make one with `MinSize`, `SampleToInsertRatio` or `Queue`.
+
+    It tracks diff = inserts * samples_per_insert - samples: an insert may
+    proceed while the table is below `min_size_to_sample` or while the diff
+    after it stays <= `max_diff`; a sample once the table holds at least
+    `min_size_to_sample` items and while the diff after it stays >=
+    `min_diff`.
+
+    Attributes:
+        kind: "min_size", "sample_to_insert_ratio" or "queue".
+        samples_per_insert: The ratio the diff counts by.
+        min_size_to_sample: Items the table needs before samples proceed.
+        min_diff: The smallest diff a sample may leave.
+        max_diff: The largest diff an insert may leave.
+
+    Raises:
+        ConfigError: `samples_per_insert` is not > 0, `min_size_to_sample`
+            < 1, or `min_diff` > `max_diff`.
+    """
 
     kind: str
     samples_per_insert: float
@@ -98,7 +116,11 @@ class RateLimiter:
 
 
 def MinSize(min_size_to_sample: int = 1) -> RateLimiter:  # noqa: N802 - Reverb's names
-    """Samples wait until the table holds `min_size_to_sample` items; inserts never wait."""
+    """Samples wait until the table holds `min_size_to_sample` items; inserts never wait.
+
+    Raises:
+        ConfigError: `min_size_to_sample` < 1.
+    """
     return RateLimiter("min_size", 1.0, int(min_size_to_sample), -math.inf, math.inf)
 
 
@@ -109,6 +131,17 @@ def SampleToInsertRatio(  # noqa: N802
 
     Inserts wait when they run too far ahead of samples, samples when they
     run too far ahead of inserts (Reverb's SampleToInsertRatio).
+
+    Args:
+        samples_per_insert: The ratio to keep.
+        min_size_to_sample: Items the table needs before samples proceed.
+        error_buffer: How far the diff (inserts * samples_per_insert -
+            samples) may stray from its value at `min_size_to_sample`.
+
+    Raises:
+        ConfigError: `error_buffer` is below max(1, `samples_per_insert`)
+            (neither inserts nor samples could proceed), or another argument
+            is out of range.
     """
     if error_buffer < 0:
         raise ConfigError(f"error_buffer must be >= 0, got {error_buffer}")
@@ -131,7 +164,11 @@ def Queue(size: int) -> RateLimiter:  # noqa: N802
     """A queue of at most `size` unsampled items: each item is sampled exactly
     once, in insertion order (the table gets Fifo sampler and remover and
     max_times_sampled=1). Inserts wait while the queue is full, samples while
-    it is empty."""
+    it is empty.
+
+    Raises:
+        ConfigError: `size` < 1.
+    """
     if size < 1:
         raise ConfigError(f"queue size must be >= 1, got {size}")
     return RateLimiter("queue", 1.0, 1, 0.0, float(size))

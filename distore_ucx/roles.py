@@ -35,7 +35,15 @@ def _die_with_parent() -> None:
 
 @dataclass
 class Process:
-    """One process of the cluster."""
+    """One process of the cluster, as `spawn` started it.
+
+    Attributes:
+        role: Its name: "control", "node0", ...
+        popen: Its `subprocess.Popen`.
+        log_path: The file its output goes to.
+        ready_file: The file it writes once it serves.
+        info: What it wrote there (address, node id, pid), once read.
+    """
 
     role: str
     popen: subprocess.Popen
@@ -45,12 +53,15 @@ class Process:
 
     @property
     def pid(self) -> int:
+        """Its process id."""
         return self.popen.pid
 
     def alive(self) -> bool:
+        """Whether it is still running."""
         return self.popen.poll() is None
 
     def log_tail(self, lines: int = 30) -> str:
+        """The last `lines` lines of its log ("" when it cannot be read)."""
         try:
             with open(self.log_path, errors="replace") as fh:
                 return "".join(fh.readlines()[-lines:])

@@ -20,7 +20,13 @@ KINDS = ("uniform", "prioritized", "fifo", "lifo", "min_heap", "max_heap")
 
 @dataclass(frozen=True)
 class Selector:
-    """A selection policy; use the named constructors below."""
+    """A selection policy; make one with `Uniform`, `Prioritized`, `Fifo`,
+    `Lifo`, `MinHeap` or `MaxHeap`.
+
+    Attributes:
+        kind: "uniform", "prioritized", "fifo", "lifo", "min_heap" or "max_heap".
+        alpha: The priority exponent of a prioritized selector.
+    """
 
     kind: str
     alpha: float = 1.0
@@ -61,6 +67,13 @@ def Prioritized(alpha: float = 1.0) -> Selector:  # noqa: N802
     """Item i with probability p_i^alpha / sum_j p_j^alpha (sum tree, O(log n)).
 
     If every priority is 0, items are drawn uniformly.
+
+    Args:
+        alpha: The priority exponent: 0 draws uniformly, 1 in proportion to
+            the priorities.
+
+    Raises:
+        ConfigError: `alpha` is not a finite number >= 0.
     """
     return Selector.from_wire({"kind": "prioritized", "alpha": alpha}, "Prioritized")
 

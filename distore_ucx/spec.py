@@ -30,7 +30,14 @@ def _align(n: int, to: int) -> int:
 
 @dataclass(frozen=True)
 class Field:
-    """One array of an item: name, shape, dtype and offset inside the item."""
+    """One array of an item.
+
+    Attributes:
+        name: The field's name ("" for the one array of an unnamed spec).
+        shape: Its shape in one item.
+        dtype: Its numpy dtype.
+        offset: Where it starts inside the item's packed bytes.
+    """
 
     name: str
     shape: tuple[int, ...]
@@ -39,6 +46,7 @@ class Field:
 
     @property
     def nbytes(self) -> int:
+        """Bytes of the field in one item."""
         return int(np.prod(self.shape, dtype=np.int64)) * self.dtype.itemsize
 
 
@@ -62,7 +70,12 @@ class BatchLayout:
 
 @dataclass(frozen=True)
 class TableSpec:
-    """The layout of a table's items.
+    """The layout of a table's items: its fields, each packed at an 8-byte
+    aligned offset, in a slot of a 16-byte header and the fields, padded to
+    64 bytes. Make one with `parse`.
+
+    Attributes:
+        fields: The item's `Field` objects, in spec order.
 
     >>> s = TableSpec.parse({"obs": ((4, 84, 84), "uint8"), "reward": ((), "float32")})
     >>> s.item_bytes, s.slot_size
@@ -73,7 +86,20 @@ class TableSpec:
 
     @classmethod
     def parse(cls, spec: Any) -> TableSpec:
-        """From the user's form: {name: (shape, dtype)} or a single (shape, dtype)."""
+        """A spec from the user's form.
+
+        Args:
+            spec: {name: (shape, dtype), ...}, or a single (shape, dtype) for
+                an item that is one unnamed array. A shape is a tuple or an
+                int; a dtype anything `numpy.dtype` takes.
+
+        Returns:
+            The `TableSpec`.
+
+        Raises:
+            ConfigError: `spec` is neither form, has no field, a name longer
+                than 64 characters, or a shape or dtype that cannot be stored.
+        """
         if isinstance(spec, Mapping):
             items = list(spec.items())
             if not items:
@@ -141,6 +167,17 @@ class TableSpec:
 
         A field given with the spec's shape is one item; with an extra leading
         dimension it is a batch. Every field must agree on the batch size.
+
+        Args:
+            data: {name: array} (or one array for an unnamed spec).
+
+        Returns:
+            The packed items, one row each.
+
+        Raises:
+            SpecMismatch: A field is missing or unknown, has another shape, a
+                dtype that does not convert without changing its values'
+                kind, or the fields disagree on the batch size.
         """
         n, arrays = self.arrays(data)
         out = np.empty((n, self.item_bytes), dtype=np.uint8)
@@ -197,7 +234,7 @@ class TableSpec:
 
     def count(self, data: Any) -> int:
         """How many items `data` holds (1 for one item, n for a batch), judged
-        by its first field's shape, without packing it."""
+        by its first field's shape, without packing or checking it."""
         f = self.fields[0]
         if self.unnamed:
             value = data

@@ -41,7 +41,12 @@ MAX_CAPACITY = 2**40  # the create_table message's bound
 
 
 class TableProblems(ConfigError):
-    """Every problem of one table definition (``.problems``), not only the first."""
+    """Every problem of one table definition, not only the first: what
+    `TableDefinition.from_config` raises (a `ConfigError`).
+
+    Attributes:
+        problems: One message a problem.
+    """
 
     def __init__(self, problems: list[str]):
         super().__init__("; ".join(problems))
@@ -51,7 +56,21 @@ class TableProblems(ConfigError):
 @dataclass(frozen=True)
 class TableDefinition:
     """A table's definition, checked: build it with :meth:`make`,
-    :meth:`from_wire` or :meth:`from_config`, never field by field."""
+    :meth:`from_wire` or :meth:`from_config`, never field by field.
+
+    Attributes:
+        name: The table's name.
+        capacity: Items it holds (steps, for a table of slices).
+        spec: Its `TableSpec`.
+        sampler: The `Selector` a sample draws with.
+        remover: The `Selector` that picks what leaves at capacity.
+        rate_limiter: Its `RateLimiter`.
+        max_times_sampled: An item leaves after its k-th sample (0: never).
+        slice_len: Steps in a slice; 0 for a table of items.
+        slice_period: Slices start at positions that are multiples of it.
+        slice_pad: Which short slices it samples: "none", "end" or
+            "short_episodes" (`Client.create_table` says which).
+    """
 
     name: str
     capacity: int
@@ -81,8 +100,18 @@ class TableDefinition:
         """Check every part and fill in the defaults (Uniform sampler, Fifo
         remover, MinSize(1)); a Queue gets Fifo selectors and
         max_times_sampled=1. `slice_len` > 0 makes a table of steps sampled
-        as slices (a Uniform or Prioritized sampler over slice starts);
-        `slice_pad` one of SLICE_PADS. Raises ConfigError saying what is wrong."""
+        as slices (a Uniform or Prioritized sampler over slice starts).
+        The arguments are `Client.create_table`'s; selectors and rate
+        limiters may also come in their wire form (dicts, names).
+
+        Returns:
+            The checked `TableDefinition`.
+
+        Raises:
+            ConfigError: A part is invalid, or the parts do not fit together
+                (a Queue with another sampler, a capacity below the queue
+                size or the slice length, ...); the message says what to do.
+        """
         if not isinstance(name, str) or not 0 < len(name) <= MAX_NAME or not name.isprintable():
             raise ConfigError(f"table name {name!r} must be 1-{MAX_NAME} printable characters")
         if isinstance(capacity, bool) or not isinstance(capacity, int) \
@@ -160,7 +189,18 @@ class TableDefinition:
     @classmethod
     def from_wire(cls, d: Mapping[str, Any]) -> TableDefinition:
         """From create_table's fields (a request, or a checkpoint); optional
-        fields may be missing."""
+        fields may be missing.
+
+        Args:
+            d: The fields, as `to_wire` gives them.
+
+        Returns:
+            The checked `TableDefinition`.
+
+        Raises:
+            ConfigError: A required field is missing, or the definition is
+                invalid (as `make`).
+        """
         try:
             return cls.make(d["name"], d["capacity"], TableSpec.from_wire(d["spec"]),
                             d.get("sampler"), d.get("remover"), d.get("rate_limiter"),
@@ -176,7 +216,7 @@ class TableDefinition:
     @classmethod
     def from_config(cls, entry: Any) -> TableDefinition:
         """One ``[[tables]]`` entry of distore.toml (or one object of
-        ``--tables`` JSON). Raises TableProblems listing every problem.
+        ``--tables`` JSON).
 
         ``sampler`` and ``remover`` are names ("prioritized") or tables
         (``{kind = "prioritized", alpha = 0.6}``); ``rate_limiter`` takes
@@ -184,6 +224,15 @@ class TableDefinition:
         min_size_to_sample = 100}``, ``{kind = "sample_to_insert_ratio",
         samples_per_insert = 8, min_size_to_sample = 1000, error_buffer =
         800}`` or ``{kind = "queue", size = 1000}``.
+
+        Args:
+            entry: The entry, as a mapping (TOML's arrays for shapes).
+
+        Returns:
+            The checked `TableDefinition`.
+
+        Raises:
+            TableProblems: The entry has problems; it lists every one.
         """
         if not isinstance(entry, Mapping):
             raise TableProblems([f"expected a table (name, capacity, spec, ...), got {entry!r}"])
@@ -239,7 +288,14 @@ class TableDefinition:
 
     # -- comparing -------------------------------------------------------
     def differences(self, other: TableDefinition) -> list[str]:
-        """The fields in which `other` differs, as "field: ours there, theirs asked"."""
+        """The fields in which `other` differs.
+
+        Args:
+            other: The definition asked for.
+
+        Returns:
+            One string a field that differs, ``"field: ours there, theirs asked"``.
+        """
         ours, theirs = self.to_wire(), other.to_wire()
         return [f"{k}: {ours.get(k)!r} there, {theirs.get(k)!r} asked"
                 for k in dict.fromkeys([*ours, *theirs]) if ours.get(k) != theirs.get(k)]

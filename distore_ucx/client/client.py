@@ -25,10 +25,28 @@ from .writer import Writer
 log = logging.getLogger(__name__)
 
 def connect(address: str, timeout: float = 30.0, token_file: str | None = None) -> Client:
-    """Connect to a control plane at 'host:port'.
+    """Connect to a control plane.
 
-    `token_file` (default: $DISTORE_TOKEN_FILE) holds the store's shared
-    secret when it requires one.
+    Args:
+        address: The control plane's "host:port".
+        timeout: Seconds a request may take, and how long requests wait for
+            a control plane that restarts to come back.
+        token_file: The file holding the store's shared secret, when it
+            requires one (default: $DISTORE_TOKEN_FILE; neither: no token).
+
+    Returns:
+        A `Client`. Close it, or use it as a context manager, which closes
+        the writers and learners it made too.
+
+    Raises:
+        ConfigError: `address` is not "host:port", or the token file cannot
+            be read or holds too short a token.
+        ConnectionFailed: Nothing answers at `address`.
+        WrongPeer: Something other than a control plane answers there (a
+            storage node, an HTTP server such as a /metrics port).
+        AuthenticationFailed: The control plane refused the token, or wants one.
+        Timeout: The control plane did not greet or answer in time.
+
     >>> client = ds.connect("127.0.0.1:7700")
     """
     return Client(address, timeout, token_file)
@@ -37,10 +55,22 @@ def connect(address: str, timeout: float = 30.0, token_file: str | None = None) 
 class Client:
     """A session with one control plane: tables, writers, learners.
 
-    Thread safe. Writers and learners it makes have their own connections;
-    close the client (or use it as a context manager) to close them all.
-    When the control plane restarts, requests wait for it (up to `timeout`
-    s) and go on over a new connection.
+    Made by `connect`, which takes the same arguments. Thread safe. Writers
+    and learners it makes have their own connections; close the client (or
+    use it as a context manager) to close them all. When the control plane
+    restarts, requests wait for it (up to `timeout` s) and go on over a new
+    connection.
+
+    Every method that asks the control plane may raise `ConnectionFailed`
+    (it could not be reached for `timeout` s), `Timeout` (no reply in
+    time) and, once the client is closed, `Closed`; the Raises sections
+    below name the other errors.
+
+    Attributes:
+        address: The control plane's "host:port".
+        timeout: Seconds a request may take (and waits for a restart).
+        token_file: The token file it read (None: no token), so that other
+            processes can connect as it did.
     """
 
     def __init__(self, address: str, timeout: float = 30.0, token_file: str | None = None):
@@ -77,25 +107,48 @@ class Client:
         slice_period: int = 1,
         slice_pad: str = "none",
     ) -> dict:
-        """Create a table (idempotent for identical definitions); returns its info.
-
-        `spec` is {field: (shape, dtype), ...} or one (shape, dtype).
-        `sampler` (default ds.Uniform()) picks what a sample returns,
-        `remover` (default ds.Fifo()) what leaves at capacity; `rate_limiter`
-        (default ds.MinSize(1)) decides when inserts and samples wait; an item
-        leaves after its `max_times_sampled`-th sample (0: never).
+        """Create a table; idempotent for identical definitions.
 
         `slice_len` > 0 makes a table of steps of episodes (`spec` is one
-        step's): writers add steps with `writer.append`, each stored once,
+        step's): writers add steps with `Writer.append`, each stored once,
         and a learner samples slices of `slice_len` consecutive steps of one
         episode, starting at any step whose position is a multiple of
         `slice_period`, chosen when sampling (uniformly, or by the start
-        step's priority with ds.Prioritized). `capacity` counts steps.
-        `slice_pad` also samples short slices, padded to `slice_len` by
-        repeating their last step, with a mask (`batch.mask`): "end", a
-        slice may start at any step and is cut by its episode's end;
-        "short_episodes", only episodes shorter than `slice_len`, each one
-        whole (TorchRL's strict_length=False). "none" (default): strict.
+        step's priority with `Prioritized`). `capacity` then counts steps.
+
+        Args:
+            name: The table's name (1-128 printable characters).
+            capacity: Items it holds (steps, for a table of slices); at
+                capacity an insert first evicts the remover's choice.
+            spec: {field: (shape, dtype), ...} or one (shape, dtype): what
+                an item holds (see `TableSpec`).
+            sampler: What a sample returns: a `Selector` (default
+                `Uniform()`) or its name ("uniform", "prioritized", ...).
+            remover: What leaves at capacity (default `Fifo()`), as `sampler`.
+            rate_limiter: When inserts and samples wait (default `MinSize(1)`).
+            max_times_sampled: An item leaves after its k-th sample (0: never).
+            slice_len: Steps in a slice (0: a table of items).
+            slice_period: Slices start at positions that are multiples of it.
+            slice_pad: Also sample short slices, padded to `slice_len` by
+                repeating their last step, with a mask (`Batch.mask`):
+                "end", a slice may start at any step and is cut by its
+                episode's end; "short_episodes", only episodes shorter than
+                `slice_len`, each one whole (TorchRL's strict_length=False).
+                "none" (default): strict.
+
+        Returns:
+            The table's info, as `table_info` returns it.
+
+        Raises:
+            ConfigError: The definition is invalid (the message says what to
+                change), a sampler, remover or rate limiter was passed
+                uncalled (``sampler=ds.Prioritized``), or an item is larger
+                than every storage node's arena.
+            TableExists: A table of that name exists with another definition;
+                the message names the fields that differ.
+
+        Warns:
+            CapacityWarning: The capacity does not fit in the live nodes.
 
         >>> client.create_table("r2d2", capacity=1_000_000, spec=step_spec,
         ...                     sampler=ds.Prioritized(0.9), slice_len=80, slice_period=40)
@@ -124,11 +177,22 @@ class Client:
         return _strip(info)
 
     def table_info(self, name: str) -> dict:
-        """Size, capacity, counts (inserts, samples, deletes), spec of a table;
-        `fits`: how many of its items the live nodes can hold beside the
-        other tables' items (a full arena evicts by the table's remover).
-        A capacity the live nodes can no longer hold (a node was lost) is in
-        `warnings` and warned once (CapacityWarning)."""
+        """A table's state and definition.
+
+        Args:
+            name: The table's name.
+
+        Returns:
+            A dict of size, capacity, counts (inserts, samples, deletes),
+            leased items, spec, sampler, remover, the rate limiter's state;
+            `fits`, how many of its items the live nodes can hold beside the
+            other tables' items (a full arena evicts by the table's
+            remover); `warnings`, a capacity the live nodes can no longer
+            hold (a node was lost), also warned once as `CapacityWarning`.
+
+        Raises:
+            TableNotFound: There is no table `name`.
+        """
         info = _strip(self._checked("table_info", name=name), keep_warnings=True)
         self._warn_capacity(info.get("warnings"))
         if name not in self._specs:  # spec() and slice_len() need not ask again
@@ -136,17 +200,22 @@ class Client:
         return info
 
     def tables(self) -> list[dict]:
-        """Info of every table."""
+        """Every table's info: a list of dicts, as `table_info` returns."""
         return self._checked("list_tables")["tables"]
 
     def nodes(self) -> list[dict]:
-        """Live storage nodes with their UCX address and remote key."""
+        """The live storage nodes: a list of dicts, with each one's UCX address
+        and remote key."""
         return self._checked("nodes")["nodes"]
 
     def status(self) -> dict:
-        """Nodes (alive or not, memory used), tables and outstanding leases;
-        `warnings`: tables whose capacity the live nodes can no longer hold
-        (warned once, CapacityWarning)."""
+        """The store's state, as ``distore status`` shows it.
+
+        Returns:
+            A dict of nodes (alive or not, memory used), tables and
+            outstanding leases; `warnings`, tables whose capacity the live
+            nodes can no longer hold (also warned once, `CapacityWarning`).
+        """
         st = _strip(self._checked("status"), keep_warnings=True)
         self._warn_capacity(st.get("warnings"))
         return st
@@ -159,15 +228,20 @@ class Client:
                 warnings.warn(text, CapacityWarning, stacklevel=3)
 
     def checkpoint(self) -> dict:
-        """Make the control plane write its checkpoint now (it must have been
-        started with --checkpoint PATH); returns path, items, bytes, seconds.
+        """Make the control plane write its checkpoint now.
 
-        Raises CheckpointError when it has no checkpoint file or cannot write it.
+        Returns:
+            A dict of the file's path, items, bytes and the seconds it took.
+
+        Raises:
+            CheckpointError: The control plane was started without
+                ``--checkpoint PATH``, or cannot write the file.
         """
         return _strip(self._checked("checkpoint"))
 
     def spec(self, table: str) -> TableSpec:
-        """The layout of a table's items (cached)."""
+        """The `TableSpec` of the table called `table` (asked once, then
+        cached); `TableNotFound` if there is none."""
         if table not in self._specs:
             self.table_info(table)  # remembers it
         return self._specs[table]
@@ -178,26 +252,52 @@ class Client:
         self._slice_lens[table] = info.get("slice_len") or 0
 
     def slice_len(self, table: str) -> int:
-        """Steps in one slice of a table of slices; 0 for a table of items (cached)."""
+        """The `slice_len` of the table called `table`, 0 for a table of items
+        (asked once, then cached); `TableNotFound` if there is none."""
         if table not in self._slice_lens:
             self.spec(table)
         return self._slice_lens[table]
 
     # -- writers and learners ---------------------------------------------
     def writer(self, **options: Any):
-        """A Writer for inserting items; see Writer for options."""
+        """A writer, to insert items into any table.
+
+        Args:
+            **options: `Writer`'s options (`batch_bytes`, `max_items`,
+                `max_in_flight`, `timeout`, `local_map`, `max_delay`).
+
+        Returns:
+            A `Writer`; the client closes it (flushing it) when it closes.
+
+        Raises:
+            ConfigError: An option is invalid.
+        """
         ensure_open(self, "client")
         w = Writer(self, **options)
         self._writers.add(w)
         return w
 
     def learner(self, table: str, batch_size: int, device: str = "cpu", **options: Any):
-        """A Learner sampling `batch_size` items of `table` into `device` memory.
+        """A learner sampling `batch_size` items of `table` into `device` memory.
 
-        `batch_size` is 1 to 65536 (what one sample request carries), and a
-        host ring of `prefetch + 1` such batches must fit in memory: both are
-        refused with ConfigError before anything is allocated (see
-        client/learner/arguments.py).
+        Args:
+            table: The table's name.
+            batch_size: Items (slices, on a table of slices) a batch: 1 to
+                65536, what one sample request carries.
+            device: "cpu", "cuda" or "cuda:N".
+            **options: `Learner`'s other options (`prefetch`, `beta`,
+                `timeout`, ...).
+
+        Returns:
+            A `Learner`; the client closes it when it closes.
+
+        Raises:
+            ConfigError: An option is invalid, or does not fit the table: a
+                batch size out of range, a host ring of `prefetch + 1`
+                batches larger than this machine's memory, a batch the
+                table's rate limiter could never admit. Refused before
+                anything is allocated.
+            TableNotFound: There is no table `table`.
         """
         ensure_open(self, "client")
         learner = Learner(self, table, batch_size, device=device, **options)
@@ -240,7 +340,15 @@ class Client:
         return conn
 
     def close(self) -> None:
-        """Close writers (flushing them), learners, the UCX runtime, the connection."""
+        """Close writers (flushing them), learners, the UCX runtime, the connection.
+
+        Everything is closed even when one part fails; the first failure is
+        raised then.
+
+        Raises:
+            DistoreError: A writer could not store what it held (as
+                `Writer.close`), or another part failed to close.
+        """
         children, self._children = self._children, []
         writers = sorted(self._writers, key=lambda w: w.writer_id)
         self._writers = weakref.WeakSet()

@@ -39,7 +39,7 @@ class MetricsServer:
 
     @property
     def url(self) -> str:
-        """http://host:port/metrics"""
+        """The address it serves, ``http://host:port/metrics``."""
         host = f"[{self.host}]" if ":" in self.host else self.host
         return f"http://{host}:{self.port}/metrics"
 
@@ -131,10 +131,18 @@ def start_server(port: int, host: str = LOOPBACK, registry_=None,
 
 
 def serve(port: int = 0, host: str = LOOPBACK) -> MetricsServer:
-    """Serve this process's learner and writer metrics on http://host:port/metrics
-    (port 0: any free one). Served on loopback unless `host` says otherwise
-    ("0.0.0.0" or "": every interface), since the metrics name tables and
-    hosts. Returns the server (`.port`, `.url`, `.close()`).
+    """Serve this process's learner and writer metrics on http://host:port/metrics.
+
+    Args:
+        port: The port; 0: any free one.
+        host: The address; loopback unless it says otherwise ("0.0.0.0" or
+            "": every interface), since the metrics name tables and hosts.
+
+    Returns:
+        The `MetricsServer` (`.port`, `.url`, `.close()`).
+
+    Raises:
+        ConfigError: It cannot listen there (the message names the port).
 
     >>> server = ds.metrics.serve(9800)
     """
@@ -143,7 +151,17 @@ def serve(port: int = 0, host: str = LOOPBACK) -> MetricsServer:
 
 def push(gateway: str, job: str, grouping_key: dict | None = None) -> None:
     """Push this process's learner and writer metrics to a Prometheus
-    Pushgateway (for short jobs that are gone before a scrape)."""
+    Pushgateway (for short jobs that are gone before a scrape).
+
+    Args:
+        gateway: The Pushgateway's "host:port" (or URL).
+        job: The job label.
+        grouping_key: More labels that group the metrics, as prometheus_client takes them.
+
+    Raises:
+        OSError: The Pushgateway cannot be reached or refused the metrics
+            (prometheus_client's errors).
+    """
     from prometheus_client import push_to_gateway
 
     push_to_gateway(gateway, job=job, registry=registry(), grouping_key=grouping_key)

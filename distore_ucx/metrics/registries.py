@@ -78,6 +78,7 @@ class LoopCollector:
         self._families = families
 
     def describe(self) -> list:
+        """No families up front: prometheus_client then skips its clash check."""
         return []  # names vary with tables; never checked for clashes at register time
 
     def collect(self):
@@ -107,6 +108,7 @@ class ClientCollector:
         self._process = process if process is not None else PROCESS
 
     def describe(self) -> list:
+        """No families up front: prometheus_client then skips its clash check."""
         return []
 
     def collect(self):
@@ -139,6 +141,9 @@ def track(kind: str, obj: Any) -> str:
 def registry():
     """This process's registry of learner and writer metrics (with process CPU
     and memory): serve it, push it, or read it with generate_latest.
+
+    Returns:
+        A prometheus_client ``CollectorRegistry``.
 
     >>> from prometheus_client import generate_latest
     >>> text = generate_latest(ds.metrics.registry())

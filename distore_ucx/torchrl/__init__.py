@@ -51,8 +51,8 @@ address, table, its client's token file and timeout, the constructor's
 keyword arguments, its counters) that connects where it is unpickled, at
 its first use, with a client and writer of its own, which its `close()`
 closes. TorchRL's multi-process collectors (`MultiSyncCollector` /
-`MultiAsyncCollector(..., replay_buffer=rb)`, with `ParallelEnv`s in the
-workers, with `trajs_per_batch`) hand it to every worker, which extends it
+`MultiAsyncCollector(..., replay_buffer=rb)`, with a `ParallelEnv` in each
+worker, with `trajs_per_batch`) hand it to every worker, which extends it
 itself: no lock (the store orders inserts), each frame stored once, each
 trajectory whole (the collector's traj ids). Spawn, forkserver and fork all
 work (after a fork, the child's copies of open buffers are handles: the

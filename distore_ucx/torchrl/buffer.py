@@ -34,17 +34,11 @@ class DistoreReplayBuffer(Writing, Sampling, Priorities, TableBinding, Sharing):
     """A TorchRL-style replay buffer (as `TensorDictReplayBuffer`) whose items
     live in the distore table `table`.
 
-    `client` is a `ds.connect(...)` client or a control-plane address
-    ("host:port"; the buffer then connects and closes its client itself).
-    When the table does not exist, it is created at the first `extend`
-    (or here, when `spec` is given) with `capacity` items and the given
-    `sampler`, `remover`, `rate_limiter` and `max_times_sampled` (as in
-    `client.create_table`); `spec` may be a TensorDict shaped like the data
-    `extend` will get (only its keys, shapes and dtypes are used; one with
-    fewer than `ndim` batch dimensions is one item) or a distore spec dict.
-    When the table exists, those options (given ones only) must match it,
-    else TableExists names the fields that differ; leave them out to use the
-    table as it is.
+    When the table does not exist, it is created at the first `extend` (or
+    here, when `spec` is given) with `capacity` items and the table options
+    given (as in `Client.create_table`). When it exists, those options
+    (given ones only) must match it; leave them out to use the table as it
+    is.
 
     Items: the first `ndim` batch dimensions of extended data index items,
     as in TorchRL's storages (`LazyTensorStorage(n, ndim=...)`): with the
@@ -54,31 +48,11 @@ class DistoreReplayBuffer(Writing, Sampling, Priorities, TableBinding, Sharing):
     learns the items' own batch dimensions from `spec=` or its first
     extend; before that, samples have batch size [batch_size].)
 
-    Sampling: `batch_size` is the default of `sample()` (None: pass it
-    there); samples land on `device` ("cpu" or "cuda[:N]"). By default a
-    sample is asked for when `sample()` is called and reflects every
-    `extend` and priority update before it, as TorchRL's: `sample_ahead=True`
-    asks for the next batch while this one is read (one round trip hidden
-    per sample, but updates and evictions then show one sample late). A
-    sample of an empty table raises `EmptyTable` (a RuntimeError, as
-    TorchRL's) at once; `sample_timeout` s > 0 waits that long for actors to
-    fill it first. Sampled tensors are the caller's (`clone=True`);
-    `clone=False` hands out views into the learner's receive ring instead
-    (no copy, valid until `prefetch + 1` more samples).
-
-    Inserting: `extend` waits until its items are stored (`flush=True`);
-    `flush=False` leaves batching to the writer (faster for actors that
-    never sample; call `flush()`). Items get the data's `priority_key`
-    entry as priority when present (reduced over an item's trailing
-    dimensions by `reduction`, TorchRL's "max", "min", "mean", "median" or
-    "sum"; `eps` is added to every priority set; both default to the
-    sampler's own when it has them, as TorchRL's prioritized samplers do,
-    else "max" and 1e-8), else `default_priority` (None: the largest priority this buffer
-    has set so far, 1.0 at first, as TorchRL does). The priority key is
-    stored with the item when the table has that field (it is made from the
-    first data's keys). `exclude_keys` are never stored; neither are
-    `index` and the weight keys. `writer_options` and `learner_options` go
-    to `client.writer()` and `client.learner()`.
+    Priorities: items get the data's `priority_key` entry as priority when
+    present (reduced over an item's trailing dimensions by `reduction`,
+    plus `eps`), else `default_priority`. The priority key is stored with
+    the item when the table has that field (it is made from the first
+    data's keys).
 
     Other processes: the buffer pickles to a handle (address, table, token
     file, these options) that connects there at its first use, with its
@@ -90,6 +64,61 @@ class DistoreReplayBuffer(Writing, Sampling, Priorities, TableBinding, Sharing):
     ...                          batch_size=64) as rb:
     ...     rb.extend(collector_batch)     # a TensorDict, batch size [n]
     ...     td = rb.sample()               # TensorDict, batch size [64], with "index"
+
+    Args:
+        client: A `Client`, or a control-plane address ("host:port"): the
+            buffer then connects, and closes that client itself.
+        table: The table's name.
+        batch_size: The default of `sample()` (None: pass it there).
+        capacity: Items of the table the buffer creates.
+        spec: Create the table now from a TensorDict shaped like the data
+            `extend` will get (only its keys, shapes and dtypes are used;
+            one with fewer than `ndim` batch dimensions is one item) or
+            from a distore spec dict.
+        sampler: The table's sampler (a `Selector`), or a slice sampler
+            (`SliceSampler`, `PrioritizedSliceSampler`, or TorchRL's
+            own) for a table of slices.
+        remover: The table's remover.
+        rate_limiter: The table's rate limiter.
+        max_times_sampled: As `Client.create_table`.
+        ndim: Batch dimensions of extended data that index items (above).
+        device: Where samples land: "cpu" or "cuda[:N]".
+        sample_timeout: Seconds a sample waits for actors to fill a table
+            with too few items; 0 raises `EmptyTable` at once.
+        sample_ahead: Ask for the next batch while this one is read (one
+            round trip hidden per sample, but updates and evictions then
+            show one sample late). By default a sample is asked for when
+            `sample()` is called and reflects every `extend` and priority
+            update before it, as TorchRL's.
+        clone: Sampled tensors are the caller's. False hands out views into
+            the learner's receive ring instead (no copy, valid until
+            `prefetch + 1` more samples).
+        prefetch: The learners' `prefetch`.
+        flush: `extend` waits until its items are stored. False leaves
+            batching to the writer (faster for actors that never sample;
+            call `flush()`).
+        priority_key: The key of the data's priorities.
+        default_priority: The priority of items whose data has none (None:
+            the largest priority this buffer has set so far, 1.0 at first,
+            as TorchRL does).
+        eps: Added to every priority set (default: the sampler's own when
+            it has one, as TorchRL's prioritized samplers do, else 1e-8).
+        beta: The importance-sampling exponent of the samples' weights
+            (None: no weights).
+        reduction: TorchRL's "max", "min", "mean", "median" or "sum"
+            (default: the sampler's own, else "max").
+        exclude_keys: Keys never stored (nor are `index` and the weights).
+        writer_options: Options of `Client.writer`.
+        learner_options: Options of `Client.learner`.
+
+    Raises:
+        ConfigError: An option is invalid; `spec` given for a table that does
+            not exist, without `capacity`; a slice sampler's argument a
+            table of slices cannot take.
+        TableExists: The table exists with other options; the message names
+            the fields that differ.
+        SpecMismatch: `spec` has other fields than the existing table.
+        ConnectionFailed: Nothing answers at the address (as `connect`).
     """
 
     @records_options
@@ -211,7 +240,7 @@ class DistoreReplayBuffer(Writing, Sampling, Priorities, TableBinding, Sharing):
     # -- TorchRL's attributes ----------------------------------------------
     @property
     def batch_size(self) -> int | None:
-        """The default number of items `sample()` returns."""
+        """The default number of items `sample()` returns, or None."""
         return self._batch_size
 
     @property
@@ -224,8 +253,9 @@ class DistoreReplayBuffer(Writing, Sampling, Priorities, TableBinding, Sharing):
 
     @property
     def beta(self) -> float | None:
-        """Importance-sampling exponent of the weights (None: no weights);
-        settable, e.g. to anneal it towards 1."""
+        """The importance-sampling exponent of the weights, None for none.
+        Settable, e.g. to anneal it towards 1 (`ConfigError` unless finite
+        and >= 0)."""
         return self._beta
 
     @beta.setter
@@ -250,7 +280,13 @@ class DistoreReplayBuffer(Writing, Sampling, Priorities, TableBinding, Sharing):
     # -- lifetime ------------------------------------------------------------
     def close(self) -> None:
         """Flush and close the writer, close the learners (and the client, when
-        the buffer connected it itself)."""
+        the buffer connected it itself); a second call does nothing.
+
+        Raises:
+            DistoreError: The first part that failed to close (its writer
+                could not store what it held, as `Writer.close`); the
+                others are closed all the same.
+        """
         if self._close_pending() or self._closed:
             return
         self._closed = True
@@ -311,6 +347,15 @@ class DistorePrioritizedReplayBuffer(DistoreReplayBuffer):
     have that alpha, else TableExists names it) and samples carry TorchRL's
     importance weights (p_i / p_min)^-beta under `priority_weight` (what
     TorchRL's losses read) and `_weight`.
+
+    Args:
+        client: As `DistoreReplayBuffer`.
+        table: As `DistoreReplayBuffer`.
+        alpha: The priority exponent of the table's `Prioritized` sampler.
+        beta: The importance-sampling exponent of the weights.
+        eps: Added to every priority set (default: as `DistoreReplayBuffer`).
+        priority_key: The key of the data's priorities.
+        **kwargs: `DistoreReplayBuffer`'s other options.
 
     >>> rb = DistorePrioritizedReplayBuffer(client, "per", alpha=0.6, beta=0.4,
     ...                                     capacity=100_000, batch_size=64)

@@ -62,6 +62,21 @@ def spec_of(data: TensorDictBase, exclude: Sequence[Any] = (), ndim: int = 1) ->
     in `exclude`. An item's shape keeps the batch dimensions after those
     (a [n_envs, T] batch with ndim=1: n_envs items of T steps).
 
+    Args:
+        data: The TensorDict.
+        exclude: Keys to leave out.
+        ndim: Batch dimensions that index items.
+
+    Returns:
+        ``{field: (per-item shape, numpy dtype)}``; a nested key's field name is
+        its parts joined with "/".
+
+    Raises:
+        TypeError: `data` is not a TensorDict.
+        SpecMismatch: `data` has fewer than `ndim` batch dimensions.
+        ConfigError: A key cannot be stored (its name, a value that is not
+            a tensor, a dtype numpy lacks), or every key is excluded.
+
     >>> spec_of(TensorDict({"obs": torch.zeros(8, 4), ("next", "obs"): torch.zeros(8, 4)}, [8]))
     {'obs': ((4,), dtype('float32')), 'next/obs': ((4,), dtype('float32'))}
     """

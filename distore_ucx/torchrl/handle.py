@@ -201,7 +201,13 @@ class Sharing:
         """Count, from now on, every process's inserts into the table in
         `write_count` (TorchRL's multi-process collectors call it; one request
         to the control plane); `share(False)` counts this buffer's own again.
-        Returns the buffer."""
+
+        Args:
+            shared: Count every process's inserts (True) or this buffer's.
+
+        Returns:
+            The buffer.
+        """
         self._ensure_open()
         if shared and self._write_base is None:
             self._write_base = self._table_inserts() - self._write_count
@@ -233,6 +239,9 @@ class Sharing:
         far (the default priority of new items) and `beta`. Not the items:
         they are the store's (checkpoint the store to keep them).
 
+        Returns:
+            A dict of "table", "options", "write_count", "max_priority", "beta".
+
         >>> state = rb.state_dict()
         >>> rb2.load_state_dict(state)    # rb2: a buffer of the same table
         """
@@ -245,7 +254,15 @@ class Sharing:
         """Restore `write_count`, the largest priority and `beta` from
         `state_dict()` of a buffer of the same table. The options in it are
         not applied (a buffer's options are its constructor's: build it with
-        `**state_dict["options"]`), and the items are the store's."""
+        `**state_dict["options"]`), and the items are the store's.
+
+        Args:
+            state_dict: What `state_dict()` returned.
+
+        Raises:
+            ConfigError: A key is missing, the state is another table's, or
+                its write count is negative.
+        """
         self._ensure_open()
         missing = [k for k in ("table", *_STATE_KEYS) if k not in state_dict]
         if missing:
@@ -268,7 +285,11 @@ class Sharing:
         """Write `state_dict()` (less the options: they are the code's) as
         JSON into the folder `path` (made if needed), as TorchRL's
         `dumps(path)` writes its buffer's. The items stay in the store: to
-        keep them, checkpoint the store (`client.checkpoint()`)."""
+        keep them, checkpoint the store (`client.checkpoint()`).
+
+        Args:
+            path: The folder; the file in it is ``distore_buffer.json``.
+        """
         state = self.state_dict()
         del state["options"]
         folder = Path(path)
@@ -277,7 +298,15 @@ class Sharing:
                                                     indent=1) + "\n")
 
     def loads(self, path: str | os.PathLike) -> None:
-        """Read what `dumps(path)` wrote into this buffer (`load_state_dict`)."""
+        """Read what `dumps(path)` wrote into this buffer (`load_state_dict`).
+
+        Args:
+            path: The folder `dumps` wrote.
+
+        Raises:
+            ConfigError: The folder holds no state `dumps` wrote, or it
+                cannot be read; or as `load_state_dict`.
+        """
         file = Path(path) / STATE_FILE
         try:
             state = json.loads(file.read_text())

@@ -31,14 +31,29 @@ class Priorities:
     inserted items, for DistoreReplayBuffer."""
 
     def update_priority(self, index: Any, priority: Any) -> None:
-        """Set the priorities of the items with keys `index` (from `sample()` or
-        `extend()`), in one batched request: |priority| + eps (a priority
-        with more dimensions than `index` is reduced over them by
-        `reduction`, as TorchRL does). Through the buffer's learner it is not
+        """Set the priorities of items in one batched request, as
+        ``abs(priority) + eps``. Through the buffer's learner it is not
         waited for (its next samples follow it; docs/semantics.md, "Priority
         updates"); without one (an actor re-prioritizing) it is one request
-        to the control plane. Returns None, as TorchRL's; keys evicted
-        meanwhile are skipped and counted by `flush_priorities()`."""
+        to the control plane. Keys evicted meanwhile are skipped and counted
+        by `flush_priorities()`.
+
+        Args:
+            index: The items' keys, as `sample()` or `extend()` gave them
+                (a tensor, array or list).
+            priority: One priority an item, or one for all; one with more
+                dimensions than `index` is reduced over them by `reduction`,
+                as TorchRL does.
+
+        Returns:
+            None, as TorchRL's.
+
+        Raises:
+            TypeError: `index` does not hold integer keys.
+            ValueError: The priorities do not count the items, or (sent
+                without a learner) are not finite; a negative or non-finite
+                one through the learner, as `Learner.update_priorities`.
+        """
         self._ensure_open()
         keys = self._index_keys(index)
         prios = self._priorities(priority, len(keys))
@@ -56,9 +71,15 @@ class Priorities:
         self._direct_updates[1] += reply["missing"]
 
     def flush_priorities(self) -> dict:
-        """Wait until every priority update of this buffer is applied; raise
-        one the control plane refused, else return {"updated", "missing"}
-        (keys no longer in the table) since the last flush."""
+        """Wait until every priority update of this buffer is applied.
+
+        Returns:
+            ``{"updated": n, "missing": m}`` keys since the last flush (missing
+            ones are no longer in the table).
+
+        Raises:
+            DistoreError: An update the control plane refused.
+        """
         self._ensure_open()
         counts = {"updated": self._direct_updates[0], "missing": self._direct_updates[1]}
         self._direct_updates[:] = [0, 0]
@@ -72,7 +93,15 @@ class Priorities:
         loops call after the loss wrote its `td_error` into the sample. A
         TensorDict without the priority key sets the default priority (the
         largest so far), as TorchRL's buffers do. Not waited for, as
-        update_priority."""
+        `update_priority`.
+
+        Args:
+            data: A TensorDict that `sample()` returned.
+
+        Raises:
+            KeyError: `data` has no "index".
+            ValueError: As `update_priority`.
+        """
         self._ensure_open()
         index = data.get(INDEX_KEY, None)
         if index is None:

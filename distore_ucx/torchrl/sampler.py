@@ -31,14 +31,29 @@ class Sampling:
 
     def sample(self, batch_size: int | None = None, return_info: bool = False,
                include_info: bool | None = None):
-        """A TensorDict of `batch_size` (default: the buffer's) sampled items on
-        the buffer's device, with `index` and, when `beta` is set, the
-        importance weights; `(td, info)` with `return_info=True`.
-        (`include_info`, TorchRL's older flag, changes nothing: the info is
-        always in the TensorDict.)
+        """Sample items, asked of the control plane now (unless the buffer
+        samples ahead).
 
-        Raises BatchSizeNotSet without a batch size and EmptyTable when the
-        table has too few items (both RuntimeErrors, as TorchRL raises)."""
+        Args:
+            batch_size: Items (frames, with a slice sampler) to sample
+                (default: the buffer's).
+            return_info: Also return the info dict, as TorchRL's.
+            include_info: TorchRL's older flag; changes nothing (the info is
+                always in the TensorDict).
+
+        Returns:
+            A TensorDict of the sampled items on the buffer's device, with
+            `index` (their keys, int64) and, when `beta` is set, the
+            importance weights (`priority_weight`, `_weight`); `(td, info)`
+            with `return_info=True`, info holding `index` and the weights.
+
+        Raises:
+            BatchSizeNotSet: No batch size, here or in the buffer.
+            EmptyTable: The table has too few items (within
+                `sample_timeout`), or does not exist yet.
+            RuntimeError: With a slice sampler, `batch_size` is not a
+                multiple of the slice length (TorchRL's message).
+        """
         self._ensure_open()
         n = batch_size if batch_size is not None else self._batch_size
         if n is None:
@@ -93,7 +108,7 @@ class Sampling:
 
     def __iter__(self) -> Iterator[TensorDictBase]:
         """Samples of `batch_size`, forever (as TorchRL's sampling with
-        replacement). Raises BatchSizeNotSet at once without a batch size."""
+        replacement); raises `BatchSizeNotSet` at once without a batch size."""
         if self._batch_size is None:
             raise BatchSizeNotSet(
                 "Cannot iterate over the replay buffer. Batch_size was not specified during "

@@ -148,13 +148,32 @@ class SliceOptions:
 
 class SliceSampler:
     """TorchRL's `SliceSampler` arguments for a distore buffer (TorchRL's own
-    object is accepted too): `num_slices` or `slice_len`, `end_key`,
-    `traj_key`, `truncated_key`, `init_key`, `strict_length`, `pad_output`,
-    `span` (False or (False, True)). The store samples with replacement.
+    object is accepted too). The store samples with replacement.
 
     >>> sampler = SliceSampler(slice_len=32, traj_key=("collector", "traj_ids"))
     >>> rb = DistoreReplayBuffer(client, "seq", capacity=100_000, batch_size=256,
     ...                          sampler=sampler)
+
+    Args:
+        num_slices: Slices a sample (its slice length is then the buffer's
+            `batch_size` // `num_slices`); give it or `slice_len`.
+        slice_len: Steps a slice.
+        end_key: The key that ends a trajectory (default ("next", "done")).
+        traj_key: The key that says which trajectory a frame continues
+            (default: ("collector", "traj_ids") or "episode" when the data
+            has them).
+        truncated_key: The key set on each slice's last step.
+        init_key: The key OR-ed with each slice's first step, when the data
+            has it.
+        strict_length: False keeps trajectories shorter than a slice whole.
+        pad_output: Pad those to the slice length, with ("collector", "mask").
+        span: False, or (False, True): slices may be cut by a trajectory's end.
+        **ignored: TorchRL's performance options (compile, cache_values,
+            use_gpu, step_key), which change nothing here.
+
+    Raises:
+        TypeError: Another keyword argument.
+        ValueError: `pad_output` with `strict_length`.
     """
 
     def __init__(self, *, num_slices: int | None = None, slice_len: int | None = None,
@@ -162,8 +181,7 @@ class SliceSampler:
                  truncated_key: Any = ("next", "truncated"), init_key: Any = "is_init",
                  strict_length: bool = True, pad_output: bool = False,
                  span: bool | tuple = False, **ignored: Any):
-        """As TorchRL's; `ignored` takes TorchRL's performance options
-        (compile, cache_values, use_gpu), which change nothing here."""
+        """See the class docstring."""
         unknown = set(ignored) - {"compile", "cache_values", "use_gpu", "step_key"}
         if unknown:
             raise TypeError(f"SliceSampler got unexpected arguments {sorted(unknown)}")
@@ -186,11 +204,19 @@ class PrioritizedSliceSampler(SliceSampler):
     """TorchRL's `PrioritizedSliceSampler` arguments for a distore buffer: a
     slice's start is drawn by its start step's priority^alpha; samples
     carry `priority_weight` (the start draw's, over the slice's steps).
-    `max_capacity` is the table's capacity unless the buffer has one."""
+
+    Args:
+        max_capacity: The table's capacity unless the buffer has one.
+        alpha: The priority exponent of slice starts.
+        beta: The importance-sampling exponent of the weights.
+        eps: Added to every priority set.
+        reduction: How a priority is reduced over an item's dimensions.
+        **kwargs: `SliceSampler`'s arguments.
+    """
 
     def __init__(self, *, max_capacity: int | None = None, alpha: float, beta: float,
                  eps: float = 1e-8, reduction: str = "max", **kwargs: Any):
-        """As TorchRL's (its slice arguments: see SliceSampler)."""
+        """See the class docstring."""
         super().__init__(**kwargs)
         self.max_capacity, self.alpha, self.beta = max_capacity, alpha, beta
         self.eps, self.reduction = eps, reduction

@@ -28,14 +28,34 @@ class Writing:
     """extend, add and flush of a DistoreReplayBuffer."""
 
     def extend(self, data: TensorDictBase, *, update_priority: bool | None = None) -> torch.Tensor:
-        """Insert the items of `data` (its first `ndim` batch dimensions index
-        them) with one batched insert; returns their keys (int64, shaped as
-        those dimensions, as TorchRL's indices) and sets them as
-        `data["index"]`, as TorchRL does. Priorities come from
-        `data[priority_key]` (reduced over an item's other dimensions, + eps)
-        unless `update_priority=False` or it is absent (then the default
-        priority). When it returns, the items are sampleable and the items
-        they evicted are gone from every later sample of this buffer.
+        """Insert the items of `data` with one batched insert. When it returns
+        (unless the buffer was made with `flush=False`), the items are
+        sampleable and the items they evicted are gone from every later
+        sample of this buffer. On a slice sampler's buffer every frame is a
+        step of its trajectory.
+
+        Args:
+            data: A TensorDict whose first `ndim` batch dimensions index its
+                items; the first one fixes the table's fields.
+            update_priority: False: give the items the default priority
+                even when `data` has `priority_key` (reduced over an item's
+                other dimensions, + eps), which is used otherwise.
+
+        Returns:
+            The items' keys (int64, shaped as those dimensions, as TorchRL's
+            indices), also set as `data["index"]`.
+
+        Raises:
+            TypeError: `data` is not a TensorDict.
+            SpecMismatch: `data` has fewer than `ndim` batch dimensions, or a
+                key is missing or extra, or has another shape or dtype than
+                the table's (or the items another batch size than the first
+                data's); the message names it.
+            ConfigError: The table does not exist and the buffer has no
+                `capacity`, or a key cannot be stored (its name, a value
+                that is not a tensor, a dtype numpy lacks).
+            DistoreError: The insert failed, as `Writer.insert` and
+                `Writer.flush` raise.
         """
         self._ensure_open()
         if self._slices is not None:
@@ -107,10 +127,20 @@ class Writing:
 
     def add(self, data: TensorDictBase) -> torch.Tensor:
         """Insert one element along the first of the `ndim` item dimensions,
-        as TorchRL's `add` writes one at its storage's cursor: with ndim=1,
-        one item (batch size [] or the items' own batch dimensions), its key
-        returned; with ndim=2, one row: a TensorDict of batch size [n, ...]
-        is n items (a ParallelEnv's step), their n keys returned."""
+        as TorchRL's `add` writes one at its storage's cursor.
+
+        Args:
+            data: With ndim=1, one item (batch size [] or the items' own
+                batch dimensions); with ndim=2, one row: a TensorDict of
+                batch size [n, ...] is n items (a ParallelEnv's step).
+
+        Returns:
+            The item's key, or the row's n keys; also set as `data["index"]`.
+
+        Raises:
+            SpecMismatch: `data` has too few batch dimensions, or does not
+                fit the table (as `extend`).
+        """
         _check_batch(data, 0)
         if data.batch_dims < self.ndim - 1:
             raise SpecMismatch(
@@ -124,7 +154,11 @@ class Writing:
         return index
 
     def flush(self) -> None:
-        """Wait until every item this buffer inserted is stored (sampleable)."""
+        """Wait until every item this buffer inserted is stored (sampleable).
+
+        Raises:
+            DistoreError: An insert failed, as `Writer.flush` raises.
+        """
         self._ensure_open()
         if self._writer is not None:
             self._writer.flush()

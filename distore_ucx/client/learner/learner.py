@@ -1,37 +1,21 @@
 """Learner: samples batches straight into a registered buffer.
 
-For each batch the learner takes the next reply of its sample stream
-(client/learner/sample_stream.py): n items from the control plane in one round
-trip, which also releases the previous batch's lease; the next batch's
-request is sent before the current batch is read, and while replies carry
-cold items (read from a node's disk tier first) two are kept in flight.
-It then reads the items into one destination buffer (client/learner/gather.py),
-each node by its path (client/learner/peers.py): same-host arenas it has
-mapped in one native call; over TCP, where UCX emulates RMA, the nodes
-send their items' fields into the buffer as active messages (one request
-per node and batch, in another call: the default there); the rest with
-one one-sided UCX get per item, from every storage node, in a third. Each
-slot's header (key, generation) comes in the same read and is checked: an
-item whose slot was reused, or whose node failed mid-read, is dropped and
-resampled, never returned.
+Each batch is the next reply of the learner's sample stream
+(client/learner/sample_stream.py: n items in one round trip, which also
+releases the previous batch's lease; the next request goes before the
+current batch is read), read into one destination buffer by the gather
+(gather.py), each node by its path (peers.py: a same-host mapping, active
+messages over TCP, one-sided UCX gets). Each slot's header (key,
+generation) comes in the same read and is checked: an item whose slot was
+reused, or whose node failed mid-read, is dropped and resampled, never
+returned.
 
-Batches land on the learner's device (client/learner/device.py: "cpu" or
-"cuda:N"; numpy, torch or CuPy) through a ring of `prefetch + 1`
-destination buffers mapped once (client/learner/ring.py). `batch.data` holds views
-into one ring slot: a batch from `sample()` stays valid until `prefetch + 1`
-more batches have been sampled; a batch from iterating the learner stays
-valid until the next one is taken (the background thread then refills its
-slot). `batch.clone()` keeps a copy (client/learner/batch.py).
-
-Iterating (`for batch in learner`) keeps `prefetch` batches in flight on a
-background thread (client/learner/prefetch.py) that then does all of this
-learner's sampling: the control connection and the UCX gather are used
-from one thread only. A batch it read ahead has its slot headers read again
-when handed out (client/learner/recheck.py): rows whose items were evicted since
-are resampled in place by the thread first, so no batch handed out holds
-an item evicted before. For that, a batch read ahead keeps its leases until
-it is handed out (an item evicted while leased has its slot marked by its
-node; one evicted unleased would be freed with its header intact).
+Batches land on the learner's device (device.py) in a ring of `prefetch +
+1` buffers mapped once (ring.py); `batch.data` holds views into one slot
+(batch.py). Iterating keeps `prefetch` batches in flight on a background
+thread (prefetch.py) that then does all of this learner's sampling; a
+batch it read ahead keeps its leases and has its headers read again when
+handed out (recheck.py): no batch handed out holds an item evicted before.
 """
 
 from __future__ import annotations
@@ -69,9 +53,9 @@ log = logging.getLogger(__name__)
 PREFETCH_POLL = 0.5
 
 
-
 class Learner:
-    """Samples batches of one table into host or GPU memory.
+    """Samples batches of one table into host or GPU memory (`Client.learner`
+    makes one). A closed learner raises `Closed`.
 
     >>> learner = client.learner("replay", batch_size=32)              # numpy
     >>> batch = learner.sample()
@@ -81,30 +65,30 @@ class Learner:
     >>> for batch in gpu:        # 2 batches in flight on a background thread
     ...     train(batch.data["obs"])  # valid until the next batch is taken
 
-    Options: `prefetch` batches in flight while iterating (ring of
-    `prefetch + 1` buffers; `ring=` is the older spelling of the ring size,
-    `prefetch = ring - 1`); `framework` "numpy" (CPU default), "torch"
-    (GPU default; CPU tensors through DLPack, no copy) or "cupy"; `path`
-    "auto" (see `learner.path`) or a forced "gpu-direct" / "host-staged";
-    `local_map` (default True, `DISTORE_LOCAL_MAP=0` turns it off): read
-    same-host nodes through a read-only mapping of their arena instead of
-    UCX (`learner.paths` says which node is read how); `copy_threads`:
-    threads that copy large same-host batches (default: up to 4, at least 2);
-    `sample_ahead`: batches the learner asks the control plane for in one
-    request (default: as many as fit in 256 items and 256 MiB, at most 8; 1
-    for tables whose sampling uses items up; `DISTORE_SAMPLE_AHEAD` overrides the
-    default). Each request costs both processes a socket round trip; asking
-    for 8 batches of 32 at once cuts that cost 8-fold. It applies only while
-    `sample()` is called back to back (under 1 ms between a batch and the
-    next call, twice running): with a training step in between, a request
-    asks one batch. The price: batches sampled ahead were drawn before the
-    priority updates of the batches before them (as with Reverb's in-flight
-    samples); items evicted meanwhile are caught by the header check and
-    resampled. `pipeline=False` asks for each batch only when `sample()` is
-    called (no request in flight in between, no sampling ahead): a batch
-    then reflects every insert, eviction and priority update acknowledged
-    before the call, at the price of a round trip `sample()` waits for
-    (distore_ucx.torchrl's buffers sample so, as TorchRL's own do).
+    Args:
+        client: The `Client` it belongs to.
+        table: The table's name.
+        batch_size: Items (slices, on a table of slices) a batch: 1 to 65536.
+        device: "cpu", "cuda" or "cuda:N": where batches land.
+        prefetch: Batches in flight while iterating (a ring of `prefetch + 1`).
+        timeout: Seconds `sample()` waits for the table to have items.
+        transfer_timeout: Seconds a read from a storage node may take.
+        framework: "numpy" (CPU default), "torch" (GPU default; CPU: DLPack, no copy), "cupy".
+        path: "auto" (the `path` attribute says which), "gpu-direct" or "host-staged".
+        ring: The older spelling of the ring size: `prefetch = ring - 1`.
+        beta: Importance-sampling exponent (`Batch.weights`); None: no weights.
+        local_map: Read same-host nodes through a read-only mapping of their
+            arena, not UCX (default True, `DISTORE_LOCAL_MAP=0`: off).
+        copy_threads: Threads that copy large same-host batches (default 2 to 4).
+        sample_ahead: Batches asked for in one request while `sample()` is
+            called back to back (default: as fit in 256 items and 256 MiB,
+            at most 8), drawn before the updates of the batches before them.
+        pipeline: False: ask for each batch only when `sample()` is called,
+            a round trip it waits for (docs/semantics.md, "Sampling ahead").
+
+    Raises:
+        ConfigError: An argument is invalid, or does not fit the table.
+        TableNotFound: There is no table `table`.
     """
 
     def __init__(
@@ -125,8 +109,7 @@ class Learner:
         sample_ahead: int | None = None,
         pipeline: bool = True,
     ):
-        """See the class docstring. `beta`: importance-sampling exponent for
-        prioritized tables (batch.weights); None leaves weights out."""
+        """See the class docstring."""
         info, self.spec, self._rows, prefetch = check_learner(client, table, batch_size, device,
                                                              prefetch, ring, beta)
         # A table of slices: a batch is batch_size slices of slice_len steps,
@@ -208,7 +191,7 @@ class Learner:
 
     @property
     def paths(self) -> dict[int, str]:
-        """How each storage node is read: node id -> "mapped" (same host,
+        """How each storage node is read, by node id, as "mapped" (same host,
         read-only mapping of its arena), "cma" (same host, process_vm_readv),
         "ucx:<transports>" (one-sided gets) or "ucx-am:<transports>" (the
         node sends the items as active messages, where UCX emulates RMA:
@@ -222,17 +205,16 @@ class Learner:
 
     @property
     def resampled(self) -> int:
-        """Items dropped (slot reused, node gone, evicted since read ahead)
-        and sampled again."""
+        """Items dropped (slot reused, node gone, evicted since read ahead) and sampled again."""
         return self._gather.resampled
 
     @property
     def expired(self) -> int:
-        """Batches sampled or read ahead, then dropped unused and sampled
-        again because their lease might have expired: the learner paused
-        longer than the control plane's lease_timeout (control.lease_timeout)
-        less a quarter. Not an error; a count that grows steadily means
-        steps (or a prefetch queue) slower than the lease, so raise it."""
+        """Batches sampled or read ahead, then dropped unused and sampled again:
+        the learner paused longer than the control plane's lease_timeout less
+        a quarter, so their lease might have expired. Not an error; a count
+        that grows steadily means steps (or a prefetch queue) slower than the
+        lease (control.lease_timeout): raise it."""
         return self._stream.expired + self._expired
 
     @property
@@ -241,12 +223,21 @@ class Learner:
         return self._gather.torn
 
     def sample(self, timeout: float | None = None) -> Batch:
-        """The next batch; waits up to `timeout` s for the table to have items.
-
-        While this batch is being read, the request for the next batch's
-        locations is already with the control plane, so its round trip
-        overlaps the transfer. While the learner is being iterated, this
+        """The next batch. While it is read, the next batch's request is
+        already with the control plane; while the learner is iterated, this
         takes the next prefetched batch instead.
+
+        Args:
+            timeout: Seconds to wait for items (None: the learner's `timeout`).
+
+        Returns:
+            A `Batch` of views into the learner's ring, valid until
+            `prefetch + 1` more batches are sampled (`Batch.clone` copies).
+
+        Raises:
+            NoData: The table had too few items within `timeout`.
+            RateLimiterTimeout: Its rate limiter held the sample past `timeout`.
+            ConnectionFailed: Items stayed unreadable (storage nodes failing).
         """
         ensure_open(self, "learner")
         wait = float(self.timeout if timeout is None else timeout)
@@ -260,7 +251,7 @@ class Learner:
 
     def __iter__(self) -> Iterator[Batch]:
         """Batches forever, `prefetch` of them in flight on a background thread
-        (none with prefetch=0). Each stays valid until the next is taken."""
+        (none with prefetch=0), each valid until the next is taken; raises as `sample`."""
         ensure_open(self, "learner")
         if self.prefetch == 0:
             while True:
@@ -419,16 +410,21 @@ class Learner:
 
     def update_priorities(self, keys, priorities, wait: bool = False) -> dict | None:
         """Set new priorities for sampled items, without waiting for the
-        control plane (docs/semantics.md, "Priority updates").
-
+        control plane (docs/semantics.md, "Priority updates"). Thread safe.
         The update goes at once, or with the next ones while an earlier one
         is in flight; samples this learner asks for after the call follow
-        it. An update the control plane refuses is raised by the next call
-        or by `flush_priorities()`. With `wait=True` it returns, as
-        `flush_priorities()`, once everything is applied: {"updated",
-        "missing"} since the last flush (keys evicted meanwhile are skipped
-        and counted, never an error; summed in `priority_updates_missing`).
-        Thread safe.
+        it. Keys evicted meanwhile are skipped and counted, never an error.
+
+        Args:
+            keys: The items' keys (`Batch.keys`).
+            priorities: One priority a key: finite, >= 0.
+            wait: Wait until everything is applied and return what
+                `flush_priorities` returns (else None).
+
+        Raises:
+            ValueError: Not one priority a key, or one negative or not finite.
+            DistoreError: An earlier update the control plane refused.
+
         >>> learner.update_priorities(batch.keys, np.abs(td_errors) + 1e-6)
         """
         ensure_open(self, "learner")
@@ -438,10 +434,14 @@ class Learner:
         return self.flush_priorities() if wait else None
 
     def flush_priorities(self) -> dict:
-        """Wait until every priority update made so far is applied; raise
-        one the control plane refused, else return {"updated": keys
-        updated, "missing": keys no longer in the table} since the last
-        flush."""
+        """Wait until every priority update made so far is applied.
+
+        Returns:
+            ``{"updated": n, "missing": m}`` keys since the last flush.
+
+        Raises:
+            DistoreError: An update the control plane refused.
+        """
         ensure_open(self, "learner")
         return self._priorities.flush()
 

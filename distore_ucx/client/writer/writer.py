@@ -19,29 +19,14 @@ Staging memory is bounded: a pool of `max_in_flight` buffers of
 (a node cannot write the writer's memory). A buffer is refilled only after
 its batch's acknowledgement. An item larger than `batch_bytes` grows the
 buffer it goes to (to the item's size, kept for later items), so the bound
-is `max_in_flight` x max(`batch_bytes`, largest item). With `batch_bytes`
-left out (8 MiB) a table of items of megabytes gets batches of 4 of them, up
-to 32 MiB (staging.py says why). Each buffer has its
-own connection to each node, so batches in flight wait on a rate limiter
-side by side and each waits at most `timeout` from when it was sent.
+is `max_in_flight` x max(`batch_bytes`, largest item); staging.py says
+how the default grows for large items. Each buffer has its own connection
+to each node, so batches in flight wait on a rate limiter side by side and
+each waits at most `timeout` from when it was sent.
 
-Nothing is dropped silently: when a batch fails, `insert`/`flush` settles
-every other batch of the writer and raises; the exception carries
-`stored_keys`, `unstored_keys` and `not_stored` (the count), and the
-writer is empty afterwards. A node that dies with a batch in flight: the
-batch goes to another node (the control plane drops whatever the dead
-node held, so nothing is doubled).
-
-A writer left open flushes by itself: when it is garbage-collected, and at
-interpreter exit (before the UCX runtimes close) for writers still open;
-each waits up to its `timeout`, and items it could not store are logged
-as a warning with their count and the reason. Call `close()` (or use the
-writer as a context manager) to see such a failure as an exception.
-
-Order: a table's FIFO order is the order in which the control plane
-registers batches. With `max_in_flight` > 1, two batches of one writer may
-be registered in either order; `max_in_flight=1` keeps a writer's items in
-insertion order, at some cost in insert rate.
+Nothing is dropped silently (the class docstring says what a failure
+raises); a batch in flight to a node that dies goes to another node (the
+control plane drops what the dead node held: nothing is doubled).
 
 The writer's parts, one concept each, in this package: its keys
 (keys.py), staging memory and batches (staging.py), batches in flight and
@@ -104,10 +89,34 @@ def _kept_by(part: str, name: str, doc: str) -> property:
 
 
 class Writer:
-    """Inserts items into tables; one per actor thread.
+    """Inserts items into tables; one per actor thread (`Client.writer` makes one).
 
     >>> keys = writer.insert("replay", {"obs": obs, "action": a, "reward": r}, priority=1.0)
     >>> writer.flush()
+
+    A failed batch (`StorageFull`, `RateLimiterTimeout`, `Timeout`,
+    `ConnectionFailed`) is raised by the next `insert`, `append`, `flush` or
+    `close`, once the other batches are settled: its `stored_keys`,
+    `unstored_keys` (uint64) and `not_stored` (a count) say what is stored,
+    and the writer holds nothing then. A writer never closed flushes when
+    it is collected and at exit, logging what it could not store. Batches
+    in flight may enter a table's FIFO order in either order:
+    `max_in_flight=1` keeps insertion order. A closed writer raises `Closed`.
+
+    Args:
+        client: The `Client` it belongs to.
+        batch_bytes: Bytes of a staging buffer (default 8 MiB, grown for
+            large items to hold 4, up to 32 MiB); a larger item grows its own.
+        max_items: Most items in one batch.
+        max_in_flight: Staging buffers: batches in flight.
+        timeout: Seconds a batch may wait for a rate limiter or a node.
+        local_map: Same-host nodes map the staging buffers instead of using
+            process_vm_readv (default True; `DISTORE_LOCAL_MAP=0`: off).
+        max_delay: Seconds after which a batch goes at the next `insert`,
+            full or not (None: only when full).
+
+    Raises:
+        ConfigError: A size or count is not positive, or `max_delay` < 0.
     """
 
     writer_id = _kept_by("_keys", "writer_id", "This writer's id (the high bits of its keys).")
@@ -130,19 +139,7 @@ class Writer:
         local_map: bool | None = None,
         max_delay: float | None = 0.1,
     ):
-        """`timeout`: how long a batch may wait for a rate limiter (or a node)
-        before failing with RateLimiterTimeout (or Timeout); staging memory is
-        `max_in_flight` buffers of `batch_bytes` (see the module docstring);
-        left out, `batch_bytes` is 8 MiB, grown for a table of large items to
-        hold 4 of them, up to 32 MiB (items of 2 MiB or more: 4 x 32 MiB of
-        staging at most; set it to bound staging memory exactly).
-        `local_map` (default True, `DISTORE_LOCAL_MAP=0` turns it off): hand
-        same-host nodes the staging buffers' sealed memfds, so that they copy
-        batches with plain loads (otherwise they read this process's memory
-        with process_vm_readv). `max_delay` (seconds, default 0.1; None: never):
-        a batch whose first item is older than this is sent at the next
-        `insert`, full or not, so that a slow actor's items do not wait for
-        `batch_bytes` of them (`flush` sends at once)."""
+        """See the class docstring."""
         grow = batch_bytes is None  # the default grows for large items
         if grow:
             batch_bytes = BATCH_BYTES
@@ -177,10 +174,13 @@ class Writer:
         _OPEN.add(self)
 
     def next_keys(self, n: int = 1) -> np.ndarray:
-        """The keys the next `n` items this writer inserts will get (uint64), so
-        that items can carry their own key (for checks end to end). Keys are
+        """The keys the next `n` items this writer inserts will get, so that
+        items can carry their own key (for checks end to end). Keys are
         given in insertion order and never reused; another `insert` first
         changes them.
+
+        Returns:
+            A uint64 array of `n` keys; `ValueError` when `n` is negative.
 
         >>> keys = writer.next_keys(4)
         >>> assert (writer.insert("replay", make_items(keys)) == keys).all()
@@ -198,11 +198,23 @@ class Writer:
         return dict(self._placement.paths)
 
     def insert(self, table: str, data, priority=1.0) -> np.ndarray:
-        """Insert one item or a batch (leading dimension); returns the new keys.
+        """Insert one item or a batch; returns at once (see `flush`).
 
-        `priority` is a scalar or one value per item. Keys are uint64, unique
-        across the control plane. Raises (see the module docstring) when a
-        batch of this writer could not be stored.
+        Args:
+            table: The table's name (a table of items, not of slices).
+            data: One item or a batch (a leading dimension), by the table's
+                spec: {field: array} or one array for an unnamed spec.
+            priority: A scalar, or one value per item: finite, >= 0.
+
+        Returns:
+            The items' keys, a uint64 array, unique across the control plane.
+
+        Raises:
+            SpecMismatch: `data` does not fit the table's spec.
+            ValueError: A priority is negative or not finite, or not one an item.
+            ConfigError: The table holds steps of episodes (use `append`).
+            TableNotFound: There is no table `table`.
+            DistoreError: A batch of this writer failed (see above).
         """
         # The common call, one item given as numpy arrays of the spec's shapes
         # and dtypes with a float priority, is staged with no per-call numpy
@@ -262,18 +274,28 @@ class Writer:
             failed.raise_with(keys[done:])
 
     def append(self, table: str, steps, env=0, done=False, priority=1.0) -> np.ndarray:
-        """Append steps of episodes to a table of slices (created with
-        `slice_len`); returns their keys. Each step is stored once; a learner
-        samples slices of consecutive steps of one episode from them.
+        """Append steps of episodes to a table of slices, each stored once;
+        an episode's id is the key of its first step.
 
-        `steps`: one step or several (leading dimension), by the table's
-        spec. `env`: the stream each step continues, an int or one per step
-        (a vectorized actor passes its environments' indices; steps of one
-        env in one call are in order); each env's steps make up its current
-        episode. `done`: a bool or one per step: that step ends its env's
-        episode (done or truncated), and the env's next step starts a new
-        one. An episode's id is the key of its first step. `priority`: each
-        step's, the priority of the slices it starts (ds.Prioritized).
+        Args:
+            table: The table's name (a table of slices).
+            steps: One step or several (leading dimension), by the spec.
+            env: The stream (episode) each step continues, an int or one a
+                step (a vectorized actor passes its environments' indices;
+                steps of one env in one call are in order).
+            done: A bool or one a step: that step ends its env's episode
+                (done or truncated); the env's next step starts a new one.
+            priority: Each step's: that of the slices it starts.
+
+        Returns:
+            The steps' keys (uint64).
+
+        Raises:
+            ConfigError: The table holds items, not steps (use `insert`).
+            SpecMismatch: `steps` does not fit the table's spec.
+            ValueError: `env`, `done` or `priority` is not a scalar or one a
+                step, or a priority is negative or not finite.
+            DistoreError: A batch of this writer failed (see the class).
 
         >>> keys = writer.append("r2d2", {"obs": obs, "reward": r}, env=np.arange(8),
         ...                      done=terminated | truncated)
@@ -313,7 +335,11 @@ class Writer:
         return spec, n, arrays, prio
 
     def flush(self) -> None:
-        """Send everything buffered and wait until every item is stored."""
+        """Send everything buffered and wait until every item is stored.
+
+        Raises:
+            DistoreError: A batch failed (see the class).
+        """
         ensure_open(self, "writer")
         try:
             for table in list(self._open):
@@ -323,7 +349,12 @@ class Writer:
             failed.raise_with(None)
 
     def close(self) -> None:
-        """Flush, then close the connections to storage nodes and free the buffers."""
+        """Flush, then close the connections to storage nodes and free the
+        buffers; a second call does nothing.
+
+        Raises:
+            DistoreError: What `flush` raises; the writer is closed all the same.
+        """
         if self._closed:
             return
         try:
