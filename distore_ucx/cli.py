@@ -19,10 +19,7 @@ import errno
 import json
 import logging
 import os
-import signal
 import sys
-import threading
-import time
 
 from .config import SETTINGS, Settings, check_exposure, check_file, resolve, switches_shown
 from .errors import ConfigError, DistoreError
@@ -90,17 +87,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_settings(ck, "checkpoint")
     ck.add_argument("--json", action="store_true", help="print JSON")
 
-    cfg = sub.add_parser("config", help="check or show configuration")
-    csub = cfg.add_subparsers(dest="config_command", required=True)
-    chk = csub.add_parser("check", help="validate a distore.toml; say what is wrong and where")
-    chk.add_argument("file", nargs="?", default=None,
-                     help="the distore.toml to check (or --config FILE; default DISTORE_CONFIG)")
-    show = csub.add_parser("show", help="print every setting's resolved value and its source")
-    show.add_argument("file", nargs="?", default=None,
-                      help="a distore.toml (or --config FILE; default: DISTORE_CONFIG, if set)")
-    for sp in (chk, show):  # both spellings, as the other subcommands take --config
-        sp.add_argument("--config", metavar="FILE", default=None,
-                        help="the distore.toml (same as the positional FILE)")
+    _add_config_command(sub)
 
     d = sub.add_parser("demo", help="run a local cluster with a writer and a verifying learner")
     d.add_argument("--seconds", type=float, default=20.0, help="how long to sample (default 20)")
@@ -121,6 +108,21 @@ def build_parser() -> argparse.ArgumentParser:
     doc = sub.add_parser("doctor", help="check UCX, GPUs, NICs and hugepages for the sample path")
     doc.add_argument("--json", action="store_true", help="print JSON")
     return p
+
+
+def _add_config_command(sub) -> None:
+    """`distore config check|show [FILE]`."""
+    cfg = sub.add_parser("config", help="check or show configuration")
+    csub = cfg.add_subparsers(dest="config_command", required=True)
+    chk = csub.add_parser("check", help="validate a distore.toml; say what is wrong and where")
+    chk.add_argument("file", nargs="?", default=None,
+                     help="the distore.toml to check (or --config FILE; default DISTORE_CONFIG)")
+    show = csub.add_parser("show", help="print every setting's resolved value and its source")
+    show.add_argument("file", nargs="?", default=None,
+                      help="a distore.toml (or --config FILE; default: DISTORE_CONFIG, if set)")
+    for sp in (chk, show):  # both spellings, as the other subcommands take --config
+        sp.add_argument("--config", metavar="FILE", default=None,
+                        help="the distore.toml (same as the positional FILE)")
 
 
 def settings_from(args: argparse.Namespace, environ=None) -> Settings:
@@ -195,31 +197,14 @@ def main(argv: list[str] | None = None) -> int:
         apply_log_level(settings)
         _apply_ucx(settings, argv)
         if args.command == "control":
-            from .control.server import main as control_main
-
-            config = settings.control()
-            _refuse_exposure("control plane", config.host, settings)
-            _make_checkpoint_folder(config.checkpoint)
-            with _listening("control plane", config.host, config.port, "--port"):
-                return control_main(config, args.ready_file)
+            return _control(settings, args)
         if args.command == "node":
-            # Loading UCX patches mmap, munmap and brk in place, then spins a
-            # grace period per function patched (50 ms) for other threads
-            # running them to move on: 0.4 s of a core per node start. No
-            # thread here runs them yet (numpy's BLAS pool idles), so none.
-            os.environ.setdefault("UCX_MEM_BISTRO_GRACE_DURATION", "0")
-            from .storage.node import main as node_main
-            from .storage.node import route_address
-            from .transport.rpc import parse_address
-
-            config = settings.node()
-            host = config.host or route_address(parse_address(config.control)[0])
-            _refuse_exposure("storage node", host, settings)
-            with _listening("storage node", host, config.port, "--port"):
-                return node_main(config, args.ready_file)
+            return _node(settings, args)
         if args.command == "status":
             address = settings["control.address"] or "127.0.0.1:7700"
-            return _status(address, args, settings["auth.token_file"] or None)
+            from .status import run_status
+
+            return run_status(address, args, settings["auth.token_file"] or None)
         if args.command == "checkpoint":
             address = settings["control.address"] or "127.0.0.1:7700"
             return _checkpoint(address, args, settings["auth.token_file"] or None)
@@ -235,6 +220,35 @@ def main(argv: list[str] | None = None) -> int:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 141  # 128 + SIGPIPE
     return 1
+
+
+def _control(settings: Settings, args) -> int:
+    """`distore control`: run the control plane until it is stopped."""
+    from .control.server import main as control_main
+
+    config = settings.control()
+    _refuse_exposure("control plane", config.host, settings)
+    _make_checkpoint_folder(config.checkpoint)
+    with _listening("control plane", config.host, config.port, "--port"):
+        return control_main(config, args.ready_file)
+
+
+def _node(settings: Settings, args) -> int:
+    """`distore node`: run a storage node until it is stopped."""
+    # Loading UCX patches mmap, munmap and brk in place, then spins a
+    # grace period per function patched (50 ms) for other threads
+    # running them to move on: 0.4 s of a core per node start. No
+    # thread here runs them yet (numpy's BLAS pool idles), so none.
+    os.environ.setdefault("UCX_MEM_BISTRO_GRACE_DURATION", "0")
+    from .storage.node import main as node_main
+    from .storage.node import route_address
+    from .transport.rpc import parse_address
+
+    config = settings.node()
+    host = config.host or route_address(parse_address(config.control)[0])
+    _refuse_exposure("storage node", host, settings)
+    with _listening("storage node", host, config.port, "--port"):
+        return node_main(config, args.ready_file)
 
 
 def _refuse_exposure(role: str, host: str, settings: Settings) -> None:
@@ -327,6 +341,7 @@ def _config(args) -> int:
 
 def _checkpoint(address: str, args, token_file: str | None) -> int:
     from .client import connect
+    from .status import format_size
 
     with connect(address, timeout=600, token_file=token_file) as client:
         result = client.checkpoint()
@@ -334,126 +349,6 @@ def _checkpoint(address: str, args, token_file: str | None) -> int:
         print(json.dumps(result))
     else:
         print(f"checkpoint written to {result['path']}: {result['items']} items in "
-              f"{result['tables']} tables, {_size(result['bytes'])}, {result['seconds']:.2f} s")
+              f"{result['tables']} tables, {format_size(result['bytes'])}, "
+              f"{result['seconds']:.2f} s")
     return 0
-
-
-# -- distore status ---------------------------------------------------------
-
-def _size(n: int) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return str(n)
-
-
-def _with_rates(before: dict | None, after: dict, seconds: float) -> dict:
-    """`after`, each table with inserts/s, samples/s and deletes/s since `before`."""
-    old = {t["name"]: t for t in (before or {}).get("tables", [])}
-    for t in after["tables"]:
-        prev = old.get(t["name"])
-        for counter in ("inserts", "samples", "deletes"):
-            rate = None
-            if prev is not None and seconds > 0:
-                rate = max(0.0, (t[counter] - prev[counter]) / seconds)
-            t[f"{counter}_per_s"] = rate
-    after["rate_interval_s"] = seconds if before is not None else None
-    return after
-
-
-def _format_status(address: str, st: dict) -> str:
-    def rate(v):
-        return "-" if v is None else f"{v:.1f}"
-
-    def state(n):  # "live", "unresponsive" (routed around, items kept) or "gone"
-        return n.get("state") or ("live" if n["alive"] else "gone")
-
-    alive = sum(n["alive"] for n in st["nodes"])
-    away = sum(state(n) == "unresponsive" for n in st["nodes"])
-    out = [f"control plane {address}: {alive} of {len(st['nodes'])} nodes alive"
-           + (f" ({away} unresponsive: routed around, items kept)" if away else "")
-           + f", {len(st['tables'])} tables, {st['leases']} leases"]
-    ck = st.get("checkpoint")
-    if ck:
-        out.append(f"last checkpoint: {ck['items']} items, {_size(ck['bytes'])} to {ck['path']} "
-                   f"{time.time() - ck['created']:.0f} s ago ({ck['why']})")
-    if st.get("restoring_s") is not None:
-        waiting = sum(t.get("awaiting_restore", 0) for t in st["tables"])
-        out.append(f"restoring: {waiting} checkpointed items not yet re-sent by nodes; "
-                   f"{st['restoring_s']:.0f} s left")
-    out.append(f"{'node':>5} {'name':<28} {'address':<22} {'state':<12} {'used':>11} "
-               f"{'arena':>11} {'used%':>6}")
-    gone = [n for n in st["nodes"] if state(n) == "gone"]
-    for n in st["nodes"]:
-        if state(n) == "gone":
-            continue  # listed apart below: its memory is nobody's any more
-        pct = 100.0 * n["used_bytes"] / n["arena_size"] if n["arena_size"] else 0.0
-        out.append(f"{n['node_id']:>5} {n['name'][:28]:<28} {n['address']:<22} "
-                   f"{state(n):<12} {_size(n['used_bytes']):>11} "
-                   f"{_size(n['arena_size']):>11} {pct:>5.1f}%")
-    if gone:
-        out.append("gone (their items left the tables; memory not counted): "
-                   + ", ".join(f"node {n['node_id']} ({n['name']}, {n['address']})"
-                               for n in gone))
-    out.append(f"{'table':<20} {'size':>10} {'capacity':>10} {'inserts/s':>10} "
-               f"{'samples/s':>10} {'inserts':>10} {'samples':>10} {'deletes':>10}")
-    for t in st["tables"]:
-        out.append(f"{t['name'][:20]:<20} {t['size']:>10} {t['capacity']:>10} "
-                   f"{rate(t.get('inserts_per_s')):>10} {rate(t.get('samples_per_s')):>10} "
-                   f"{t['inserts']:>10} {t['samples']:>10} {t['deletes']:>10}")
-    out.extend(f"warning: {text}" for text in st.get("warnings") or ())
-    return "\n".join(out)
-
-
-def _status(address: str, args, token_file: str | None = None) -> int:
-    import warnings
-
-    from .client import connect
-    from .errors import CapacityWarning, ConnectionFailed, Timeout
-
-    # The status's warnings are printed with it, as lines of its own.
-    warnings.simplefilter("ignore", CapacityWarning)
-    stop = threading.Event()
-    if args.watch:  # SIGTERM and ^C end the watch cleanly, at once
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(sig, lambda *_: stop.set())
-    interval = max(0.0, args.interval)
-    client = None
-    before, t_before = None, 0.0
-    try:
-        while True:
-            try:
-                if client is None:
-                    client = connect(address, timeout=10, token_file=token_file)
-                st, now = client.status(), time.monotonic()
-                if before is None and interval > 0 and not args.watch:
-                    before, t_before = st, now  # a second look, for the rates
-                    if stop.wait(interval):
-                        return 0
-                    st, now = client.status(), time.monotonic()
-            except (ConnectionFailed, Timeout) as exc:
-                if not args.watch:
-                    raise
-                if client is not None:
-                    client.close()
-                client, before = None, None
-                print(f"{time.strftime('%H:%M:%S')} {exc}; retrying", flush=True)
-                if stop.wait(max(interval, 1.0)):
-                    return 0
-                continue
-            st = _with_rates(before, st, now - t_before)
-            before, t_before = st, now
-            if args.json:
-                print(json.dumps(st, default=str), flush=True)
-            else:
-                if args.watch and sys.stdout.isatty():
-                    print("\033[H\033[J", end="")
-                if args.watch:
-                    print(time.strftime("%Y-%m-%d %H:%M:%S"))
-                print(_format_status(address, st), flush=True)
-            if not args.watch or stop.wait(interval or 1.0):
-                return 0
-    finally:
-        if client is not None:
-            client.close()

@@ -199,8 +199,6 @@ def deploy(
     >>> address = deploy(nodes=4, arena="64GiB", env={"UCX_TLS": "rc,sm,self"})
     """
     ray = _ray()
-    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-
     if not ray.is_initialized():
         raise ConfigError("connect to a Ray cluster first: ray.init(address=...)")
     parse_size(arena)
@@ -209,17 +207,37 @@ def deploy(
         if problems:
             raise ConfigError(f"{config_file}: " + "; ".join(map(str, problems)))
     chosen = _choose(ray, nodes)
+    _refuse_a_second(ray, name, namespace)
+    env = dict(env or {})
+    common = _auth_args(config_file, env, token_file, insecure)
+    control_args = _control_args(common, port, heartbeat_timeout, metrics_port, metrics_host)
+    node_args = _node_args(common, arena, hugepages, disk, disk_size, node_metrics_port,
+                           metrics_host)
+    address = _start(ray, name, namespace, control_node, chosen, control_args, node_args, env,
+                     startup_timeout)
+    log.info("store %r deployed on Ray: control plane %s, %d storage nodes", name, address,
+             len(chosen))
+    return address
+
+
+def _refuse_a_second(ray, name: str, namespace: str | None) -> None:
+    """A store of that name already deployed is named, with what to do."""
     try:
         existing = ray.get_actor(f"{name}-control", namespace=namespace)
     except ValueError:
-        existing = None
-    if existing is not None:
-        raise ConfigError(
-            f"a store named {name!r} is already deployed at "
-            f"{ray.get(existing.address.remote())}: use address({name!r}) or "
-            f"shutdown({name!r}) first"
-        )
-    env = dict(env or {})
+        return
+    raise ConfigError(
+        f"a store named {name!r} is already deployed at "
+        f"{ray.get(existing.address.remote())}: use address({name!r}) or "
+        f"shutdown({name!r}) first"
+    )
+
+
+def _auth_args(config_file: str | None, env: dict, token_file: str | None,
+               insecure: bool) -> list[str]:
+    """The flags every process of the store takes: the config file, and the
+    token file (or --insecure); a store without either is refused, as its
+    processes listen on their Ray nodes' addresses."""
     common = ["--config", config_file] if config_file else []
     token_file = (token_file or env.get("DISTORE_TOKEN_FILE")
                   or os.environ.get("DISTORE_TOKEN_FILE"))
@@ -235,20 +253,42 @@ def deploy(
             "(umask 077; head -c 32 /dev/urandom | base64 > FILE)), or insecure=True on a "
             "trusted, isolated network"
         )
-    control_args = [*common, "--host", "0.0.0.0", "--port", str(port)]
+    return common
+
+
+def _control_args(common: list[str], port: int, heartbeat_timeout: float | None,
+                  metrics_port: int | str | None, metrics_host: str) -> list[str]:
+    """The flags of the control plane: where it listens, its heartbeat
+    timeout and its /metrics."""
+    args = [*common, "--host", "0.0.0.0", "--port", str(port)]
     if heartbeat_timeout is not None:
-        control_args += ["--heartbeat-timeout", str(heartbeat_timeout)]
-    node_args = [*common, "--arena", str(arena)] + ([] if hugepages else ["--no-hugepages"])
+        args += ["--heartbeat-timeout", str(heartbeat_timeout)]
+    if metrics_port is not None:
+        args += ["--metrics-port", str(metrics_port)]
+    return args + ["--metrics-host", metrics_host]
+
+
+def _node_args(common: list[str], arena: int | str, hugepages: bool, disk: str | None,
+               disk_size: int | str | None, metrics_port: int | str | None,
+               metrics_host: str) -> list[str]:
+    """The flags of each storage node: its arena, pages, disk tier and /metrics."""
+    args = [*common, "--arena", str(arena)] + ([] if hugepages else ["--no-hugepages"])
     if disk:
         if not disk_size:
             raise ConfigError("deploy: disk= needs disk_size= (e.g. disk_size=\"1TiB\")")
-        node_args += ["--disk", disk, "--disk-size", str(parse_size(disk_size))]
+        args += ["--disk", disk, "--disk-size", str(parse_size(disk_size))]
     if metrics_port is not None:
-        control_args += ["--metrics-port", str(metrics_port)]
-    if node_metrics_port is not None:
-        node_args += ["--metrics-port", str(node_metrics_port)]
-    control_args += ["--metrics-host", metrics_host]
-    node_args += ["--metrics-host", metrics_host]
+        args += ["--metrics-port", str(metrics_port)]
+    return args + ["--metrics-host", metrics_host]
+
+
+def _start(ray, name: str, namespace: str | None, control_node: str | None, chosen: list[str],
+           control_args: list[str], node_args: list[str], env: dict,
+           startup_timeout: float) -> str:
+    """Start the control plane's actor, then a storage node's on each chosen
+    Ray node, each pinned there; the control plane's address once every one
+    is up. On any failure every actor started is killed."""
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
     def pinned(ray_node: str | None) -> dict:
         opts = {"lifetime": "detached", "num_cpus": 0, "max_restarts": 0,
@@ -276,8 +316,6 @@ def deploy(
         if isinstance(exc, ray.exceptions.RayError):
             raise ConnectionFailed(f"deploying store {name!r} on Ray failed: {exc}") from exc
         raise
-    log.info("store %r deployed on Ray: control plane %s, %d storage nodes", name, address,
-             len(chosen))
     return address
 
 

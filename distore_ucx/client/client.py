@@ -310,7 +310,7 @@ class Client:
         with self._lock:
             if self._runtime is None:
                 from ..transport import UcxRuntime
-                from ..transport.runtime import close_at_exit
+                from ..transport.at_exit import close_at_exit
 
                 if not _WITH_RUNTIME:
                     close_at_exit(_close_learners_at_exit)

@@ -6,7 +6,9 @@ request of the control channel to the module of its concept:
 
 - tables: catalog.py (the tables by name: create, describe, priorities);
   tables.py (one table's records and leases), items.py (its record
-  columns), pending.py (checkpointed items awaiting a restore);
+  columns), evictions.py (what leaves it: slots freed, items retired),
+  table_restore.py (its checkpoint image and the items nodes re-send),
+  pending.py (checkpointed items awaiting a restore);
 - inserts.py (`items_added`), admission.py (holding calls a rate limiter
   does not admit yet; the limits themselves are ../rate_limiters.py);
 - sampling.py (`sample`, step by step), leases.py (who holds which lease),

@@ -130,7 +130,7 @@ class Leases:
 
     def staged_copies(self, table: str, retired):
         """The copies staged for leases of `table` of the cold records among
-        `retired` (tables.Retired), as Retired rows at their staging offsets
+        `retired` (evictions.Retired), as Retired rows at their staging offsets
         with the records' generations: a learner that read one ahead reads
         it there, not from the disk slot, so that is what must be marked
         (control/retirements.py). Only leases with staged copies are looked

@@ -5,7 +5,7 @@ While a control plane restores its checkpoint, each table holds the
 checkpointed items as `Pending` (keys, priorities, use counts, insertion
 sequences) until their nodes re-send them; `survivors` picks which items a
 table's remover would keep, for a checkpoint (or a checkpoint of a restore
-in progress) that holds more items than fit. tables.py uses both.
+in progress) that holds more items than fit. table_restore.py uses both.
 """
 
 from __future__ import annotations

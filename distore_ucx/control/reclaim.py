@@ -19,9 +19,10 @@ import numpy as np
 
 from ..transport.rpc import Peer
 from .admission import Admission
+from .evictions import Freed
 from .leases import Lease, Leases
 from .membership import Membership
-from .tables import Freed, Table
+from .tables import Table
 from .tiers import Tiers
 
 log = logging.getLogger(__name__)

@@ -26,9 +26,10 @@ from ..protocol import steps_of
 from ..transport.rpc import Peer
 from . import checkpoint
 from .admission import Admission
+from .evictions import Freed
 from .membership import Membership
 from .reclaim import Reclaim
-from .tables import Freed, Table
+from .tables import Table
 
 log = logging.getLogger(__name__)
 

@@ -22,7 +22,7 @@ import logging
 import numpy as np
 
 from ..slot_format import COLD
-from .tables import Retired
+from .evictions import Retired
 
 log = logging.getLogger(__name__)
 

@@ -33,10 +33,11 @@ from ..slot_format import COLD
 from ..transport.rpc import Peer
 from .admission import Admission
 from .catalog import Catalog
+from .evictions import Freed
 from .leases import Leases
 from .membership import Membership
 from .reclaim import Reclaim
-from .tables import Freed, Table
+from .tables import Table
 from .tiers import Tiers
 
 # Rounds of drawing again the items of a sample that lie on unresponsive

@@ -17,85 +17,25 @@ slice's steps in order, all leased (docs/semantics.md, "Slices").
 from __future__ import annotations
 
 import secrets
-from dataclasses import dataclass
-from typing import NamedTuple
 
 import numpy as np
 
 from .. import _tables
 from ..errors import InvalidRequest
 from ..metrics import TableStats
-from ..protocol import STEP_FIELDS, STEP_LAST, STEP_PAD
+from ..protocol import STEP_LAST, STEP_PAD
 from ..rate_limiters import RateLimiter
 from ..selectors import KINDS, Selector
-from ..slot_format import COLD
 from ..table_definition import SLICE_PADS, TableDefinition
-from .checkpoint import TableImage
+from .evictions import Evicted, Freed, Retired
 from .items import FREE, LIVE, RETIRED, ItemStore
-from .pending import Pending, survivors
+from .pending import Pending
+from .table_restore import Restorable
 
 
-@dataclass
-class Freed:
-    """Slots whose records left the control plane: (node ids, offsets)."""
-
-    nodes: np.ndarray
-    offsets: np.ndarray
-
-    @classmethod
-    def empty(cls) -> Freed:
-        """No slots: one shared instance (every sample and release makes one;
-        its arrays hold nothing to write, and `+` makes a new Freed)."""
-        return _NO_SLOTS
-
-    def __add__(self, other: Freed) -> Freed:
-        return Freed(
-            np.concatenate([self.nodes, other.nodes]), np.concatenate([self.offsets, other.offsets])
-        )
-
-
-_NO_SLOTS = Freed(np.empty(0, np.uint32), np.empty(0, np.uint64))
-_NO_SLOTS.nodes.setflags(write=False)
-_NO_SLOTS.offsets.setflags(write=False)
-
-
-@dataclass
-class Retired:
-    """Leased items that left the table (evicted): their slots stay until
-    the lease ends, and their nodes mark the slots' headers retired so that
-    no read of them passes its header check (control/retirements.py)."""
-
-    nodes: np.ndarray
-    offsets: np.ndarray
-    generations: np.ndarray
-    recs: np.ndarray  # their records (a cold one's staged copies are found by it)
-
-    @classmethod
-    def empty(cls) -> Retired:
-        return cls(np.empty(0, np.uint32), np.empty(0, np.uint64), np.empty(0, np.uint64),
-                   np.empty(0, np.int64))
-
-    def __add__(self, other: Retired) -> Retired:
-        return Retired(*(np.concatenate([a, b]) for a, b in zip(
-            (self.nodes, self.offsets, self.generations, self.recs),
-            (other.nodes, other.offsets, other.generations, other.recs))))
-
-    def __len__(self) -> int:
-        return len(self.nodes)
-
-
-class Evicted(NamedTuple):
-    """What an add evicted: `freed`, slots to free now (their items were not
-    leased); `leased`, items a learner holds a lease on, retired: the caller
-    has their slots marked retired before it acknowledges the insert."""
-
-    freed: Freed
-    leased: Retired
-
-
-class Table:
+class Table(Restorable):
     """One table: its definition (spec, capacity, selectors, rate limiter) and
-    its item records."""
+    its item records. Its checkpoint image and restore are table_restore.py's."""
 
     def __init__(self, definition: TableDefinition, seed: int | None = None):
         self.definition = definition
@@ -283,145 +223,6 @@ class Table:
         s.release(unleased)
         return freed
 
-    # -- checkpoints and restore -----------------------------------------
-    def image(self) -> TableImage:
-        """This table as a checkpoint holds it (each item with its insertion
-        sequence, so the file needs no order).
-
-        During a restore, checkpointed items that no node has re-sent yet
-        are carried over, so that a second restart loses nothing, as many
-        as fit beside the live items: the capacity bounds the image too.
-        Those the remover would evict first are written as retired, so a
-        node that re-sends them after a restart from this image frees them.
-        Runs on the event loop: the keys and the other per-item values come
-        from the table core, one native gather each.
-        """
-        s = self.store
-        live = np.flatnonzero(s.state == LIVE)
-        keys, seqs = self.core.keys(live), self.core.sequences(live)
-        prios, times = self.core.priorities(live), self.core.times_sampled(live)
-        retired = s.keys(s.state == RETIRED)
-        p = self.pending
-        if p is not None:
-            left = np.flatnonzero(~p.claimed)
-            keep = survivors(self.remover, p.priorities[left], p.sequences[left],
-                             self.capacity - len(live), self._rng)
-            over, left = left[~keep], left[keep]
-            keys = np.concatenate([keys, p.keys[left]])
-            prios = np.concatenate([prios, p.priorities[left]])
-            times = np.concatenate([times, p.times_sampled[left]])
-            seqs = np.concatenate([seqs, p.sequences[left]])
-            retired = np.concatenate([retired, p.retired, p.keys[over]])
-        steps = {}
-        if self.slices is not None:  # each step's place in its episode, restored with it
-            parts = [(self.slices.episode(live), self.slices.position(live),
-                      self._step_flags[live])]
-            if p is not None and p.steps is not None:
-                parts.append(tuple(a[left] for a in p.steps))
-            steps = {name: np.concatenate([part[i] for part in parts])
-                     for i, name in enumerate(STEP_FIELDS)}
-        return TableImage(self.definition.to_wire(), self.inserts, self.samples, self.deletes,
-                          self.core.next_seq, keys, prios, times, seqs, retired, **steps)
-
-    @classmethod
-    def from_image(cls, image: TableImage, seed: int | None = None) -> Table:
-        """A table rebuilt from a checkpoint, empty until nodes re-send its items.
-
-        A checkpoint holding more items than the capacity (written during a
-        restore by an older release) gives back as many as the capacity,
-        those the remover keeps; a node that re-sends one of the others
-        frees it.
-        """
-        table = cls(TableDefinition.from_wire(image.definition), seed)
-        table.inserts, table.samples, table.deletes = image.inserts, image.samples, image.deletes
-        table.core.raise_next_seq(image.next_seq)
-        keep = None
-        if len(image.keys) > table.capacity:
-            keep = survivors(table.remover, image.priorities, image.sequences, table.capacity,
-                             table._rng)
-        table.pending = Pending.from_image(image, keep)
-        return table
-
-    def restore_items(self, node: int, keys, offsets, generations,
-                      priorities, steps: tuple | None = None) -> tuple[Freed, dict]:
-        """Items a node re-sends after a control-plane restart: (slots to free, counts).
-
-        A checkpointed key comes back with its checkpointed priority, use
-        count and place in insertion order; a key that had left the table
-        (retired while leased) or that the table already holds is freed on
-        the node; any other key was inserted after the checkpoint and is
-        taken as a new insert with the priority it was inserted with. In a
-        table of slices, `steps` (each item's episode, position and flags,
-        as the node kept them) places such a step in its episode.
-        """
-        keys = np.ascontiguousarray(keys, np.uint64)
-        offsets = np.ascontiguousarray(offsets, np.uint64)
-        generations = np.asarray(generations, np.uint64)
-        priorities = np.ascontiguousarray(priorities, np.float64)
-        n = len(keys)
-        if (offsets >= COLD).any():  # items on the node's disk tier come back cold
-            self.may_hold_cold = True
-        discard = np.ones(n, dtype=bool)
-        discard[np.unique(keys, return_index=True)[1]] = False  # a key once per report
-        ids = self.core.lookup(keys)
-        held = ids >= 0
-        if held.any():
-            # The table has these keys already: free the reported copy unless
-            # it is the very slot the table points at.
-            recs = ids[held]
-            same = (self.store.node[recs] == node) & (self.store.offset[recs] == offsets[held])
-            discard[held] = True
-            keep_slot = np.flatnonzero(held)[same]
-        else:
-            keep_slot = np.empty(0, np.int64)
-        p = self.pending
-        if p is not None:
-            discard |= p.is_retired(keys)
-            idx = p.find(keys)
-            idx[discard] = -1
-        else:
-            idx = np.full(n, -1, np.int64)
-        back = np.flatnonzero(idx >= 0)
-        new = np.flatnonzero((idx < 0) & ~discard)
-        if self.slices is not None and steps is None:
-            # A step whose episode and position are known neither here (a
-            # file that kept no episodes, or inserted after the checkpoint)
-            # nor from its node (a node of an older release): freed, never
-            # sampled wrong (counted as discarded; the node logs it).
-            if p is None or p.steps is None:
-                discard[back], back = True, back[:0]
-            discard[new], new = True, new[:0]
-        evicted = []
-        if len(back):
-            j = idx[back]
-            recs = self._place(node, keys[back], offsets[back], generations[back])
-            if self.slices is not None:
-                known = p.steps is not None
-                self._add_steps(recs, tuple(a[j] for a in p.steps) if known
-                                else tuple(np.asarray(a)[back] for a in steps), p.priorities[j])
-            evicted.append(self.core.restore(recs, keys[back], p.priorities[j],
-                                             p.times_sampled[j], p.sequences[j]))
-            p.claimed[j] = True
-        if len(new):
-            recs = self._place(node, keys[new], offsets[new], generations[new])
-            if self.slices is not None:  # inserted after the checkpoint: as the node kept them
-                self._add_steps(recs, tuple(np.asarray(a)[new] for a in steps), priorities[new])
-            evicted.append(self.core.insert(recs, keys[new], priorities[new]))
-            self.inserts += len(new)
-        if evicted and self.slices is not None:
-            self.slices.remove(np.concatenate(evicted))
-        freed = self._retire(np.concatenate(evicted)) if evicted else Freed.empty()
-        drop = discard.copy()
-        drop[keep_slot] = False
-        if drop.any():
-            freed = freed + Freed(np.full(int(drop.sum()), node, np.uint32), offsets[drop])
-        return freed, {"restored": len(back), "adopted": len(new), "discarded": int(drop.sum())}
-
-    def end_restore(self) -> int:
-        """Close a restore: checkpointed items no node re-sent are gone; their count."""
-        p, self.pending = self.pending, None
-        return 0 if p is None else p.unclaimed
-
     # -- sampling, priorities and leases ---------------------------------
     def sample(self, n: int) -> tuple[np.ndarray, np.ndarray, Freed]:
         """Draw n records under leases: (records, probabilities, slots freed).
@@ -534,4 +335,6 @@ class Table:
         }
 
 
-__all__ = ["Table", "Freed", "Retired", "FREE", "LIVE", "RETIRED"]
+# Freed, Retired and Evicted (evictions.py) are what a table's methods return:
+# importable from here with it.
+__all__ = ["Table", "Freed", "Retired", "Evicted", "FREE", "LIVE", "RETIRED"]

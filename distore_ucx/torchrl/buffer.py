@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 from ..errors import ConfigError, TableNotFound
-from ..transport.runtime import ClosedAtExit
+from ..transport.at_exit import ClosedAtExit
 from .conversion import INDEX_KEY, WEIGHT_KEYS, _key_tuple
 from .handle import Sharing, records_options
 from .priorities import REDUCTIONS, Priorities

@@ -2,7 +2,7 @@
 
 A storage node's arena is a memfd sealed against any new writable mapping
 (native/memory.cc). A learner on the same host (same boot id, pid and
-network namespace: `runtime.host_id()`) connects to the node's Unix domain
+network namespace: `same_host.host_id()`) connects to the node's Unix domain
 socket (abstract namespace, named in the node's description), proves the
 store's token with the same HMAC challenge as every other connection, and
 receives the memfd (`SCM_RIGHTS`). It maps it PROT_READ and from then on

@@ -43,23 +43,26 @@ kept by an exception's traceback, freed by the garbage collector).
 from __future__ import annotations
 
 import atexit
-import itertools
 import logging
-import os
 import secrets
-import select
 import threading
-import weakref
 
 from .._native_loader import _native
 from ..errors import AuthenticationFailed, ConnectionFailed, DistoreError
 from ..protocol import AM_INSERT_AUTH_ID, AM_SAMPLE_DATA_ID, AM_SAMPLE_REQUEST_ID
+from . import at_exit
+from .same_host import host_id
+from .ucx_tls import allows_shared_memory, shared_memory_only, without_direct_writes
 
 log = logging.getLogger(__name__)
 
 # Loaded after libucx: ucxx sets UCX_RNDV_THRESH and friends in os.environ
 # at import time, so import it once, here, before any context exists.
 import ucxx._lib.libucxx as _ucxx  # noqa: E402
+
+# Registered after ucxx's own exit handlers, so it runs before them: what is
+# still open is closed while ucxx can still close it (transport/at_exit.py).
+atexit.register(at_exit.close_all)
 
 
 class RegionOwner:
@@ -121,8 +124,8 @@ class UcxRuntime:
             # polling_mode=False: the thread sleeps in epoll until UCX has work.
             self.worker.start_progress_thread(polling_mode=False)
         self._closed = False
-        _LIVE[self] = next(_ORDER)  # closed at interpreter exit if nobody did
-        self._error_handling = not _shared_memory_only(self.transports)
+        at_exit.track(self)  # closed at interpreter exit if nobody did
+        self._error_handling = not shared_memory_only(self.transports)
         log.debug("UCX %s runtime started (tls=%s)", _native.ucx_version(), self.transports)
 
     @property
@@ -138,10 +141,7 @@ class UcxRuntime:
     @property
     def shared_memory(self) -> bool:
         """Whether UCX may use shared-memory transports (UCX_TLS allows them)."""
-        names = {t.strip().lstrip("^") for t in self.transports.split(",") if t.strip()}
-        if self.transports.startswith("^") or "all" in names:
-            return True
-        return bool(names & _NO_PEER_FAILURE - {"self"})
+        return allows_shared_memory(self.transports)
 
     @property
     def peer_failure_detection(self) -> bool:
@@ -213,9 +213,9 @@ class UcxRuntime:
         from a dead peer fail instead of hang. UCX then leaves out the
         shared-memory transports, which cannot detect failures: for a peer
         on the same host pass False (and check its process yourself, see
-        `ProcessWatch`) to read through shared memory (CMA). `reader`: the
-        endpoint is on `reader_worker`, for reads made by the threads that
-        progress it.
+        `same_host.ProcessWatch`) to read through shared memory (CMA).
+        `reader`: the endpoint is on `reader_worker`, for reads made by the
+        threads that progress it.
         """
         worker = self.reader_worker if reader else self.worker
         with self._lock:
@@ -287,17 +287,7 @@ class UcxRuntime:
                 f"({_native.status_name(status)} within {timeout:g} s): check that this "
                 "port of that host is reachable from here, as its RPC port is")
         if cap is not None:
-            status = self._auth_client(worker).authenticate(ep, auth_id, cap, timeout)
-            if status != 0:
-                _close_endpoint(ep)
-                what = _native.status_name(status)
-                if status == _native.STATUS_REJECTED:
-                    raise AuthenticationFailed(
-                        f"the UCX listener of {peer} at {host}:{port} refused our connection "
-                        f"capability ({what}): is this client's control plane that node's?")
-                raise ConnectionFailed(
-                    f"the UCX listener of {peer} at {host}:{port} did not accept our "
-                    f"connection ({what} within {timeout:g} s)")
+            self._authenticate(worker, ep, f"{peer} at {host}:{port}", cap, auth_id, timeout)
         with self._lock:
             if self._closed:
                 _close_endpoint(ep)
@@ -308,6 +298,22 @@ class UcxRuntime:
                 return old
             self._listener_endpoints[(host, port)] = ep
             return ep
+
+    def _authenticate(self, worker, ep, where: str, cap: bytes, auth_id: int,
+                      timeout: float) -> None:
+        """Prove `cap` on a new listener endpoint `ep` (of `worker`); closes
+        it and raises if the listener (of `where`) does not accept it."""
+        status = self._auth_client(worker).authenticate(ep, auth_id, cap, timeout)
+        if status == 0:
+            return
+        _close_endpoint(ep)
+        what = _native.status_name(status)
+        if status == _native.STATUS_REJECTED:
+            raise AuthenticationFailed(
+                f"the UCX listener of {where} refused our connection capability ({what}): "
+                "is this client's control plane that node's?")
+        raise ConnectionFailed(f"the UCX listener of {where} did not accept our connection "
+                               f"({what} within {timeout:g} s)")
 
     def _auth_client(self, worker):
         """The AmAuthClient of `worker` (one of this runtime's), made on first use."""
@@ -362,159 +368,6 @@ class UcxRuntime:
         self.close()
 
 
-# Runtimes not closed yet, with their creation order. A program that never
-# calls close() would otherwise leave the progress thread running into
-# interpreter teardown (ucxx then warns, and destructors may run on that
-# thread): stop them at exit, newest first, before modules are torn down.
-_LIVE: weakref.WeakKeyDictionary[UcxRuntime, int] = weakref.WeakKeyDictionary()
-_ORDER = itertools.count()
-_AT_EXIT: list = []  # callables run before the runtimes close (owners release first)
-
-
-def close_at_exit(callback) -> None:
-    """Run `callback()` at interpreter exit before the UCX runtimes close, so
-    that objects holding UCX resources (learners' remote keys and rings)
-    release them first. Last registered runs first."""
-    _AT_EXIT.append(callback)
-
-
-class ClosedAtExit:
-    """Objects not closed yet (writers, replay buffers), each closed with its
-    `_close_unattended(why)` at interpreter exit, before the UCX runtimes
-    close (close_at_exit, registered with the first object added: after its
-    client's runtime, and the last registered runs first). Held weakly: an
-    object dropped earlier closes itself in its __del__."""
-
-    def __init__(self):
-        self._open: weakref.WeakSet = weakref.WeakSet()
-        self._lock = threading.Lock()
-        self._registered = False
-
-    def add(self, obj) -> None:
-        """Close `obj` at exit unless it was closed or collected before."""
-        with self._lock:
-            if not self._registered:
-                close_at_exit(self._close_all)
-                self._registered = True
-            self._open.add(obj)
-
-    def _close_all(self) -> None:
-        with self._lock:
-            objs = list(self._open)
-        for obj in objs:
-            obj._close_unattended("still open at interpreter exit")
-
-
-@atexit.register
-def _close_live_runtimes() -> None:
-    for callback in reversed(_AT_EXIT):
-        try:
-            callback()
-        except Exception as exc:  # exiting anyway: say what, close the rest
-            log.debug("at exit: %s", exc)
-    for runtime in sorted(_LIVE.keys(), key=lambda r: _LIVE.get(r, 0), reverse=True):
-        try:
-            runtime.close()
-        except Exception as exc:
-            log.debug("at exit: closing a UCX runtime: %s", exc)
-
-
-# UCX transports that cannot detect a peer's failure (no
-# UCP_ERR_HANDLING_MODE_PEER). Only used to skip an attempt that would fail
-# and log an error; any other failure falls back at run time.
-_NO_PEER_FAILURE = {"sm", "shm", "posix", "sysv", "cma", "knem", "xpmem", "self"}
-
-
-def _shared_memory_only(tls: str) -> bool:
-    names = {t.strip() for t in tls.split(",") if t.strip()}
-    return bool(names) and names <= _NO_PEER_FAILURE
-
-
-# Transports through which a same-host peer writes straight into this
-# process's memory, past any UCX handler: cma (process_vm_writev, as the
-# kernel lets any process that may ptrace this one), knem, xpmem. A storage
-# node leaves them out: its arena reaches same-host learners through the
-# sealed read-only mapping (transport/local_map.py) or their own
-# process_vm_readv, not through them.
-_DIRECT_WRITE = ("cma", "knem", "xpmem")
-_SHARED_MEMORY_ALIASES = {"sm", "shm"}
-
-
-def without_direct_writes(env_tls: str | None) -> str:
-    """UCX_TLS (`env_tls` as the environment sets it, config.ucx_tls(), or
-    "all") without the transports that let a same-host peer write this
-    process's memory directly (see _DIRECT_WRITE): "^cma,knem,xpmem" for
-    all, "tcp,posix,sysv" for "tcp,sm"."""
-    tls = (env_tls or "").strip() or "all"
-    names = [t.strip() for t in tls.lstrip("^").split(",") if t.strip()]
-    if tls.startswith("^"):
-        return "^" + ",".join(names + [t for t in _DIRECT_WRITE if t not in names])
-    if "all" in names:
-        return "^" + ",".join(_DIRECT_WRITE)
-    out = []
-    for name in names:
-        expanded = ["posix", "sysv"] if name in _SHARED_MEMORY_ALIASES else [name]
-        out += [t for t in expanded if t not in _DIRECT_WRITE and t not in out]
-    return ",".join(out) or tls
-
-
-def host_id() -> str:
-    """Identifies this host, pid namespace and network namespace: peers with
-    the same id share memory transports and can check each other's pids."""
-    try:
-        with open("/proc/sys/kernel/random/boot_id") as fh:
-            boot = fh.read().strip()
-        pid_ns = os.stat("/proc/self/ns/pid").st_ino
-        net_ns = os.stat("/proc/self/ns/net").st_ino
-        return f"{boot}:{pid_ns}:{net_ns}"
-    except OSError:
-        return ""
-
-
-class ProcessWatch:
-    """Tells whether a local process still runs, cheaply enough to ask per batch.
-
-    Uses a pidfd (readable once the process has exited, zombie or reaped)
-    where the kernel has them, else /proc/PID/stat.
-    """
-
-    def __init__(self, pid: int):
-        self.pid = pid
-        self._fd = None
-        self._poll = None
-        try:
-            self._fd = os.pidfd_open(pid)
-            self._poll = select.poll()
-            self._poll.register(self._fd, select.POLLIN)
-        except (AttributeError, OSError):  # old kernel or Python, or already gone
-            self._fd = None
-
-    def fileno(self) -> int | None:
-        """The pidfd, readable once the process has exited (so that many
-        watches can be polled at once); None where alive() reads /proc."""
-        return self._fd
-
-    def alive(self) -> bool:
-        """True while the process exists and has not exited."""
-        if self._fd is not None:
-            return not self._poll.poll(0)
-        try:
-            with open(f"/proc/{self.pid}/stat", "rb") as fh:
-                state = fh.read().rsplit(b")", 1)[1].split()[0]
-        except (OSError, IndexError):
-            return False
-        return state not in (b"Z", b"X")
-
-    def close(self) -> None:
-        """Release the pidfd."""
-        if self._fd is not None:
-            os.close(self._fd)
-            self._fd = None
-
-    def __del__(self):
-        self.close()
-
-
 def _close_endpoint(ep) -> None:
     # A live endpoint is closed with a flush, which tells the peer: a forced
     # close leaves the peer's side of the connection broken, and UCX matches
@@ -525,3 +378,8 @@ def _close_endpoint(ep) -> None:
         ep.close(force=ep.error_handling and not ep.alive, timeout=1.0)
     except Exception as exc:  # a dead peer's endpoint may refuse a clean close
         log.debug("endpoint close: %s", exc)
+
+
+# host_id and without_direct_writes live in same_host.py and ucx_tls.py;
+# storage/ imports them from here.
+__all__ = ["UcxRuntime", "RegionOwner", "host_id", "without_direct_writes"]

@@ -150,7 +150,7 @@ def test_rechecks_over_tcp_go_by_message_and_catch_evictions(make_cluster, tls, 
         it = iter(learner)
         for _ in range(2):
             check(next(it), set())
-        locs = learner._locs[queued(learner, 1)[0][0]].copy()
+        locs = learner._reader.locations[queued(learner, 1)[0][0]].copy()
         assert len(rechecks.retired_rows(locs, 5.0)) == 0  # all still in the table
         fill(client, 100, 5)  # evicts items 0, 1, 2: every row of `locs`
         assert np.array_equal(rechecks.retired_rows(locs, 5.0), np.arange(len(locs)))

@@ -33,7 +33,7 @@ from distore_ucx.errors import RemoteError
 from distore_ucx.protocol import AM_INSERT_AUTH_ID, AM_INSERT_ID
 from distore_ucx.transport import rpc
 from distore_ucx.transport.local_map import send_staging
-from distore_ucx.transport.runtime import host_id
+from distore_ucx.transport.same_host import host_id
 
 ITEM = 3000  # bytes: the first 8 hold the item's index, the rest derive from it
 

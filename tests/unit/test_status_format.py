@@ -4,7 +4,7 @@ replacement joined)."""
 
 from __future__ import annotations
 
-from distore_ucx.cli import _format_status
+from distore_ucx.status import format_status
 
 
 def node(node_id: int, state: str, used: int) -> dict:
@@ -16,7 +16,7 @@ def node(node_id: int, state: str, used: int) -> dict:
 def test_gone_nodes_are_listed_apart_without_their_memory():
     st = {"nodes": [node(1, "live", 64 << 20), node(2, "gone", 160 << 20),
                     node(3, "live", 0)], "tables": [], "leases": 0}
-    text = _format_status("127.0.0.1:7700", st)
+    text = format_status("127.0.0.1:7700", st)
     rows = [ln for ln in text.splitlines() if ln.strip().startswith(("1 ", "2 ", "3 "))]
     assert [r.split()[0] for r in rows] == ["1", "3"], text
     assert "62.5%" not in text and "160.0 MiB" not in text

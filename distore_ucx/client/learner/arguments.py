@@ -14,6 +14,7 @@ import numpy as np
 from ...errors import ConfigError
 from ...protocol import MAX_SAMPLE
 from ...spec import TableSpec
+from .sample_stream import resolve_sample_ahead
 
 
 class Checked(NamedTuple):
@@ -47,6 +48,22 @@ def check_learner(client, table: str, batch_size: Any, device: str, prefetch: in
     if prefetch < 0:
         raise ConfigError(f"prefetch (ring - 1) must not be negative, got {prefetch}")
     return Checked(info, spec, rows, prefetch)
+
+
+def check_sampling_ahead(info: dict, sample_ahead: int | None, pipeline: bool, rows: int,
+                         slot_size: int) -> tuple[bool, int]:
+    """Whether sampling uses the table's items up (`consuming`), and the
+    batches one sample request asks for (Learner's `sample_ahead`, checked
+    against `pipeline`)."""
+    # Only tables where sampling is free are sampled ahead: with
+    # max_times_sampled or a Queue a batch fetched but never used would be
+    # lost, and a ratio limiter would count it before it was asked for.
+    consuming = info["max_times_sampled"] > 0 or info["rate_limiter"]["kind"] != "min_size"
+    if not pipeline and sample_ahead not in (None, 1):
+        raise ConfigError(f"sample_ahead={sample_ahead} samples ahead, which pipeline=False "
+                          "rules out: leave one of them out")
+    return consuming, resolve_sample_ahead(sample_ahead, rows, consuming or not pipeline,
+                                           slot_size)
 
 
 def refuse_batch_size(batch_size: Any) -> None:

@@ -21,30 +21,27 @@ handed out (recheck.py): no batch handed out holds an item evicted before.
 from __future__ import annotations
 
 import logging
-import math
 import time
 from collections.abc import Iterator
-
-import numpy as np
 
 from ... import metrics
 from ..._native_loader import _native
 from ...config import am_samples_enabled
-from ...errors import ConfigError, DistoreError, NoData, RateLimiterTimeout
-from ...protocol import ITEM_LOCATION, STEP_LAST, STEP_PAD
+from ...errors import DistoreError, NoData, RateLimiterTimeout
 from ...spec import SLOT_HEADER
 from ..lifecycle import ensure_open, mark_closed
-from .arguments import check_learner
+from .arguments import check_learner, check_sampling_ahead
 from .batch import Batch
 from .device import Device, read_settings, resolve_framework
 from .gather import Gather
 from .peers import PeerDirectory
 from .prefetch import Prefetcher, Stopped
 from .priorities import PriorityUpdates, checked_priorities
+from .reader import BatchReader
 from .recheck import HeaderRecheck
 from .ring import Ring
-from .sample_stream import SampleStream, resolve_sample_ahead
-from .weights import importance_weights
+from .sample_stream import SampleStream
+from .slices import as_slices
 
 log = logging.getLogger(__name__)
 
@@ -125,69 +122,61 @@ class Learner:
         self.transfer_timeout = transfer_timeout
         self._client = client
         self.beta = beta
-        # Only tables where sampling is free are sampled ahead: with
-        # max_times_sampled or a Queue a batch fetched but never used would be
-        # lost, and a ratio limiter would count it before it was asked for.
-        self._consuming = (
-            info["max_times_sampled"] > 0 or info["rate_limiter"]["kind"] != "min_size"
-        )
-        if not pipeline and sample_ahead not in (None, 1):
-            raise ConfigError(f"sample_ahead={sample_ahead} samples ahead, which pipeline=False "
-                              "rules out: leave one of them out")
+        self._consuming, self.sample_ahead = check_sampling_ahead(
+            info, sample_ahead, pipeline, self._rows, self.spec.slot_size)
         self.pipeline = pipeline
-        self.sample_ahead = resolve_sample_ahead(sample_ahead, self._rows,
-                                                 self._consuming or not pipeline,
-                                                 self.spec.slot_size)
         self._read = SLOT_HEADER + self.spec.item_bytes
         runtime = client.runtime
         self._runtime = runtime
         self.path, copy_threads, local_map = read_settings(runtime, dev, path, copy_threads,
                                                            local_map, table)
+        self._open_streams(client, pipeline and not self._consuming)
+        self._prefetcher: Prefetcher | None = None
+        self._held: int | None = None  # ring slot of the batch the caller holds (GPU fences)
+        self._expired = 0  # batches read ahead, past their deadline when taken
+        self.stats = metrics.LearnerStats()  # ds.metrics.registry() reads it
+        self._map_and_connect(client, runtime, dev, copy_threads, local_map)
+        self._gather = Gather(runtime, self._ring, self._peers, self._copy_pool, self._stream,
+                              self.stats, self._read, self.spec.slot_size, self.slice_len)
+        self._reader = BatchReader(self._ring, self._stream, self._gather, self._peers,
+                                   self._rows, self.slice_len)
+        self._recheck = HeaderRecheck(client, runtime, self._peers, self.spec.slot_size)
+        metrics.track("learner", self)
+        log.info("learner on table %r: device=%s, path=%s, framework=%s, prefetch=%d, "
+                 "UCX %s, UCX_TLS=%s", table, self.device, self.path, self.framework, prefetch,
+                 _native.ucx_version(), runtime.transports)
+
+    def _open_streams(self, client, pipelined: bool) -> None:
+        """The learner's control connection, its sample stream on it (the
+        first request goes out now) and its priority updates."""
         self._rpc = client.connection()
         # Priority updates on a connection of their own, not waited for; each
         # sample request goes once those made before it are applied.
-        self._priorities = PriorityUpdates(client.connection, table, timeout)
+        self._priorities = PriorityUpdates(client.connection, self.table, self.timeout)
         # Requests and replies of the control connection: pipelining, sampling
-        # ahead, cold depth and leases (the first request goes out now).
-        self._stream = SampleStream(self._rpc, table, self._rows, self.sample_ahead,
-                                    pipeline and not self._consuming,
-                                    before_request=self._priorities.settle)
-        self._next = 0
-        self._prefetcher: Prefetcher | None = None
-        self._held: int | None = None  # ring slot of the batch the caller holds (GPU fences)
-        self._locs: list = [None] * (prefetch + 1)  # per ring slot: its items' locations
-        # per ring slot, a table of slices: each row's (position, flags)
-        self._steps: list = [None] * (prefetch + 1)
-        self._min_probs: list = [None] * (prefetch + 1)  # per ring slot: each row's P_min
-        # Per ring slot, while iterating: the (session, leases, deadline) of
-        # each read into it (the batch, then any repair), held until it is
-        # handed out (SampleStream.collect_leases), before the earliest
-        # deadline.
-        self._slot_leases: list[list] = [[] for _ in range(prefetch + 1)]
-        self._expired = 0  # batches read ahead, past their deadline when taken
-        self.stats = metrics.LearnerStats()  # ds.metrics.registry() reads it
+        # ahead, cold depth and leases.
+        self._stream = SampleStream(self._rpc, self.table, self._rows, self.sample_ahead,
+                                    pipelined, before_request=self._priorities.settle)
+
+    def _map_and_connect(self, client, runtime, dev: Device, copy_threads: int,
+                         local_map: bool) -> None:
+        """Map the ring, start the copy pool, and connect to every storage
+        node now (endpoints, remote keys and mappings), not on the first
+        sample; on failure, close what was made and the sample connection."""
         self._ring = self._peers = None
         try:
-            self._ring = Ring(runtime, self.spec, self._rows, prefetch + 1, dev,
+            self._ring = Ring(runtime, self.spec, self._rows, self.prefetch + 1, dev,
                               self.framework, self.path)
             self._copy_pool = _native.CopyPool(copy_threads - 1)
             self._peers = PeerDirectory(client, runtime, local_map,
                                         host_memory=self.path != "gpu-direct",
                                         am_samples=am_samples_enabled())
-            # Endpoints, remote keys and mappings now, not on the first sample.
             self._peers.connect_all()
         except BaseException:
             for part in (self._peers, self._ring, self._rpc):  # the request dies with it
                 if part is not None:
                     part.close()
             raise
-        self._gather = Gather(runtime, self._ring, self._peers, self._copy_pool, self._stream,
-                              self.stats, self._read, self.spec.slot_size, self.slice_len)
-        self._recheck = HeaderRecheck(client, runtime, self._peers, self.spec.slot_size)
-        metrics.track("learner", self)
-        log.info("learner on table %r: device=%s, path=%s, framework=%s, prefetch=%d, "
-                 "UCX %s, UCX_TLS=%s", table, self.device, self.path, self.framework, prefetch,
-                 _native.ucx_version(), runtime.transports)
 
     @property
     def paths(self) -> dict[int, str]:
@@ -245,8 +234,8 @@ class Learner:
             return self._take(wait)
         # GPU paths: the slot about to be refilled may hold a batch the
         # caller's stream still reads; fence all work enqueued so far.
-        self._ring.release(self._next)
-        slot, batch = self._sample(wait)
+        self._ring.release(self._reader.next_slot)
+        slot, batch = self._reader.read(wait, self.transfer_timeout, self.beta)
         return self._hand_out(slot, batch)
 
     def __iter__(self) -> Iterator[Batch]:
@@ -263,12 +252,6 @@ class Learner:
                                           name=f"distore-prefetch-{self.table}")
         while True:
             yield self._take(self.timeout)
-
-    def _give_back_leases(self, slot: int) -> None:
-        """Release (with the next request) the leases held for ring slot `slot`."""
-        held, self._slot_leases[slot] = self._slot_leases[slot], []
-        for session, leases, _ in held:
-            self._stream.give_back(session, leases)
 
     def _take(self, wait: float) -> Batch:
         """The next batch from the prefetch thread, its errors re-raised here."""
@@ -290,23 +273,24 @@ class Learner:
         except BaseException:
             self._stop_prefetch()  # the thread has ended; the next iteration restarts it
             raise
-        if time.monotonic() >= min((d for _, _, d in self._slot_leases[slot]), default=math.inf):
+        reader = self._reader
+        if reader.leases_may_have_expired(slot):
             # Read so long ago that its leases may have expired (the caller
             # paused longer than the control plane's lease_timeout): an item
             # evicted since may have been freed unmarked, which no re-check
             # can see. Every row is sampled and read again.
-            self._give_back_leases(slot)
+            reader.give_back_leases(slot)
             self._expired += 1
             batch = self._prefetcher.call(
                 lambda: self._repair(slot, batch, self._gather.all_rows, wait),
                 wait + self.transfer_timeout + 10.0)
-        stale = self._recheck.retired_rows(self._locs[slot], self.transfer_timeout)
+        stale = self._recheck.retired_rows(reader.locations[slot], self.transfer_timeout)
         if len(stale):
             # Items evicted after the thread read them (their slots are
             # marked): never handed out, resampled in place by the thread.
             batch = self._prefetcher.call(lambda: self._repair(slot, batch, stale, wait),
                                           wait + self.transfer_timeout + 10.0)
-        self._give_back_leases(slot)  # re-checked: its items may go now
+        reader.give_back_leases(slot)  # re-checked: its items may go now
         return self._hand_out(slot, batch)
 
     def _produce(self, stopping) -> tuple[int, Batch]:
@@ -316,96 +300,25 @@ class Learner:
         while True:
             remaining = deadline - time.monotonic()
             try:
-                return self._sample(max(min(PREFETCH_POLL, remaining), 0.01), hold=True)
+                return self._reader.read(max(min(PREFETCH_POLL, remaining), 0.01),
+                                         self.transfer_timeout, self.beta, hold=True)
             except RateLimiterTimeout:  # NoData too: keep polling in slices
                 if stopping():
                     raise Stopped() from None
                 if remaining <= PREFETCH_POLL:
                     raise
 
+    def _repair(self, slot: int, batch: Batch, rows, wait: float) -> Batch:
+        """On the prefetch thread: resample `rows` of a batch it read ahead
+        (their items were evicted since) into the same ring slot."""
+        return self._reader.repair(slot, batch, rows, wait, self.transfer_timeout, self.beta)
+
     def _hand_out(self, slot: int, batch: Batch) -> Batch:
         self.stats.batches += 1
         self._held = slot
         batch.data = self._ring.hand_out(slot)  # ordered after its staging copy
         if self.slice_len:
-            batch = self._as_slices(slot, batch)
-        return batch
-
-    def _as_slices(self, slot: int, rows: Batch) -> Batch:
-        """A batch of rows as the caller sees a batch of slices: fields
-        [B, T, ...] (views, still one C-contiguous array each), the slices'
-        keys, probabilities and weights (their start steps'), and per step
-        its key, position, episode markers and mask (not a padding row)."""
-        t, b = self.slice_len, self.batch_size
-        data = rows.data
-        if isinstance(data, dict):
-            data = {k: v.reshape(b, t, *v.shape[1:]) for k, v in data.items()}
-        else:
-            data = data.reshape(b, t, *data.shape[1:])
-        positions, flags = self._steps[slot]
-        positions, flags = positions.reshape(b, t), flags.reshape(b, t)
-        step_keys = rows.keys.reshape(b, t)
-        mask = (flags & STEP_PAD) == 0
-        return Batch(data, step_keys[:, 0].copy(), rows.probabilities[::t].copy(),
-                     rows.table_size, None if rows.weights is None else rows.weights[::t].copy(),
-                     step_keys.copy(), positions.copy(), (positions == 0) & mask,
-                     ((flags & STEP_LAST) != 0) & mask, mask)
-
-    def _sample(self, wait: float, hold: bool = False) -> tuple[int, Batch]:
-        """Sample and read one batch into the next ring slot: (slot, batch).
-        `hold` (the prefetch thread): its leases are kept for the slot until
-        the batch is handed out (_take), not released with the next request."""
-        self._stream.starting()
-        slot = self._next
-        self._next = (self._next + 1) % len(self._ring)
-        self._give_back_leases(slot)  # a batch of this slot never handed out (an error)
-        dest = self._ring.acquire(slot)
-        n = self._rows
-        keys = np.empty(n, np.uint64)
-        probs = np.empty(n, np.float64)
-        locs = self._locs[slot] = np.empty(n, ITEM_LOCATION)  # re-checked at hand-out
-        # each row's reply's smallest probability (the weights' P_min)
-        min_probs = self._min_probs[slot] = np.empty(n, np.float64)
-        if hold:
-            self._stream.collect_leases()  # and the deadline of the reply read
-        try:
-            reply, renewed = self._stream.next(wait)
-            if renewed:
-                # A new control-plane connection (it restarted, or the link
-                # broke): a control plane that started afresh numbers nodes anew.
-                self._peers.forget_all("the control-plane connection is new")
-            steps = None
-            if self.slice_len:
-                steps = self._steps[slot] = (np.empty(n, np.uint32), np.empty(n, np.uint8))
-            table_size = self._gather.read_rows(reply, self._gather.all_rows, dest, slot, keys,
-                                                probs, min_probs, locs, wait,
-                                                self.transfer_timeout, steps)
-        finally:
-            if hold:
-                self._slot_leases[slot].append(self._stream.collected())
-        self._ring.fill(slot, n)
-        self._stream.read()
-        weights = None
-        if self.beta is not None:
-            weights = importance_weights(probs, min_probs, self.beta)
-        return slot, Batch(None, keys, probs, table_size, weights)
-
-    def _repair(self, slot: int, batch: Batch, rows: np.ndarray, wait: float) -> Batch:
-        """On the prefetch thread: resample `rows` of a batch it read ahead
-        (their items were evicted since) into the same ring slot."""
-        dest = self._ring.acquire(slot)
-        min_probs = self._min_probs[slot]
-        self._stream.collect_leases()  # the new rows' leases, held with the batch's
-        try:
-            batch.table_size = self._gather.reread_rows(rows, dest, slot, batch.keys,
-                                                        batch.probabilities, min_probs,
-                                                        self._locs[slot], wait,
-                                                        self.transfer_timeout, self._steps[slot])
-        finally:
-            self._slot_leases[slot].append(self._stream.collected())
-        self._ring.fill(slot, self._rows)
-        if batch.weights is not None:
-            batch.weights = importance_weights(batch.probabilities, min_probs, self.beta)
+            batch = as_slices(batch, self._reader.steps[slot], self.batch_size, self.slice_len)
         return batch
 
     def update_priorities(self, keys, priorities, wait: bool = False) -> dict | None:
@@ -456,8 +369,7 @@ class Learner:
             self._prefetcher.close()
             self._prefetcher = None
             # Batches read ahead and never handed out: their leases go too.
-            for slot in range(len(self._slot_leases)):
-                self._give_back_leases(slot)
+            self._reader.give_back_all()
 
     def close(self) -> None:
         """Stop the prefetch thread; release the last lease, the learner's

@@ -60,7 +60,7 @@ from ..._native_loader import _native
 from ...errors import ConnectionFailed, DistoreError, UcxError
 from ...protocol import AM_SAMPLE_AUTH_ID
 from ...transport.local_map import receive_arena
-from ...transport.runtime import ProcessWatch, host_id
+from ...transport.same_host import ProcessWatch, host_id
 
 log = logging.getLogger(__name__)
 

@@ -39,7 +39,7 @@ from ...protocol import AM_INSERT_AUTH_ID, AM_INSERT_ID
 from ...transport import rpc
 from ...transport.address import parse_address
 from ...transport.local_map import send_staging
-from ...transport.runtime import host_id
+from ...transport.same_host import host_id
 from .connections import CONNECT_TIMEOUT, Connections
 from .keys import KeyRange
 from .staging import StagedBatch, StagingBuffer

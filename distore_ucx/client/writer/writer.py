@@ -53,7 +53,7 @@ from ...config import (
 )
 from ...errors import ConfigError
 from ...protocol import STEP_LAST
-from ...transport.runtime import ClosedAtExit
+from ...transport.at_exit import ClosedAtExit
 from ..lifecycle import close_on_exit, ensure_open
 from .connections import Connections
 from .failures import Failed
