@@ -1,5 +1,5 @@
-"""Request routing on the control plane: every operation it serves has one
-handler, and an unknown one is refused saying so."""
+"""Request routing (transport/dispatch.py): every operation the control
+plane serves has one handler, and an unknown one is refused saying so."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ import asyncio
 import pytest
 
 from distore_ucx.config import ControlConfig
-from distore_ucx.control.dispatch import Dispatcher
 from distore_ucx.control.server import ControlPlane
 from distore_ucx.errors import InvalidRequest
+from distore_ucx.transport.dispatch import Dispatcher
 
 SERVED = {
     # writers and learners
@@ -29,7 +29,7 @@ def test_the_control_plane_routes_every_operation_it_serves():
 
 def test_an_unknown_operation_is_refused():
     plane = ControlPlane(ControlConfig())
-    with pytest.raises(InvalidRequest, match="does not serve 'insert'"):
+    with pytest.raises(InvalidRequest, match="the control plane does not serve 'insert'"):
         asyncio.run(plane.handle(None, "insert", {}))
 
 
@@ -42,7 +42,7 @@ def test_plain_and_async_handlers_are_answered_alike():
             await asyncio.sleep(0)
             return {"waits": f["x"]}
 
-    dispatch = Dispatcher(Handler())
+    dispatch = Dispatcher(Handler(), server="s", peers="p")
     assert asyncio.run(dispatch.handle(None, "plain", {"x": 1})) == {"plain": 1}
     assert asyncio.run(dispatch.handle(None, "waits", {"x": 2})) == {"waits": 2}
 
@@ -53,4 +53,4 @@ def test_two_handlers_of_one_operation_are_a_mistake():
             return {}
 
     with pytest.raises(ValueError, match="two handlers serve 'x'"):
-        Dispatcher(A(), A())
+        Dispatcher(A(), A(), server="s", peers="p")
