@@ -31,7 +31,7 @@ from .admission import Admission
 from .arenas import Arenas
 from .catalog import Catalog
 from .checkpoint import IdState, Image
-from .dispatch import Dispatcher
+from .dispatch import ControlDispatcher
 from .inserts import Inserts
 from .leases import Leases
 from .membership import Membership
@@ -86,9 +86,9 @@ class ControlPlane:
         self.arenas = Arenas(self.catalog, self.members, self.tiers, self.demotions, self.room,
                              self.retirements, self.admission)
         # Operation -> the handler that serves it.
-        self.dispatch = Dispatcher(self, self.catalog, self.sampling, self.inserts,
-                                   self.reclaim, self.nodes, self.arenas, self.restoring,
-                                   Writers(config, self.ids))
+        self.dispatch = ControlDispatcher(self, self.catalog, self.sampling, self.inserts,
+                                          self.reclaim, self.nodes, self.arenas,
+                                          self.restoring, Writers(config, self.ids))
         self._stop = asyncio.Event()
         self._checkpointing: asyncio.Lock | None = None
         self.last_checkpoint: dict | None = None

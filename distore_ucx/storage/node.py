@@ -27,7 +27,6 @@ import os
 import secrets
 import signal
 import socket
-import time
 from concurrent.futures import ThreadPoolExecutor
 
 from .. import metrics
@@ -38,22 +37,24 @@ from ..progress import Progress
 from ..protocol import parse_reply
 from ..roles import write_ready
 from ..transport import UcxRuntime
+from ..transport.dispatch import Dispatcher
 from ..transport.local_map import LocalMapServer
-from ..transport.rpc import AsyncClient, parse_address, serve
-from .arena import Arena, page_advice, page_size_label
+from ..transport.rpc import parse_address, serve
+from ..transport.runtime import host_id
+from .arena import Arena, granted_page_kind, page_advice, page_size_label
 from .guard import guard_remote_access, watch_guard
 from .heartbeat import Heartbeat
-from .held_frees import HeldFrees
 from .inserts import InsertServer
 from .puller import Puller
 from .registrations import Registrations
 from .room import RoomForInserts
 from .sample_server import SampleServer
-from .session import LOOP_WEDGED, ControlSession
+from .session import ControlSession
 from .staging import ColdStaging
+from .state import NodeState
 from .tier import DiskTier, StagingArea, bounce_reads
 
-__all__ = ["LOOP_WEDGED", "StorageNode", "main", "route_address"]
+__all__ = ["StorageNode", "main", "route_address"]
 
 log = logging.getLogger(__name__)
 
@@ -68,57 +69,50 @@ def route_address(control_host: str) -> str:
         return "127.0.0.1"
 
 
-class StorageNode(ControlSession, InsertServer, RoomForInserts, ColdStaging):
+class StorageNode:
     """One storage node: arena, insert server, control-plane session.
 
     Its process lifecycle is here: start-up, serving until stopped, the
-    graceful exit and the teardown. The rest is in the classes it is made
-    of: the control-plane session (storage/session.py), the insert server
-    (storage/inserts.py) with its pull thread (storage/puller.py), room for
-    inserts in a full arena (storage/room.py) and staging cold items
-    (storage/staging.py).
+    graceful exit and the teardown. It makes the node's resources (the
+    arena, the pull thread, the disk tier, the sample server, the map for
+    same-host learners) and its parts, each given what it uses, with the
+    state they share in one object (storage/state.py): the control-plane
+    session (storage/session.py), the insert server (storage/inserts.py)
+    with room for inserts in a full arena (storage/room.py), and staging
+    cold items (storage/staging.py). Writers' requests reach the insert
+    server through a Dispatcher (transport/dispatch.py), as the control
+    plane's reach its handlers.
     """
 
     def __init__(self, config: NodeConfig):
         self.config = config
         self.name = config.name or f"{socket.gethostname()}:{os.getpid()}"
-        self.node_id: int | None = None
-        self.store_id: str | None = None  # the store this node's items belong to
+        self.state = NodeState(config, self.name)
         self.runtime: UcxRuntime | None = None
-        self.arena: Arena | None = None
-        self.control: AsyncClient | None = None
         self.local_map: LocalMapServer | None = None  # same-host learners map the arena
-        self.tier: DiskTier | None = None  # the disk tier (--disk), storage/tier.py
-        self.staging: StagingArea | None = None  # where sampled cold items are read to
         self.puller: Puller | None = None  # reads writers' batches (storage/puller.py)
         # serves samples by active message where UCX emulates RMA (storage/sample_server.py)
         self.sample_server: SampleServer | None = None
-        self._disk_thread: ThreadPoolExecutor | None = None  # disk batches, made on first use
-        self._slot_sizes: dict[str, int] = {}  # table -> slot size, as inserts said
-        self.inserted = 0
+        # The parts, made at start-up once what they use exists (_make_parts).
+        self.session: ControlSession | None = None
+        self.inserts: InsertServer | None = None
+        self._disk_thread: ThreadPoolExecutor | None = None  # disk batches, with a disk tier
         self.stats = metrics.NodeStats()  # read at scrape time (metrics/families.py)
         self._stop = asyncio.Event()
         self._now = asyncio.Event()  # a second SIGTERM: skip the drain
-        self._leaving = False
-        # Registrations in flight, and frees from the control plane held
-        # until those in flight when they came are done (_on_push).
-        self._frees = HeldFrees(self._apply_free)
         # items_added requests: the inserts stored while one is answered go together
-        self.registrations = Registrations(
-            lambda: self.arena.used_bytes if self.arena is not None else 0)
-        self._joined = asyncio.Event()  # registered with a live control plane
-        self._staged = asyncio.Event()  # set when staged extents come back
-        self._demoting = asyncio.Lock()  # one demotion at a time
+        self.registrations = Registrations(self.state.used_bytes)
         self._token: bytes | None = None
         self._where: tuple[str, int] = ("", 0)  # host, port writers reach us at
-        self._interval = 0.5  # heartbeat interval the control plane asked for
-        self._loop_seen = time.monotonic()  # the event loop's last tick (heartbeat thread reads)
-        self._loop_wedged = False
         self._am_samples = am_samples_enabled()
         # The key of this node's active-message listeners (native/am_grant.h),
-        # for the control plane only, and what its heartbeats carry.
+        # for the control plane only.
         self.am_key = secrets.token_bytes(16)
-        self.beat_secret = secrets.token_bytes(16)
+
+    @property
+    def arena(self) -> Arena | None:
+        """The arena (None before start-up and after the teardown)."""
+        return self.state.arena
 
     async def run(self, ready_file: str | None = None) -> int:
         """Serve until SIGTERM/SIGINT, or until no control plane can be re-joined
@@ -136,119 +130,181 @@ class StorageNode(ControlSession, InsertServer, RoomForInserts, ColdStaging):
         with UcxRuntime(config={**rendezvous_config(), **guarded}, env_tls=ucx_tls()) as runtime:
             self.runtime = runtime
             steps.write(f"mapping and registering a {cfg.arena_bytes / 2**30:.1f} GiB arena")
-            self.arena = Arena(runtime, cfg.arena_bytes, cfg.hugepages, self.name,
-                               write_protect=cfg.write_protect, reserve=cfg.staging_bytes)
-            self.puller = Puller(runtime, self.name)
-            if cfg.disk:
-                self._start_tier()
-            _native.allow_remote_reads(self.arena.base, self.arena.size)
-            self.sample_server = SampleServer.start(runtime, self.arena, self.name, host,
-                                                    self._am_samples, self.am_key)
-            self.puller.start_am_inbox(host, self.am_key)  # where writers reach us
-            # The insert listener's connections that did not authenticate
-            # are closed by the pull thread's tick, here when nothing else moves.
-            checks = [self.puller.progress_between_pulls]
-            if self.sample_server is not None:
-                checks.append(self.sample_server.check)
-            guard_watch = loop.create_task(watch_guard(self.name, checks))
+            guard_watch = self._open_arena(runtime, host)
             steps.update(1, note="arena mapped")
             self._token = read_token(cfg.token_file)
             self._start_local_map()
-            server = await serve(host, cfg.port, self._handle, token=self._token,
+            dispatch = self._make_parts()  # writers' requests -> the insert server
+            server = await serve(host, cfg.port, dispatch.handle, token=self._token,
                                  role="storage node")
             port = server.sockets[0].getsockname()[1]
             self._where = (host, port)
             steps.update(1, note=f"listening on {host}:{port}")
             metrics_server = metrics.serve_process(
                 cfg.metrics_port, cfg.metrics_host, loop, self,
-                lambda node: metrics.node_snapshot(node, joined=node._joined.is_set()),
+                lambda node: metrics.node_snapshot(node, joined=node.state.joined.is_set()),
                 metrics.node_families, f"storage node {self.name}", cfg.metrics_optional)
             beat = None
             try:
-                if not await self._first_join():
+                if not await self.session.first_join():
                     return 0 if self._stop.is_set() else 3
-                beat = Heartbeat(cfg.control, self._token, lambda: self._interval,
-                                 self._beat, f"node {self.name}").start()
-                steps.update(1, note=f"joined as node {self.node_id}")
+                beat = Heartbeat(cfg.control, self._token, lambda: self.session.interval,
+                                 self.session.beat, f"node {self.name}").start()
+                steps.update(1, note=f"joined as node {self.state.node_id}")
                 steps.close()
-                log.info(
-                    "node %s (id %d) serving %d-byte arena on %s pages at %s:%d over UCX %s; "
-                    "same-host learners %s",
-                    self.name, self.node_id, self.arena.size,
-                    page_size_label(self.arena.page_kind), host, port, runtime.transports,
-                    "map it read-only" if self.local_map else "read it over UCX",
-                )
-                advice = page_advice(self.arena.page_kind)
-                if advice:
-                    log.info("node %s: %s", self.name, advice)
+                self._log_serving()
                 if ready_file:
-                    write_ready(ready_file, {"node_id": self.node_id,
+                    write_ready(ready_file, {"node_id": self.state.node_id,
                                               "address": f"{host}:{port}",
                                               "metrics_port": metrics_server and
                                               metrics_server.port})
                 code = await self._serve()
             finally:
-                # Closed in reverse order of creation, all before the runtime.
-                self._leaving = True  # inserts still in flight fail as "shutting down"
-                guard_watch.cancel()
-                if beat is not None:
-                    beat.close()
-                server.close()
-                if metrics_server is not None:
-                    metrics_server.close()
-                if self.local_map is not None:
-                    self.local_map.close()
-                if self.control is not None:
-                    await self.control.close()
-                if self.tier is not None:
-                    if self._disk_thread is not None:
-                        self._disk_thread.shutdown(wait=True)
-                    self.tier.close()
-                await self.puller.close()  # its threads read through the runtime
-                if self.sample_server is not None:  # it sends from the arena
-                    await self.sample_server.close()
-                del self.arena  # unmap before the runtime closes
-                self.arena = None
+                await self._close(guard_watch, beat, server, metrics_server)
         log.info("node %s stopped", self.name)
         return code
 
+    def _open_arena(self, runtime: UcxRuntime, host: str) -> asyncio.Task:
+        """Map the arena and start what reads into it and from it: the pull
+        thread, the disk tier (--disk), the sample server and writers' insert
+        inbox; returns the task that watches the guard (storage/guard.py)."""
+        cfg, state = self.config, self.state
+        state.arena = Arena(runtime, cfg.arena_bytes, cfg.hugepages, self.name,
+                            write_protect=cfg.write_protect, reserve=cfg.staging_bytes)
+        self.puller = Puller(runtime, self.name)
+        if cfg.disk:
+            self._start_tier()
+        _native.allow_remote_reads(state.arena.base, state.arena.size)
+        self.sample_server = SampleServer.start(runtime, state.arena, self.name, host,
+                                                self._am_samples, self.am_key)
+        self.puller.start_am_inbox(host, self.am_key)  # where writers reach us
+        # The insert listener's connections that did not authenticate
+        # are closed by the pull thread's tick, here when nothing else moves.
+        checks = [self.puller.progress_between_pulls]
+        if self.sample_server is not None:
+            checks.append(self.sample_server.check)
+        return asyncio.get_running_loop().create_task(watch_guard(self.name, checks))
+
+    def _make_parts(self) -> Dispatcher:
+        """The node's parts, each given what it uses (see the class); returns
+        the dispatcher of writers' requests."""
+        state, disk = self.state, self._disk_thread
+        # Cold items are staged only with a disk tier: a node without one
+        # ignores `stage` pushes, as any push it does not serve.
+        staging = () if disk is None else (ColdStaging(state, disk),)
+        self.session = ControlSession(state, self._token, self._offer,
+                                      self.puller.progress_between_pulls, self._stop, *staging)
+        self.inserts = InsertServer(state, self.puller, RoomForInserts(state, disk),
+                                    self.registrations, self.session.frees, self.stats)
+        return Dispatcher(self.inserts, server=f"storage node {self.name}",
+                          peers="a distore-ucx client")
+
+    def _offer(self) -> dict:
+        """register_node's fields that say what this node serves and where
+        (the session adds its former id and its heartbeats' secret)."""
+        arena, puller, sample_server = self.state.arena, self.puller, self.sample_server
+        host, port = self._where
+        return dict(
+            name=self.name,
+            host=host,
+            port=port,
+            worker_address=self.runtime.address,
+            rkey=arena.region.pack_rkey(),
+            arena_base=arena.base,
+            arena_size=arena.size,
+            pid=os.getpid(),
+            host_id=host_id(),
+            arena_id=arena.arena_id,
+            page_kind=granted_page_kind(arena.page_kind),
+            **({"local_socket": self.local_map.name} if self.local_map else {}),
+            **({"disk_size": self.state.tier.size} if self.state.tier is not None else {}),
+            **({"insert_port": puller.insert_port} if puller.insert_port else {}),
+            **({"insert_run_bytes": puller.insert_run_bytes}
+               if puller.insert_port and puller.insert_run_bytes else {}),
+            **({"am_sample": True, "sample_port": sample_server.port}
+               if sample_server is not None else {}),
+            **({"am_key": self.am_key}
+               if sample_server is not None or puller.insert_port else {}),
+        )
+
+    def _log_serving(self) -> None:
+        arena, (host, port) = self.state.arena, self._where
+        log.info(
+            "node %s (id %d) serving %d-byte arena on %s pages at %s:%d over UCX %s; "
+            "same-host learners %s",
+            self.name, self.state.node_id, arena.size,
+            page_size_label(arena.page_kind), host, port, self.runtime.transports,
+            "map it read-only" if self.local_map else "read it over UCX",
+        )
+        advice = page_advice(arena.page_kind)
+        if advice:
+            log.info("node %s: %s", self.name, advice)
+
+    async def _close(self, guard_watch: asyncio.Task, beat: Heartbeat | None, server,
+                     metrics_server) -> None:
+        """Close what run() made, in reverse order of creation, all before the runtime."""
+        state = self.state
+        state.leaving = True  # inserts still in flight fail as "shutting down"
+        guard_watch.cancel()
+        if beat is not None:
+            beat.close()
+        server.close()
+        if metrics_server is not None:
+            metrics_server.close()
+        if self.local_map is not None:
+            self.local_map.close()
+        if state.control is not None:
+            await state.control.close()
+        if state.tier is not None:
+            if self._disk_thread is not None:
+                self._disk_thread.shutdown(wait=True)
+            state.tier.close()
+        await self.puller.close()  # its threads read through the runtime
+        if self.sample_server is not None:  # it sends from the arena
+            await self.sample_server.close()
+        state.arena = None  # unmap before the runtime closes (the parts reach it through state)
+
     def _start_tier(self) -> None:
-        """Open the disk tier (--disk) and the arena's staging area for its cold items."""
-        cfg = self.config
-        self.tier = DiskTier(cfg.disk, cfg.disk_bytes, self.name, self.arena.arena_id)
-        self.staging = StagingArea(cfg.staging_bytes)
+        """Open the disk tier (--disk), the arena's staging area for its cold
+        items and the threads its batches run on."""
+        cfg, state = self.config, self.state
+        tier = state.tier = DiskTier(cfg.disk, cfg.disk_bytes, self.name, state.arena.arena_id)
+        state.staging = StagingArea(cfg.staging_bytes)
+        # Disk batches, off the loop; the native call fans each out to its
+        # own threads. The executor starts its threads on first use.
+        self._disk_thread = ThreadPoolExecutor(2, thread_name_prefix="disk")
         # Straight into the staging area only on reserved hugepages:
         # into shared-memory transparent hugepages the disk read
         # slower than through the hugepage buffers (docs/performance.md,
         # perf/tier_bandwidth.py).
-        self.tier.bounce = self.tier.direct and bounce_reads(
-            self.arena.page_kind == "hugetlb")
+        tier.bounce = tier.direct and bounce_reads(state.arena.page_kind == "hugetlb")
         log.info("node %s: disk tier %s, %d bytes%s; %d arena bytes for staging cold "
-                 "items%s", self.name, cfg.disk, self.tier.size,
-                 "" if self.tier.direct else " (no O_DIRECT there)",
-                 self.staging.size, f", read through hugepage buffers (arena pages: "
-                 f"{self.arena.page_kind})" if self.tier.bounce else "")
+                 "items%s", self.name, cfg.disk, tier.size,
+                 "" if tier.direct else " (no O_DIRECT there)",
+                 state.staging.size, f", read through hugepage buffers (arena pages: "
+                 f"{state.arena.page_kind})" if tier.bounce else "")
 
     async def _serve(self) -> int:
         """Heartbeat the control plane until told to stop; re-join it whenever
         it is lost. Returns the exit code."""
+        state, session = self.state, self.session
         while True:
-            beat = asyncio.create_task(self._reader_ticks(self._interval))
-            lost = asyncio.create_task(self.control.closed.wait())
+            beat = asyncio.create_task(session.ticks(session.interval))
+            lost = asyncio.create_task(state.control.closed.wait())
             stop = asyncio.create_task(self._stop.wait())
             await asyncio.wait({lost, stop}, return_when=asyncio.FIRST_COMPLETED)
             for t in (beat, lost, stop):
                 t.cancel()
             if self._stop.is_set():
-                if not self.control.closed.is_set():
+                if not state.control.closed.is_set():
                     await self._leave()
                 return 0
-            self._joined.clear()
-            held = sum(len(t.live()[0]) for t in self.arena.tables().values())
+            state.joined.clear()
+            held = sum(len(t.live()[0]) for t in state.arena.tables().values())
             log.warning("lost the control plane at %s; node %s keeps its %d items, holds "
                         "inserts and tries to re-join for %g s", self.config.control, self.name,
                         held, self.config.reconnect_timeout)
-            if not await self._rejoin():
+            if not await session.rejoin():
                 if self._stop.is_set():
                     return 0
                 log.error("no control plane at %s within %g s; node %s exits",
@@ -258,7 +314,9 @@ class StorageNode(ControlSession, InsertServer, RoomForInserts, ColdStaging):
     def _start_local_map(self) -> None:
         """Offer the sealed arena to same-host learners (a Unix socket, after
         the store's HMAC handshake); say why not when it cannot be offered."""
-        if self.arena.share_fd < 0:
+        state = self.state
+        arena = state.arena
+        if arena.share_fd < 0:
             why = ("--no-write-protect leaves the arena unsealed" if not
                    self.config.write_protect else "this kernel cannot seal it (Linux >= 5.1 "
                    "has F_SEAL_FUTURE_WRITE)")
@@ -266,9 +324,8 @@ class StorageNode(ControlSession, InsertServer, RoomForInserts, ColdStaging):
             return
         try:
             self.local_map = LocalMapServer(
-                self.arena.share_fd, self.arena.size, self.arena.arena_id,
-                self.arena.page_kind, self._token, self.name,
-                high_water=lambda: self.arena.high_water if self.arena else 0,
+                arena.share_fd, arena.size, arena.arena_id, arena.page_kind, self._token,
+                self.name, high_water=lambda: state.arena.high_water if state.arena else 0,
                 on_staging=self.puller.sources().offer).start()
         except OSError as exc:
             log.warning("node %s: cannot offer its arena to same-host learners (%s); they "
@@ -285,15 +342,16 @@ class StorageNode(ControlSession, InsertServer, RoomForInserts, ColdStaging):
         this node's items out of sampling at once), then give reads that learners
         may still have in flight up to `drain_timeout` s, until their leases are
         released, before the arena goes away."""
+        state = self.state
         loop_time = asyncio.get_running_loop().time
-        self._leaving = True
+        state.leaving = True
         try:
-            reply = await self.control.call("deregister_node", reply_timeout=5.0,
-                                            node_id=self.node_id)
+            reply = await state.control.call("deregister_node", reply_timeout=5.0,
+                                             node_id=state.node_id)
         except (ConnectionFailed, Timeout) as exc:
             log.warning("could not deregister from the control plane (%s); exiting anyway", exc)
             return
-        leased = parse_reply("deregister_node", reply, self.control.name).leased
+        leased = parse_reply("deregister_node", reply, state.control.name).leased
         log.info("node %s deregistered; %d of its slots under lease", self.name, leased)
         deadline = loop_time() + self.config.drain_timeout
         while leased and loop_time() < deadline and not self._now.is_set():
@@ -304,20 +362,14 @@ class StorageNode(ControlSession, InsertServer, RoomForInserts, ColdStaging):
             except asyncio.TimeoutError:
                 pass
             try:
-                reply = await self.control.call("deregister_node", reply_timeout=2.0,
-                                                node_id=self.node_id)
+                reply = await state.control.call("deregister_node", reply_timeout=2.0,
+                                                 node_id=state.node_id)
             except (ConnectionFailed, Timeout):
                 return
-            leased = parse_reply("deregister_node", reply, self.control.name).leased
+            leased = parse_reply("deregister_node", reply, state.control.name).leased
         if leased:
             log.warning("node %s exits with %d slots still leased; those reads fail and "
                         "learners resample", self.name, leased)
-
-    def _disk(self) -> ThreadPoolExecutor:
-        # Disk batches, off the loop; the native call fans each out to its own threads.
-        if self._disk_thread is None:
-            self._disk_thread = ThreadPoolExecutor(2, thread_name_prefix="disk")
-        return self._disk_thread
 
 
 def main(config: NodeConfig, ready_file: str | None = None) -> int:

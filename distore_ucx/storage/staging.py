@@ -10,6 +10,7 @@ import asyncio
 import logging
 import os
 import time
+from concurrent.futures import Executor
 
 import numpy as np
 
@@ -17,6 +18,7 @@ from .. import protocol
 from .._native_loader import _native
 from ..errors import StagingFull
 from ..slot_format import stride_of
+from .state import NodeState
 
 log = logging.getLogger(__name__)
 
@@ -24,33 +26,53 @@ STAGE_WAIT = 5.0  # s a sample's cold items may wait for room in the staging are
 
 
 class ColdStaging:
-    """Reads sampled cold items into the staging area.
+    """Reads sampled cold items into the staging area; serves the control
+    plane's `stage` and `unstage` pushes (storage/session.py routes them).
 
-    Mixed into StorageNode (storage/node.py): uses its config, name, arena,
-    tier, staging area, control connection, node id, `_staged` and `_disk()`.
+    Made only with a disk tier. Given the node's shared state
+    (storage/state.py: its config, name, arena, tier, staging area, control
+    connection and node id) and the node's disk threads, on which the
+    items are read.
     """
+
+    def __init__(self, state: NodeState, disk: Executor):
+        self.state = state
+        self._disk = disk
+        self._staged = asyncio.Event()  # set when staged extents come back
+
+    def op_stage(self, peer, f: dict) -> None:
+        """Stage a sample's cold items (`peer`: None, a push), on a task of
+        its own: the control connection's reader goes on meanwhile."""
+        asyncio.get_running_loop().create_task(self._stage(f))
+
+    def op_unstage(self, peer, f: dict) -> None:
+        """Take back staged extents that learners released (`peer`: None, a push)."""
+        for start in f["extents"]:
+            self.state.staging.give(int(start))
+        self._staged.set()
 
     async def _stage(self, f: dict) -> None:
         """Read a sample's cold items into the staging area and tell the
         control plane where they are (a `staged` push)."""
+        state = self.state
         req, keys, slot_size = f["request"], f["keys"], f["slot_size"]
         stride = stride_of(slot_size)
         need = len(keys) * stride
         try:
-            if need > self.staging.size:
+            if need > state.staging.size:
                 raise StagingFull(
-                    f"node {self.name}: a sample needs {len(keys)} cold items of table "
+                    f"node {state.name}: a sample needs {len(keys)} cold items of table "
                     f"{f['table']!r} staged ({need} bytes) but the staging area holds "
-                    f"{self.staging.size}: raise --disk-staging or sample smaller batches")
+                    f"{state.staging.size}: raise --disk-staging or sample smaller batches")
             deadline = time.monotonic() + STAGE_WAIT
-            while (room := self.staging.take(len(keys), stride)) is None:
+            while (room := state.staging.take(len(keys), stride)) is None:
                 # Staged extents come back when learners release their leases.
                 self._staged.clear()
                 left = deadline - time.monotonic()
                 if left <= 0:
                     raise StagingFull(
-                        f"node {self.name}: staging area full ({self.staging.used_bytes} of "
-                        f"{self.staging.size} bytes leased) for {STAGE_WAIT:g} s, {need} bytes "
+                        f"node {state.name}: staging area full ({state.staging.used_bytes} of "
+                        f"{state.staging.size} bytes leased) for {STAGE_WAIT:g} s, {need} bytes "
                         f"of cold items of table {f['table']!r} wanted. Each learner holds "
                         "the cold items of 3 batches (the one it reads and two asked ahead) "
                         "until it releases them: raise --disk-staging, or sample smaller "
@@ -65,34 +87,28 @@ class ColdStaging:
                 # Samples' batches queue in the tier's native reader, first
                 # in, first out (storage/tier.py).
                 statuses = await asyncio.get_running_loop().run_in_executor(
-                    self._disk(), self.tier.read, f["offsets"], slot_size,
-                    self.arena.region, dest, keys, f["generations"])
+                    self._disk, state.tier.read, f["offsets"], slot_size,
+                    state.arena.region, dest, keys, f["generations"])
             except BaseException:
                 for start in extents:
-                    self.staging.give(start)
+                    state.staging.give(start)
                 self._staged.set()
                 raise
             bad = statuses != 0
             if bad.any():
-                self.tier.read_errors += int(bad.sum())
+                state.tier.read_errors += int(bad.sum())
                 first = int(statuses[bad][0])
                 why = os.strerror(first) if first > 0 else _native.status_name(first)
                 log.error("node %s: %d of %d cold items of table %r could not be read back from "
                           "%s (%s: an I/O error, a slot failing its checksum, or another "
-                          "item's); reported lost", self.name, int(bad.sum()), len(keys),
-                          f["table"], self.config.disk, why)
-            self.control.push("staged", node_id=self.node_id, request=req, extents=extents,
-                              offsets=dest, statuses=statuses.view(np.uint32))
+                          "item's); reported lost", state.name, int(bad.sum()), len(keys),
+                          f["table"], state.config.disk, why)
+            state.control.push("staged", node_id=state.node_id, request=req, extents=extents,
+                               offsets=dest, statuses=statuses.view(np.uint32))
             log.debug("staged %d cold items of table %r (%d bytes) in %.1f ms", len(keys),
                       f["table"], need, 1e3 * (time.perf_counter() - t0))
         except Exception as exc:  # the sample waiting on this must hear why
             log.error("%s", exc)
-            if self.control is not None:
-                self.control.push("staged", node_id=self.node_id, request=req,
-                                  error=str(exc)[:4000], code=protocol.error_code(exc))
-
-    def _unstage(self, extents) -> None:
-        """Take back staged extents that learners released."""
-        for start in extents:
-            self.staging.give(int(start))
-        self._staged.set()
+            if state.control is not None:
+                state.control.push("staged", node_id=state.node_id, request=req,
+                                   error=str(exc)[:4000], code=protocol.error_code(exc))

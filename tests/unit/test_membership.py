@@ -125,20 +125,22 @@ def test_a_node_whose_event_loop_stopped_running_stops_heartbeating():
     # host); a loop that has not run for LOOP_WEDGED s serves nothing, and
     # the node must then look unresponsive.
     from distore_ucx.config import NodeConfig
-    from distore_ucx.storage import node as node_module
+    from distore_ucx.storage.session import LOOP_WEDGED, ControlSession
+    from distore_ucx.storage.state import NodeState
 
-    node = node_module.StorageNode(NodeConfig(control="127.0.0.1:1", arena_bytes=1 << 20))
-    node.arena = type("A", (), {"used_bytes": 4096})()
-    node.node_id = 7
-    assert node._beat() is None  # not registered yet
-    node._joined.set()
-    node._loop_seen -= node_module.LOOP_WEDGED / 2  # late, not wedged
-    assert node._beat() == {"node_id": 7, "used_bytes": 4096, "beat_secret": node.beat_secret}
-    node._loop_seen -= node_module.LOOP_WEDGED
-    assert node._beat() is None
-    node._loop_seen = time.monotonic()
-    assert node._beat() is not None
-    node.arena = None
+    state = NodeState(NodeConfig(control="127.0.0.1:1", arena_bytes=1 << 20), "a")
+    session = ControlSession(state, None, dict, lambda: None, asyncio.Event())
+    state.arena = type("A", (), {"used_bytes": 4096})()
+    state.node_id = 7
+    assert session.beat() is None  # not registered yet
+    state.joined.set()
+    session._loop_seen -= LOOP_WEDGED / 2  # late, not wedged
+    assert session.beat() == {"node_id": 7, "used_bytes": 4096,
+                              "beat_secret": session.beat_secret}
+    session._loop_seen -= LOOP_WEDGED
+    assert session.beat() is None
+    session._loop_seen = time.monotonic()
+    assert session.beat() is not None
 
 
 def test_items_with_a_use_limit_are_not_used_up_by_routing_around():
