@@ -4,8 +4,9 @@ Owns one arena registered with UCX for remote READ. Writers send insert
 descriptors over the control channel; the node pulls each batch one-sided
 from the writer's staging buffer straight into slots, or receives it as UCX
 active messages into them (storage/pulls.py, storage/puller.py: on a pull
-thread, off the event loop), reports them to the control plane in one
-message per batch and acknowledges the writer only once the control plane
+thread, off the event loop), reports them to the control plane (the
+batches stored while its last report was answered in one message,
+storage/registrations.py) and acknowledges the writer only once the control plane
 has them (an acknowledged insert is sampleable). A batch that cannot be
 read or registered frees its slots before the error reply.
 Learners read slots one-sided; the node does nothing for a read, except over
