@@ -184,6 +184,10 @@ def main(argv=None) -> int:
     os.environ["UCX_TLS"] = args.tls
     import distore_ucx as ds
 
+    # UCX's Python side, loaded here once for the forked actors to share (a
+    # writer loads it on first use; `import distore_ucx` alone does not).
+    import distore_ucx.transport.runtime  # noqa: F401
+
     offered = int(args.actors * args.rate * args.seconds)
     spec = {"payload": ((args.item_bytes,), "uint8")}
     slot = ds.TableSpec.parse(spec).slot_size
