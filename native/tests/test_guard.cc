@@ -7,6 +7,7 @@
 #include <sys/mman.h>
 
 #include <atomic>
+#include <cstdio>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -100,7 +101,7 @@ struct Peer {
   }
   // Puts `length` bytes of kPut at `address`; returns the request (or null).
   void* put(uint64_t address, size_t length) {
-    static std::vector<uint8_t> bytes(kRegion, kPut);
+    static const std::vector<uint8_t> bytes(4096, kPut);
     ucp_request_param_t p;
     std::memset(&p, 0, sizeof(p));
     ucs_status_ptr_t r = ucp_put_nbx(ep, bytes.data(), length, address, rkey, &p);
@@ -146,9 +147,8 @@ TEST(a_tcp_put_outside_the_windows_ends_its_connection) {
   char where[64];
   std::snprintf(where, sizeof(where), "a put of 256 bytes at 0x%llx",
                 static_cast<unsigned long long>(at));
-  CHECK(last.find(where) == 0);
-  CHECK(last.find(" from 127.0.0.1:") != std::string::npos ||
-        last.find(" from ") != std::string::npos);
+  CHECK(last.find(where) == 0);  // what, where, then from whom
+  CHECK(last.find(" from ") != std::string::npos);
   CHECK_EQ(region.changed(), size_t{0});
   writer.drop(put);
 }

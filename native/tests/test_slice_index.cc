@@ -190,7 +190,8 @@ TEST(valid_starts_match_a_brute_force_reference) {
             const uint64_t length = 1 + below(30), base = below(3) == 2 ? 1000000 : 0;
             const bool ends = below(10) < 8;  // else an episode still going
             for (uint64_t p = 0; p < length; ++p) {
-              pending.push_back({-1, next_episode, uint32_t(base + p), 0.0, ends && p == length - 1});
+              const bool last = ends && p == length - 1;
+              pending.push_back({-1, next_episode, uint32_t(base + p), 0.0, last});
             }
             next_episode += 1 + below(1000);
           } else if (op <= 2) {  // a batch out of order, across episodes
@@ -340,7 +341,9 @@ TEST(prioritized_draws_follow_the_start_steps_priorities) {
   std::mt19937_64 rng(6);
   std::uniform_real_distribution<double> prio(0.1, 5.0);
   for (uint64_t e = 0; e < 3; ++e) {
-    for (uint32_t p = 0; p < 8 + 4 * e; ++p) steps.push_back({int64_t(e * 20 + p), e, p, prio(rng), false});
+    for (uint32_t p = 0; p < 8 + 4 * e; ++p) {
+      steps.push_back({int64_t(e * 20 + p), e, p, prio(rng), false});
+    }
   }
   add(index, steps);
   ref.add(steps);

@@ -67,7 +67,9 @@ class Progress {
   explicit Progress(ucp_worker_h worker)
       : thread_([this, worker] {
           while (!stop_.load()) {
-            if (ucp_worker_progress(worker) == 0) std::this_thread::sleep_for(std::chrono::microseconds(100));
+            if (ucp_worker_progress(worker) == 0) {
+              std::this_thread::sleep_for(std::chrono::microseconds(100));
+            }
           }
         }) {}
   ~Progress() {
