@@ -17,9 +17,11 @@
 
 namespace distore {
 
+// Ranges under 64 bytes are copied plainly whatever `stream_min` says (a
+// range shorter than the alignment head would be overrun).
 inline void stream_copy(uint8_t* dst, const uint8_t* src, size_t len, size_t stream_min) {
 #if defined(__SSE2__)
-  if (len >= stream_min) {
+  if (len >= stream_min && len >= 64) {
     const size_t head = (16 - (reinterpret_cast<uintptr_t>(dst) & 15)) & 15;
     std::memcpy(dst, src, head);
     dst += head;

@@ -203,10 +203,9 @@ TEST(stream_copy_copies_every_length_and_alignment) {
   for (size_t len : {0, 1, 15, 16, 63, 64, 65, 200, 4096 + 7}) {
     for (size_t shift = 0; shift < 16; ++shift) {
       std::fill(dst.begin(), dst.end(), 0xAB);
-      // stream_min 16: every range of 16 bytes or more streams. stream_copy
-      // needs stream_min >= 16 (a shorter range than its alignment head
-      // would be overrun); every caller's is 4 KiB or more.
-      distore::stream_copy(dst.data() + shift, src.data() + 3, len, 16);
+      // stream_min 1: every range of 64 bytes or more streams, shorter ones
+      // (which the alignment head would overrun) are copied plainly.
+      distore::stream_copy(dst.data() + shift, src.data() + 3, len, 1);
       CHECK(std::memcmp(dst.data() + shift, src.data() + 3, len) == 0);
       CHECK_EQ(dst[shift + len], 0xAB);  // nothing past the end
       if (shift > 0) CHECK_EQ(dst[shift - 1], 0xAB);
