@@ -30,8 +30,7 @@ constexpr double kCloseTimeout = 1.0;  // s a forced close may progress the work
 
 }  // namespace
 
-AmInbox::AmInbox(nanobind::object worker, uintptr_t worker_handle, unsigned am_id,
-                 size_t max_messages)
+AmInbox::AmInbox(Owner worker, uintptr_t worker_handle, unsigned am_id, size_t max_messages)
     : worker_(std::move(worker)),
       worker_h_(reinterpret_cast<ucp_worker_h>(worker_handle)),
       am_id_(am_id),

@@ -35,12 +35,13 @@
 // holds a small descriptor, its bytes stay at the writer), and
 // kMaxEagerBytes of eager data for all; more are refused.
 //
-// Ownership: an AmInbox holds the Python worker object (and through it the
-// context) it registered its handler on, owns its listener and the
-// connections it accepted, and owns the messages it has been handed until
-// a pull takes them or they expire; closing it (or its destructor)
-// unregisters the handler, releases them (which completes the senders'
-// requests) and force-closes the connections. Thread safety: the handler
+// Ownership: an AmInbox holds the owner (owner.h) of the worker it
+// registered its handler on (the Python worker object, and through it the
+// context), owns its listener and the connections it accepted, and owns
+// the messages it has been handed until a pull takes them or they expire;
+// closing it (or its destructor) unregisters the handler, releases them
+// (which completes the senders' requests) and force-closes the
+// connections. Thread safety: the handler
 // runs on whichever thread progresses the worker; the other methods may be
 // called from any thread (one mutex, never held across a UCX call).
 // pull_am must be called without the GIL.
@@ -55,13 +56,13 @@
 #include <unordered_map>
 #include <vector>
 
-#include <nanobind/nanobind.h>
 #include <ucp/api/ucp.h>
 
 #include "am_connections.h"
 #include "chunk_pool.h"
 #include "endpoint.h"
 #include "memory.h"
+#include "owner.h"
 #include "pull.h"
 
 namespace distore {
@@ -83,11 +84,11 @@ struct AmInsertRunHeader {
 
 class AmInbox {
  public:
-  // Registers the insert handler for active message `am_id` on the worker.
-  // At most `max_messages` messages wait to be taken; more are released
-  // at once (their senders' requests complete with an error).
-  AmInbox(nanobind::object worker, uintptr_t worker_handle, unsigned am_id,
-          size_t max_messages);
+  // Registers the insert handler for active message `am_id` on the worker
+  // (`worker_handle`, a ucp_worker_h, which `worker` keeps alive). At most
+  // `max_messages` messages wait to be taken; more are released at once
+  // (their senders' requests complete with an error).
+  AmInbox(Owner worker, uintptr_t worker_handle, unsigned am_id, size_t max_messages);
   ~AmInbox();
   AmInbox(const AmInbox&) = delete;
   AmInbox& operator=(const AmInbox&) = delete;
@@ -167,7 +168,7 @@ class AmInbox {
   ucs_status_t receive(const AmInsertHeader& h, uint32_t run, void* data, size_t length,
                        const ucp_am_recv_param_t* param);
 
-  nanobind::object worker_;
+  Owner worker_;
   ucp_worker_h worker_h_;
   unsigned am_id_;
   size_t max_messages_;

@@ -82,7 +82,8 @@
 // node's items and force-closes the endpoints with error handling of the
 // nodes it still waits for, as the gather does with gets (gather.h).
 //
-// Ownership: the server holds its worker and arena (Python objects), owns
+// Ownership: the server holds its worker and arena (their owners, owner.h:
+// the Python objects), owns
 // its listener and connections, and shares its state with the batches it
 // serves, which hold it until their last send ends; close() unregisters the
 // handler, closes the connections (their sends end with an error) and
@@ -107,13 +108,13 @@
 #include <unordered_map>
 #include <vector>
 
-#include <nanobind/nanobind.h>
 #include <ucp/api/ucp.h>
 
 #include "am_connections.h"
 #include "endpoint.h"
 #include "layout.h"
 #include "memory.h"
+#include "owner.h"
 
 namespace distore {
 
@@ -180,25 +181,28 @@ class AmSampleServer {
 
   struct Core;  // shared with the batches in flight (am_sample_server.cc)
 
-  // Registers the request handler for AM `request_id` on `worker`; sends
-  // parts of `arena` (its registered, remote-readable address) as AM
+  // Registers the request handler for AM `request_id` on the worker
+  // (`worker_handle`, kept alive by `worker`); sends parts of `arena` (its
+  // registered, remote-readable address; `arena_owner` keeps it) as AM
   // `data_id`. At most `max_in_flight` messages per batch, `max_batches`
   // batches at a time (more are refused: the learner sees UCS_ERR_BUSY); a
   // batch whose sends made no progress for `stall_s` stops counting (Core::sweep).
-  // `bounce` (None, or a MemoryRegion cut into chunks of `chunk_bytes`):
-  // a part of up to kAmSampleMaxRun joined items that fit one chunk is
-  // copied there and sent as one message; None sends each item's part from
-  // the arena alone.
-  AmSampleServer(nanobind::object worker, uintptr_t worker_handle, nanobind::object arena_obj,
+  // `bounce` (null, or a MemoryRegion cut into chunks of `chunk_bytes`,
+  // kept by `bounce_owner`): a part of up to kAmSampleMaxRun joined items
+  // that fit one chunk is copied there and sent as one message; null sends
+  // each item's part from the arena alone.
+  AmSampleServer(Owner worker, uintptr_t worker_handle, Owner arena_owner,
                  const MemoryRegion& arena, unsigned request_id, unsigned data_id,
                  Endpoints endpoints, size_t max_in_flight, size_t max_batches,
-                 double stall_s, nanobind::object bounce_obj, size_t chunk_bytes);
+                 double stall_s, Owner bounce_owner, const MemoryRegion* bounce,
+                 size_t chunk_bytes);
   ~AmSampleServer();
   AmSampleServer(const AmSampleServer&) = delete;
   AmSampleServer& operator=(const AmSampleServer&) = delete;
 
-  // kRegistered: answer learner `client` on `ep` (GIL held; `keep` holds it).
-  void set_peer(uint64_t client, Endpoint* ep, nanobind::object keep);
+  // kRegistered: answer learner `client` on `ep` (GIL held; `keep` holds
+  // it until drop_peer, or the server goes).
+  void set_peer(uint64_t client, Endpoint* ep, Owner keep);
   // Stops posting to learner `client` (its batches in flight fail); GIL held.
   void drop_peer(uint64_t client);
 
@@ -241,13 +245,13 @@ class AmSampleServer {
  private:
   AmConnections* connections_ptr() const;
 
-  nanobind::object worker_;
-  nanobind::object arena_;
-  nanobind::object bounce_;  // None, or the MemoryRegion runs are packed into
+  Owner worker_;
+  Owner arena_;
+  Owner bounce_;  // of the MemoryRegion runs are packed into (an empty one: none)
   std::shared_ptr<Core> core_;
   std::shared_ptr<Core>* handler_arg_ = nullptr;  // the handler's hold on core_
   unsigned request_id_ = 0;
-  std::unordered_map<uint64_t, nanobind::object> peers_;  // kRegistered; GIL held
+  std::unordered_map<uint64_t, Owner> peers_;  // kRegistered; GIL held
   bool closed_ = false;
   // Made by listen(), closed by close(), kept until the server goes (UCX's
   // callbacks on its endpoints name it). conns_mu_ guards the pointer only.
@@ -257,11 +261,11 @@ class AmSampleServer {
 
 class AmSampleClient {
  public:
-  // Registers the reply handler for AM `data_id` on `worker` (where the
-  // endpoints to the nodes live); requests go as AM `request_id` naming
-  // `client_id`.
-  AmSampleClient(nanobind::object worker, uintptr_t worker_handle, unsigned request_id,
-                 unsigned data_id, uint64_t client_id);
+  // Registers the reply handler for AM `data_id` on the worker
+  // (`worker_handle`, kept alive by `worker`; where the endpoints to the
+  // nodes live); requests go as AM `request_id` naming `client_id`.
+  AmSampleClient(Owner worker, uintptr_t worker_handle, unsigned request_id, unsigned data_id,
+                 uint64_t client_id);
   ~AmSampleClient();
   AmSampleClient(const AmSampleClient&) = delete;
   AmSampleClient& operator=(const AmSampleClient&) = delete;
@@ -315,7 +319,7 @@ class AmSampleClient {
                        size_t length, const ucp_am_recv_param_t* param);
   void reap_sends(bool abandon);  // under sends_mu_
 
-  nanobind::object worker_;
+  Owner worker_;
   ucp_worker_h worker_h_;
   unsigned request_id_, data_id_;
   uint64_t client_id_;

@@ -12,8 +12,6 @@
 #include "idle_wait.h"
 #include "status.h"
 
-namespace nb = nanobind;
-
 namespace distore {
 
 using namespace am_sample_detail;  // NOLINT: this file's own helpers
@@ -95,7 +93,7 @@ void AmSampleClient::received(Batch* b, size_t part, int32_t status) {
   b->done_span(part, status);
 }
 
-AmSampleClient::AmSampleClient(nb::object worker, uintptr_t worker_handle, unsigned request_id,
+AmSampleClient::AmSampleClient(Owner worker, uintptr_t worker_handle, unsigned request_id,
                                unsigned data_id, uint64_t client_id)
     : worker_(std::move(worker)),
       worker_h_(reinterpret_cast<ucp_worker_h>(worker_handle)),

@@ -12,8 +12,6 @@
 #include "idle_wait.h"
 #include "status.h"
 
-namespace nb = nanobind;
-
 namespace distore {
 
 using namespace am_sample_detail;  // NOLINT: this file's own helpers
@@ -443,13 +441,14 @@ ucs_status_t on_request(void* arg, const void* header, size_t header_length, voi
 
 }  // namespace
 
-AmSampleServer::AmSampleServer(nb::object worker, uintptr_t worker_handle, nb::object arena_obj,
+AmSampleServer::AmSampleServer(Owner worker, uintptr_t worker_handle, Owner arena_owner,
                                const MemoryRegion& arena, unsigned request_id, unsigned data_id,
                                Endpoints endpoints, size_t max_in_flight, size_t max_batches,
-                               double stall_s, nb::object bounce_obj, size_t chunk_bytes)
+                               double stall_s, Owner bounce_owner, const MemoryRegion* bounce,
+                               size_t chunk_bytes)
     : worker_(std::move(worker)),
-      arena_(std::move(arena_obj)),
-      bounce_(std::move(bounce_obj)),
+      arena_(std::move(arena_owner)),
+      bounce_(std::move(bounce_owner)),
       core_(new Core) {
   if (worker_handle == 0) throw UcxError(kStatusBadArgument, "AmSampleServer: no worker");
   if (max_in_flight == 0 || max_batches == 0) {
@@ -465,8 +464,8 @@ AmSampleServer::AmSampleServer(nb::object worker, uintptr_t worker_handle, nb::o
   c.base = reinterpret_cast<const uint8_t*>(arena.address());
   c.size = arena.size();
   c.memh = arena.memh();
-  if (!bounce_.is_none()) {
-    const MemoryRegion& b = nb::cast<const MemoryRegion&>(bounce_);
+  if (bounce != nullptr) {
+    const MemoryRegion& b = *bounce;
     if (chunk_bytes == 0 || b.size() / chunk_bytes == 0) {
       throw UcxError(kStatusBadArgument,
                      "AmSampleServer: the bounce region holds no chunk of chunk_bytes");
@@ -499,7 +498,7 @@ AmSampleServer::AmSampleServer(nb::object worker, uintptr_t worker_handle, nb::o
 
 AmSampleServer::~AmSampleServer() { close(1.0); }
 
-void AmSampleServer::set_peer(uint64_t client, Endpoint* ep, nb::object keep) {
+void AmSampleServer::set_peer(uint64_t client, Endpoint* ep, Owner keep) {
   if (ep == nullptr) throw UcxError(kStatusBadArgument, "set_peer: no endpoint");
   if (ep->worker() != core_->worker) {
     throw UcxError(kStatusBadArgument,
@@ -619,8 +618,8 @@ bool AmSampleServer::close(double timeout_s) {
   }
   // Sends still pending (a learner that neither reads nor fails): UCX may
   // still read the arena and the bounce region, so they stay mapped for good.
-  arena_.release();
-  bounce_.release();
+  keep_for_good(std::move(arena_));
+  keep_for_good(std::move(bounce_));
   return false;
 }
 

@@ -9,11 +9,9 @@
 
 #include "status.h"
 
-namespace nb = nanobind;
-
 namespace distore {
 
-Endpoint::Endpoint(nb::object worker, uintptr_t worker_handle, const std::string& address,
+Endpoint::Endpoint(Owner worker, uintptr_t worker_handle, const std::string& address,
                    bool error_handling, std::string peer)
     : worker_(std::move(worker)),
       worker_h_(reinterpret_cast<ucp_worker_h>(worker_handle)),
@@ -34,7 +32,7 @@ Endpoint::Endpoint(nb::object worker, uintptr_t worker_handle, const std::string
   check(ucp_ep_create(worker_h_, &params, &ep_), "ucp_ep_create", peer_);
 }
 
-Endpoint::Endpoint(ToListener, nb::object worker, uintptr_t worker_handle, const std::string& host,
+Endpoint::Endpoint(ToListener, Owner worker, uintptr_t worker_handle, const std::string& host,
                    uint16_t port, std::string peer)
     : worker_(std::move(worker)),
       worker_h_(reinterpret_cast<ucp_worker_h>(worker_handle)),

@@ -5,8 +5,9 @@
 // close (ucp_ep_close_nbx with UCP_EP_CLOSE_FLAG_FORCE) completes it. ucxx
 // would close its endpoint a second time later; ours know they are closed.
 //
-// Ownership: holds the Python worker object (and through it the context),
-// so the worker outlives every endpoint made on it; remote keys hold their
+// Ownership: holds its worker's owner (owner.h: the Python worker object,
+// and through it the context), so the worker outlives every endpoint made
+// on it; remote keys hold their
 // Endpoint. Thread safety: close() and the error callback may run on any
 // thread (the worker is UCS_THREAD_MODE_MULTI); handle() is read-only.
 #pragma once
@@ -16,8 +17,9 @@
 #include <mutex>
 #include <string>
 
-#include <nanobind/nanobind.h>
 #include <ucp/api/ucp.h>
+
+#include "owner.h"
 
 namespace distore {
 
@@ -27,7 +29,7 @@ class Endpoint {
   // `error_handling`, UCP_ERR_HANDLING_MODE_PEER: a failed peer fails the
   // endpoint's requests (needs a transport that detects failures: not the
   // shared-memory ones alone). Throws UcxError if UCX refuses.
-  Endpoint(nanobind::object worker, uintptr_t worker_handle, const std::string& address,
+  Endpoint(Owner worker, uintptr_t worker_handle, const std::string& address,
            bool error_handling, std::string peer);
   // Connects to the UCX listener at `host`:`port` (a storage node's insert
   // listener, am_connections.h), with peer-failure handling: such an
@@ -36,7 +38,7 @@ class Endpoint {
   // background; a listener that cannot be reached fails the endpoint (and
   // its sends) later. Throws UcxError if `host` does not resolve.
   struct ToListener {};
-  Endpoint(ToListener, nanobind::object worker, uintptr_t worker_handle, const std::string& host,
+  Endpoint(ToListener, Owner worker, uintptr_t worker_handle, const std::string& host,
            uint16_t port, std::string peer);
   ~Endpoint();
   Endpoint(const Endpoint&) = delete;
@@ -67,7 +69,7 @@ class Endpoint {
  private:
   static void on_error(void* arg, ucp_ep_h ep, ucs_status_t status);
 
-  nanobind::object worker_;
+  Owner worker_;
   ucp_worker_h worker_h_;
   ucp_ep_h ep_ = nullptr;
   bool error_handling_;

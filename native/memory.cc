@@ -11,8 +11,6 @@
 
 #include "status.h"
 
-namespace nb = nanobind;
-
 namespace distore {
 
 namespace {
@@ -63,7 +61,7 @@ ucs_status_t map_without_cuda_context(ucp_context_h context, const ucp_mem_map_p
 }
 }  // namespace
 
-MemoryRegion::MemoryRegion(nb::object context, uintptr_t context_handle, size_t size,
+MemoryRegion::MemoryRegion(Owner context, uintptr_t context_handle, size_t size,
                            bool remote_read, bool hugepages)
     : context_(std::move(context)),
       context_handle_(reinterpret_cast<ucp_context_h>(context_handle)),
@@ -117,8 +115,8 @@ MemoryRegion::MemoryRegion(nb::object context, uintptr_t context_handle, size_t 
   }
 }
 
-MemoryRegion::MemoryRegion(nb::object context, uintptr_t context_handle, uintptr_t address,
-                           size_t size, nb::object owner, int memory_type)
+MemoryRegion::MemoryRegion(Owner context, uintptr_t context_handle, uintptr_t address,
+                           size_t size, Owner owner, int memory_type)
     : context_(std::move(context)),
       owner_(std::move(owner)),
       context_handle_(reinterpret_cast<ucp_context_h>(context_handle)),
@@ -160,7 +158,7 @@ bool memfd_pair(unsigned flags, size_t length, int* fd_out, void** rw_out, void*
 
 }  // namespace
 
-MemoryRegion* MemoryRegion::write_protected(nb::object context, uintptr_t context_handle,
+MemoryRegion* MemoryRegion::write_protected(Owner context, uintptr_t context_handle,
                                             size_t size, bool hugepages) {
   if (size == 0) throw UcxError(kStatusBadArgument, "memory region size must be > 0");
   const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
@@ -241,7 +239,7 @@ MemoryRegion::~MemoryRegion() {
   // context_ and owner_ are released after this body: parents outlive us.
 }
 
-nb::bytes MemoryRegion::pack_rkey() const {
+std::string MemoryRegion::pack_rkey() const {
   if (!remote_read_) {
     throw UcxError(UCS_ERR_UNSUPPORTED, "this memory region is not mapped for remote access");
   }
@@ -256,7 +254,7 @@ nb::bytes MemoryRegion::pack_rkey() const {
   std::memcpy(&sealed[8], &crc, 4);
   std::memcpy(&sealed[kRkeyHeader], buf, len);
   ucp_rkey_buffer_release(buf);
-  return nb::bytes(sealed.data(), sealed.size());
+  return sealed;
 }
 
 }  // namespace distore

@@ -2,11 +2,11 @@
 //
 // Ownership: a MemoryRegion owns its pages (mmap'd here, or borrowed from a
 // caller-owned allocation such as a torch/CuPy buffer, which it keeps alive
-// through `owner`) and its ucp_mem_h, and holds the Python object that owns
-// the ucp_context_h (the runtime's RegionOwner, which also holds every worker
-// made on the context: UCX finishes a rendezvous send aborted while its peer
-// held this memory only at ucp_mem_unmap, on the sending worker), so neither
-// can be destroyed first. Teardown: ucp_mem_unmap, then munmap, then the
+// through `owner`) and its ucp_mem_h, and holds the owner (owner.h) of
+// the ucp_context_h (the Python runtime's RegionOwner, which also holds
+// every worker made on the context: UCX finishes a rendezvous send aborted
+// while its peer held this memory only at ucp_mem_unmap, on the sending
+// worker), so neither can be destroyed first. Teardown: ucp_mem_unmap, then munmap, then the
 // context reference is dropped.
 // Thread safety: immutable after construction; the bytes themselves are the
 // caller's to synchronise (the storage node writes only slots it owns).
@@ -16,8 +16,9 @@
 #include <cstdint>
 #include <string>
 
-#include <nanobind/nanobind.h>
 #include <ucp/api/ucp.h>
+
+#include "owner.h"
 
 namespace distore {
 
@@ -33,8 +34,8 @@ class MemoryRegion {
   // transparent hugepages (madvise) for regions of 2 MiB or more, else 4 KiB.
   // `remote_read`: peers may read the region with a packed remote key.
   // Remote write is never granted.
-  MemoryRegion(nanobind::object context, uintptr_t context_handle, size_t size,
-               bool remote_read, bool hugepages);
+  MemoryRegion(Owner context, uintptr_t context_handle, size_t size, bool remote_read,
+               bool hugepages);
   // A write-protected region for remote reading: the same pages mapped
   // twice from a memfd, read-only where UCX registers them (and peers read
   // them) and writable at local_address() for the owner. UCX's software
@@ -46,12 +47,12 @@ class MemoryRegion {
   // map it read-only. Pages: reserved hugepages (MFD_HUGETLB) when
   // `hugepages` and the kernel has enough, else shmem transparent hugepages
   // where the admin allows them (madvise), else 4 KiB; page_kind() says.
-  static MemoryRegion* write_protected(nanobind::object context, uintptr_t context_handle,
-                                       size_t size, bool hugepages);
+  static MemoryRegion* write_protected(Owner context, uintptr_t context_handle, size_t size,
+                                       bool hugepages);
   // Registers caller-owned memory [address, address + size); `owner` keeps it
   // alive. `memory_type` is a ucs_memory_type_t (0 host, 1 cuda, ...).
-  MemoryRegion(nanobind::object context, uintptr_t context_handle, uintptr_t address,
-               size_t size, nanobind::object owner, int memory_type);
+  MemoryRegion(Owner context, uintptr_t context_handle, uintptr_t address, size_t size,
+               Owner owner, int memory_type);
   ~MemoryRegion();
   MemoryRegion(const MemoryRegion&) = delete;
   MemoryRegion& operator=(const MemoryRegion&) = delete;
@@ -73,16 +74,16 @@ class MemoryRegion {
   // for; the kernel's shmem/anon THP setting decides), or "4k".
   const char* page_kind() const { return page_kind_; }
   ucp_mem_h memh() const { return memh_; }
-  // Packs a remote key a peer unpacks with RemoteKey. Raises if the region
-  // was not mapped for remote read.
-  nanobind::bytes pack_rkey() const;
+  // Packs a remote key a peer unpacks with RemoteKey (sealed: see above).
+  // Raises if the region was not mapped for remote read.
+  std::string pack_rkey() const;
 
  private:
   MemoryRegion() = default;
   void map(int memory_type, unsigned prot);
 
-  nanobind::object context_;
-  nanobind::object owner_;
+  Owner context_;
+  Owner owner_;
   ucp_context_h context_handle_ = nullptr;
   void* base_ = nullptr;
   void* local_ = nullptr;  // writable alias of base_ (write-protected regions)

@@ -7,14 +7,14 @@
 #include "memory.h"
 #include "status.h"
 
-namespace nb = nanobind;
-
 namespace distore {
 
-RemoteKey::RemoteKey(nb::object endpoint, uintptr_t endpoint_handle, nb::bytes packed,
-                     uint64_t remote_base, uint64_t remote_size, std::string peer, pid_t pid)
+RemoteKey::RemoteKey(Owner endpoint, uintptr_t endpoint_handle, Endpoint* ours,
+                     std::string_view packed, uint64_t remote_base, uint64_t remote_size,
+                     std::string peer, pid_t pid)
     : endpoint_(std::move(endpoint)),
       ep_(reinterpret_cast<ucp_ep_h>(endpoint_handle)),
+      owner_(ours),
       pid_(pid),
       base_(remote_base),
       size_(remote_size),
@@ -22,9 +22,8 @@ RemoteKey::RemoteKey(nb::object endpoint, uintptr_t endpoint_handle, nb::bytes p
   if (ep_ == nullptr && pid_ <= 0) {
     throw UcxError(kStatusBadArgument, "null endpoint handle", peer_);
   }
-  if (!endpoint_.is_none()) nb::try_cast<Endpoint*>(endpoint_, owner_);
   if (packed.size() == 0) throw UcxError(UCS_ERR_INVALID_PARAM, "empty remote key", peer_);
-  const char* p = packed.c_str();
+  const char* p = packed.data();
   uint32_t magic = 0, n = 0, crc = 0;
   if (packed.size() >= kRkeyHeader) {
     std::memcpy(&magic, p, 4);

@@ -3,8 +3,9 @@
 // CMA transport has no peer-failure handling and aborts the reading
 // process when the peer died; our own read makes that an error status).
 //
-// Ownership: holds the Python object that owns the ucp_ep_h (and through it
-// the worker and context), so teardown is always rkey, then endpoint. It
+// Ownership: holds the owner (owner.h) of the ucp_ep_h: the Python object
+// (and through it the worker and context), so teardown is always rkey, then
+// endpoint. It
 // also records the remote region's base and size so every read can be bounds
 // checked before it is posted. Thread safety: immutable after construction.
 #pragma once
@@ -13,9 +14,11 @@
 
 #include <cstdint>
 #include <string>
+#include <string_view>
 
-#include <nanobind/nanobind.h>
 #include <ucp/api/ucp.h>
+
+#include "owner.h"
 
 namespace distore {
 
@@ -23,10 +26,12 @@ class Endpoint;
 
 class RemoteKey {
  public:
-  // `endpoint`: an object with a .handle (ucp_ep_h), ideally our Endpoint
-  // (then a read that hangs can be ended by force-closing it). With
-  // `pid` > 0 the endpoint may be None and reads use process_vm_readv.
-  RemoteKey(nanobind::object endpoint, uintptr_t endpoint_handle, nanobind::bytes packed,
+  // `endpoint`: the owner of `endpoint_handle` (a ucp_ep_h), and `ours` the
+  // Endpoint it is if it is one of ours (then a read that hangs can be ended
+  // by force-closing it), else null. With `pid` > 0 there may be no
+  // endpoint (handle 0) and reads use process_vm_readv. `packed`: the
+  // sealed key (MemoryRegion::pack_rkey), read during the call only.
+  RemoteKey(Owner endpoint, uintptr_t endpoint_handle, Endpoint* ours, std::string_view packed,
             uint64_t remote_base, uint64_t remote_size, std::string peer, pid_t pid = 0);
   ~RemoteKey();
   RemoteKey(const RemoteKey&) = delete;
@@ -44,7 +49,7 @@ class RemoteKey {
   }
 
  private:
-  nanobind::object endpoint_;
+  Owner endpoint_;
   ucp_ep_h ep_;
   Endpoint* owner_ = nullptr;
   pid_t pid_ = 0;

@@ -13,14 +13,8 @@
 #include <cstring>
 #include <vector>
 
-#include <nanobind/ndarray.h>
-#include <nanobind/stl/string.h>
-
 #include "status.h"
 #include "stream_copy.h"
-
-namespace nb = nanobind;
-using namespace nb::literals;
 
 namespace distore {
 
@@ -35,9 +29,6 @@ constexpr size_t kStreamMin = size_t(256) << 10;  // non-temporal stores from he
 void copy_to_slot(uint8_t* dst, const uint8_t* src, size_t len) {
   stream_copy(dst, src, len, kStreamMin);
 }
-
-using Vec = nb::ndarray<const uint64_t, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
-using StatusArray = nb::ndarray<nb::numpy, int32_t, nb::ndim<1>>;
 
 }  // namespace
 
@@ -117,53 +108,6 @@ void pull_mapped(const MemoryRegion& arena, const StagingMap& src, uint64_t src_
     store_header(base, items[i].slot_offset, items[i].key, items[i].generation);
     statuses[i] = UCS_OK;
   }
-}
-
-void bind_staging(nb::module_& m) {
-  nb::class_<StagingMap>(m, "StagingMap",
-                         "A same-host writer's staging buffer, mapped read-only (PROT_READ).")
-      .def(nb::init<int, size_t, std::string>(), "fd"_a, "size"_a, "peer"_a = "",
-           nb::call_guard<nb::gil_scoped_release>(),
-           "Map `size` bytes of the writer's sealed memfd `fd` read-only (a hugepage\n"
-           "memfd's pages made at once); refuses an fd not sealed against shrinking and\n"
-           "writes. The caller keeps (and closes) the fd. Releases the GIL.")
-      .def_prop_ro("size", &StagingMap::size)
-      .def_prop_ro("peer", &StagingMap::peer)
-      .def_prop_ro("address",
-                   [](const StagingMap& s) { return reinterpret_cast<uintptr_t>(s.base()); });
-  m.def(
-      "pull_mapped",
-      [](const MemoryRegion& arena, const StagingMap& src, uint64_t src_base, Vec slot_offsets,
-         Vec src_addresses, Vec lengths, Vec keys, Vec generations, CopyPool* pool,
-         size_t parallel_bytes) {
-        const size_t n = slot_offsets.shape(0);
-        if (src_addresses.shape(0) != n || lengths.shape(0) != n || keys.shape(0) != n ||
-            generations.shape(0) != n) {
-          throw UcxError(kStatusBadArgument, "pull_mapped: the per-item arrays differ in length");
-        }
-        std::vector<PullItem> items(n);
-        for (size_t i = 0; i < n; ++i) {
-          items[i] = PullItem{slot_offsets(i), src_addresses(i), lengths(i), keys(i),
-                              generations(i)};
-        }
-        auto* statuses = new int32_t[n > 0 ? n : 1];
-        nb::capsule owner(statuses, [](void* p) noexcept { delete[] static_cast<int32_t*>(p); });
-        StatusArray array(statuses, {n}, owner);
-        {
-          nb::gil_scoped_release release;
-          pull_mapped(arena, src, src_base, items.data(), n, pool, parallel_bytes, statuses);
-        }
-        return array;
-      },
-      "arena"_a, "src"_a, "src_base"_a, "slot_offsets"_a, "src_addresses"_a, "lengths"_a,
-      "keys"_a, "generations"_a, "pool"_a.none(), "parallel_bytes"_a = 1 << 20,
-      "Copy a same-host writer's staged items from its mapped staging buffer into arena\n"
-      "slots (payload at slot + 16) in one call, GIL released, over `pool` for batches of\n"
-      "`parallel_bytes` or more: headers invalidated first, real headers written after\n"
-      "the payloads. `src_addresses` are the items' addresses in the writer, whose\n"
-      "staging buffer starts at `src_base`. Returns per-item statuses (all 0). Raises\n"
-      "OutOfBoundsError before writing anything if an item lies outside the arena or the\n"
-      "staging buffer.");
 }
 
 }  // namespace distore

@@ -15,8 +15,6 @@
 // has allocated to it alone.
 #pragma once
 
-#include <nanobind/nanobind.h>
-
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -62,8 +60,5 @@ class StagingMap {
 void pull_mapped(const MemoryRegion& arena, const StagingMap& src, uint64_t src_base,
                  const PullItem* items, size_t n, CopyPool* pool, size_t parallel_bytes,
                  int32_t* statuses);
-
-// The Python bindings of the above (StagingMap, pull_mapped).
-void bind_staging(nanobind::module_& m);
 
 }  // namespace distore

@@ -50,7 +50,7 @@ void bind_am(nb::module_& m) {
           "__init__",
           [](AmInbox* self, nb::object worker, unsigned am_id, size_t max_messages) {
             uintptr_t h = handle_of(worker, "worker");
-            new (self) AmInbox(std::move(worker), h, am_id, max_messages);
+            new (self) AmInbox(owner_of(std::move(worker)), h, am_id, max_messages);
           },
           "worker"_a, "am_id"_a, "max_messages"_a = 1 << 16,
           "Register the insert handler for active message `am_id` on `worker` (a ucxx\n"

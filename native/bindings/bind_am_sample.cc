@@ -37,10 +37,12 @@ void bind_am_sample(nb::module_& m) {
              size_t max_batches, double stall, nb::object bounce, size_t chunk_bytes) {
             uintptr_t h = handle_of(worker, "worker");
             const MemoryRegion& region = nb::cast<const MemoryRegion&>(arena);
-            if (!bounce.is_none()) (void)nb::cast<const MemoryRegion&>(bounce);
-            new (self) AmSampleServer(std::move(worker), h, std::move(arena), region, request_id,
-                                      data_id, endpoints_mode(endpoints), max_in_flight,
-                                      max_batches, stall, std::move(bounce), chunk_bytes);
+            const MemoryRegion* b =
+                bounce.is_none() ? nullptr : &nb::cast<const MemoryRegion&>(bounce);
+            new (self) AmSampleServer(owner_of(std::move(worker)), h, owner_of(std::move(arena)),
+                                      region, request_id, data_id, endpoints_mode(endpoints),
+                                      max_in_flight, max_batches, stall,
+                                      owner_of(std::move(bounce)), b, chunk_bytes);
           },
           "worker"_a, "arena"_a, "request_id"_a = kAmSampleRequestId,
           "data_id"_a = kAmSampleDataId, "endpoints"_a = "reply", "max_in_flight"_a = 16,
@@ -62,7 +64,7 @@ void bind_am_sample(nb::module_& m) {
       .def(
           "set_peer",
           [](AmSampleServer& self, uint64_t client, nb::handle_t<Endpoint> ep) {
-            self.set_peer(client, nb::cast<Endpoint*>(ep), nb::borrow(ep));
+            self.set_peer(client, nb::cast<Endpoint*>(ep), owner_of(nb::borrow(ep)));
           },
           "client"_a, "endpoint"_a,
           "'registered' mode: answer requests naming `client` on `endpoint` (kept alive\n"
@@ -149,7 +151,8 @@ void bind_am_sample(nb::module_& m) {
           [](AmSampleClient* self, nb::object worker, unsigned request_id, unsigned data_id,
              uint64_t client_id) {
             uintptr_t h = handle_of(worker, "worker");
-            new (self) AmSampleClient(std::move(worker), h, request_id, data_id, client_id);
+            new (self) AmSampleClient(owner_of(std::move(worker)), h, request_id, data_id,
+                                      client_id);
           },
           "worker"_a, "request_id"_a = kAmSampleRequestId, "data_id"_a = kAmSampleDataId,
           "client_id"_a = 0,

@@ -15,16 +15,17 @@ void bind_endpoint(nb::module_& m) {
           [](Endpoint* self, nb::object worker, nb::bytes address, bool error_handling,
              std::string peer) {
             uintptr_t h = handle_of(worker, "worker");
-            new (self) Endpoint(std::move(worker), h, std::string(address.c_str(), address.size()),
-                                error_handling, std::move(peer));
+            new (self) Endpoint(owner_of(std::move(worker)), h,
+                                std::string(address.c_str(), address.size()), error_handling,
+                                std::move(peer));
           },
           "worker"_a, "address"_a, "error_handling"_a, "peer"_a = "")
       .def_static(
           "to_listener",
           [](nb::object worker, const std::string& host, uint16_t port, std::string peer) {
             uintptr_t h = handle_of(worker, "worker");
-            return new Endpoint(Endpoint::ToListener{}, std::move(worker), h, host, port,
-                                std::move(peer));
+            return new Endpoint(Endpoint::ToListener{}, owner_of(std::move(worker)), h, host,
+                                port, std::move(peer));
           },
           "worker"_a, "host"_a, "port"_a, "peer"_a = "", nb::rv_policy::take_ownership,
           "An endpoint to the UCX listener at `host`:`port` (a storage node's insert\n"

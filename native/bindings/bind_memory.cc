@@ -28,7 +28,7 @@ void bind_memory(nb::module_& m) {
           [](MemoryRegion* self, nb::object context, size_t size, bool remote_read,
              bool hugepages) {
             uintptr_t h = handle_of(context, "context");
-            new (self) MemoryRegion(std::move(context), h, size, remote_read, hugepages);
+            new (self) MemoryRegion(owner_of(std::move(context)), h, size, remote_read, hugepages);
           },
           "context"_a, "size"_a, "remote_read"_a = false, "hugepages"_a = false,
           "Allocate and map `size` bytes; `remote_read` lets peers read it (never write).")
@@ -37,8 +37,8 @@ void bind_memory(nb::module_& m) {
           [](nb::object context, uintptr_t address, size_t size, nb::object owner,
              int memory_type) {
             uintptr_t h = handle_of(context, "context");
-            return new MemoryRegion(std::move(context), h, address, size, std::move(owner),
-                                    memory_type);
+            return new MemoryRegion(owner_of(std::move(context)), h, address, size,
+                                    owner_of(std::move(owner)), memory_type);
           },
           "context"_a, "address"_a, "size"_a, "owner"_a, "memory_type"_a = 0,
           nb::rv_policy::take_ownership,
@@ -48,7 +48,8 @@ void bind_memory(nb::module_& m) {
           "write_protected",
           [](nb::object context, size_t size, bool hugepages) {
             uintptr_t h = handle_of(context, "context");
-            return MemoryRegion::write_protected(std::move(context), h, size, hugepages);
+            return MemoryRegion::write_protected(owner_of(std::move(context)), h, size,
+                                                 hugepages);
           },
           "context"_a, "size"_a, "hugepages"_a = true, nb::rv_policy::take_ownership,
           "A region peers may read but never write: registered through a read-only "
@@ -62,7 +63,13 @@ void bind_memory(nb::module_& m) {
       .def_prop_ro("size", &MemoryRegion::size)
       .def_prop_ro("hugepages", &MemoryRegion::hugepages)
       .def_prop_ro("remote_read", &MemoryRegion::remote_read)
-      .def("pack_rkey", &MemoryRegion::pack_rkey, "Remote key bytes for peers.")
+      .def(
+          "pack_rkey",
+          [](const MemoryRegion& r) {
+            const std::string packed = r.pack_rkey();
+            return nb::bytes(packed.data(), packed.size());
+          },
+          "Remote key bytes for peers.")
       .def(
           "view",
           [](nb::handle_t<MemoryRegion> self) {

@@ -1,6 +1,7 @@
 // Bindings: a peer's remote key (RemoteKey).
 #include "bindings.h"
 
+#include "endpoint.h"
 #include "remote_key.h"
 
 namespace distore {
@@ -13,7 +14,10 @@ void bind_remote_key(nb::module_& m) {
              uint64_t size, std::string peer, int64_t pid) {
             if (pid < 0 || pid > INT32_MAX) throw UcxError(kStatusBadArgument, "bad pid", peer);
             uintptr_t h = (pid > 0 && endpoint.is_none()) ? 0 : handle_of(endpoint, "endpoint");
-            new (self) RemoteKey(std::move(endpoint), h, std::move(packed), base, size,
+            Endpoint* ours = nullptr;  // stays null unless `endpoint` is one of ours
+            if (!endpoint.is_none()) nb::try_cast<Endpoint*>(endpoint, ours);
+            new (self) RemoteKey(owner_of(std::move(endpoint)), h, ours,
+                                 std::string_view(packed.c_str(), packed.size()), base, size,
                                  std::move(peer), static_cast<pid_t>(pid));
           },
           "endpoint"_a.none(), "packed"_a, "remote_base"_a, "remote_size"_a, "peer"_a = "",

@@ -1,8 +1,9 @@
 // What the binding files of _native share: the array type of batch
-// arguments, the raw UCX handle of a ucxx object, per-item status arrays,
-// and one bind_* function per concept (each in its own bind_*.cc; module.cc
-// calls them). Every native failure is thrown as UcxError and translated in
-// bind_status.cc.
+// arguments, the raw UCX handle of a ucxx object and the Owner (owner.h) that
+// keeps it alive, per-item status arrays, and one bind_* function per concept
+// (each in its own bind_*.cc; module.cc calls them). The core takes plain C++
+// types; these files convert. Every native failure is thrown as UcxError and
+// translated in bind_status.cc.
 #pragma once
 
 #include <nanobind/nanobind.h>
@@ -16,6 +17,7 @@
 #include <vector>
 
 #include "am_connections.h"
+#include "owner.h"
 #include "status.h"
 
 namespace nb = nanobind;
@@ -31,6 +33,15 @@ inline uintptr_t handle_of(const nb::object& obj, const char* what) {
     throw UcxError(kStatusBadArgument, std::string(what) + " object has no .handle attribute");
   }
   return nb::cast<uintptr_t>(obj.attr("handle"));
+}
+
+// An Owner holding a reference to `obj` (none if it is null): the core keeps
+// the Python object alive without knowing it. Made with the GIL held; its
+// last copy drops the reference, so it goes with the GIL held too (owner.h).
+inline Owner owner_of(nb::object obj) {
+  if (!obj.is_valid()) return Owner();
+  return Owner(obj.release().ptr(),
+               [](void* p) { nb::handle(static_cast<PyObject*>(p)).dec_ref(); });
 }
 
 using StatusArray = nb::ndarray<nb::numpy, int32_t, nb::ndim<1>>;
@@ -64,6 +75,7 @@ void bind_gather(nb::module_& m);      // gather (one-sided reads), put
 void bind_mapped(nb::module_& m);      // MappedArena, CopyPool, mapped_gather
 void bind_pull(nb::module_& m);        // pull (inserts read by the node)
 void bind_endpoint(nb::module_& m);    // Endpoint (force-closable), remote-access guard
+void bind_staging(nb::module_& m);     // StagingMap, pull_mapped (same-host writers)
 void bind_disk(nb::module_& m);        // disk_write, disk_read (the disk tier)
 void bind_am(nb::module_& m);          // AmInbox, am_send, pull_am (inserts by active message)
 void bind_am_sample(nb::module_& m);   // AmSampleServer, AmSampleClient (samples by active message)

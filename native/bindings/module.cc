@@ -5,7 +5,6 @@
 #include <cstdlib>
 
 #include "bindings.h"
-#include "staging.h"
 
 NB_MODULE(_native, m) {
   using namespace distore;
@@ -25,8 +24,8 @@ NB_MODULE(_native, m) {
   bind_status_constants(m);
   bind_pull(m);
   bind_endpoint(m);
-  bind_staging(m);  // staging.cc: same-host writers' sealed staging buffers
-  bind_disk(m);     // disk_io.cc: batched slot I/O of the disk tier
-  bind_am(m);       // am_insert.cc: inserts carried by UCX active messages
-  bind_am_sample(m);  // am_sample_*.cc: samples carried by UCX active messages
+  bind_staging(m);  // staging.h: same-host writers' sealed staging buffers
+  bind_disk(m);     // disk_io.h: batched slot I/O of the disk tier
+  bind_am(m);       // am_insert.h: inserts carried by UCX active messages
+  bind_am_sample(m);  // am_sample.h: samples carried by UCX active messages
 }
