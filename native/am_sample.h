@@ -179,7 +179,7 @@ class AmSampleServer {
  public:
   enum class Endpoints { kReply, kRegistered };
 
-  struct Core;  // shared with the batches in flight (am_sample_server.cc)
+  struct Core;  // shared with the batches in flight (am_sample_job.h)
 
   // Registers the request handler for AM `request_id` on the worker
   // (`worker_handle`, kept alive by `worker`); sends parts of `arena` (its
@@ -308,7 +308,7 @@ class AmSampleClient {
   // cancelled.
   void close();
 
-  struct Batch;  // am_sample_client.cc
+  struct Batch;  // am_sample_batch.h
   // A receive into part `part` of `b` ended (its completion callback).
   void received(Batch* b, size_t part, int32_t status);
 
@@ -318,6 +318,7 @@ class AmSampleClient {
   ucs_status_t receive(const AmSampleReply& h, const AmSampleSlotHeader* slots, void* data,
                        size_t length, const ucp_am_recv_param_t* param);
   void reap_sends(bool abandon);  // under sends_mu_
+  struct Fetch;  // one fetch under way (am_sample_fetch.cc)
 
   Owner worker_;
   ucp_worker_h worker_h_;

@@ -1,6 +1,6 @@
 // What both sides of the active-message samples (am_sample.h) share:
 // registering a handler, a send's completion that only frees its request,
-// and the clock. Internal to am_sample_server.cc and am_sample_client.cc.
+// and the clock. Internal to the am_sample_*.cc files.
 #pragma once
 
 #include <ucp/api/ucp.h>

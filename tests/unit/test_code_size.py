@@ -17,8 +17,6 @@ MAX_FUNCTION_LINES = 100
 # What is left to split, at its size when listed: it may not grow.
 OVER_MODULES = {
     "native/bindings/bind_tables.cc": 631,
-    "native/am_sample_server.cc": 627,
-    "native/am_sample_client.cc": 520,
 }
 OVER_FUNCTIONS: dict[str, int] = {}
 
