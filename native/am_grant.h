@@ -21,8 +21,8 @@
 // has to authenticate again first.
 //
 // Header-only, with no UCX and no Python: the control plane's table module
-// (bind_tables.cc) and the node's (am_sample_server.cc, am_connections.cc) compute
-// the same values. Thread safety: pure functions.
+// (bindings/bind_grants.cc) and the node's (am_sample_request.cc,
+// am_connections.cc) compute the same values. Thread safety: pure functions.
 #pragma once
 
 #include <cstddef>

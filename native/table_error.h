@@ -1,7 +1,7 @@
 // The error of the control plane's table core (selectors, sum tree, lease
 // counts): a call it refuses, such as an id outside the table or an unknown
-// selector kind. Not a UCX failure: bind_tables.cc raises it in Python as
-// distore_ucx.errors.TableCoreError.
+// selector kind. Not a UCX failure: the _tables module (bindings/
+// bind_tables.cc) raises it in Python as distore_ucx.errors.TableCoreError.
 #pragma once
 
 #include <stdexcept>
