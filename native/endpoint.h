@@ -7,9 +7,9 @@
 //
 // Ownership: holds its worker's owner (owner.h: the Python worker object,
 // and through it the context), so the worker outlives every endpoint made
-// on it; remote keys hold their
-// Endpoint. Thread safety: close() and the error callback may run on any
-// thread (the worker is UCS_THREAD_MODE_MULTI); handle() is read-only.
+// on it; remote keys hold their Endpoint. Thread safety: close() and the
+// error callback may run on any thread (the worker is
+// UCS_THREAD_MODE_MULTI); handle() is read-only.
 #pragma once
 
 #include <atomic>

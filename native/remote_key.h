@@ -5,9 +5,9 @@
 //
 // Ownership: holds the owner (owner.h) of the ucp_ep_h: the Python object
 // (and through it the worker and context), so teardown is always rkey, then
-// endpoint. It
-// also records the remote region's base and size so every read can be bounds
-// checked before it is posted. Thread safety: immutable after construction.
+// endpoint. It also records the remote region's base and size so every read
+// can be bounds checked before it is posted. Thread safety: immutable after
+// construction.
 #pragma once
 
 #include <sys/types.h>
