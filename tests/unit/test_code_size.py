@@ -15,8 +15,7 @@ MAX_MODULE_LINES = 450
 MAX_FUNCTION_LINES = 100
 
 # What is left to split, at its size when listed: it may not grow.
-OVER_MODULES = {
-}
+OVER_MODULES: dict[str, int] = {}
 OVER_FUNCTIONS: dict[str, int] = {}
 
 
