@@ -69,6 +69,13 @@ async def stand_in_node(address: str, token: bytes | None, table: str,
         gens = np.ones(8, np.uint64)
         await call("items_added", node_id=node, table=table, keys=keys, offsets=offsets,
                    generations=gens, priorities=np.ones(8), used_bytes=8 * 4096)
+        # Inserts registered together, one of them refused (its `errors`).
+        more = keys + np.uint64(8)
+        reply = await call("items_added", node_id=node, table=table, keys=more,
+                           offsets=offsets + np.uint64(8 * 4096), generations=gens,
+                           priorities=np.array([1, 1, 1, 1, -1, 1, 1, 1], np.float64),
+                           batches=[4, 4], timeouts=[5.0, 5.0])
+        assert [e[0] for e in reply["errors"]] == [1]
         await asyncio.to_thread(meanwhile)
         await call("evict", node_id=node, table=table, n=1)
         picked = await call("demote", node_id=node, table=table, n=2)
@@ -103,6 +110,7 @@ def test_every_reply_the_servers_send_parses_as_declared(tmp_path, monkeypatch):
             client.checkpoint()
             client.status()  # with the checkpoint it made
             node = client.nodes()[0]
+            client.call("node_state", node_id=node["node_id"])
             with rpc.RpcClient(node["address"], token=client.token) as conn:
                 conn.call("node_info")
 
