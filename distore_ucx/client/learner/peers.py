@@ -4,7 +4,7 @@ Each node a learner reads from is a peer (a `NodeReader`) of one of four kinds:
 
 - "mapped": the node runs on this host (same `host_id()`) and handed us its
   sealed arena (transport/local_map.py); its items are copied out of a
-  read-only mapping with plain loads (`_native.mapped_gather`).
+  read-only mapping with plain loads (`_native.mapped_gather_located`).
 - "ucx:<transports>": a remote key on a UCX endpoint; items are read with
   one-sided gets (`_native.gather`). Same-host nodes take this path too
   when mapping is off (`local_map=False`, `DISTORE_LOCAL_MAP=0`), when the
