@@ -106,17 +106,14 @@ class Registrations:
     async def _request(self, key: tuple, inserts: list[Stored]) -> None:
         """One items_added for `inserts`; settles each one's future."""
         control, node_id, table, epoch, has_steps = key
-        one = inserts[0] if len(inserts) == 1 else None
         now = time.monotonic()
         lefts = [max(0.0, s.deadline - now) for s in inserts]
         fields = {
             "node_id": node_id, "table": table,
-            "keys": one.keys if one else np.concatenate([s.keys for s in inserts]),
-            "offsets": one.offsets if one else np.concatenate([s.offsets for s in inserts]),
-            "generations": one.generations if one else
-            np.concatenate([s.generations for s in inserts]),
-            "priorities": one.priorities if one else
-            np.concatenate([s.priorities for s in inserts]),
+            "keys": _joined([s.keys for s in inserts]),
+            "offsets": _joined([s.offsets for s in inserts]),
+            "generations": _joined([s.generations for s in inserts]),
+            "priorities": _joined([s.priorities for s in inserts]),
             "used_bytes": self._used_bytes(),
             "timeout": max(lefts),
         }
@@ -124,9 +121,8 @@ class Registrations:
             fields["epoch"] = epoch
         if has_steps:
             for j, name in enumerate(STEP_FIELDS):
-                fields[name] = one.steps[j] if one else \
-                    np.concatenate([s.steps[j] for s in inserts])
-        if one is None:
+                fields[name] = _joined([s.steps[j] for s in inserts])
+        if len(inserts) > 1:
             fields["batches"] = [len(s.keys) for s in inserts]
             fields["timeouts"] = lefts
         self.requests += 1
@@ -141,6 +137,11 @@ class Registrations:
                 _fail(s, exc)
             return
         _settle(inserts, reply, refused)
+
+
+def _joined(arrays: list[np.ndarray]) -> np.ndarray:
+    """One array of the inserts' arrays (a lone insert's as it is: no copy)."""
+    return arrays[0] if len(arrays) == 1 else np.concatenate(arrays)
 
 
 def _settle(inserts: list[Stored], reply: dict, refused: dict[int, Exception]) -> None:

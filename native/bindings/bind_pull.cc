@@ -16,19 +16,12 @@ void bind_pull(nb::module_& m) {
          const RemoteKey* rkey, int64_t pid, uint64_t src_base, uint64_t src_size,
          Vec<uint64_t> slot_offsets, Vec<uint64_t> src_addresses, Vec<uint64_t> lengths,
          Vec<uint64_t> keys, Vec<uint64_t> generations, double timeout_s) {
-        const size_t n = slot_offsets.shape(0);
-        if (src_addresses.shape(0) != n || lengths.shape(0) != n || keys.shape(0) != n ||
-            generations.shape(0) != n) {
-          throw UcxError(kStatusBadArgument, "pull: the per-item arrays differ in length");
-        }
+        const std::vector<PullItem> items =
+            pull_items("pull", slot_offsets, src_addresses, lengths, keys, generations);
+        const size_t n = items.size();
         if (pid < 0 || pid > INT32_MAX) throw UcxError(kStatusBadArgument, "pull: bad pid");
         ucp_worker_h w =
             worker.is_none() ? nullptr : reinterpret_cast<ucp_worker_h>(handle_of(worker, "worker"));
-        std::vector<PullItem> items(n);
-        for (size_t i = 0; i < n; ++i) {
-          items[i] = PullItem{slot_offsets(i), src_addresses(i), lengths(i), keys(i),
-                              generations(i)};
-        }
         auto [array, statuses] = new_statuses(n);
         {
           nb::gil_scoped_release release;

@@ -25,16 +25,9 @@ void bind_staging(nb::module_& m) {
       [](const MemoryRegion& arena, const StagingMap& src, uint64_t src_base,
          Vec<uint64_t> slot_offsets, Vec<uint64_t> src_addresses, Vec<uint64_t> lengths,
          Vec<uint64_t> keys, Vec<uint64_t> generations, CopyPool* pool, size_t parallel_bytes) {
-        const size_t n = slot_offsets.shape(0);
-        if (src_addresses.shape(0) != n || lengths.shape(0) != n || keys.shape(0) != n ||
-            generations.shape(0) != n) {
-          throw UcxError(kStatusBadArgument, "pull_mapped: the per-item arrays differ in length");
-        }
-        std::vector<PullItem> items(n);
-        for (size_t i = 0; i < n; ++i) {
-          items[i] = PullItem{slot_offsets(i), src_addresses(i), lengths(i), keys(i),
-                              generations(i)};
-        }
+        const std::vector<PullItem> items =
+            pull_items("pull_mapped", slot_offsets, src_addresses, lengths, keys, generations);
+        const size_t n = items.size();
         auto [array, statuses] = new_statuses(n);
         {
           nb::gil_scoped_release release;

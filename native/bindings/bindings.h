@@ -18,6 +18,7 @@
 
 #include "am_connections.h"
 #include "owner.h"
+#include "pull.h"
 #include "status.h"
 
 namespace nb = nanobind;
@@ -52,6 +53,25 @@ inline std::pair<StatusArray, int32_t*> new_statuses(size_t n) {
   auto* statuses = new int32_t[n > 0 ? n : 1];
   nb::capsule owner(statuses, [](void* p) noexcept { delete[] static_cast<int32_t*>(p); });
   return {StatusArray(statuses, {n}, owner), statuses};
+}
+
+// A pull's per-item arrays (pull, pull_mapped) as PullItems; UcxError
+// naming `what` when their lengths differ.
+inline std::vector<PullItem> pull_items(const char* what, const Vec<uint64_t>& slot_offsets,
+                                        const Vec<uint64_t>& src_addresses,
+                                        const Vec<uint64_t>& lengths, const Vec<uint64_t>& keys,
+                                        const Vec<uint64_t>& generations) {
+  const size_t n = slot_offsets.shape(0);
+  if (src_addresses.shape(0) != n || lengths.shape(0) != n || keys.shape(0) != n ||
+      generations.shape(0) != n) {
+    throw UcxError(kStatusBadArgument,
+                   std::string(what) + ": the per-item arrays differ in length");
+  }
+  std::vector<PullItem> items(n);
+  for (size_t i = 0; i < n; ++i) {
+    items[i] = PullItem{slot_offsets(i), src_addresses(i), lengths(i), keys(i), generations(i)};
+  }
+  return items;
 }
 
 // A listener's connection counts (AmConnections::counts) as a dict.
