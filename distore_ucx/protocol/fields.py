@@ -230,37 +230,35 @@ GENERATIONS = F("generations", "u64[]")
 PRIORITIES = F("priorities", "f64[]")
 
 
+# Python types each scalar kind accepts, and each array kind's little-endian dtype.
+_TYPES = {"int": int, "float": (int, float), "str": str, "bytes": (bytes, memoryview),
+          "bool": bool, "list": list, "dict": dict}
+_WIRE_DTYPES = {kind: np.dtype(dt).newbyteorder("<") for kind, dt in ARRAY_DTYPES.items()}
+
+
 def check(op: str, f: F, v: Any) -> Any:
-    """`v` as field `f` of message `op` holds it (arrays as numpy); ProtocolError if invalid."""
-    where = f"{op}.{f.name}"
-    if f.kind in ARRAY_DTYPES:
+    """`v` as field `f` of message `op` holds it (arrays as numpy); ProtocolError if invalid.
+    (Every request's every field passes here: the message names only on error.)"""
+    kind = f.kind
+    dt = _WIRE_DTYPES.get(kind)
+    if dt is not None:
         if not isinstance(v, bytes):
-            raise ProtocolError(f"{where}: expected bytes of {f.kind}")
-        dt = np.dtype(ARRAY_DTYPES[f.kind])
+            raise ProtocolError(f"{op}.{f.name}: expected bytes of {kind}")
         if len(v) % dt.itemsize:
-            raise ProtocolError(f"{where}: {len(v)} bytes is not a whole number of {f.kind}")
+            raise ProtocolError(f"{op}.{f.name}: {len(v)} bytes is not a whole number of {kind}")
         if len(v) // dt.itemsize > MAX_ITEMS:
-            raise ProtocolError(f"{where}: more than {MAX_ITEMS} items")
-        arr = np.frombuffer(v, dtype=dt.newbyteorder("<"))
-        if f.kind == "f64[]" and not np.isfinite(arr).all():
-            raise ProtocolError(f"{where}: values must be finite")
+            raise ProtocolError(f"{op}.{f.name}: more than {MAX_ITEMS} items")
+        arr = np.frombuffer(v, dtype=dt)
+        if kind == "f64[]" and not np.isfinite(arr).all():
+            raise ProtocolError(f"{op}.{f.name}: values must be finite")
         return arr
-    types = {
-        "int": int,
-        "float": (int, float),
-        "str": str,
-        "bytes": (bytes, memoryview),
-        "bool": bool,
-        "list": list,
-        "dict": dict,
-    }[f.kind]
-    if not isinstance(v, types) or (f.kind in ("int", "float") and isinstance(v, bool)):
-        raise ProtocolError(f"{where}: expected {f.kind}, got {type(v).__name__}")
+    if not isinstance(v, _TYPES[kind]) or (kind in ("int", "float") and isinstance(v, bool)):
+        raise ProtocolError(f"{op}.{f.name}: expected {kind}, got {type(v).__name__}")
     if f.lo is not None and v < f.lo or f.hi is not None and v > f.hi:
-        raise ProtocolError(f"{where}: {v} outside [{f.lo}, {f.hi}]")
+        raise ProtocolError(f"{op}.{f.name}: {v} outside [{f.lo}, {f.hi}]")
     if f.max_len is not None and len(v) > f.max_len:
-        raise ProtocolError(f"{where}: longer than {f.max_len}")
+        raise ProtocolError(f"{op}.{f.name}: longer than {f.max_len}")
     if f.printable and not (v and v.isprintable()):
         raise ProtocolError(
-            f"{where}: {v!r} is not a valid name (1-{f.max_len} printable characters)")
+            f"{op}.{f.name}: {v!r} is not a valid name (1-{f.max_len} printable characters)")
     return v
