@@ -43,6 +43,11 @@ def _add_settings(parser: argparse.ArgumentParser, command: str) -> None:
                                 default=None, help=text)
             parser.add_argument("--no-hugepages", dest=s.name, action="store_const",
                                 const=False, help="never use 2 MiB pages")
+        elif s.name == "node.prefault":
+            parser.add_argument("--prefault", dest=s.name, action="store_const", const=True,
+                                default=None, help=text)
+            parser.add_argument("--no-prefault", dest=s.name, action="store_const",
+                                const=False, help="take the arena's pages as items arrive")
         elif s.name == "node.write_protect":
             parser.add_argument("--write-protect", dest=s.name, action="store_const",
                                 const=True, default=None, help=text)

@@ -48,6 +48,10 @@ class LocalCluster:
             folder, removed by `stop()` unless DISTORE_KEEP_LOGS=1).
         startup_timeout: How long each process may take to serve.
         hugepages: Back the arenas with 2 MiB pages where possible.
+        prefault: Make every page of each arena at the node's start (what
+            ``distore node`` does unless ``--no-prefault``): inserts then take
+            no first-touch fault. Off by default here: a cluster on one
+            machine takes an arena's memory only as items arrive.
         heartbeat_timeout: A node silent this long is unresponsive
             (``--heartbeat-timeout``).
         log_level: The processes' log level.
@@ -82,6 +86,7 @@ class LocalCluster:
         log_dir: str | None = None,
         startup_timeout: float = 60.0,
         hugepages: bool = False,
+        prefault: bool = False,
         heartbeat_timeout: float = 2.0,
         log_level: str = "INFO",
         token_file: str | None = None,
@@ -120,6 +125,7 @@ class LocalCluster:
             atexit.register(self._at_exit)
         self.startup_timeout = startup_timeout
         self.hugepages = hugepages
+        self.prefault = prefault
         self.heartbeat_timeout = heartbeat_timeout
         self.log_level = log_level
         self.token_file = token_file
@@ -284,6 +290,7 @@ class LocalCluster:
                 "--arena", str(arena_bytes or self.arena_bytes), *(extra_args or [])]
         if not self.hugepages:
             args.append("--no-hugepages")
+        args.append("--prefault" if self.prefault else "--no-prefault")
         if self.reconnect_timeout is not None:
             args += ["--reconnect-timeout", str(self.reconnect_timeout)]
         args += ["--metrics-port", "auto" if self.metrics else "0"]

@@ -5,6 +5,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <string>
@@ -15,6 +16,7 @@ namespace distore {
 
 namespace {
 constexpr size_t kHugePage = size_t(2) << 20;
+constexpr int kMadvPopulateWrite = 23;  // MADV_POPULATE_WRITE (Linux 5.14), not in older headers
 
 size_t round_up(size_t n, size_t to) { return (n + to - 1) / to * to; }
 
@@ -229,6 +231,25 @@ void MemoryRegion::map(int memory_type, unsigned prot) {
   }
   if (status == UCS_ERR_UNSUPPORTED) status = ucp_mem_map(context_handle_, &params, &memh_);
   check(status, "ucp_mem_map");
+}
+
+int MemoryRegion::populate(size_t offset, size_t length) const {
+  if (offset >= size_ || length == 0) return 0;
+  length = std::min(length, size_ - offset);
+  const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+  auto* local = static_cast<uint8_t*>(local_ != nullptr ? local_ : base_);
+  // madvise needs a page-aligned start; the region's base is one.
+  const size_t start = offset / page * page;
+  const size_t end = round_up(offset + length, page);
+  if (madvise(local + start, end - start, kMadvPopulateWrite) == 0) return 0;
+  if (errno != EINVAL) return errno;
+  // A kernel without MADV_POPULATE_WRITE: a write to each page makes it.
+  // The bytes are written back as they are read (a fresh region is zeros).
+  for (size_t at = start; at < end; at += page) {
+    volatile uint8_t* byte = local + at;
+    *byte = *byte;
+  }
+  return 0;
 }
 
 MemoryRegion::~MemoryRegion() {

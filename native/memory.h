@@ -74,6 +74,16 @@ class MemoryRegion {
   // for; the kernel's shmem/anon THP setting decides), or "4k".
   const char* page_kind() const { return page_kind_; }
   ucp_mem_h memh() const { return memh_; }
+  // Makes the pages of [offset, offset + length) (clipped to the region) now,
+  // writable, so that later writes take no first-touch fault (the kernel
+  // allocates and zeroes each page there). One madvise(MADV_POPULATE_WRITE)
+  // (Linux 5.14) on the writable mapping; on an older kernel each page's
+  // first byte is written back as read. Returns 0, or the errno of a
+  // failure: ENOMEM/EFAULT when the host cannot back the pages (no memory,
+  // or no hugepages left).
+  // Thread safety: call it before anything else writes those bytes (the
+  // older kernels' way rewrites a byte a page).
+  int populate(size_t offset, size_t length) const;
   // Packs a remote key a peer unpacks with RemoteKey (sealed: see above).
   // Raises if the region was not mapped for remote read.
   std::string pack_rkey() const;

@@ -6,7 +6,8 @@ insert, and the learner its latency?
     cd /tmp && <venv>/bin/python <repo>/perf/fanin.py --actors 128 --seconds 20
 
 A LocalCluster of `--nodes` storage nodes (a node per actor host is the
-deployment this models: on one machine, the nodes share the actors' cores)
+deployment this models: on one machine, the nodes share the actors' cores;
+their arenas populated at start as `distore node` does, `--no-prefault` not)
 holds one prioritized table large enough for everything the run inserts
 (so nothing is evicted: every acknowledged insert must still be there).
 
@@ -174,6 +175,9 @@ def main(argv=None) -> int:
     ap.add_argument("--sample-rate", type=float, default=20.0, help="learner batches/s")
     ap.add_argument("--tls", default="sm", help="UCX_TLS for every process (sm, tcp)")
     ap.add_argument("--heartbeat-timeout", type=float, default=2.0)
+    ap.add_argument("--no-prefault", action="store_true",
+                    help="nodes take arena pages as items arrive (default: made at start, as "
+                    "`distore node` does)")
     ap.add_argument("--start-timeout", type=float, default=600.0,
                     help="s the actors may take to connect")
     ap.add_argument("--max-p99-ms", type=float, default=50.0)
@@ -199,7 +203,7 @@ def main(argv=None) -> int:
           file=sys.stderr, flush=True)
     cluster = ds.LocalCluster(nodes=args.nodes, arena_bytes=arena, env={"UCX_TLS": args.tls},
                               log_level="WARNING", heartbeat_timeout=args.heartbeat_timeout,
-                              metrics=True)
+                              metrics=True, prefault=not args.no_prefault)
     ctx = mp.get_context("fork")  # the imports are shared: 128 starts cost little
     with cluster, ds.connect(cluster.address) as client:
         client.create_table(TABLE, capacity=capacity, spec=spec, sampler=ds.Prioritized(0.6),

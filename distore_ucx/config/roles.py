@@ -137,6 +137,8 @@ class NodeConfig:
     port: int = from_setting("node.port")
     name: str = from_setting("node.name")
     hugepages: bool = from_setting("node.hugepages")
+    # make every page of the arena at start (no first-touch faults on inserts)
+    prefault: bool = from_setting("node.prefault")
     # after deregistering, reads in flight get this long
     drain_timeout: float = from_setting("node.drain_timeout")
     # shared secret every connection must prove ("" = none)

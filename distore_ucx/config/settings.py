@@ -139,6 +139,9 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("node.name", to_str, "", "--name", _NODE, "node name in status output"),
     Setting("node.hugepages", to_bool, True, "--hugepages", _NODE,
             "back the arena with 2 MiB pages where possible (--no-hugepages: never)"),
+    Setting("node.prefault", to_bool, True, "--prefault", _NODE,
+            "make every page of the arena at start, so inserts take no first-touch fault and "
+            "a host without the memory fails at start (--no-prefault: as items arrive)"),
     Setting("node.write_protect", to_bool, True, "--write-protect", _NODE,
             "peers read the arena through a read-only mapping, so a remote write faults "
             "(--no-write-protect: one writable mapping, transparent hugepages)"),

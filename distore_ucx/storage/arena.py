@@ -18,12 +18,14 @@ Thread safety: one asyncio thread uses an Arena.
 
 from __future__ import annotations
 
+import os
 import secrets
 
 import numpy as np
 
 from .._native_loader import _native
 from ..errors import SpecMismatch, StorageFull
+from ..status import format_size
 from .slots import SlotTable
 
 
@@ -110,11 +112,11 @@ class Arena:
                    f"Table {top!r} holds the most: give it a smaller capacity, or ")
                 + "start more storage nodes or give nodes a larger --arena"
             )
-        reused = slots.reuse(k)
+        reused = slots.reuse(k) if slots.free_slots else None
         fresh = self._carve(slot_size, rest, slots.end)
         slots.carve(fresh)
         self.used_bytes += k * slot_size
-        return np.concatenate([reused, fresh]) if len(reused) else fresh
+        return fresh if reused is None else np.concatenate([reused, fresh])
 
     def shortfall(self, table: str, slot_size: int, k: int) -> int:
         """How many of k slots for `table` the arena cannot give now (0: allocate succeeds)."""
@@ -141,13 +143,19 @@ class Arena:
     def _room(self, slot_size: int, floor: int) -> int:
         """How many new slots of `slot_size` a table whose slots end at
         `floor` could get: from extents above it, then the bump region."""
-        idx = self._eligible(floor)
+        idx = self._eligible(floor) if len(self._ext_start) else ()
+        if not len(idx):  # an arena filling up (or no extent above): the bump region
+            return (self.size - self._bump) // slot_size
         return int((self._ext_len[idx] // slot_size).sum()) + (self.size - self._bump) // slot_size
 
     def _carve(self, slot_size: int, m: int, floor: int) -> np.ndarray:
         """Offsets of m new slots (ascending, all above `floor`): from free
         extents first, then the bump pointer. The caller checked _room."""
-        idx = self._eligible(floor)
+        idx = self._eligible(floor) if len(self._ext_start) else ()
+        if not len(idx):  # an arena filling up (or no extent above): the bump pointer
+            fresh = np.arange(self._bump, self._bump + m * slot_size, slot_size, dtype=np.uint64)
+            self._bump += m * slot_size
+            return fresh
         fit = self._ext_len[idx] // slot_size
         before = np.cumsum(fit) - fit
         take = np.clip(m - before, 0, fit)
@@ -313,6 +321,59 @@ def page_size_label(page_kind: str) -> str:
     if page_kind == "thp" and not page_advice(page_kind):
         return "2 MiB (transparent hugepages)"
     return "4 KiB"
+
+
+def memory_available() -> tuple[int, str]:
+    """Bytes this process may still make resident, and what bounds them: the
+    host's MemAvailable, or this process's memory cgroup (v1 or v2) limit
+    less its usage where that is lower. A node that would populate more
+    than this is stopped by the kernel's OOM killer, without a word."""
+    best = (_meminfo_bytes("MemAvailable"), "MemAvailable in /proc/meminfo")
+    for limit, usage, where in _cgroup_memory():
+        if limit - usage < best[0]:
+            best = (max(0, limit - usage),
+                    f"memory cgroup {where}: limit {format_size(limit)}, "
+                    f"{format_size(usage)} in use")
+    return best
+
+
+def _meminfo_bytes(field: str) -> int:
+    try:
+        with open("/proc/meminfo") as fh:
+            for line in fh:
+                if line.startswith(field + ":"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return 1 << 62  # unknown: no bound
+
+
+def _cgroup_memory() -> list[tuple[int, int, str]]:
+    """(limit, usage, cgroup path) of this process's memory cgroups that
+    set a limit (v1 `memory` controller, v2 unified)."""
+    found = []
+    try:
+        with open("/proc/self/cgroup") as fh:
+            lines = fh.read().splitlines()
+    except OSError:
+        return found
+    for line in lines:
+        _, controllers, path = (line.split(":", 2) + ["", ""])[:3]
+        if "memory" in controllers.split(","):
+            files = (f"/sys/fs/cgroup/memory{path}/memory.limit_in_bytes",
+                     f"/sys/fs/cgroup/memory{path}/memory.usage_in_bytes")
+        elif controllers == "" and os.path.exists("/sys/fs/cgroup/cgroup.controllers"):
+            files = (f"/sys/fs/cgroup{path}/memory.max", f"/sys/fs/cgroup{path}/memory.current")
+        else:
+            continue
+        try:
+            with open(files[0]) as a, open(files[1]) as b:
+                limit, usage = a.read().strip(), b.read().strip()
+            if limit != "max" and int(limit) < 1 << 60:
+                found.append((int(limit), int(usage), path))
+        except (OSError, ValueError):
+            continue
+    return found
 
 
 def _sysfs(path: str) -> str:

@@ -33,16 +33,17 @@ from concurrent.futures import ThreadPoolExecutor
 from .. import metrics
 from .._native_loader import _native
 from ..config import NodeConfig, am_samples_enabled, read_token, rendezvous_config, ucx_tls
-from ..errors import ConnectionFailed, Timeout
+from ..errors import ConfigError, ConnectionFailed, Timeout
 from ..progress import Progress
 from ..protocol import parse_reply
 from ..roles import write_ready
+from ..status import format_size
 from ..transport import UcxRuntime
 from ..transport.dispatch import Dispatcher
 from ..transport.local_map import LocalMapServer
 from ..transport.rpc import parse_address, serve
 from ..transport.runtime import host_id
-from .arena import Arena, granted_page_kind, page_advice, page_size_label
+from .arena import Arena, granted_page_kind, memory_available, page_advice, page_size_label
 from .guard import guard_remote_access, watch_guard
 from .heartbeat import Heartbeat
 from .inserts import InsertServer
@@ -58,6 +59,15 @@ from .tier import DiskTier, StagingArea, bounce_reads
 __all__ = ["StorageNode", "main", "route_address"]
 
 log = logging.getLogger(__name__)
+
+# The arena is populated (node.prefault) this many bytes a call (each call
+# off the event loop), with progress logged for arenas of at least
+# POPULATE_PROGRESS_BYTES.
+POPULATE_CHUNK = 1 << 30
+POPULATE_PROGRESS_BYTES = 8 << 30
+UNBACKED_HINT = ("give a smaller --arena, free memory (or reserve more hugepages), or start "
+                 "with --no-prefault to take pages as items arrive (the node is then killed "
+                 "if memory runs out once its arena fills)")
 
 
 def route_address(control_host: str) -> str:
@@ -130,9 +140,13 @@ class StorageNode:
                          every=0)
         with UcxRuntime(config={**rendezvous_config(), **guarded}, env_tls=ucx_tls()) as runtime:
             self.runtime = runtime
-            steps.write(f"mapping and registering a {cfg.arena_bytes / 2**30:.1f} GiB arena")
+            steps.write(f"mapping and registering a {cfg.arena_bytes / 2**30:.1f} GiB arena"
+                        + (" (and making its pages: --no-prefault not to)" if cfg.prefault
+                           else ""))
             guard_watch = self._open_arena(runtime, host)
-            steps.update(1, note="arena mapped")
+            if cfg.prefault:
+                await self._populate_arena()
+            steps.update(1, note="arena mapped" + (" and populated" if cfg.prefault else ""))
             self._token = read_token(cfg.token_file)
             self._start_local_map()
             dispatch = self._make_parts()  # writers' requests -> the insert server
@@ -185,6 +199,47 @@ class StorageNode:
         if self.sample_server is not None:
             checks.append(self.sample_server.check)
         return asyncio.get_running_loop().create_task(watch_guard(self.name, checks))
+
+    async def _populate_arena(self) -> None:
+        """Make every page of the arena now (the setting node.prefault), off
+        the event loop, a chunk at a time: inserts then take no first-touch
+        fault (the kernel zeroing a page as an item first lands on it, a
+        quarter of a node's CPU while its arena fills), and a host that cannot
+        back the arena says so at start rather than killing the node once
+        the arena fills. Progress is logged on long work; a stop (SIGTERM)
+        ends it early (the start-up then winds down). Raises ConfigError
+        when the pages cannot be had."""
+        arena, size = self.state.arena, self.state.arena.size
+        if arena.page_kind != "hugetlb":  # reserved hugepages were had at mapping
+            available, bound = memory_available()
+            if size > available:
+                raise ConfigError(
+                    f"storage node {self.name}: the host cannot back a {format_size(size)} "
+                    f"arena: {format_size(available)} can be made resident ({bound}): "
+                    + UNBACKED_HINT)
+        loop = asyncio.get_running_loop()
+        progress = (Progress(f"node {self.name}: populating the arena", total=size / 2**30,
+                             unit="GiB", logger=log, every=5.0)
+                    if size >= POPULATE_PROGRESS_BYTES else None)
+        done = 0
+        try:
+            while done < size:
+                if self._stop.is_set():
+                    return
+                chunk = min(POPULATE_CHUNK, size - done)
+                err = await loop.run_in_executor(None, arena.region.populate, done, chunk)
+                if err:
+                    raise ConfigError(
+                        f"storage node {self.name}: the host cannot back a "
+                        f"{format_size(size)} arena ({os.strerror(err)} after "
+                        f"{format_size(done)} of {arena.page_kind} pages): "
+                        + UNBACKED_HINT)
+                done += chunk
+                if progress is not None:
+                    progress.update(chunk / 2**30)
+        finally:
+            if progress is not None:
+                progress.close()
 
     def _make_parts(self) -> Dispatcher:
         """The node's parts, each given what it uses (see the class); returns

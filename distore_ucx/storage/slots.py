@@ -57,7 +57,8 @@ class SlotTable:
     def carve(self, offsets: np.ndarray) -> None:
         """Record freshly carved slots (ascending offsets, above every earlier one), ALLOCATED."""
         k = len(offsets)
-        if k and (offsets[0] < self.end or (np.diff(offsets.astype(np.int64)) <= 0).any()):
+        if k and (offsets[0] < self.end
+                  or (k > 1 and (offsets[1:] <= offsets[:-1]).any())):
             raise ValueError("new slots must ascend, above every earlier slot of the table")
         if self.n + k > len(self.cols["state"]):
             new = max(self.n + k, 2 * len(self.cols["state"]))

@@ -64,6 +64,16 @@ void bind_memory(nb::module_& m) {
       .def_prop_ro("hugepages", &MemoryRegion::hugepages)
       .def_prop_ro("remote_read", &MemoryRegion::remote_read)
       .def(
+          "populate",
+          [](const MemoryRegion& r, size_t offset, size_t length) {
+            nb::gil_scoped_release released;
+            return r.populate(offset, length);
+          },
+          "offset"_a, "length"_a,
+          "Make the pages of [offset, offset + length) now, writable (no first-touch "
+          "fault later); returns 0 or the errno of a failure (ENOMEM/EFAULT: the host "
+          "cannot back them).")
+      .def(
           "pack_rkey",
           [](const MemoryRegion& r) {
             const std::string packed = r.pack_rkey();

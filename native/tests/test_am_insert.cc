@@ -7,7 +7,11 @@
 // an endpoint the listener did not accept are refused; a writer that hangs
 // mid-batch is force-closed at the pull's timeout, and a batch the node
 // discards (its writer went away) ends after a short grace, long before
-// the timeout; neither leaves a header claiming a slot.
+// the timeout; neither leaves a header claiming a slot. And a node's arena
+// is populated (every page made at start) without changing its bytes.
+#include <sys/mman.h>
+#include <unistd.h>
+
 #include <atomic>
 #include <chrono>
 #include <cstring>
@@ -266,4 +270,32 @@ TEST(a_batch_whose_writer_went_away_ends_once_the_node_discards_it) {
   // Late messages of the discarded batch are released on arrival.
   CHECK_EQ(s.inbox.expire(60.0), size_t{0});
   CHECK_EQ(s.inbox.waiting(), size_t{0});
+}
+
+// Pages of [p, p + n) the kernel holds (mincore).
+static size_t resident_pages(const uint8_t* p, size_t n) {
+  const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+  std::vector<unsigned char> in((n + page - 1) / page);
+  CHECK_EQ(mincore(const_cast<uint8_t*>(p), n, in.data()), 0);
+  size_t count = 0;
+  for (unsigned char c : in) count += c & 1;
+  return count;
+}
+
+TEST(populate_makes_every_page_of_an_arena_and_keeps_its_bytes) {
+  Ucx ucx;
+  std::unique_ptr<MemoryRegion> arena(
+      MemoryRegion::write_protected(Owner(), handle(ucx.context()), kArena, false));
+  auto* rw = reinterpret_cast<uint8_t*>(arena->local_address());
+  const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+  rw[5000] = 42;  // one page (the second) written before
+  CHECK_EQ(resident_pages(rw, kArena), size_t{1});
+  CHECK_EQ(arena->populate(kArena, 10), 0);  // past the end: nothing
+  CHECK_EQ(arena->populate(3 * page + 1, 1), 0);  // one more page, from an unaligned offset
+  CHECK_EQ(resident_pages(rw, kArena), size_t{2});
+  CHECK_EQ(arena->populate(0, kArena + 12345), 0);  // clipped to the region
+  CHECK_EQ(resident_pages(rw, kArena), kArena / page);
+  CHECK_EQ(int{rw[5000]}, 42);
+  CHECK_EQ(int{rw[0]}, 0);
+  CHECK_EQ(int{rw[kArena - 1]}, 0);
 }
