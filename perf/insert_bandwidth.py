@@ -260,7 +260,7 @@ def run_tls(args, tls: str, out) -> list[dict]:
         # A fresh cluster per item size: the tables of one size share its
         # arena (those of every size at once overfill it with 10 MB items).
         with ds.LocalCluster(nodes=1, arena_bytes=args.arena, env=env,
-                             log_level="WARNING") as c:
+                             log_level="WARNING", prefault=args.prefault) as c:
             client = ds.connect(c.address)
             pids = {"control": c.control.pid, "node": c.nodes[0].pid}
             try:
@@ -323,6 +323,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--in-flight", type=int, default=4,
                    help="writer max_in_flight (default 4, the writer's)")
     p.add_argument("--perftest-timeout", type=float, default=120.0)
+    p.add_argument("--no-prefault", dest="prefault", action="store_false",
+                   help="the node takes arena pages as items arrive (default: made at start, "
+                   "as `distore node` does)")
     p.add_argument("--cpprb", action="store_true",
                    help="also time cpprb's shared-memory ring filled by another process, "
                         "modes one and batched (pip install cpprb)")

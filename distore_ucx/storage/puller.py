@@ -125,7 +125,6 @@ class Puller:
         """Read the batch into its slots of `arena` on the pull thread (the
         event loop keeps serving), or here for a mapped batch of at most
         INLINE_COPY_BYTES; raise if any item could not be read."""
-        loop = asyncio.get_running_loop()
         addresses = np.uint64(source.base) + src_offsets
         if source.mapping is not None and int(lengths.sum()) <= INLINE_COPY_BYTES:
             # A copy out of a mapping cannot wait on anyone: done here, it
@@ -134,6 +133,7 @@ class Puller:
             arena.pull_mapped(source, offsets, keys, gens, addresses, lengths,
                               self._copy_pool())
             return
+        loop = asyncio.get_running_loop()
         if token:
             job = loop.run_in_executor(self._pull_thread(), arena.pull_am, self.am_inbox, token,
                                        offsets, keys, gens, lengths, PULL_TIMEOUT)

@@ -69,19 +69,23 @@ class Registrations:
         self._tasks: set[asyncio.Task] = set()
         self.requests = 0  # items_added sent (metrics: inserts per request)
         self.inserts = 0
+        # The node's event loop, asked once (Python 3.11's get_running_loop()
+        # makes a getpid system call each time).
+        self._loop: asyncio.AbstractEventLoop | None = None
 
     async def register(self, control: AsyncClient, node_id: int, table: str,
                        epoch: int | None, insert: Stored) -> Registered:
         """Register one stored insert; returns once the control plane has
         its items (or raises what refused it, or what failed the request)."""
-        insert.done = asyncio.get_running_loop().create_future()
+        loop = self._loop = self._loop or asyncio.get_running_loop()
+        insert.done = loop.create_future()
         key = (control, node_id, table, epoch, insert.steps is not None)
         waiting = self._waiting.get(key)
         if waiting is not None:  # a request is in flight: this one goes in the next
             waiting.append(insert)
         else:
             self._waiting[key] = []
-            task = asyncio.get_running_loop().create_task(self._send(key, [insert]))
+            task = loop.create_task(self._send(key, [insert]))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
         return await insert.done

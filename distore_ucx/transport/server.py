@@ -179,6 +179,7 @@ class _Connections:
     async def _requests(self, peer: Peer) -> None:
         """Read and answer requests until the peer closes or breaks a rule."""
         last: asyncio.Task | None = None  # the latest `ordered` request's answer
+        loop = asyncio.get_running_loop()  # once: a getpid system call each (Python 3.11)
         while True:
             if len(peer.tasks) >= self.max_pending:
                 # Enough of this connection's requests are waiting: read
@@ -194,8 +195,7 @@ class _Connections:
             if op in self.concurrent or op in self.ordered:
                 after = last if op in self.ordered and last is not None and not last.done() \
                     else None
-                task = asyncio.get_running_loop().create_task(
-                    self._answer(peer, mid, op, fields, after))
+                task = loop.create_task(self._answer(peer, mid, op, fields, after))
                 peer.tasks.add(task)
                 task.add_done_callback(peer.tasks.discard)
                 if op in self.ordered:
