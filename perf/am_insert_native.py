@@ -46,7 +46,7 @@ DEPTH = 2  # batches in flight
 def receiver(item_bytes: int, items: int, listen: bool) -> None:
     """The receiving side: commands 'pull TOKEN' on stdin, 'ok'/'bad' out."""
     from distore_ucx._native_loader import _native
-    from distore_ucx.config import rendezvous_config, ucx_tls
+    from distore_ucx.config import runtime_config, ucx_tls
     from distore_ucx.protocol import AM_INSERT_ID
     from distore_ucx.spec import SLOT_HEADER
     from distore_ucx.storage.arena import Arena
@@ -54,7 +54,7 @@ def receiver(item_bytes: int, items: int, listen: bool) -> None:
     from distore_ucx.transport.runtime import UcxRuntime
 
     guarded = guard_remote_access()
-    runtime = UcxRuntime(config={**rendezvous_config(), **guarded}, env_tls=ucx_tls())
+    runtime = UcxRuntime(config={**runtime_config(), **guarded}, env_tls=ucx_tls())
     slot = SLOT_HEADER + item_bytes
     arena = Arena(runtime, (DEPTH + 1) * items * slot, hugepages=False)
     inbox = _native.AmInbox(runtime.reader_worker, AM_INSERT_ID)
@@ -80,7 +80,7 @@ def run(kind: str, item_bytes: int, items: int, seconds: float) -> tuple[float, 
     the CPU seconds per GB both sides spent (less sensitive to a busy
     machine than GB/s)."""
     from distore_ucx._native_loader import _native
-    from distore_ucx.config import rendezvous_config, ucx_tls
+    from distore_ucx.config import runtime_config, ucx_tls
     from distore_ucx.protocol import AM_INSERT_ID
     from distore_ucx.transport.runtime import UcxRuntime
 
@@ -89,7 +89,7 @@ def run(kind: str, item_bytes: int, items: int, seconds: float) -> tuple[float, 
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
                             cwd=os.environ.get("TMPDIR", "/tmp"))
     hello = json.loads(proc.stdout.readline())
-    runtime = UcxRuntime(config=rendezvous_config(), env_tls=ucx_tls())
+    runtime = UcxRuntime(config=runtime_config(), env_tls=ucx_tls())
     try:
         run_bytes = _native.AmInbox.run_bytes if kind == "listener-runs" else 0
         if kind.startswith("listener"):

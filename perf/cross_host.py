@@ -20,6 +20,7 @@ sample
     ``--iterate`` a row of a learner iterated (``for batch in learner``, ``prefetch=2``:
     a background thread reads ahead, and each batch's slot headers are read again
     as it is handed out, so that none holds an item evicted meanwhile).
+    ``--no-samples`` leaves samples out (no table filled): inserts only.
 insert one / insert batched
     ``writer.insert()`` of one item per call, or of a whole batch per call, for
     ``--seconds`` then ``flush()`` (perf/insert_bandwidth.py's measurement: a FIFO table
@@ -218,7 +219,7 @@ def run_size(args, size: int, out) -> list[dict]:
 
     batch = batch_for(size)
     before = perftest_baselines(args, size, batch)
-    n = max(4 * batch, args.fill_bytes // size)
+    n = max(4 * batch, args.fill_bytes // size) if args.samples else 0
     arena = (args.insert_arena + n * (size + 64)) // args.nodes + 64 * MiB
     env = {"UCX_TLS": TLS, "UCX_LOG_LEVEL": "error", "DISTORE_LOCAL_MAP": "0",
            "DISTORE_AM_INSERTS": "1" if args.am_inserts else "0", "DISTORE_AM_SAMPLES": "1"}
@@ -229,15 +230,17 @@ def run_size(args, size: int, out) -> list[dict]:
                          log_level="WARNING") as cluster, ds.connect(cluster.address) as client:
         pids = {"control": cluster.control.pid}
         pids.update({f"node{i}": p.pid for i, p in enumerate(cluster.nodes)})
-        fill_table(ds, client, "sampled", size, n)
-        log(f"[{size} B] sample")
-        found = [repeated(lambda: measure_sample(ds, client, "sampled", size, batch, args,
-                                                 pids), args.sample_repeats)]
-        if args.sample_gets:
+        found = []
+        if args.samples:
+            fill_table(ds, client, "sampled", size, n)
+            log(f"[{size} B] sample")
+            found.append(repeated(lambda: measure_sample(ds, client, "sampled", size, batch, args,
+                                                         pids), args.sample_repeats))
+        if args.samples and args.sample_gets:
             log(f"[{size} B] sample by gets")
             found.append(repeated(lambda: measure_sample(ds, client, "sampled", size, batch, args,
                                                          pids, gets=True), args.sample_repeats))
-        if args.iterate:
+        if args.samples and args.iterate:
             log(f"[{size} B] sample, iterated")
             found.append(repeated(lambda: measure_sample(ds, client, "sampled", size, batch, args,
                                                          pids, iterate=True), args.sample_repeats))
@@ -316,6 +319,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--writer-batch-bytes", type=size_list_one, default=None,
                    help="inserts: the writer's batch_bytes, at least 2 items (default: the "
                         "writer's own, 8 MiB grown to 4 items of up to 32 MiB for large items)")
+    p.add_argument("--samples", action=argparse.BooleanOptionalAction, default=True,
+                   help="measure samples (the default); --no-samples: inserts only (no table "
+                        "filled to sample from)")
     p.add_argument("--sample-gets", action="store_true",
                    help="also sample by one-sided gets (DISTORE_AM_SAMPLES=0 for the learner), "
                         "for comparison with the active-message path")

@@ -10,7 +10,7 @@ from typing import Any
 
 from .. import rate_limiters as _rate_limiters
 from .. import selectors as _selectors
-from ..config import read_token, rendezvous_config, token_path, ucx_tls
+from ..config import read_token, runtime_config, token_path, ucx_tls
 from ..errors import CapacityWarning, ConfigError
 from ..protocol import parse_reply
 from ..rate_limiters import RateLimiter
@@ -315,7 +315,7 @@ class Client:
                 if not _WITH_RUNTIME:
                     close_at_exit(_close_learners_at_exit)
                 _WITH_RUNTIME.add(self)
-                self._runtime = UcxRuntime(config=rendezvous_config(), env_tls=ucx_tls())
+                self._runtime = UcxRuntime(config=runtime_config(), env_tls=ucx_tls())
             return self._runtime
 
     def call(self, op: str, **fields: Any) -> dict:

@@ -39,6 +39,7 @@ from .environment import (
     disk_bounce,
     local_map_default,
     rendezvous_config,
+    runtime_config,
     sample_ahead_from_env,
     size_from_env,
     switch_from_env,
@@ -71,6 +72,7 @@ __all__ = [
     "AM_MIN_ITEM_BYTES", "am_insert_runs_enabled", "am_inserts_enabled", "am_min_item_bytes",
     "am_samples_enabled",
     "disk_bounce",
-    "local_map_default", "rendezvous_config", "sample_ahead_from_env", "size_from_env",
+    "local_map_default", "rendezvous_config", "runtime_config", "sample_ahead_from_env",
+    "size_from_env",
     "switch_from_env", "ucx_tls", "SWITCHES", "Switch", "switches_shown", "switches_table",
 ]

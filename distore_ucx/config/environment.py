@@ -197,3 +197,15 @@ def rendezvous_config() -> dict[str, str]:
     if os.environ.get("UCX_RNDV_SCHEME"):
         return {}
     return {"RNDV_SCHEME": "put_zcopy"}
+
+
+def runtime_config() -> dict[str, str]:
+    """UCX options of clients' and storage nodes' runtimes: the rendezvous
+    scheme (rendezvous_config) and a mutex, not a spinlock, as each worker's
+    lock (`USE_MT_MUTEX`), unless UCX_USE_MT_MUTEX is set. A worker is
+    shared by its progress thread and the threads that post to it (a
+    writer's inserting thread); over TCP the progress thread holds the lock
+    through each send system call of a rendezvous, and a spinning poster
+    burned 8-10% of a writer's CPU waiting for it (docs/performance.md)."""
+    lock = {} if os.environ.get("UCX_USE_MT_MUTEX") else {"USE_MT_MUTEX": "y"}
+    return {**rendezvous_config(), **lock}

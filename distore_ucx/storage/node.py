@@ -32,7 +32,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from .. import metrics
 from .._native_loader import _native
-from ..config import NodeConfig, am_samples_enabled, read_token, rendezvous_config, ucx_tls
+from ..config import NodeConfig, am_samples_enabled, read_token, runtime_config, ucx_tls
 from ..errors import ConfigError, ConnectionFailed, Timeout
 from ..progress import Progress
 from ..protocol import parse_reply
@@ -138,7 +138,7 @@ class StorageNode:
         # Start-up steps: a bar when run on a terminal, log lines otherwise.
         steps = Progress(f"node {self.name} starting", total=3, unit="steps", logger=log,
                          every=0)
-        with UcxRuntime(config={**rendezvous_config(), **guarded}, env_tls=ucx_tls()) as runtime:
+        with UcxRuntime(config={**runtime_config(), **guarded}, env_tls=ucx_tls()) as runtime:
             self.runtime = runtime
             steps.write(f"mapping and registering a {cfg.arena_bytes / 2**30:.1f} GiB arena"
                         + (" (and making its pages: --no-prefault not to)" if cfg.prefault

@@ -10,7 +10,11 @@ them and its listener, which writers connect to. The helpers and the
 sources are made on first use, the thread too unless the inbox starts it:
 then the event loop watches the reader worker's event fd and has the pull
 thread progress the worker whenever it has events (a writer connecting
-between pulls), so that nothing polls while the node is idle. `close`
+between pulls), so that nothing polls while the node is idle. While pulls
+that progress the worker themselves are under way or queued, its events
+need no tick of their own: the fd is watched again once they are done
+(a tick per few batches cost the loop and the pull thread a hand-off
+each). `close`
 ends the inbox and then the thread, before the node's UCX runtime closes.
 Thread safety: used from the node's event loop.
 """
@@ -69,6 +73,11 @@ class Puller:
         self._copy_helpers = None  # _native.CopyPool for large same-host copies
         self._sources: Sources | None = None
         self._tick: Future | None = None  # the reader worker's progress between pulls
+        # Pulls handed to the pull thread that progress the reader worker
+        # (by message or by gets), and whether its event fd fired meanwhile
+        # (then unwatched until they are done).
+        self._progressing = 0
+        self._unwatched = False
         self._closed = False
 
     def start_am_inbox(self, host: str, key: bytes) -> None:
@@ -134,6 +143,7 @@ class Puller:
                               self._copy_pool())
             return
         loop = asyncio.get_running_loop()
+        progresses = source.mapping is None  # the pull progresses the reader worker
         if token:
             job = loop.run_in_executor(self._pull_thread(), arena.pull_am, self.am_inbox, token,
                                        offsets, keys, gens, lengths, PULL_TIMEOUT)
@@ -143,12 +153,15 @@ class Puller:
         else:
             job = loop.run_in_executor(self._pull_thread(), arena.pull, source, offsets, keys,
                                        gens, addresses, lengths, PULL_TIMEOUT)
+        self._progressing += progresses
         try:
             statuses = await asyncio.shield(job)
         except asyncio.CancelledError:
             # The slots are freed by the caller: never while the thread writes them.
             await asyncio.wait([job])
             raise
+        finally:
+            self._pulled(progresses)
         bad = np.flatnonzero(statuses)
         if bad.size:
             status = int(statuses[bad[0]])
@@ -158,6 +171,15 @@ class Puller:
                 f"items from {source.name} (via {source.via}); none of the batch was stored",
                 source.name,
             )
+
+    def _pulled(self, progressed: bool) -> None:
+        """A pull handed to the pull thread ended; the last of those that
+        progressed the reader worker has its event fd watched again if it
+        fired meanwhile (after a tick that arms the worker)."""
+        self._progressing -= progressed
+        if self._unwatched and not self._progressing:
+            self._unwatched = False
+            self._tick_armed()
 
     def progress_between_pulls(self) -> None:
         """Have the pull thread, once there is one, handle writers' connection
@@ -169,8 +191,17 @@ class Puller:
 
     def _on_reader_event(self) -> None:
         # The event fd stays readable until the worker is progressed and
-        # armed again: stop watching it until the tick has done both.
+        # armed again: stop watching it until the tick has done both, or,
+        # while pulls progress the worker anyway, until they are done.
         self._loop.remove_reader(self._reader_fd)
+        if self._progressing:
+            self._unwatched = True
+            return
+        self._tick_armed()
+
+    def _tick_armed(self) -> None:
+        """Have the pull thread progress the reader worker until it can be
+        armed, then watch its event fd again (on the loop)."""
         if self._closed or self._thread is None:
             return
         try:

@@ -3,7 +3,7 @@
 import pytest
 
 import distore_ucx as ds
-from distore_ucx.config import NodeConfig, parse_size
+from distore_ucx.config import NodeConfig, parse_size, runtime_config
 from distore_ucx.errors import ConfigError
 from distore_ucx.spec import TableSpec
 
@@ -367,3 +367,20 @@ def test_switches_and_sizes_from_the_environment_are_parsed_or_refused_clearly(m
     monkeypatch.setenv("DISTORE_TEST_SIZE", "lots")
     with pytest.raises(ConfigError, match="DISTORE_TEST_SIZE"):
         size_from_env("DISTORE_TEST_SIZE", 123)
+
+
+def test_runtimes_lock_their_workers_with_a_mutex_unless_the_environment_says(monkeypatch):
+    monkeypatch.delenv("UCX_USE_MT_MUTEX", raising=False)
+    monkeypatch.delenv("UCX_RNDV_SCHEME", raising=False)
+    assert runtime_config() == {"RNDV_SCHEME": "put_zcopy", "USE_MT_MUTEX": "y"}
+    monkeypatch.setenv("UCX_USE_MT_MUTEX", "n")  # UCX reads it itself
+    assert runtime_config() == {"RNDV_SCHEME": "put_zcopy"}
+
+
+def test_ucx_takes_the_runtime_options(monkeypatch):
+    from distore_ucx.transport import UcxRuntime
+
+    monkeypatch.delenv("UCX_USE_MT_MUTEX", raising=False)
+    # An option UCX does not know would fail the context.
+    with UcxRuntime(config={**runtime_config(), "TLS": "tcp"}) as rt:
+        assert rt.config["USE_MT_MUTEX"] == "y"
