@@ -31,6 +31,11 @@ were ready, the longest flush, and the CPU the control plane and the nodes
 (together) spent over the run per acknowledged item, and the insert batches each
 items_added of the nodes registered (from their /metrics). Exit 1 when items are missing,
 a node was dropped, or the learner's p99 exceeds `--max-p99-ms`.
+
+`--probe S` adds what flushes of S s or more waited on, and the run's end
+in steps of 0.2 s, to the JSON line (perf/flush_probe.py); with
+`--close-together` no actor closes before every actor has finished its
+last flush (closes and exits then overlap no other actor's flushes).
 Only 127.0.0.1 is used (UCX_NET_DEVICES=lo).
 """
 
@@ -40,6 +45,7 @@ import argparse
 import json
 import multiprocessing as mp
 import os
+import resource
 import sys
 import threading
 import time
@@ -52,13 +58,14 @@ os.environ.setdefault("UCX_NET_DEVICES", "lo")
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import flush_probe  # noqa: E402
 from common import cpu_seconds  # noqa: E402 - after the UCX settings
 from soak import percentiles, rss_bytes  # noqa: E402
 
 TABLE = "fanin"
 
 
-def actor(index: int, address: str, args, start, ready, results) -> None:
+def actor(index: int, address: str, args, start, ready, results, together) -> None:
     """One actor process: paced inserts for `args.seconds`; puts a result dict."""
     out = {"actor": index, "offered": 0, "acked": 0, "error": None, "rss_peak": None,
            "flush_max_s": 0.0}
@@ -67,6 +74,7 @@ def actor(index: int, address: str, args, start, ready, results) -> None:
 
         payload = np.full(args.item_bytes, index % 251, np.uint8)
         with ds.connect(address) as client, client.writer(max_items=256) as w:
+            probe = flush_probe.Probe(client, w, args.probe) if args.probe is not None else None
             ready.put(index)
             if not start.wait(args.start_timeout):
                 raise RuntimeError("the run never started")
@@ -82,17 +90,29 @@ def actor(index: int, address: str, args, start, ready, results) -> None:
                     w.insert(TABLE, {"payload": payload}, priority=1.0)
                 out["offered"] = done = max(done, due)
                 if now >= next_flush:
-                    t_flush = time.monotonic()
-                    w.flush()
-                    out["flush_max_s"] = max(out["flush_max_s"], time.monotonic() - t_flush)
+                    if probe:
+                        took = probe.flush(w, t0)
+                    else:
+                        t_flush = time.monotonic()
+                        w.flush()
+                        took = time.monotonic() - t_flush
+                    out["flush_max_s"] = max(out["flush_max_s"], took)
                     out["acked"] = done
                     next_flush = now + args.flush_every
                 time.sleep(min(0.01, max(0.0, next_flush - time.monotonic())))
             w.flush()
             out["acked"] = done
+            if probe:
+                probe.done(out, t0, args.seconds)
+            if together is not None:
+                together.wait(args.seconds + 120)
+        if probe:
+            probe.closed(out)
     except Exception as exc:  # noqa: BLE001 - reported in the run's figures
         out["error"] = f"{type(exc).__name__}: {exc}"[:300]
     out["rss_peak"] = rss_bytes(os.getpid(), "VmHWM")
+    if args.probe is not None:
+        flush_probe.Probe.last(out)
     results.put(out)
 
 
@@ -182,6 +202,11 @@ def main(argv=None) -> int:
                     help="s the actors may take to connect")
     ap.add_argument("--max-p99-ms", type=float, default=50.0)
     ap.add_argument("--json-out", help="also write the JSON line here")
+    ap.add_argument("--probe", type=float, metavar="S",
+                    help="record what flushes of S s or more waited on, and the run's end "
+                         "(perf/flush_probe.py): `probe` in the JSON line")
+    ap.add_argument("--close-together", action="store_true",
+                    help="actors close only once every actor has finished its last flush")
     args = ap.parse_args(argv)
     if args.actors <= 0 or args.rate <= 0 or args.seconds <= 0:
         ap.error("--actors, --rate and --seconds must be positive")
@@ -209,10 +234,12 @@ def main(argv=None) -> int:
         client.create_table(TABLE, capacity=capacity, spec=spec, sampler=ds.Prioritized(0.6),
                             remover=ds.Fifo(), rate_limiter=ds.MinSize(args.batch))
         start, ready, results = ctx.Event(), ctx.Queue(), ctx.Queue()
+        together = ctx.Barrier(args.actors) if args.close_together else None
         procs = [ctx.Process(target=actor, args=(i, cluster.address, args, start, ready,
-                                                 results), daemon=True)
+                                                 results, together), daemon=True)
                  for i in range(args.actors)]
         t_up = time.monotonic()
+        children0 = resource.getrusage(resource.RUSAGE_CHILDREN)
         for p in procs:
             p.start()
         # Actors connect before the clock starts, then wait on `start`.
@@ -230,6 +257,10 @@ def main(argv=None) -> int:
                                     name="watch")]
         servers = cluster.pids()  # control, nodes
         cpu0 = [cpu_seconds(p) for p in servers]
+        cpu_samples: list = []
+        if args.probe is not None:
+            threads.append(threading.Thread(target=flush_probe.sample_cpu,
+                                            args=(servers, stop, cpu_samples), name="cpu"))
         start.set()
         t0 = time.monotonic()
         for th in threads:
@@ -250,6 +281,9 @@ def main(argv=None) -> int:
             p.join(5)
             if p.is_alive():
                 p.kill()
+        children = resource.getrusage(resource.RUSAGE_CHILDREN)
+        children_cpu = (children.ru_utime + children.ru_stime - children0.ru_utime
+                        - children0.ru_stime)
         info = client.table_info(TABLE)
         status = client.status()
         per_request = batches_per_registration(cluster.metrics_urls())
@@ -286,6 +320,8 @@ def main(argv=None) -> int:
         # insert batches each items_added of the nodes registered (coalesced)
         "batches_per_registration": per_request,
     }
+    if args.probe is not None:
+        row["probe"] = flush_probe.summary(got, args.seconds, cpu_samples, children_cpu)
     line = json.dumps(row)
     print(line, flush=True)
     if args.json_out:

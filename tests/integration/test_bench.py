@@ -156,3 +156,22 @@ def test_demotion_script_compares_the_ranked_picker_with_a_full_scan(tmp_path):
     for r in rows:
         assert r["scan_ms"] > 0 and r["ranked_ms"] > 0
         assert r["picked"] >= 3000 and r["scans"] >= 1
+
+
+def test_fanin_probe_says_what_flushes_waited_on_and_how_the_run_ended(tmp_path):
+    """perf/fanin.py --probe (perf/flush_probe.py), small: it reaches into a
+    writer's parts, so it runs here to keep it from rotting."""
+    out_file = tmp_path / "fanin.jsonl"
+    proc = subprocess.run(
+        [sys.executable, os.path.join(REPO, "perf", "fanin.py"), "--actors", "3", "--rate", "50",
+         "--seconds", "1.5", "--batch", "16", "--sample-rate", "5", "--probe", "0",
+         "--close-together", "--max-p99-ms", "10000", "--json-out", str(out_file)],
+        capture_output=True, text=True, timeout=120, cwd=str(tmp_path), check=False)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    row = json.loads(out_file.read_text())
+    probe = row["probe"]
+    assert row["missing"] == 0 and row["acked"] > 0
+    # --probe 0 keeps every flush; the writers connected at creation.
+    assert probe["slow_flushes"] > 0 and probe["first_flushes"] == 3
+    assert "ack" in probe["first_s"] and probe["connections"]["mean"] >= 2
+    assert probe["tail"] and all(len(step) == 9 for step in probe["tail"])

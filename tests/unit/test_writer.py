@@ -50,6 +50,9 @@ class FakeClient:
     def slice_len(self, table: str) -> int:
         return 0  # a table of items
 
+    def nodes(self) -> list:
+        return []  # a new writer connects to the nodes listed: none here
+
 
 def recording(writer: Writer) -> list:
     """Replace the writer's sends: each batch is recorded (keys, priorities,

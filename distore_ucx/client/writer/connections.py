@@ -1,7 +1,8 @@
 """A writer's connections to storage nodes, and the control plane's word on a node.
 
 Each staging buffer has its own connection to each node, so that batches in
-flight wait on a rate limiter side by side. Connections are keyed by node
+flight wait on a rate limiter side by side: the first buffer's are made with
+the writer (writer.py), the others at first use. Connections are keyed by node
 id, address and buffer: a control plane that restarted afresh may give a
 known address another id, or a known id another node. A node that cannot be
 reached is given up on as soon as the control plane no longer lists it as
@@ -57,25 +58,28 @@ class Connections:
         # (client/writer/send.py); a new connection claims its buffer anew.
         self.handed: dict[tuple[int, str, int], bytes] = {}
 
-    def get(self, node: dict, buffer: int, timeout: float) -> rpc.RpcClient:
+    def get(self, node: dict, buffer: int, timeout: float, within: float | None = None,
+            then: str = "trying another") -> rpc.RpcClient:
         """The connection to `node` for staging buffer `buffer`, made if need
-        be (waiting up to `timeout` for a busy node); raises Unreachable."""
+        be (waiting up to `within` s, default `timeout`, for a busy node; its
+        replies then wait up to `timeout`); raises Unreachable, logged with
+        what the writer does `then`."""
         key = (node["node_id"], node["address"], buffer)
         conn = self._conns.get(key)
         if conn is None:
-            conn = self._connect(node, timeout)
+            conn = self._connect(node, timeout, timeout if within is None else within, then)
             self._conns[key] = conn
         return conn
 
-    def _connect(self, node: dict, timeout: float) -> rpc.RpcClient:
-        """A connection to `node`; Unreachable (logged) once the control plane
-        no longer lists it as live, or after `timeout`. A busy node accepts or
-        greets late (its listen queue full: the connect itself times out),
-        and is waited for; a stopped one accepts (the kernel does) but never
-        greets, and a dead one refuses: both are given up on as soon as the
-        control plane says so."""
+    def _connect(self, node: dict, timeout: float, within: float, then: str) -> rpc.RpcClient:
+        """A connection to `node` whose replies wait up to `timeout`;
+        Unreachable (logged) once the control plane no longer lists it as
+        live, or after `within`. A busy node accepts or greets late (its
+        listen queue full: the connect itself times out), and is waited for;
+        a stopped one accepts (the kernel does) but never greets, and a dead
+        one refuses: both are given up on as soon as the control plane says so."""
         node_id = node["node_id"]
-        deadline = time.monotonic() + timeout
+        deadline = time.monotonic() + within
         delay = 0.05
         while True:
             try:
@@ -84,15 +88,14 @@ class Connections:
                 conn.timeout = timeout
                 return conn
             except AuthenticationFailed as exc:
-                log.warning("storage node %d refused this writer (%s); trying another",
-                            node_id, exc)
+                log.warning("storage node %d refused this writer (%s); %s", node_id, exc, then)
                 raise Unreachable(node_id, gone=False) from None
             except (ConnectionFailed, Timeout) as exc:
                 failure = exc
             state = node_state(self._client, node_id)
             if state != "live" or time.monotonic() >= deadline:
-                log.warning("storage node %d unreachable (%s; it is %s); trying another",
-                            node_id, failure, state)
+                log.warning("storage node %d unreachable (%s; it is %s); %s",
+                            node_id, failure, state, then)
                 raise Unreachable(node_id, gone=state == "gone") from None
             if isinstance(failure, ConnectionFailed):  # refused or reset: not a spin
                 time.sleep(delay)

@@ -11,12 +11,16 @@ Thread safety: none (a writer is used by one thread).
 from __future__ import annotations
 
 import itertools
+import logging
 import math
 import time
+from collections.abc import Callable
 
-from ...errors import StorageFull
+from ...errors import DistoreError, StorageFull
 from ...transport import rpc
-from .connections import Connections, Unreachable
+from .connections import CONNECT_TIMEOUT, Connections, Unreachable
+
+log = logging.getLogger(__name__)
 
 # Seconds between readings of the node list (placement by free space).
 LIST_EVERY = 1.0
@@ -54,11 +58,7 @@ class Placement:
         to `exclude` and another is chosen."""
         now = time.monotonic()
         if now - self._listed >= LIST_EVERY or all(n["node_id"] in exclude for n in self._nodes):
-            self._nodes = self._client.nodes()
-            self._listed, self._since_listed = now, {}
-            listed = {n["node_id"] for n in self._nodes}
-            for gone in [i for i in self.paths if i not in listed]:
-                del self.paths[gone]  # `paths` names the nodes in use, not ones that left
+            self.list_nodes()
         nodes = [n for n in self._nodes if n["node_id"] not in exclude]
         if not nodes:
             raise StorageFull(
@@ -83,6 +83,43 @@ class Placement:
                 self.drop(exc.node_id)
             exclude.add(exc.node_id)
             return self.choose(exclude, buffer, nbytes, timeout)
+
+    def connect_listed(self, buffer: int, timeout: float, hand: Callable[[dict], object]
+                       ) -> None:
+        """A new writer's start: connect to every node listed live now for
+        staging buffer `buffer` (replies then wait up to `timeout`), and
+        `hand(node)` each one reached its buffer, so that the first batches
+        wait for neither (256 actors starting at once took up to 2 s over
+        their first flush). Bounded and never fatal: a node not reached
+        within CONNECT_TIMEOUT is logged and tried again at first use, as
+        the other buffers' connections and nodes that join later are."""
+        then = "the writer tries it again at first use"
+        try:
+            nodes = self.list_nodes()
+        except DistoreError as exc:
+            log.warning("could not list the storage nodes (%s); %s", exc, then)
+            return
+        for node in nodes:
+            try:
+                self.connections.get(node, buffer, timeout, within=CONNECT_TIMEOUT, then=then)
+            except Unreachable as exc:  # logged
+                if exc.gone:
+                    self.drop(exc.node_id)
+                continue
+            except DistoreError as exc:
+                log.warning("storage node %d: %s; %s", node["node_id"], exc, then)
+                continue
+            hand(node)  # a refusal is logged, and mapping tried again later
+
+    def list_nodes(self) -> list[dict]:
+        """Read the live nodes now (placement goes by this reading for
+        LIST_EVERY s) and return them."""
+        self._nodes = self._client.nodes()
+        self._listed, self._since_listed = time.monotonic(), {}
+        listed = {n["node_id"] for n in self._nodes}
+        for gone in [i for i in self.paths if i not in listed]:
+            del self.paths[gone]  # `paths` names the nodes in use, not ones that left
+        return self._nodes
 
     def sent(self, node_id: int, nbytes: int) -> None:
         """Count a batch of `nbytes` sent to `node_id`."""

@@ -1,7 +1,8 @@
 """A writer's staging memory: the buffers items are packed into, and batches.
 
 Staging memory is bounded: a pool of `max_in_flight` buffers of
-`batch_bytes`, made on first use and registered with UCX once, remote-READ
+`batch_bytes` (the first made with the writer, the others on first use),
+registered with UCX once, remote-READ
 only and write-protected (a node cannot write the writer's memory). A buffer
 is refilled only after its batch's acknowledgement (the writer's batches in
 flight, client/writer/in_flight.py, hand it back). An item larger than
@@ -228,6 +229,13 @@ class StagingPool:
             self.buffers.append(buf)
             return buf
         return None
+
+    def first(self) -> StagingBuffer:
+        """The first buffer (made now if need be), spare or not: a new writer
+        hands it to same-host nodes before its first insert."""
+        if not self.buffers:
+            self.release(self.spare())
+        return self.buffers[0]
 
     def open_batch(self, table: str, spec, buf: StagingBuffer) -> StagedBatch:
         """A new batch of `table` in `buf` (grown for one item if need be),

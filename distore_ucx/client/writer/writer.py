@@ -102,6 +102,9 @@ class Writer:
     it is collected and at exit, logging what it could not store. Batches
     in flight may enter a table's FIFO order in either order:
     `max_in_flight=1` keeps insertion order. A closed writer raises `Closed`.
+    Made, it is ready to insert at full speed: connected to the nodes listed
+    live, its first staging buffer handed to same-host ones (a node not
+    reached within 2 s is logged and tried again at first use).
 
     Args:
         client: The `Client` it belongs to.
@@ -172,6 +175,8 @@ class Writer:
         metrics.track("writer", self)
         self._closed = False
         _OPEN.add(self)
+        buf = self._pool.first()  # Placement.connect_listed says why
+        self._placement.connect_listed(buf.index, timeout, lambda n: self._sender._staging(n, buf))
 
     def next_keys(self, n: int = 1) -> np.ndarray:
         """The keys the next `n` items this writer inserts will get, so that
