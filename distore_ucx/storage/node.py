@@ -248,8 +248,8 @@ class StorageNode:
         # Cold items are staged only with a disk tier: a node without one
         # ignores `stage` pushes, as any push it does not serve.
         staging = () if disk is None else (ColdStaging(state, disk),)
-        self.session = ControlSession(state, self._token, self._offer,
-                                      self.puller.progress_between_pulls, self._stop, *staging)
+        self.session = ControlSession(state, self._token, self._offer, self._tick, self._stop,
+                                      *staging)
         self.inserts = InsertServer(state, self.puller, RoomForInserts(state, disk),
                                     self.registrations, self.session.frees, self.stats)
         return Dispatcher(self.inserts, server=f"storage node {self.name}",
@@ -366,6 +366,13 @@ class StorageNode:
                 log.error("no control plane at %s within %g s; node %s exits",
                           self.config.control, self.config.reconnect_timeout, self.name)
                 return 3
+
+    def _tick(self) -> None:
+        """The event loop's periodic tick (storage/session.py): the pull
+        thread's reader progress between pulls, and handed-over staging
+        buffers of writers that exited without claiming them unmapped."""
+        self.puller.progress_between_pulls()
+        self.puller.sources().forget_departed()
 
     def _start_local_map(self) -> None:
         """Offer the sealed arena to same-host learners (a Unix socket, after

@@ -56,6 +56,7 @@ import logging
 import os
 import socket
 import threading
+import time
 from collections import OrderedDict
 from dataclasses import dataclass
 
@@ -69,6 +70,8 @@ log = logging.getLogger(__name__)
 MAX_SOURCES = 64  # cached staging buffers per writer connection
 MAX_MAPPED = 4  # of which mapped (a writer uses one buffer per connection)
 MAX_OFFERED = 1024  # handed-over buffers not yet claimed (hundreds of writers start at once)
+# Seconds between sweeps of handed-over buffers whose writer exited unclaimed.
+SWEEP_EVERY = 5.0
 
 
 @dataclass(frozen=True)
@@ -94,6 +97,7 @@ class Sources:
         self._users: dict[bytes, int] = {}  # worker address -> connections using it
         self._offered: OrderedDict[bytes, tuple] = OrderedDict()  # ticket -> (map, pid)
         self._lock = threading.Lock()
+        self._swept = time.monotonic()
 
     def offer(self, fd: int, size: int, ticket: bytes, pid: int) -> str:
         """A same-host writer (process `pid`) handed us its staging buffer's
@@ -111,6 +115,30 @@ class Sources:
             while len(self._offered) > MAX_OFFERED:
                 self._offered.popitem(last=False)
         return ""
+
+    def forget_departed(self) -> int:
+        """Unmap handed-over buffers, never claimed, whose writer has exited
+        (a writer hands same-host nodes its first buffer when it is made, and
+        may never send to one of them): their pages are freed rather than
+        held until MAX_OFFERED newer ones push them out. At most every
+        SWEEP_EVERY s (call it often: the node's tick does); returns how many
+        were unmapped."""
+        now = time.monotonic()
+        if now - self._swept < SWEEP_EVERY:
+            return 0
+        self._swept = now
+        with self._lock:
+            pids = {pid for _, pid in self._offered.values()}
+        gone = {pid for pid in pids if not _alive(pid)}
+        if not gone:
+            return 0
+        with self._lock:
+            stale = [t for t, (_, pid) in self._offered.items() if pid in gone]
+            for ticket in stale:
+                del self._offered[ticket]
+        log.debug("node %s: unmapped %d staging buffers of %d exited writers, never claimed",
+                  self.name, len(stale), len(gone))
+        return len(stale)
 
     def _claim(self, ticket: bytes, f: dict, peer) -> Source:
         with self._lock:
@@ -216,6 +244,17 @@ def am_inserts(rdma: bool) -> str:
     if rdma:
         return "UCX has an RDMA transport, where a get copies nothing"
     return ""
+
+
+def _alive(pid: int) -> bool:
+    """Whether process `pid` (of this host and pid namespace) still exists."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's: it exists
+        return True
+    return True
 
 
 def _owns_connection(pid: int, peer) -> bool:

@@ -202,3 +202,28 @@ def test_a_connect_to_a_full_queue_waits_its_turn():
         for s in queued:
             s.close()
         listener.close()
+
+
+def test_buffers_handed_by_writers_that_exited_unclaimed_are_unmapped(runtime, staging, arena,
+                                                                      monkeypatch):
+    # A writer hands same-host nodes its first buffer when it is made and may
+    # never send to one of them: once it exits, that node unmaps the buffer
+    # (its pages are freed) instead of holding it until newer ones push it out.
+    import subprocess
+    import sys
+
+    from distore_ucx.storage import pulls
+
+    exited = subprocess.Popen([sys.executable, "-c", "pass"])
+    exited.wait()
+    sources = Sources(runtime, "test-node")
+    mine, theirs = os.urandom(TICKET_BYTES), os.urandom(TICKET_BYTES)
+    assert sources.offer(staging.share_fd, staging.size, mine, os.getpid()) == ""
+    assert sources.offer(staging.share_fd, staging.size, theirs, exited.pid) == ""
+    assert sources.forget_departed() == 0  # not before SWEEP_EVERY s
+    monkeypatch.setattr(pulls, "SWEEP_EVERY", 0.0)
+    assert sources.forget_departed() == 1
+    with pytest.raises(errors.InvalidArgument, match="never handed"):
+        sources.get(peer(), descriptor(staging, theirs))
+    src = sources.get(peer(), descriptor(staging, mine))  # a live writer's is kept
+    assert src.pid == os.getpid()
