@@ -1,7 +1,7 @@
-"""perf/soak.py as CI's smoke test (issue #16): two minutes of steady inserts
-and samples with eviction and tier moves (a table twice the nodes' arenas, the
+"""perf/soak.py as CI's smoke test (issue #16): 30 s of steady inserts and
+samples with eviction and tier moves (a table twice the nodes' arenas, the
 rest on disk tiers), every item's bytes checked, rates and every process's
-RSS judged after a 30 s warm-up. The full run is an hour
+RSS judged after a 10 s warm-up. The full run is an hour
 (docs/performance.md)."""
 
 from __future__ import annotations
@@ -18,15 +18,15 @@ SCRIPT = os.path.join(REPO, "perf", "soak.py")
 
 
 @pytest.mark.slow
-def test_soak_45_seconds_keeps_rates_and_memory_flat(tmp_path):
+def test_soak_30_seconds_keeps_rates_and_memory_flat(tmp_path):
     out = tmp_path / "soak.jsonl"
     # 2 x 24 MiB arenas hold ~3000 16 KB items; the table holds 6144: the rest
     # is demoted to the nodes' disk tiers and staged back when sampled.
     proc = subprocess.run(
-        # 45 s (two minutes before): the suite's 15-minute budget; perf/soak.py's
-        # own default runs longer, and docs/performance.md has its figures.
-        [sys.executable, SCRIPT, "--seconds", "45", "--warmup", "15", "--interval", "5",
-         "--window", "15", "--insert-rate", "500", "--sample-rate", "25", "--capacity", "6144",
+        # 30 s (two minutes, then 45 s before): the suite's 15-minute budget;
+        # perf/soak.py's own default runs longer, docs/performance.md has its figures.
+        [sys.executable, SCRIPT, "--seconds", "30", "--warmup", "10", "--interval", "5",
+         "--window", "10", "--insert-rate", "500", "--sample-rate", "25", "--capacity", "6144",
          "--arena", "24MiB", "--disk", "256MiB", "--disk-dir", str(tmp_path),
          "--plot", str(tmp_path / "soak.png"), "--json-out", str(out)],
         check=False, capture_output=True, text=True, timeout=280, cwd=tmp_path,
@@ -37,7 +37,7 @@ def test_soak_45_seconds_keeps_rates_and_memory_flat(tmp_path):
     assert summary, tail
     assert proc.returncode == 0, summary[0]["problems"]
     rows = [json.loads(line) for line in out.read_text().splitlines()]
-    assert len(rows) == 9, tail
+    assert len(rows) == 6, tail
     # The table really churned: far more inserted than it holds, and sampled throughout.
     assert rows[-1]["inserted_total"] > 2 * 6144 and summary[0]["wrong"] == 0
     assert rows[-1]["table_size"] == 6144 and all(r["cold"] > 0 for r in rows[3:]), rows[-1]
