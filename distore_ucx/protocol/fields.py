@@ -254,7 +254,8 @@ def check(op: str, f: F, v: Any) -> Any:
         return arr
     if not isinstance(v, _TYPES[kind]) or (kind in ("int", "float") and isinstance(v, bool)):
         raise ProtocolError(f"{op}.{f.name}: expected {kind}, got {type(v).__name__}")
-    if f.lo is not None and v < f.lo or f.hi is not None and v > f.hi:
+    # `not >=`: NaN is outside every bound
+    if f.lo is not None and not v >= f.lo or f.hi is not None and not v <= f.hi:
         raise ProtocolError(f"{op}.{f.name}: {v} outside [{f.lo}, {f.hi}]")
     if f.max_len is not None and len(v) > f.max_len:
         raise ProtocolError(f"{op}.{f.name}: longer than {f.max_len}")

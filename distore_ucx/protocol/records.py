@@ -155,10 +155,10 @@ def _accepts(fields: tuple[F, ...], name: str) -> Callable[[Any], bool]:
         types = _EXACT[f.kind]
         test = (f"type(v) is not {types[0].__name__}" if len(types) == 1
                 else f"type(v) not in ({', '.join(t.__name__ for t in types)})")
-        if f.lo is not None:
-            test += f" or v < {_constant(scope, f.lo)}"
+        if f.lo is not None:  # `not >=`: NaN is outside every bound
+            test += f" or not v >= {_constant(scope, f.lo)}"
         if f.hi is not None:
-            test += f" or v > {_constant(scope, f.hi)}"
+            test += f" or not v <= {_constant(scope, f.hi)}"
         if f.max_len is not None:
             test += f" or len(v) > {f.max_len}"
         if f.printable:

@@ -3,6 +3,7 @@ the check a server runs on each request before answering it."""
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy as np
@@ -305,6 +306,15 @@ def validate_request(msg: dict[str, Any]) -> tuple[str, dict[str, Any]]:
     op = msg.get("op")
     if not isinstance(op, str) or op not in MESSAGES:
         raise ProtocolError(f"unknown operation {op!r}")
+    out = _FAST[op](msg)
+    # Refused by the made check, or of a kind only the loop takes (a
+    # subclass of a field's type): the loop gives the field's error, or the fields.
+    return op, out if out is not None else _checked(op, msg)
+
+
+def _checked(op: str, msg: dict[str, Any]) -> dict[str, Any]:
+    """Request `op`'s fields of `msg`, checked against its declaration one
+    by one; ProtocolError naming the first field that does not hold."""
     out: dict[str, Any] = {}
     n_items = None
     for f in MESSAGES[op]:
@@ -320,4 +330,65 @@ def validate_request(msg: dict[str, Any]) -> tuple[str, dict[str, Any]]:
             elif len(v) != n_items:
                 raise ProtocolError(
                     f"{op}: array {f.name!r} has {len(v)} items, expected {n_items}")
-    return op, out
+    return out
+
+
+# A msgpack map's values by kind, exactly (`_checked` takes
+# subclasses too).
+_EXACT = {"int": ("int",), "float": ("float", "int"), "str": ("str",), "bytes": ("bytes",),
+          "bool": ("bool",), "list": ("list",), "dict": ("dict",)}
+FINITE_LOOP = 64  # float arrays up to this long are checked item by item (no ufunc set-up)
+
+
+def _finite(values: np.ndarray) -> bool:
+    """Whether every value of a float array is finite."""
+    if len(values) <= FINITE_LOOP:
+        return all(map(math.isfinite, values.tolist()))
+    return bool(np.isfinite(values).all())
+
+
+def _fast_check(op: str, fields: tuple[F, ...]):
+    """The fields check of request `op`, written out as code from its
+    declaration (as dataclasses writes `__init__`; records.py does the same
+    for replies): returns the fields as validate_request's loop does, or
+    None for anything that loop must look at (to raise its error). The loop
+    over declarations cost a storage node 9 us an insert under fan-in."""
+    scope: dict[str, Any] = {"ABSENT": object(), "frombuffer": np.frombuffer, "finite": _finite}
+    name = "check_" + "".join(c if c.isalnum() else "_" for c in op)
+    lines = [f"def {name}(msg):", "    get = msg.get", "    out = {}", "    n = -1"]
+    for f in fields:
+        lines += [f"    v = get({f.name!r}, ABSENT)", "    if v is ABSENT:",
+                  "        return None" if f.required else "        pass"]
+        if f.kind in ARRAY_DTYPES:
+            dt = np.dtype(ARRAY_DTYPES[f.kind]).newbyteorder("<")
+            scope[f"D_{f.name}"] = dt
+            size = dt.itemsize
+            lines += [f"    elif (type(v) is not bytes or len(v) % {size} "
+                      f"or len(v) > {size * MAX_ITEMS}",
+                      f"          or n >= 0 and len(v) != {size} * n):",
+                      "        return None",
+                      "    else:",
+                      f"        n = len(v) // {size}",
+                      f"        out[{f.name!r}] = v = frombuffer(v, D_{f.name})"]
+            if f.kind == "f64[]":
+                lines += ["        if not finite(v):", "            return None"]
+            continue
+        types = _EXACT[f.kind]
+        test = (f"type(v) is not {types[0]}" if len(types) == 1
+                else f"type(v) not in ({', '.join(types)})")
+        for bound, cmp in ((f.lo, ">="), (f.hi, "<=")):
+            if bound is not None:  # `not >=`: NaN is outside every bound
+                scope[f"B{len(scope)}"] = bound
+                test += f" or not v {cmp} B{len(scope) - 1}"
+        if f.max_len is not None:
+            test += f" or len(v) > {f.max_len}"
+        if f.printable:
+            test += " or not v or not v.isprintable()"
+        lines += [f"    elif {test}:", "        return None",
+                  "    else:", f"        out[{f.name!r}] = v"]
+    lines.append("    return out")
+    exec("\n".join(lines), scope)
+    return scope[name]
+
+
+_FAST = {op: _fast_check(op, fields) for op, fields in MESSAGES.items()}

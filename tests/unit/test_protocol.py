@@ -38,6 +38,8 @@ def test_request_round_trip_with_arrays():
         ({"v": V, "op": "table_info", "id": 1, "name": "bad\nname"}, "not a valid name"),
         ({"v": V, "op": "sample", "id": 1, "table": "t", "n": 0}, "outside"),
         ({"v": V, "op": "sample", "id": 1, "table": "t", "n": True}, "expected int"),
+        ({"v": V, "op": "sample", "id": 1, "table": "t", "n": 4, "timeout": float("nan")},
+         "outside"),
         ({"v": V, "op": "free", "id": 1, "table": "t", "offsets": b"123"}, "whole number"),
         (
             {
@@ -161,3 +163,77 @@ def test_the_node_id_an_insert_names_is_bounded_as_every_other():
     assert (f.lo, f.hi) == (reg.lo, reg.hi) == (1, protocol.MAX_NODE_ID)
     # A sampled item's node is a uint32 of ITEM_LOCATION: every node id fits.
     assert np.iinfo(protocol.ITEM_LOCATION["node"]).max == protocol.MAX_NODE_ID
+
+
+def _valid_value(f, n):
+    """A value field `f` accepts, for a message whose arrays hold n items."""
+    from distore_ucx.protocol.fields import ARRAY_DTYPES
+
+    if f.kind in ARRAY_DTYPES:
+        return np.zeros(n, ARRAY_DTYPES[f.kind]).tobytes()
+    lo = 0 if f.lo is None else f.lo
+    return {"int": int(lo) + 1 if f.hi is None or lo + 1 <= f.hi else int(lo),
+            "float": float(lo) + 0.5, "str": "name", "bytes": b"ab", "bool": True,
+            "list": [], "dict": {}}[f.kind]
+
+
+def _variants(f, n):
+    """Values around field `f`'s declaration: accepted ones, each way it can
+    be refused, and kinds only the declaration loop tells apart."""
+    from distore_ucx.protocol.fields import ARRAY_DTYPES
+
+    if f.kind in ARRAY_DTYPES:
+        size = np.dtype(ARRAY_DTYPES[f.kind]).itemsize
+        out = [b"", b"\0" * (size * n + 1), b"\0" * size * (n + 1), memoryview(b"\0" * size * n),
+               bytearray(size * n), 7, None]
+        if f.kind == "f64[]":
+            out += [np.array([1.0] * (n - 1) + [v], np.float64).tobytes()
+                    for v in (np.nan, np.inf, -np.inf, 1e308)]
+            out.append(np.full(100, np.nan).tobytes())
+        return out
+    out = [None, 1.5, "s", b"b", True, False, 0, -1, 2**64, [], {}, "", "a\n", "x" * 300,
+           b"x" * 70000, float("nan"), 1, 2.0]
+    for bound in (f.lo, f.hi):
+        if bound is not None:
+            out += [bound, bound - 1, bound + 1, float(bound)]
+    return out
+
+
+@pytest.mark.parametrize("op", sorted(protocol.MESSAGES))
+def test_the_made_check_of_every_request_takes_and_refuses_what_its_declaration_does(op):
+    # validate_request checks a request with code made from its declaration
+    # and falls back to the declaration loop for what that code refuses:
+    # the made code must never accept what the loop refuses, nor return
+    # other fields than the loop does.
+    from distore_ucx.protocol.requests import _FAST, _checked
+
+    fields = protocol.MESSAGES[op]
+    n = 3
+    base = {"v": V, "op": op, "id": 1}
+    base.update({f.name: _valid_value(f, n) for f in fields})
+    msgs = [base, {k: v for k, v in base.items() if k in ("v", "op", "id")}]
+    for f in fields:
+        msgs.append({k: v for k, v in base.items() if k != f.name})
+        for value in _variants(f, n):
+            msgs.append({**base, f.name: value})
+    made = 0
+    for msg in msgs:
+        fast = _FAST[op](msg)
+        try:
+            slow = _checked(op, msg)
+        except ProtocolError as exc:
+            assert fast is None, f"{op}: made check accepted {msg} that the loop refuses: {exc}"
+            continue
+        if fast is None:
+            continue  # the loop takes it (a subclass): validate_request falls back to it
+        made += 1
+        assert list(fast) == list(slow), (op, msg)
+        for name, v in slow.items():
+            if isinstance(v, np.ndarray):
+                assert fast[name].dtype == v.dtype and np.array_equal(fast[name], v), (op, name)
+                assert not fast[name].flags.writeable
+            else:
+                assert type(fast[name]) is type(v) and fast[name] == v, (op, name)
+    assert made > 0, f"{op}: the made check accepted none of the valid requests"
+    # validate_request gives what the loop gives, whichever way it went
+    assert protocol.validate_request(base)[1].keys() == _checked(op, base).keys()

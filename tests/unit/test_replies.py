@@ -140,6 +140,7 @@ MALFORMED = [
     ("sample", {"min_probability": 1.5}, "min_probability"),
     ("sample", {"staged": 1.0}, "staged: expected int, got float"),
     ("release", {"refused": -1}, "refused"),
+    ("sample", {"min_probability": float("nan")}, "min_probability"),
     ("insert", {"via": None}, "via: expected str"),
     ("items_added", {"duplicate_offsets": b"\0" * 9}, "duplicate_offsets"),
     ("node_info", {"name": ""}, "not a valid name"),
