@@ -10,7 +10,8 @@ table is the truth about which bytes it holds.
 Slots are numbered in the order they were carved from the arena, and the
 arena gives a table new slots only above its existing ones (storage/arena.py),
 so offsets ascend with their number and offset -> number is a binary
-search, done for a whole batch at once.
+search, done for a whole batch in one native call (native/slot_table.h), as
+are allocation from the free stack, acknowledgement and frees.
 Thread safety: one asyncio thread uses a SlotTable.
 """
 
@@ -18,7 +19,9 @@ from __future__ import annotations
 
 import numpy as np
 
-FREE, ALLOCATED, LIVE = 0, 1, 2
+from .._native_loader import _native
+
+FREE, ALLOCATED, LIVE = 0, 1, 2  # native/slot_table.h's kSlotFree, kSlotAllocated, kSlotLive
 
 _COLUMNS = {"offset": np.uint64, "state": np.uint8, "key": np.uint64,
             "generation": np.uint64, "priority": np.float64}
@@ -49,10 +52,10 @@ class SlotTable:
     def reuse(self, k: int) -> np.ndarray:
         """Up to k FREE slots, now ALLOCATED: their offsets."""
         k = min(k, self._nfree)
+        offsets = _native.slot_reuse(self._free, self._nfree, k, self.cols["state"],
+                                     self.cols["offset"])
         self._nfree -= k
-        idx = self._free[self._nfree : self._nfree + k]
-        self.cols["state"][idx] = ALLOCATED
-        return self.cols["offset"][idx].copy()
+        return offsets
 
     def carve(self, offsets: np.ndarray) -> None:
         """Record freshly carved slots (ascending offsets, above every earlier one), ALLOCATED."""
@@ -72,22 +75,18 @@ class SlotTable:
 
     def index(self, offsets: np.ndarray) -> np.ndarray:
         """Slot numbers of `offsets`; ValueError if any is not a slot of this table."""
-        carved = self.cols["offset"][: self.n]
-        idx = np.searchsorted(carved, offsets)
-        if len(offsets) and (idx.max() >= self.n or (carved[idx] != offsets).any()):
-            raise ValueError("offsets that are not slots of this table")
-        return idx
+        return _native.slot_index(self.cols["offset"], self.n, _u64(offsets))
 
     def commit(self, offsets: np.ndarray, keys, generations, priorities,
                steps: tuple | None = None) -> None:
         """ALLOCATED slots whose items the control plane acknowledged: LIVE.
         `steps`: for steps of episodes, their (episodes, positions, flags),
         kept so that a restored control plane learns where each step sits."""
-        idx = self.index(offsets)
-        self.cols["state"][idx] = LIVE
-        self.cols["key"][idx] = keys
-        self.cols["generation"][idx] = generations
-        self.cols["priority"][idx] = priorities
+        c = self.cols
+        k = len(offsets)
+        idx = _native.slot_commit(c["offset"], self.n, c["state"], c["key"], c["generation"],
+                                  c["priority"], _u64(offsets), _u64(keys, k), _u64(generations, k),
+                                  _f64(priorities, k))
         if steps is not None:
             if "episode" not in self.cols:
                 size = len(self.cols["state"])
@@ -109,18 +108,16 @@ class SlotTable:
         free is ignored, so a slot is never handed out twice). `live_only`:
         leave ALLOCATED slots alone (a late free from the control plane must
         not take a slot that an insert in flight has reused)."""
-        idx = self.index(offsets)
-        state = self.cols["state"][idx]
-        idx = np.unique(idx[state == LIVE] if live_only else idx[state != FREE])
-        self.cols["state"][idx] = FREE
-        need = self._nfree + len(idx)
+        offsets = _u64(offsets)
+        need = self._nfree + len(offsets)  # room for all of them, before any is pushed
         if need > len(self._free):
             grown = np.empty(max(need, 2 * len(self._free)), np.int64)
             grown[: self._nfree] = self._free[: self._nfree]
             self._free = grown
-        self._free[self._nfree : need] = idx
-        self._nfree = need
-        return len(idx)
+        freed = _native.slot_release(self.cols["offset"], self.n, self.cols["state"], offsets,
+                                     live_only, self._free, self._nfree)
+        self._nfree += freed
+        return freed
 
     def live(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """LIVE slots: (keys, offsets, generations, priorities)."""
@@ -135,3 +132,25 @@ class SlotTable:
             return None
         idx = np.flatnonzero(self.cols["state"][: self.n] == LIVE)
         return tuple(self.cols[name][idx] for name in _STEP_COLUMNS)
+
+
+def _u64(values, k: int | None = None) -> np.ndarray:
+    """`values` as a contiguous uint64 array (as it is when it is one): of k
+    values when k is given, a scalar repeated k times."""
+    return _column(values, np.uint64, k)
+
+
+def _f64(values, k: int) -> np.ndarray:
+    """`values` as k contiguous float64 values (see _u64)."""
+    return _column(values, np.float64, k)
+
+
+def _column(values, dtype, k: int | None) -> np.ndarray:
+    a = np.asarray(values, dtype)
+    if a.ndim == 0 and k is not None:
+        return np.full(k, a, dtype)
+    if not a.flags.c_contiguous:
+        a = np.ascontiguousarray(a)
+    if k is None or a.shape == (k,):
+        return a
+    raise ValueError(f"slot table: {a.size} values for {k} offsets: one value per offset")

@@ -28,4 +28,5 @@ NB_MODULE(_native, m) {
   bind_disk(m);     // disk_io.h: batched slot I/O of the disk tier
   bind_am(m);       // am_insert.h: inserts carried by UCX active messages
   bind_am_sample(m);  // am_sample.h: samples carried by UCX active messages
+  bind_slots(m);      // slot_table.h: a storage node's slot table, a batch a call
 }

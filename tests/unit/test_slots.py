@@ -70,3 +70,47 @@ def test_steps_keep_their_episode_position_and_flags_for_a_restore():
     assert episodes.tolist() == [9, 9, 12, 12] and positions.tolist() == [0, 1, 4, 5]
     assert flags.tolist() == [0, 1, 0, 0]
     assert [c.tolist() for c in slots.steps_of(b[2:])] == [[12], [5], [0]]
+
+
+def test_a_refused_acknowledgement_or_free_changes_nothing():
+    # The slot table's calls are native, a batch a call (native/slot_table.h):
+    # a batch naming one offset that is not a slot is refused whole.
+    slots = SlotTable(SLOT)
+    offs = carve(slots, 0, 3)
+    before = {name: col.copy() for name, col in slots.cols.items()}
+    bad = np.array([offs[0], offs[1] + 1], np.uint64)
+    with pytest.raises(ValueError, match="not slots"):
+        slots.commit(bad, [1, 2], [1, 2], [1.0, 1.0])
+    with pytest.raises(ValueError, match="not slots"):
+        slots.release(bad)
+    for name, col in slots.cols.items():
+        assert np.array_equal(col, before[name]), name
+    assert slots.free_slots == 0
+
+
+def test_acknowledgements_take_lists_scalars_and_any_dtype():
+    slots = SlotTable(SLOT)
+    offs = carve(slots, 0, 3)
+    slots.commit(offs.tolist(), np.array([5, 6, 7], np.int64), 9, np.float32(0.5))
+    keys, offsets, gens, prios = slots.live()
+    assert keys.tolist() == [5, 6, 7] and gens.tolist() == [9, 9, 9]
+    assert prios.tolist() == [0.5] * 3 and offsets.tolist() == offs.tolist()
+    with pytest.raises(ValueError, match="one value per offset"):
+        slots.commit(offs, [1, 2], [1, 2, 3], [1.0] * 3)
+
+
+def test_columns_shorter_than_asked_are_refused():
+    from distore_ucx._native_loader import _native
+
+    carved = np.arange(4, dtype=np.uint64) * np.uint64(SLOT)
+    state = np.zeros(2, np.uint8)
+    with pytest.raises(ValueError, match="column"):
+        _native.slot_index(carved, 5, carved[:1])
+    with pytest.raises(ValueError, match="column"):
+        _native.slot_release(carved, 4, state, carved[:1], False, np.zeros(4, np.int64), 0)
+    with pytest.raises(ValueError, match="free stack"):
+        _native.slot_release(carved, 2, state, carved[:2], False, np.zeros(1, np.int64), 0)
+    with pytest.raises(ValueError, match="stack"):
+        _native.slot_reuse(np.zeros(2, np.int64), 3, 1, state, carved)
+    with pytest.raises(ValueError, match="outside"):
+        _native.slot_reuse(np.array([7], np.int64), 1, 1, state, carved)
