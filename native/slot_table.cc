@@ -16,6 +16,20 @@ bool slot_numbers(const uint64_t* carved, size_t n, const uint64_t* offsets, siz
   return true;
 }
 
+bool slot_carve(uint64_t* carved, uint8_t* state, size_t n, uint64_t slot_size,
+                const uint64_t* offsets, size_t k) {
+  uint64_t end = n > 0 ? carved[n - 1] + slot_size : 0;
+  for (size_t i = 0; i < k; ++i) {
+    if (offsets[i] < end || (i > 0 && offsets[i] <= offsets[i - 1])) return false;
+    if (i == 0) end = 0;  // the next ones need only ascend
+  }
+  for (size_t i = 0; i < k; ++i) {
+    carved[n + i] = offsets[i];
+    state[n + i] = kSlotAllocated;
+  }
+  return true;
+}
+
 void slot_reuse(const int64_t* free_stack, size_t nfree, size_t k, uint8_t* state,
                 const uint64_t* carved, uint64_t* out) {
   // storage/slots.py took the top k as one slice, lowest stack position first

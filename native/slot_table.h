@@ -25,6 +25,12 @@ constexpr uint8_t kSlotLive = 2;
 bool slot_numbers(const uint64_t* carved, size_t n, const uint64_t* offsets, size_t k,
                   int64_t* idx);
 
+// Records k freshly carved slots of `slot_size` bytes at `offsets` as slots
+// n..n+k-1, ALLOCATED (the columns have room for them); false, nothing
+// changed, unless the offsets ascend from the end of slot n-1 or above.
+bool slot_carve(uint64_t* carved, uint8_t* state, size_t n, uint64_t slot_size,
+                const uint64_t* offsets, size_t k);
+
 // The k FREE slots on top of the stack `free_stack[0..nfree)` (k <= nfree)
 // made ALLOCATED; their offsets into `out`, in stack order (the deepest first).
 void slot_reuse(const int64_t* free_stack, size_t nfree, size_t k, uint8_t* state,

@@ -59,18 +59,16 @@ class SlotTable:
 
     def carve(self, offsets: np.ndarray) -> None:
         """Record freshly carved slots (ascending offsets, above every earlier one), ALLOCATED."""
+        offsets = _u64(offsets)
         k = len(offsets)
-        if k and (offsets[0] < self.end
-                  or (k > 1 and (offsets[1:] <= offsets[:-1]).any())):
-            raise ValueError("new slots must ascend, above every earlier slot of the table")
         if self.n + k > len(self.cols["state"]):
             new = max(self.n + k, 2 * len(self.cols["state"]))
             for name, col in self.cols.items():
                 grown = np.zeros(new, col.dtype)
                 grown[: self.n] = col[: self.n]
                 self.cols[name] = grown
-        self.cols["offset"][self.n : self.n + k] = offsets
-        self.cols["state"][self.n : self.n + k] = ALLOCATED
+        _native.slot_carve(self.cols["offset"], self.cols["state"], self.n, self.slot_size,
+                           offsets)
         self.n += k
 
     def index(self, offsets: np.ndarray) -> np.ndarray:

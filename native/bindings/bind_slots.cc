@@ -64,6 +64,15 @@ Out<int64_t> commit(Vec<uint64_t> carved, size_t n, Col<uint8_t> state, Col<uint
   return out;
 }
 
+void carve(Col<uint64_t> carved, Col<uint8_t> state, size_t n, uint64_t slot_size,
+           Vec<uint64_t> offsets) {
+  const size_t k = offsets.shape(0);
+  need(n + k <= carved.shape(0) && n + k <= state.shape(0), "no room in the columns");
+  if (!slot_carve(carved.data(), state.data(), n, slot_size, offsets.data(), k)) {
+    throw std::invalid_argument("new slots must ascend, above every earlier slot of the table");
+  }
+}
+
 Out<uint64_t> reuse(Vec<int64_t> free_stack, size_t nfree, size_t k, Col<uint8_t> state,
                     Vec<uint64_t> carved) {
   need(k <= nfree && nfree <= free_stack.shape(0), "more slots asked than the stack holds");
@@ -99,6 +108,9 @@ void bind_slots(nb::module_& m) {
         "priority"_a, "offsets"_a, "keys"_a, "generations"_a, "priorities"_a,
         "The slots at `offsets` made LIVE holding keys, generations and priorities; "
         "returns their numbers (ValueError, nothing changed, if one is not a slot's).");
+  m.def("slot_carve", &carve, "carved"_a, "state"_a, "n"_a, "slot_size"_a, "offsets"_a,
+        "Freshly carved slots (ascending, above slot n-1's end) recorded as slots n.., "
+        "ALLOCATED; ValueError, nothing changed, otherwise.");
   m.def("slot_reuse", &reuse, "free_stack"_a, "nfree"_a, "k"_a, "state"_a, "carved"_a,
         "The top k of the free stack made ALLOCATED; their offsets, in stack order.");
   m.def("slot_release", &release, "carved"_a, "n"_a, "state"_a, "offsets"_a, "live_only"_a,

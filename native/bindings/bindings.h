@@ -99,6 +99,6 @@ void bind_staging(nb::module_& m);     // StagingMap, pull_mapped (same-host wri
 void bind_disk(nb::module_& m);        // disk_write, disk_read (the disk tier)
 void bind_am(nb::module_& m);          // AmInbox, am_send, pull_am (inserts by active message)
 void bind_am_sample(nb::module_& m);   // AmSampleServer, AmSampleClient (samples by active message)
-void bind_slots(nb::module_& m);       // slot_index, slot_commit, slot_reuse, slot_release
+void bind_slots(nb::module_& m);       // slot_carve, slot_index, slot_commit, slot_reuse, ...
 
 }  // namespace distore

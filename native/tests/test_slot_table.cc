@@ -100,3 +100,26 @@ TEST(random_operations_match_a_plain_model) {
     CHECK(std::equal(model_stack.begin(), model_stack.end(), stack.begin()));
   }
 }
+
+TEST(carved_slots_ascend_above_the_last_or_are_refused_whole) {
+  std::vector<uint64_t> carved(8, 0);
+  std::vector<uint8_t> state(8, kSlotFree);
+  const std::vector<uint64_t> first = {0, 4096, 12288};
+  CHECK(slot_carve(carved.data(), state.data(), 0, 4096, first.data(), first.size()));
+  CHECK_EQ(std::vector<uint64_t>(carved.begin(), carved.begin() + 3), first);
+  CHECK_EQ(std::vector<uint8_t>(state.begin(), state.begin() + 3),
+           (std::vector<uint8_t>(3, kSlotAllocated)));
+  const auto before_carved = carved;
+  const auto before_state = state;
+  for (const std::vector<uint64_t>& bad : {std::vector<uint64_t>{12288},  // the last slot again
+                                           std::vector<uint64_t>{14336},  // inside it
+                                           std::vector<uint64_t>{20480, 16384},  // descending
+                                           std::vector<uint64_t>{16384, 16384}}) {
+    CHECK(!slot_carve(carved.data(), state.data(), 3, 4096, bad.data(), bad.size()));
+    CHECK(carved == before_carved);
+    CHECK(state == before_state);
+  }
+  const std::vector<uint64_t> next = {16384, 40960};  // other tables' slots between: fine
+  CHECK(slot_carve(carved.data(), state.data(), 3, 4096, next.data(), next.size()));
+  CHECK_EQ(carved[4], uint64_t{40960});
+}

@@ -114,3 +114,14 @@ def test_columns_shorter_than_asked_are_refused():
         _native.slot_reuse(np.zeros(2, np.int64), 3, 1, state, carved)
     with pytest.raises(ValueError, match="outside"):
         _native.slot_reuse(np.array([7], np.int64), 1, 1, state, carved)
+
+
+def test_new_slots_below_the_last_or_out_of_order_are_refused():
+    slots = SlotTable(SLOT)
+    carve(slots, 0, 2)
+    for bad in ([SLOT], [SLOT + 1], [5 * SLOT, 4 * SLOT], [4 * SLOT, 4 * SLOT]):
+        with pytest.raises(ValueError, match="ascend"):
+            slots.carve(np.array(bad, np.uint64))
+    assert slots.n == 2 and slots.end == 2 * SLOT
+    slots.carve(np.array([4 * SLOT], np.uint64))  # a gap (other tables' slots): fine
+    assert slots.end == 5 * SLOT
