@@ -236,7 +236,7 @@ class Arena:
 
     def next_generations(self, k: int) -> np.ndarray:
         """k fresh generations; a generation is never handed out twice."""
-        gens = self._generation + 1 + np.arange(k, dtype=np.uint64)
+        gens = np.arange(self._generation + 1, self._generation + 1 + k, dtype=np.uint64)
         self._generation += k
         return gens
 
