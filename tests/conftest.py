@@ -130,6 +130,16 @@ def shared_cluster(module_clusters, tls, request):
 
 
 @pytest.fixture
+def shared_client(shared_cluster):
+    """A client connected to `shared_cluster`, closed after the test."""
+    import distore_ucx as ds
+
+    c = ds.connect(shared_cluster.address)
+    yield c
+    c.close()
+
+
+@pytest.fixture
 def cluster(make_cluster):
     """A running two-node LocalCluster."""
     return make_cluster()

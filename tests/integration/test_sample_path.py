@@ -25,14 +25,9 @@ def make_items(n: int, seed: int) -> dict:
     }
 
 
-@pytest.fixture
-def shared_client(shared_cluster):
-    """A client of the module's cluster of this read path, for tests that
-    use tables of their own and look at nothing store-wide (conftest's
-    module_clusters); tests that count the nodes' bytes have a cluster each."""
-    c = ds.connect(shared_cluster.address)
-    yield c
-    c.close()
+# Tests that use tables of their own and look at nothing store-wide take
+# `shared_client`, of the module's cluster of their read path (conftest's
+# module_clusters); those that count the nodes' bytes have a cluster each.
 
 
 def test_sampled_bytes_equal_inserted_bytes(client, tls):
