@@ -53,17 +53,22 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(no_rdma)
 
 
+def _read_path_env(monkeypatch, path: str) -> str:
+    """Set the environment of read path `path` (see `tls`); its UCX_TLS."""
+    mapped = path == "mapped"
+    value = "sm" if mapped else path
+    monkeypatch.setenv("UCX_TLS", value)
+    monkeypatch.setenv("UCX_NET_DEVICES", "lo")  # loopback only, never another interface
+    monkeypatch.setenv("DISTORE_LOCAL_MAP", "1" if mapped else "0")
+    return value
+
+
 @pytest.fixture(params=TRANSPORTS)
 def tls(request, monkeypatch):
     """UCX_TLS for the test and every process it starts ("mapped": sm, with
     same-host learners reading mapped arenas; otherwise mapping is off so
     that the UCX read path is what runs)."""
-    mapped = request.param == "mapped"
-    value = "sm" if mapped else request.param
-    monkeypatch.setenv("UCX_TLS", value)
-    monkeypatch.setenv("UCX_NET_DEVICES", "lo")  # loopback only, never another interface
-    monkeypatch.setenv("DISTORE_LOCAL_MAP", "1" if mapped else "0")
-    return value
+    return _read_path_env(monkeypatch, request.param)
 
 
 @pytest.fixture
@@ -84,6 +89,54 @@ def make_cluster(tls):
     yield make
     for cluster in clusters:
         cluster.stop()
+
+
+@pytest.fixture(scope="module")
+def module_clusters():
+    """LocalClusters that a module's tests share, one per read path, each
+    started with that path's environment (as `make_cluster` starts one) when
+    a test first asks for it and stopped after the module: a cluster's start
+    and stop cost ~0.8 s of the suite's 2 busy cores each time. Only for tests
+    that leave nothing another test sees: a table of their own (no table is
+    ever dropped), no node stopped or killed, no store-wide figure asserted
+    (used bytes, table lists). Tests ask through `shared_cluster`."""
+    import distore_ucx as ds
+
+    clusters = {}
+
+    def get(path: str, **kwargs):
+        """The cluster of read path `path` started with `kwargs` (as make_cluster's)."""
+        key = (path, tuple(sorted(kwargs.items())))
+        if key not in clusters:
+            with pytest.MonkeyPatch.context() as mp:
+                value = _read_path_env(mp, path)
+                kwargs.setdefault("nodes", 2)
+                kwargs.setdefault("arena_bytes", 64 << 20)
+                kwargs.setdefault("log_level", "WARNING")
+                clusters[key] = ds.LocalCluster(env={"UCX_TLS": value}, **kwargs).start()
+        return clusters[key]
+
+    yield get
+    for cluster in clusters.values():
+        cluster.stop()
+
+
+@pytest.fixture
+def shared_cluster(module_clusters, tls, request):
+    """The running two-node LocalCluster of this module and read path (the
+    test's `tls` parameter), shared with the module's other tests: see
+    `module_clusters` for what a test that uses it may not do."""
+    return module_clusters(request.node.callspec.params["tls"])
+
+
+@pytest.fixture
+def shared_client(shared_cluster):
+    """A client connected to `shared_cluster`, closed after the test."""
+    import distore_ucx as ds
+
+    c = ds.connect(shared_cluster.address)
+    yield c
+    c.close()
 
 
 @pytest.fixture

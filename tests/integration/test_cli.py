@@ -14,6 +14,10 @@ from helpers import wait_for
 
 import distore_ucx as ds
 
+# The control plane never loads UCX (test_system_ucx_setting_... checks it):
+# tests of it alone run over one transport.
+CONTROL_PLANE_ONLY = pytest.mark.parametrize("tls", ["tcp"], indirect=True)
+
 
 def run_cli(*args, timeout=120, env=None, cwd=None):
     # Never from the repository root: that would import the uncompiled sources.
@@ -154,6 +158,7 @@ def test_config_show_tells_each_value_and_its_source(tmp_path):
     assert shown["DISTORE_AM_SAMPLES"] == {"value": "0", "source": "env"}
 
 
+@CONTROL_PLANE_ONLY
 def test_control_plane_creates_configured_tables_and_stops_on_sigterm(tmp_path, tls):
     cfg = tmp_path / "distore.toml"
     cfg.write_text(
@@ -216,6 +221,7 @@ def test_status_table_has_memory_and_rate_columns(cluster, client, tls):
     assert "2 of 2 nodes alive" in out.stdout
 
 
+@CONTROL_PLANE_ONLY
 def test_system_ucx_setting_reaches_the_process_before_ucx_loads(tmp_path, tls):
     # No system UCX here: libucx falls back to the wheel's. The setting must be
     # in the environment before UCX loads: the CLI reads the configuration

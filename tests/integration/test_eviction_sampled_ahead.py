@@ -44,45 +44,54 @@ def queued(learner, k: int) -> list:
     return list(queue.items)[:k]
 
 
-def fill(client, first: int, n: int) -> None:
+def fill(client, table: str, first: int, n: int) -> None:
     with client.writer(max_items=n) as writer:
-        writer.insert("t", items(range(first, first + n)))
+        writer.insert(table, items(range(first, first + n)))
+
+
+@pytest.fixture
+def one_node(module_clusters, tls, request):
+    """A one-node cluster of this read path, shared by the module's tests
+    that take it (conftest's module_clusters): each uses a table of its own
+    name, and a node's slots stay with their table (storage/arena.py), so
+    evictions and slot reuse go on in each table as on a node of its own."""
+    return module_clusters(request.node.callspec.params["tls"], nodes=1)
 
 
 @pytest.mark.parametrize("tls", PATHS, indirect=True)
-def test_sampled_ahead_then_evicted_is_never_returned(make_cluster, tls):
+def test_sampled_ahead_then_evicted_is_never_returned(one_node, tls):
     import distore_ucx as ds
 
-    cluster = make_cluster(nodes=1)
+    cluster = one_node
     with ds.connect(cluster.address) as client:
-        client.create_table("t", capacity=5, spec=SPEC)
-        fill(client, 0, 3)
-        learner = client.learner("t", batch_size=2, sample_ahead=4)
+        client.create_table("ahead", capacity=5, spec=SPEC)
+        fill(client, "ahead", 0, 3)
+        learner = client.learner("ahead", batch_size=2, sample_ahead=4)
         # Back to back: the learner's requests then ask for 4 batches ahead.
         for batch in [learner.sample().clone() for _ in range(6)]:
             check(batch, set())
         assert learner._stream.ahead, "the learner did not sample ahead"
-        fill(client, 100, 5)  # evicts items 0, 1, 2 (Fifo), some of them leased
+        fill(client, "ahead", 100, 5)  # evicts items 0, 1, 2 (Fifo), some of them leased
         for _ in range(20):
             check(learner.sample(), {0, 1, 2})
-        assert client.table_info("t")["size"] == 5
+        assert client.table_info("ahead")["size"] == 5
         learner.close()
 
 
 @pytest.mark.parametrize("tls", PATHS, indirect=True)
-def test_prefetched_then_evicted_is_never_returned(make_cluster, tls):
+def test_prefetched_then_evicted_is_never_returned(one_node, tls):
     import distore_ucx as ds
 
-    cluster = make_cluster(nodes=1)
+    cluster = one_node
     with ds.connect(cluster.address) as client:
-        client.create_table("t", capacity=5, spec=SPEC)
-        fill(client, 0, 3)
-        learner = client.learner("t", batch_size=2, prefetch=2, beta=0.4)
+        client.create_table("prefetched", capacity=5, spec=SPEC)
+        fill(client, "prefetched", 0, 3)
+        learner = client.learner("prefetched", batch_size=2, prefetch=2, beta=0.4)
         it = iter(learner)
         for _ in range(2):
             check(next(it), set())
         # The prefetch thread has read the next batches (of items 0-2) ahead.
-        fill(client, 100, 5)
+        fill(client, "prefetched", 100, 5)
         for _ in range(20):
             batch = next(it)
             check(batch, {0, 1, 2})
@@ -101,15 +110,15 @@ def test_two_nodes_evicting_insert_on_one_retires_slots_on_the_other(make_cluste
 
     cluster = make_cluster(nodes=2)
     with ds.connect(cluster.address) as client:
-        client.create_table("t", capacity=8, spec=SPEC)
+        client.create_table("two_nodes", capacity=8, spec=SPEC)
         for first in (0, 4):  # two batches: one to each node
-            fill(client, first, 4)
-        learner = client.learner("t", batch_size=4, prefetch=2)
+            fill(client, "two_nodes", first, 4)
+        learner = client.learner("two_nodes", batch_size=4, prefetch=2)
         it = iter(learner)
         for _ in range(2):
             check(next(it), set())
         for first in (100, 104):
-            fill(client, first, 4)  # every old item evicted
+            fill(client, "two_nodes", first, 4)  # every old item evicted
         for _ in range(20):
             check(next(it), set(range(8)))
         learner.close()
@@ -117,7 +126,7 @@ def test_two_nodes_evicting_insert_on_one_retires_slots_on_the_other(make_cluste
 
 @pytest.mark.parametrize("tls", ["tcp"], indirect=True)
 @pytest.mark.parametrize("busy", [False, True], ids=["by-message", "busy-node-by-gets"])
-def test_rechecks_over_tcp_go_by_message_and_catch_evictions(make_cluster, tls, monkeypatch,
+def test_rechecks_over_tcp_go_by_message_and_catch_evictions(one_node, tls, monkeypatch,
                                                              busy):
     # Over TCP a node that sends samples by active message also answers the
     # hand-out re-check: one headers-only request per node, not a one-sided
@@ -127,11 +136,12 @@ def test_rechecks_over_tcp_go_by_message_and_catch_evictions(make_cluster, tls, 
     import distore_ucx as ds
     from distore_ucx._native_loader import _native
 
-    cluster = make_cluster(nodes=1)
+    cluster = one_node
+    table = f"recheck_{busy}"
     with ds.connect(cluster.address) as client:
-        client.create_table("t", capacity=5, spec=SPEC)
-        fill(client, 0, 3)
-        learner = client.learner("t", batch_size=2, prefetch=2)
+        client.create_table(table, capacity=5, spec=SPEC)
+        fill(client, table, 0, 3)
+        learner = client.learner(table, batch_size=2, prefetch=2)
         assert all(p.startswith("ucx-am:") for p in learner.paths.values()), learner.paths
         rechecks = learner._recheck
         real = client.runtime.am_sample_client()
@@ -152,7 +162,7 @@ def test_rechecks_over_tcp_go_by_message_and_catch_evictions(make_cluster, tls, 
             check(next(it), set())
         locs = learner._reader.locations[queued(learner, 1)[0][0]].copy()
         assert len(rechecks.retired_rows(locs, 5.0)) == 0  # all still in the table
-        fill(client, 100, 5)  # evicts items 0, 1, 2: every row of `locs`
+        fill(client, table, 100, 5)  # evicts items 0, 1, 2: every row of `locs`
         assert np.array_equal(rechecks.retired_rows(locs, 5.0), np.arange(len(locs)))
         for _ in range(20):
             check(next(it), {0, 1, 2})
@@ -165,7 +175,7 @@ def test_rechecks_over_tcp_go_by_message_and_catch_evictions(make_cluster, tls, 
 
 
 @pytest.mark.parametrize("tls", PATHS, indirect=True)
-def test_batches_waiting_in_the_prefetch_queue_keep_their_leases(make_cluster, tls):
+def test_batches_waiting_in_the_prefetch_queue_keep_their_leases(one_node, tls):
     # One batch a request (sample_ahead=1, as for tables with a rate limiter
     # or large batches): every batch's reply has its own lease. The batches
     # the prefetch thread read ahead and that wait to be taken must still
@@ -177,16 +187,16 @@ def test_batches_waiting_in_the_prefetch_queue_keep_their_leases(make_cluster, t
 
     import distore_ucx as ds
 
-    cluster = make_cluster(nodes=1)
+    cluster = one_node
     with ds.connect(cluster.address) as client:
-        client.create_table("t", capacity=20, spec=SPEC)
-        fill(client, 0, 20)
-        learner = client.learner("t", batch_size=4, prefetch=3, sample_ahead=1)
+        client.create_table("queued", capacity=20, spec=SPEC)
+        fill(client, "queued", 0, 20)
+        learner = client.learner("queued", batch_size=4, prefetch=3, sample_ahead=1)
         it = iter(learner)
         check(next(it), set())  # held: two more wait in the queue, a third is in flight
         queued(learner, 2)
         time.sleep(0.2)  # the thread has sent what it sends before waiting
-        fill(client, 100, 20)  # evicts every item the queued batches hold
+        fill(client, "queued", 100, 20)  # evicts every item the queued batches hold
         old = set(range(20))
         for _ in range(10):
             check(next(it), old)
@@ -196,7 +206,8 @@ def test_batches_waiting_in_the_prefetch_queue_keep_their_leases(make_cluster, t
 
 @pytest.mark.parametrize("tls", PATHS, indirect=True)
 @pytest.mark.parametrize("how", ["sample", "iterate"])
-def test_a_batch_kept_past_its_lease_never_returns_evicted_items(make_cluster, tls, how):
+def test_a_batch_kept_past_its_lease_never_returns_evicted_items(module_clusters, request, tls,
+                                                                 how):
     # A learner that pauses longer than the control plane's lease_timeout
     # (an evaluation, a checkpoint) between batches: the reply asked for
     # ahead (pipelining), or the batches its prefetch thread read ahead,
@@ -208,11 +219,13 @@ def test_a_batch_kept_past_its_lease_never_returns_evicted_items(make_cluster, t
 
     import distore_ucx as ds
 
-    cluster = make_cluster(nodes=1, lease_timeout=1.0)
+    cluster = module_clusters(request.node.callspec.params["tls"], nodes=1,
+                              lease_timeout=1.0)  # shared as one_node is
+    table = f"kept_{how}"
     with ds.connect(cluster.address) as client:
-        client.create_table("t", capacity=20, spec=SPEC)
-        fill(client, 0, 20)
-        learner = client.learner("t", batch_size=4, prefetch=3, sample_ahead=1)
+        client.create_table(table, capacity=20, spec=SPEC)
+        fill(client, table, 0, 20)
+        learner = client.learner(table, batch_size=4, prefetch=3, sample_ahead=1)
         if how == "sample":
             take = learner.sample
             check(take(), set())  # the next batch's request is in flight now
@@ -222,7 +235,7 @@ def test_a_batch_kept_past_its_lease_never_returns_evicted_items(make_cluster, t
             check(take(), set())
             queued(learner, 2)  # read ahead, waiting to be taken
         time.sleep(1.6)  # the pause: every lease the learner holds expires
-        fill(client, 100, 20)  # evicts every item it sampled
+        fill(client, table, 100, 20)  # evicts every item it sampled
         old = set(range(20))
         for _ in range(10):
             check(take(), old)

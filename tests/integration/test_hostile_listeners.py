@@ -126,6 +126,7 @@ def test_a_silent_connection_is_closed_within_seconds(store):
         assert time.monotonic() - opened < 3.0
         assert holder.poll() is None
     finally:
+        holder.kill()  # its linger (6 s) only bounds the wait above
         holder.communicate(timeout=30)
 
 
@@ -148,6 +149,7 @@ def test_unauthenticated_insert_floods_hold_no_memory_nor_stop_writers(store, co
         check_served(client, 1)  # an insert while the attacker is still connected
         peak = max(peak, rss(proc))
     finally:
+        flood.kill()  # nothing is measured after this point: its linger need not run out
         out, _ = flood.communicate(timeout=60)
     assert peak - before < 64 << 20, (before, peak, out)
 
@@ -160,13 +162,22 @@ def test_thousands_of_idle_connections_leave_learners_and_writers_their_path(sto
                for port in (node["sample_port"], node["insert_port"])]
     try:
         opened = [json.loads(h.stdout.readline()) for h in holders]
+        opened_at = time.monotonic()
         assert all(o["count"] == 2000 for o in opened), opened
         # While the attacker holds 4,000 connections, a new learner and a
         # new writer connect, authenticate and are served by active message.
         check_served(client)
+        # The node closes the idle connections itself, as it closes one
+        # (test_a_silent_connection_is_closed_within_seconds), while the
+        # attacker lingers (8 s, then it exits): polled until then.
+        deadline = opened_at + 10.0
+        while ("closed without authenticating" not in (log := open(
+                cluster.nodes[0].log_path).read()) and time.monotonic() < deadline):
+            time.sleep(0.1)
     finally:
+        for h in holders:
+            h.kill()  # after the node closed their connections: they hold nothing
         outs = [h.communicate(timeout=120)[0] for h in holders]
-    log = open(cluster.nodes[0].log_path).read()
     assert "closed without authenticating" in log, outs
 
 
@@ -182,13 +193,17 @@ def test_a_spoofed_heartbeat_keeps_no_hung_node_live(store, token_file):
              "t = time.monotonic()\n"
              "while time.monotonic() - t < 6:\n"
              f"    subprocess.run([sys.executable, {ATTACKER!r}, 'beat', {cluster.address!r}, "
-             f"'{node['node_id']}', '--token-file', {token_file!r}])\n"])
+             f"'{node['node_id']}', '--token-file', {token_file!r}])\n"],
+            start_new_session=True)  # its process group: it and the beat running now
 
         def state():
             return {n["node_id"]: n.get("state") for n in client.status()["nodes"]}
 
-        wait_for(lambda: state()[node["node_id"]] != "live", 15,
-                 "the stopped node to be marked unresponsive", state)
-        beater.wait(30)
+        try:
+            wait_for(lambda: state()[node["node_id"]] != "live", 15,
+                     "the stopped node to be marked unresponsive", state)
+        finally:
+            os.killpg(beater.pid, signal.SIGKILL)  # its 6 s only bound the wait above
+            beater.wait(30)
     finally:
         os.kill(pid, signal.SIGCONT)

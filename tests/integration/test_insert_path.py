@@ -96,19 +96,25 @@ def expected_via() -> str:
     return VIA["mapped" if os.environ.get("DISTORE_LOCAL_MAP") == "1" else "sm"]
 
 
+# Tests that use tables of their own and look at nothing store-wide (the
+# nodes' used bytes, their logs) take `shared_client`, of the module's cluster
+# of their read path (conftest's module_clusters); the others a cluster each.
+
+
 @ALL_PATHS
-def test_every_item_arrives_whole_one_per_call_and_batched(client, tls):
-    client.create_table("t", capacity=10_000, spec=((ITEM,), "uint8"))
+def test_every_item_arrives_whole_one_per_call_and_batched(shared_client, tls):
+    client = shared_client
+    client.create_table("whole", capacity=10_000, spec=((ITEM,), "uint8"))
     writer = client.writer(batch_bytes=64 << 10, max_in_flight=3)
     src = items(np.arange(1500))
-    keys = [writer.insert("t", row) for row in src[:500]]  # one per call
-    keys.append(writer.insert("t", src[500:1500]))  # one call, many batches
+    keys = [writer.insert("whole", row) for row in src[:500]]  # one per call
+    keys.append(writer.insert("whole", src[500:1500]))  # one call, many batches
     writer.flush()
     keys = np.concatenate(keys)
-    assert client.table_info("t")["size"] == 1500 == writer.inserted
+    assert client.table_info("whole")["size"] == 1500 == writer.inserted
     via = set(writer.paths.values())
     assert via == {expected_via()}, via
-    learner = client.learner("t", batch_size=100)
+    learner = client.learner("whole", batch_size=100)
     seen = set()
     for _ in range(60):
         batch = learner.sample()
@@ -148,14 +154,15 @@ def test_a_writers_batches_in_flight_to_one_node_keep_their_order(make_cluster, 
 
 
 @pytest.mark.parametrize("tls", ["tcp"], indirect=True)
-def test_one_batch_in_flight_keeps_a_writers_order_across_nodes(client, tls):
+def test_one_batch_in_flight_keeps_a_writers_order_across_nodes(shared_client, tls):
     # Across nodes, batches in flight at once may be registered in either
     # order (docs/semantics.md); max_in_flight=1 keeps the writer's order.
-    assert _queue_order(client, max_in_flight=1) == list(range(2000))
+    assert _queue_order(shared_client, max_in_flight=1) == list(range(2000))
 
 
 @ALL_PATHS
-def test_an_item_larger_than_batch_bytes_grows_its_buffer(client, tls):
+def test_an_item_larger_than_batch_bytes_grows_its_buffer(shared_client, tls):
+    client = shared_client
     client.create_table("big", capacity=10, spec=((300_000,), "uint8"))
     data = np.random.default_rng(3).integers(0, 256, (3, 300_000), dtype=np.uint8)
     with client.writer(batch_bytes=64 << 10, max_in_flight=2) as writer:
@@ -197,7 +204,8 @@ def test_default_batches_hold_four_large_items_and_explicit_batch_bytes_is_kept(
 
 
 @pytest.mark.parametrize("tls", ["tcp"], indirect=True)
-def test_next_keys_are_the_keys_the_next_inserts_get(client, tls):
+def test_next_keys_are_the_keys_the_next_inserts_get(shared_client, tls):
+    client = shared_client
     client.create_table("k", capacity=100, spec=((ITEM,), "uint8"))
     with client.writer() as writer:
         ahead = writer.next_keys(5)
@@ -210,7 +218,9 @@ def test_next_keys_are_the_keys_the_next_inserts_get(client, tls):
 
 
 @pytest.mark.parametrize("tls", ["mapped"], indirect=True)
-def test_a_slow_writers_items_are_sent_after_max_delay_not_when_the_batch_fills(client, tls):
+def test_a_slow_writers_items_are_sent_after_max_delay_not_when_the_batch_fills(shared_client,
+                                                                              tls):
+    client = shared_client
     # One item every 20 ms would take minutes to fill a batch: with max_delay
     # the batch goes at the first insert after 0.1 s, without flush().
     client.create_table("slow", capacity=100, spec=((ITEM,), "uint8"))
@@ -572,8 +582,10 @@ def test_malformed_mapped_descriptors_get_an_error_and_the_node_serves_on(client
     assert whole(batch.data).all()
 
 
-def test_a_writer_held_by_a_rate_limiter_fails_at_its_timeout_with_exact_keys(client, tls):
-    client.create_table("t", capacity=10_000, spec=((ITEM,), "uint8"),
+def test_a_writer_held_by_a_rate_limiter_fails_at_its_timeout_with_exact_keys(shared_client,
+                                                                             tls):
+    client = shared_client
+    client.create_table("limited", capacity=10_000, spec=((ITEM,), "uint8"),
                         rate_limiter=ds.SampleToInsertRatio(samples_per_insert=1.0,
                                                             min_size_to_sample=1,
                                                             error_buffer=100))
@@ -582,14 +594,14 @@ def test_a_writer_held_by_a_rate_limiter_fails_at_its_timeout_with_exact_keys(cl
     t0 = time.monotonic()
     with pytest.raises(ds.RateLimiterTimeout) as info:
         for i in range(100):
-            all_keys.append(writer.insert("t", items(np.arange(20 * i, 20 * i + 20))))
+            all_keys.append(writer.insert("limited", items(np.arange(20 * i, 20 * i + 20))))
         writer.flush()
     waited = time.monotonic() - t0
     exc = info.value
     assert 2.0 <= waited < 3.5, waited  # one timeout, not one per batch in flight
     issued = np.concatenate(all_keys + [exc.unstored_keys])
     stored = writer.inserted
-    size = client.table_info("t")["size"]
+    size = client.table_info("limited")["size"]
     assert size == stored  # every acknowledged item, and only those, is in the table
     assert exc.not_stored == len(exc.unstored_keys) > 0
     assert not set(exc.stored_keys.tolist()) & set(exc.unstored_keys.tolist())
@@ -598,7 +610,7 @@ def test_a_writer_held_by_a_rate_limiter_fails_at_its_timeout_with_exact_keys(cl
     assert f"{exc.not_stored} items not stored" in str(exc)
     assert "deadlock" in str(exc)
     # Not stored means not sampleable: sample everything there is.
-    learner = client.learner("t", batch_size=size)
+    learner = client.learner("limited", batch_size=size)
     batch = learner.sample()
     assert not set(batch.keys.tolist()) & set(exc.unstored_keys.tolist())
     learner.close()
@@ -606,13 +618,14 @@ def test_a_writer_held_by_a_rate_limiter_fails_at_its_timeout_with_exact_keys(cl
 
 
 @pytest.mark.parametrize("tls", ["tcp"], indirect=True)
-def test_a_writer_held_by_a_rate_limiter_says_so_while_it_waits(client, tls, monkeypatch,
+def test_a_writer_held_by_a_rate_limiter_says_so_while_it_waits(shared_client, tls, monkeypatch,
                                                                 caplog):
+    client = shared_client
     # A learner that stopped sampling leaves the writer's batches held by the
     # table's rate limiter: the writer says why it waits, once, instead of
     # sitting silent in flush() (or at exit) for its whole timeout.
     monkeypatch.setattr(writer_in_flight, "WAIT_NOTICE", 0.5)
-    client.create_table("t", capacity=10_000, spec=((ITEM,), "uint8"),
+    client.create_table("limited_notice", capacity=10_000, spec=((ITEM,), "uint8"),
                         rate_limiter=ds.SampleToInsertRatio(samples_per_insert=1.0,
                                                             min_size_to_sample=1,
                                                             error_buffer=100))
@@ -620,7 +633,7 @@ def test_a_writer_held_by_a_rate_limiter_says_so_while_it_waits(client, tls, mon
     with caplog.at_level(logging.WARNING, logger="distore_ucx.client.writer.in_flight"):
         with pytest.raises(ds.RateLimiterTimeout):
             for i in range(20):
-                writer.insert("t", items(np.arange(40 * i, 40 * i + 40)))
+                writer.insert("limited_notice", items(np.arange(40 * i, 40 * i + 40)))
             writer.flush()
     notices = [r.getMessage() for r in caplog.records if "have waited" in r.getMessage()]
     assert len(notices) == 1, notices

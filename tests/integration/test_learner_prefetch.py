@@ -24,12 +24,22 @@ def prefetch_threads():
 
 
 @pytest.fixture
-def filled(client):
-    client.create_table("replay", capacity=1000, spec=SPEC)
+def cluster(shared_cluster):
+    """The module's cluster of this read path: every test here uses tables
+    of its own (conftest's module_clusters)."""
+    return shared_cluster
+
+
+@pytest.fixture
+def filled(client, request):
+    """A table of the test's own, named after it, with 300 items: (client,
+    items, keys, table)."""
+    table = request.function.__name__.removeprefix("test_")
+    client.create_table(table, capacity=1000, spec=SPEC)
     items = make_items(300, seed=5)
     with client.writer() as writer:
-        keys = writer.insert("replay", items)
-    return client, items, keys
+        keys = writer.insert(table, items)
+    return client, items, keys, table
 
 
 def check(batch, items, keys):
@@ -42,8 +52,8 @@ def check(batch, items, keys):
 
 
 def test_iterating_prefetches_correct_batches_and_close_stops_the_thread(filled, tls):
-    client, items, keys = filled
-    learner = client.learner("replay", batch_size=16, prefetch=2)
+    client, items, keys, table = filled
+    learner = client.learner(table, batch_size=16, prefetch=2)
     assert learner.path == "host" and len(learner._ring) == 3
     for i, batch in enumerate(learner):
         check(batch, items, keys)  # the held batch is intact while 2 more are in flight
@@ -58,8 +68,8 @@ def test_iterating_prefetches_correct_batches_and_close_stops_the_thread(filled,
 
 
 def test_context_manager_stops_the_thread(filled, tls):
-    client, items, keys = filled
-    with client.learner("replay", batch_size=8, prefetch=3) as learner:
+    client, items, keys, table = filled
+    with client.learner(table, batch_size=8, prefetch=3) as learner:
         it = iter(learner)
         for _ in range(5):
             check(next(it), items, keys)
@@ -81,8 +91,8 @@ def test_errors_in_the_thread_reach_the_caller(client, tls):
 
 def test_torch_cpu_tensors_through_dlpack(filled, tls):
     torch = pytest.importorskip("torch", reason="torch not installed (pip install '.[torch]')")
-    client, items, keys = filled
-    learner = client.learner("replay", batch_size=8, framework="torch")
+    client, items, keys, table = filled
+    learner = client.learner(table, batch_size=8, framework="torch")
     batch = learner.sample()
     assert learner.path == "host" and learner.framework == "torch"
     assert isinstance(batch.data["obs"], torch.Tensor)
@@ -99,20 +109,21 @@ def test_a_learner_asks_for_its_table_once(filled, cluster, tls, monkeypatch):
     # Its arguments are checked from the one table_info reply its spec, slice
     # length and rate limiter come in, also by a client that did not make
     # the table (none of it cached yet).
+    table = filled[3]
     with ds.connect(cluster.address) as other:
         asked = []
         real = other.call
         monkeypatch.setattr(other, "call", lambda op, **f: (asked.append(op), real(op, **f))[1])
-        with other.learner("replay", batch_size=4, prefetch=0) as learner:
+        with other.learner(table, batch_size=4, prefetch=0) as learner:
             learner.sample()
         assert asked.count("table_info") == 1, asked
 
 
 def test_device_options_are_checked(filled, tls):
-    client, _, _ = filled
+    client, _, _, table = filled
     with pytest.raises(ds.ConfigError, match="expected 'cpu', 'cuda' or 'cuda:N'"):
-        client.learner("replay", batch_size=4, device="tpu")
+        client.learner(table, batch_size=4, device="tpu")
     with pytest.raises(ds.ConfigError, match="needs a GPU device"):
-        client.learner("replay", batch_size=4, path="gpu-direct")
+        client.learner(table, batch_size=4, path="gpu-direct")
     with pytest.raises(ds.ConfigError, match="prefetch"):
-        client.learner("replay", batch_size=4, prefetch=-1)
+        client.learner(table, batch_size=4, prefetch=-1)

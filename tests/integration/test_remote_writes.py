@@ -20,6 +20,7 @@ import socket
 import struct
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -215,9 +216,13 @@ def test_a_raw_tcp_put_without_ucx_or_token_is_refused(make_cluster, tls):
         assert ports, "the node listens on no UCX TCP port"
         frame = (struct.pack("<Q", 0xCAFEBABE12345678) + struct.pack("<BI", 33, 20)
                  + struct.pack("<QQI", target, 256, 1) + b"\xee" * 256)
-        # Whole, and a byte at a time (the node sees the headers in pieces).
-        for port, pieces in [(p, n) for p in sorted(ports) for n in (1, len(frame))]:
-            with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
+        # Whole, and a byte at a time (the node sees the headers in pieces),
+        # each on a connection of its own, all sent before any is waited on.
+        socks = []
+        try:
+            for port, pieces in [(p, n) for p in sorted(ports) for n in (1, len(frame))]:
+                sock = socket.create_connection(("127.0.0.1", port), timeout=5)
+                socks.append(sock)
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
                 step = len(frame) // pieces
                 try:
@@ -227,17 +232,25 @@ def test_a_raw_tcp_put_without_ucx_or_token_is_refused(make_cluster, tls):
                             select.select([], [], [], 0.001)  # let each byte go alone
                 except OSError:  # refused before the last byte: the node closed it
                     pass
-                # The node closes the connection (b"" or a reset) or leaves it
-                # silent (4 connections here): 2 s for any put it let through
-                # to land, then the arena is compared.
-                sock.settimeout(2)
-                try:
-                    while sock.recv(4096):
+            # The node closes each connection (b"" or a reset) or leaves it
+            # silent (4 connections here): each gets 2 s after the last frame
+            # was sent for any put it let through to land (as when they were
+            # waited on one after another), then the arena is compared.
+            deadline = time.monotonic() + 2.0
+            open_socks = list(socks)
+            while open_socks and (left := deadline - time.monotonic()) > 0:
+                for sock in select.select(open_socks, [], [], left)[0]:
+                    try:
+                        if sock.recv(4096):
+                            continue
+                    except OSError:
                         pass
-                except OSError:
-                    pass
-            assert victim.alive(), victim.log_tail()
-            assert _read(pid, node["arena_base"], ARENA) == arena, f"port {port}: bytes changed"
+                    open_socks.remove(sock)
+        finally:
+            for sock in socks:
+                sock.close()
+        assert victim.alive(), victim.log_tail()
+        assert _read(pid, node["arena_base"], ARENA) == arena, f"ports {sorted(ports)}: changed"
         learner = client.learner("t", batch_size=64)
         assert sum(_bad(learner.sample(timeout=10)) for _ in range(10)) == 0
         assert "TCP connection(s) ended for a put" in _wait_log(victim, "ended for a put")

@@ -25,6 +25,11 @@ def make_items(n: int, seed: int) -> dict:
     }
 
 
+# Tests that use tables of their own and look at nothing store-wide take
+# `shared_client`, of the module's cluster of their read path (conftest's
+# module_clusters); those that count the nodes' bytes have a cluster each.
+
+
 def test_sampled_bytes_equal_inserted_bytes(client, tls):
     client.create_table("replay", capacity=10_000, spec=SPEC)
     items = make_items(2000, seed=1)
@@ -52,7 +57,8 @@ def test_sampled_bytes_equal_inserted_bytes(client, tls):
     assert all(u > 0 for u in used), used
 
 
-def test_single_items_and_unnamed_spec(client, tls):
+def test_single_items_and_unnamed_spec(shared_client, tls):
+    client = shared_client
     client.create_table("frames", capacity=100, spec=((3, 5), "float32"))
     writer = client.writer()
     k1 = writer.insert("frames", np.full((3, 5), 1.5, np.float32))
@@ -65,10 +71,11 @@ def test_single_items_and_unnamed_spec(client, tls):
         assert np.all(row == (1.5 if key == k1[0] else 2.5))
 
 
-def test_every_field_is_a_dense_array_on_every_read_path(client, tls):
+def test_every_field_is_a_dense_array_on_every_read_path(shared_client, tls):
     # Fields of awkward sizes (1764, 8, 4, 6 bytes): each its own
     # [batch, *shape] array, content checked; one unnamed spec too; clones
     # and torch views (DLPack) of dense batches.
+    client = shared_client
     spec = dict(SPEC, pair=((3,), "int16"))
     client.create_table("dense", capacity=1000, spec=spec)
     client.create_table("plain", capacity=100, spec=((7, 3), "float64"))
@@ -135,11 +142,12 @@ def test_fifo_eviction_at_capacity(client, tls):
     assert used <= (100 + 2 * 32) * slot
 
 
-def test_batch_views_share_one_buffer_and_clone_copies(client, tls):
-    client.create_table("t", capacity=100, spec=SPEC)
+def test_batch_views_share_one_buffer_and_clone_copies(shared_client, tls):
+    client = shared_client
+    client.create_table("views", capacity=100, spec=SPEC)
     with client.writer() as writer:
-        writer.insert("t", make_items(50, seed=3))
-    learner = client.learner("t", batch_size=8, ring=1)
+        writer.insert("views", make_items(50, seed=3))
+    learner = client.learner("views", batch_size=8, ring=1)
     batch = learner.sample()
     # Every field is a view of the same gathered buffer.
     assert batch.data["obs"].base is batch.data["reward"].base is batch.data["action"].base
@@ -149,31 +157,33 @@ def test_batch_views_share_one_buffer_and_clone_copies(client, tls):
     assert np.array_equal(kept.keys, batch.keys)
 
 
-def test_errors_users_can_hit(client, tls):
+def test_errors_users_can_hit(shared_client, tls):
+    client = shared_client
     with pytest.raises(ds.TableNotFound, match="no table 'missing'"):
         client.table_info("missing")
-    client.create_table("t", capacity=10, spec=SPEC)
-    client.create_table("t", capacity=10, spec=SPEC)  # identical: fine
+    client.create_table("errors", capacity=10, spec=SPEC)
+    client.create_table("errors", capacity=10, spec=SPEC)  # identical: fine
     with pytest.raises(ds.TableExists, match="exists"):
-        client.create_table("t", capacity=11, spec=SPEC)
+        client.create_table("errors", capacity=11, spec=SPEC)
     with pytest.raises(ds.SpecMismatch):
-        client.writer().insert("t", {"obs": np.zeros((2, 2), np.uint8)})
+        client.writer().insert("errors", {"obs": np.zeros((2, 2), np.uint8)})
     with pytest.raises(ValueError, match="priorities"):
-        client.writer().insert("t", make_items(2, 0), priority=[1.0, float("nan")])
-    learner = client.learner("t", batch_size=4)
+        client.writer().insert("errors", make_items(2, 0), priority=[1.0, float("nan")])
+    learner = client.learner("errors", batch_size=4)
     with pytest.raises(ds.NoData, match="no items to sample"):
         learner.sample(timeout=0.2)
 
 
-def test_learner_waits_for_the_first_insert(client, cluster, tls):
+def test_learner_waits_for_the_first_insert(shared_client, shared_cluster, tls):
+    client, cluster = shared_client, shared_cluster
     import threading
 
-    client.create_table("t", capacity=10, spec=SPEC)
-    learner = client.learner("t", batch_size=4)
+    client.create_table("waits", capacity=10, spec=SPEC)
+    learner = client.learner("waits", batch_size=4)
 
     def insert_later():
         with ds.connect(cluster.address) as c2, c2.writer() as w:
-            w.insert("t", make_items(4, 9))
+            w.insert("waits", make_items(4, 9))
 
     th = threading.Timer(0.3, insert_later)
     th.start()

@@ -128,20 +128,28 @@ def test_a_vectorized_actors_slice_is_one_read(make_cluster, tls, monkeypatch):
         learner.close()
 
 
-def test_starts_are_drawn_uniformly_over_valid_starts(make_cluster, tls):
+@pytest.fixture
+def one_node(module_clusters, tls, request):
+    """A one-node cluster of this read path, shared by the module's tests
+    that take it: each uses tables of its own name and looks at nothing
+    store-wide (conftest's module_clusters)."""
+    return module_clusters(request.node.callspec.params["tls"], nodes=1)
+
+
+def test_starts_are_drawn_uniformly_over_valid_starts(one_node, tls):
     # Episodes of known lengths, nothing evicted: each episode of L steps
     # has L - T + 1 valid starts (none if shorter than T), each as likely.
-    cluster = make_cluster(nodes=1)
+    cluster = one_node
     with ds.connect(cluster.address) as client:
-        client.create_table("s", capacity=10_000, spec=SPEC, slice_len=T)
+        client.create_table("uniform", capacity=10_000, spec=SPEC, slice_len=T)
         lengths = {1: 5, 2: 8, 3: 12, 4: 20, 5: 9}  # 0 + 1 + 5 + 13 + 2 = 21 starts
         with client.writer() as w:
             for episode, length in lengths.items():
                 pos = np.arange(length)
-                w.append("s", steps(np.full(length, episode), pos), env=episode,
+                w.append("uniform", steps(np.full(length, episode), pos), env=episode,
                          done=pos == length - 1)
-        assert client.table_info("s")["valid_starts"] == 21
-        learner = client.learner("s", batch_size=64)
+        assert client.table_info("uniform")["valid_starts"] == 21
+        learner = client.learner("uniform", batch_size=64)
         counts: dict[tuple[int, int], int] = {}
         for _ in range(60):
             b = learner.sample()
@@ -159,17 +167,17 @@ def test_starts_are_drawn_uniformly_over_valid_starts(make_cluster, tls):
         learner.close()
 
 
-def test_prioritized_slices_follow_their_start_steps_priorities(make_cluster, tls):
-    cluster = make_cluster(nodes=1)
+def test_prioritized_slices_follow_their_start_steps_priorities(one_node, tls):
+    cluster = one_node
     with ds.connect(cluster.address) as client:
-        client.create_table("s", capacity=1000, spec=SPEC, slice_len=4, slice_period=2,
+        client.create_table("prio", capacity=1000, spec=SPEC, slice_len=4, slice_period=2,
                             sampler=ds.Prioritized(1.0))
         length = 12  # starts at 0, 2, 4, 6, 8 (period 2, T 4)
         pos = np.arange(length)
         with client.writer() as w:
-            w.append("s", {**steps(np.full(length, 7), pos)}, env=0, done=pos == length - 1,
+            w.append("prio", {**steps(np.full(length, 7), pos)}, env=0, done=pos == length - 1,
                      priority=pos + 1.0)
-        learner = client.learner("s", batch_size=50, beta=1.0)
+        learner = client.learner("prio", batch_size=50, beta=1.0)
         b = learner.sample()
         starts = b.data["pos"][:, 0]
         assert set(starts.tolist()) <= {0, 2, 4, 6, 8}
@@ -185,28 +193,28 @@ def test_prioritized_slices_follow_their_start_steps_priorities(make_cluster, tl
 
 
 @pytest.mark.parametrize("pad", ["end", "short_episodes"])
-def test_short_slices_are_padded_with_a_mask(make_cluster, tls, pad):
+def test_short_slices_are_padded_with_a_mask(one_node, tls, pad):
     """slice_pad: a slice that reaches its episode's end early ("end": from
     any start; "short_episodes": an episode shorter than T, whole) has its
     real steps first, then rows that repeat its last step with mask False,
     is_first and is_last False; every valid start is drawn, uniformly."""
-    cluster = make_cluster(nodes=1)
+    cluster, table = one_node, f"padded_{pad}"
     with ds.connect(cluster.address) as client:
-        client.create_table("s", capacity=10_000, spec=SPEC, slice_len=T, slice_pad=pad)
+        client.create_table(table, capacity=10_000, spec=SPEC, slice_len=T, slice_pad=pad)
         lengths = {1: 5, 2: 8, 3: 12, 4: 3}
         with client.writer() as w:
             for episode, length in lengths.items():
                 pos = np.arange(length)
-                w.append("s", steps(np.full(length, episode), pos), env=episode,
+                w.append(table, steps(np.full(length, episode), pos), env=episode,
                          done=pos == length - 1)
-            w.append("s", steps(np.full(3, 9), np.arange(3)), env=9)  # not ended: no start
+            w.append(table, steps(np.full(3, 9), np.arange(3)), env=9)  # not ended: no start
         if pad == "end":  # every step of an ended episode starts a slice
             valid = {(e, p) for e, n in lengths.items() for p in range(n)}
         else:  # full slices, and the short episodes (5 and 3 steps) whole
             valid = {(e, p) for e, n in lengths.items() for p in range(max(1, n - T + 1))}
-        assert client.table_info("s")["valid_starts"] == len(valid)
-        assert client.table_info("s")["slice_pad"] == pad
-        learner = client.learner("s", batch_size=64)
+        assert client.table_info(table)["valid_starts"] == len(valid)
+        assert client.table_info(table)["slice_pad"] == pad
+        learner = client.learner(table, batch_size=64)
         counts: dict[tuple[int, int], int] = {}
         for _ in range(40):
             b = learner.sample()
@@ -232,18 +240,18 @@ def test_short_slices_are_padded_with_a_mask(make_cluster, tls, pad):
         learner.close()
 
 
-def test_items_and_steps_do_not_mix(make_cluster, tls):
-    cluster = make_cluster(nodes=1)
+def test_items_and_steps_do_not_mix(one_node, tls):
+    cluster = one_node
     with ds.connect(cluster.address) as client:
-        client.create_table("s", capacity=100, spec=SPEC, slice_len=T)
-        client.create_table("i", capacity=100, spec=SPEC)
+        client.create_table("mix_steps", capacity=100, spec=SPEC, slice_len=T)
+        client.create_table("mix_items", capacity=100, spec=SPEC)
         with client.writer() as w:
             with pytest.raises(ds.ConfigError, match="writer.append"):
-                w.insert("s", steps([1], [0]))
+                w.insert("mix_steps", steps([1], [0]))
             with pytest.raises(ds.ConfigError, match="writer.insert"):
-                w.append("i", steps([1], [0]))
+                w.append("mix_items", steps([1], [0]))
         with pytest.raises(ds.ConfigError, match="Uniform.*Prioritized"):
-            client.create_table("f", capacity=100, spec=SPEC, slice_len=T, sampler=ds.Fifo())
+            client.create_table("mix_f", capacity=100, spec=SPEC, slice_len=T, sampler=ds.Fifo())
 
 
 def test_a_restored_control_plane_samples_the_same_slices(make_cluster, tmp_path, tls):

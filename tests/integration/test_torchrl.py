@@ -25,10 +25,12 @@ pytestmark = pytest.mark.parametrize("tls", ["sm"], indirect=True)
 
 
 @pytest.fixture
-def cluster(make_cluster):
-    """Two storage nodes. Failure detection is tested elsewhere: here a node
-    late with its heartbeat on a busy 2-core machine must not be dropped."""
-    return make_cluster(heartbeat_timeout=30.0)
+def cluster(module_clusters, tls, request):
+    """Two storage nodes, shared by the module's tests: each uses tables of
+    its own name and asserts nothing store-wide (conftest's module_clusters).
+    Failure detection is tested elsewhere: here a node late with its
+    heartbeat on a busy 2-core machine must not be dropped."""
+    return module_clusters(request.node.callspec.params["tls"], heartbeat_timeout=30.0)
 
 
 def transitions(n: int, start: int = 0) -> TensorDict:

@@ -21,10 +21,13 @@ pytestmark = pytest.mark.parametrize("tls", ["sm"], indirect=True)
 
 
 @pytest.fixture
-def cluster(make_cluster):
-    """One storage node (enough here); a heartbeat late on a busy 2-core
-    machine, with a dozen collector processes, must not drop it."""
-    return make_cluster(nodes=1, heartbeat_timeout=30.0)
+def cluster(module_clusters, tls, request):
+    """One storage node (enough here), shared by the module's tests: each
+    writes tables of its own name (conftest's module_clusters). A heartbeat
+    late on a busy 2-core machine, with a dozen collector processes, must
+    not drop it."""
+    return module_clusters(request.node.callspec.params["tls"], nodes=1,
+                           heartbeat_timeout=30.0)
 
 
 @pytest.fixture
@@ -202,7 +205,8 @@ def test_a_pickled_buffer_connects_in_the_child(cluster, method, via):
 
     ctx = tmp.get_context(method)
     out = ctx.Queue()
-    with DistoreReplayBuffer(cluster.address, "pickled", capacity=100, batch_size=4) as rb:
+    with DistoreReplayBuffer(cluster.address, f"pickled-{method}-{via}", capacity=100,
+                             batch_size=4) as rb:
         mine = rb.extend(kids.numbered(5, 0))
         rb.share()
         if via == "args":

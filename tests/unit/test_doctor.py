@@ -19,8 +19,18 @@ def doctor(*args):
                           cwd=tempfile.gettempdir())
 
 
-def test_doctor_reports_ucx_and_what_is_missing():
-    out = doctor()
+@pytest.fixture(scope="module")
+def plain():
+    """`distore doctor` with the insert switches at their defaults: one run
+    (2-5 s of a busy machine) for the tests that read its plain report."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.delenv("DISTORE_AM_INSERTS", raising=False)
+        mp.delenv("DISTORE_AM_INSERT_RUNS", raising=False)
+        return doctor()
+
+
+def test_doctor_reports_ucx_and_what_is_missing(plain):
+    out = plain
     assert out.returncode == 0, out.stderr
     text = out.stdout
     assert text.startswith("UCX 1.") and "transports:" in text and "tcp/" in text
@@ -55,12 +65,11 @@ def test_doctor_says_inserts_go_by_gets_once_messages_are_off(monkeypatch):
             "active-message inserts off)") in out.stdout
 
 
-def test_doctor_says_whether_small_inserts_go_in_runs(monkeypatch):
-    monkeypatch.delenv("DISTORE_AM_INSERTS", raising=False)
-    monkeypatch.delenv("DISTORE_AM_INSERT_RUNS", raising=False)
-    out = doctor()
+def test_doctor_says_whether_small_inserts_go_in_runs(plain, monkeypatch):
+    out = plain
     assert out.returncode == 0, out.stderr
     assert "items that fit several to 1 MiB go several to a message" in out.stdout
+    monkeypatch.delenv("DISTORE_AM_INSERTS", raising=False)
     monkeypatch.setenv("DISTORE_AM_INSERT_RUNS", "0")
     out = doctor()
     assert out.returncode == 0, out.stderr
@@ -79,10 +88,10 @@ def test_doctor_json():
     assert all(len(m) == 2 for m in report["missing"])
 
 
-def test_the_hugepages_line_says_what_arenas_will_get():
+def test_the_hugepages_line_says_what_arenas_will_get(plain):
     # It said nodes "fall back to transparent hugepages" above a line saying
     # shmem_enabled is never, where arenas get 4 KiB pages.
-    text = doctor().stdout
+    text = plain.stdout
     line = next((ln for ln in text.splitlines() if "hugepages:" in ln and "MISSING" in ln), "")
     if not line:
         pytest.skip("this host has reserved hugepages: doctor reports none missing")
