@@ -76,7 +76,10 @@ __all__ = [
     "USED_BYTES",
     "WORKER_ADDRESS",
     "WRITER_ID",
+    "EXACT_TYPES",
     "check",
+    "refused_array",
+    "refused_scalar",
     "steps_of",
 ]
 
@@ -263,3 +266,39 @@ def check(op: str, f: F, v: Any) -> Any:
         raise ProtocolError(
             f"{op}.{f.name}: {v!r} is not a valid name (1-{f.max_len} printable characters)")
     return v
+
+
+# A kind's values as msgpack decodes them: the checks written out as code
+# (requests' made checks, replies' quick check) take these types only;
+# `check` takes subclasses too, and tells those apart.
+EXACT_TYPES = {"int": (int,), "float": (float, int), "str": (str,), "bytes": (bytes,),
+               "bool": (bool,), "list": (list,), "dict": (dict,)}
+
+
+def refused_scalar(f: F, scope: dict[str, Any]) -> str:
+    """A Python expression, true when `v` is not a value field `f` (a scalar
+    kind) holds: exact type, bounds, length, printable. For code made from
+    declarations; the bounds it reads are put in `scope`."""
+    types = EXACT_TYPES[f.kind]
+    test = (f"type(v) is not {types[0].__name__}" if len(types) == 1
+            else f"type(v) not in ({', '.join(t.__name__ for t in types)})")
+    for bound, cmp in ((f.lo, ">="), (f.hi, "<=")):
+        if bound is not None:  # `not >=`: NaN is outside every bound
+            name = f"B{len(scope)}"
+            scope[name] = bound
+            test += f" or not v {cmp} {name}"
+    if f.max_len is not None:
+        test += f" or len(v) > {f.max_len}"
+    if f.printable:
+        test += " or not v or not v.isprintable()"
+    return test
+
+
+def refused_array(f: F) -> str:
+    """A Python expression, true when `v` is not the raw bytes of array field
+    `f` (whole items, at most MAX_ITEMS, as many as `n` when n >= 0: the
+    items of the message's arrays so far). For code made from declarations."""
+    size = np.dtype(ARRAY_DTYPES[f.kind]).itemsize
+    return (f"type(v) is not bytes or len(v) % {size} or len(v) > {size * MAX_ITEMS}"
+            f" or n >= 0 and len(v) != {size} * n")
+

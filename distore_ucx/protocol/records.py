@@ -22,14 +22,13 @@ values: the reader takes them as they are) and only in flat records.
 from __future__ import annotations
 
 import dataclasses
-import math
 from collections.abc import Callable, Mapping
 from typing import Any, ClassVar, TypeVar
 
 import numpy as np
 
 from .error_codes import ProtocolError
-from .fields import ARRAY_DTYPES, MAX_ITEMS, F, check
+from .fields import ARRAY_DTYPES, F, check, refused_array, refused_scalar
 
 __all__ = ["Record", "record", "wire"]
 
@@ -117,10 +116,6 @@ class Record:
 
 
 _ABSENT = object()
-# A kind's values as msgpack decodes them: `accepts` takes these types only
-# (`check` takes subclasses too: `parse` tells those apart).
-_EXACT = {"int": (int,), "float": (float, int), "str": (str,), "bytes": (bytes,),
-          "bool": (bool,), "list": (list,), "dict": (dict,)}
 
 
 def _accepts(fields: tuple[F, ...], name: str) -> Callable[[Any], bool]:
@@ -145,35 +140,13 @@ def _accepts(fields: tuple[F, ...], name: str) -> Callable[[Any], bool]:
             lines += ["    elif v is None:", "        pass"]
         if f.kind in ARRAY_DTYPES:
             size = np.dtype(ARRAY_DTYPES[f.kind]).itemsize
-            lines += [f"    elif (type(v) is not bytes or len(v) % {size} "
-                      f"or len(v) > {size * MAX_ITEMS}",
-                      f"          or n >= 0 and len(v) != {size} * n):",
+            lines += [f"    elif {refused_array(f)}:",
                       "        return False",
                       "    else:",
                       f"        n = len(v) // {size}"]
             continue
-        types = _EXACT[f.kind]
-        test = (f"type(v) is not {types[0].__name__}" if len(types) == 1
-                else f"type(v) not in ({', '.join(t.__name__ for t in types)})")
-        if f.lo is not None:  # `not >=`: NaN is outside every bound
-            test += f" or not v >= {_constant(scope, f.lo)}"
-        if f.hi is not None:
-            test += f" or not v <= {_constant(scope, f.hi)}"
-        if f.max_len is not None:
-            test += f" or len(v) > {f.max_len}"
-        if f.printable:
-            test += " or not v or not v.isprintable()"
+        test = refused_scalar(f, scope)
         lines += [f"    elif {test}:", "        return False"]
     lines.append("    return True")
     exec("\n".join(lines), scope)
     return scope[f"accepts_{name}"]
-
-
-def _constant(scope: dict[str, Any], value: Any) -> str:
-    """`value` as made code writes it: a finite number as itself, anything
-    else by a name it has in `scope`."""
-    if type(value) is int or type(value) is float and math.isfinite(value):
-        return repr(value)
-    name = f"C{len(scope)}"
-    scope[name] = value
-    return name

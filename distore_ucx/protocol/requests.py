@@ -58,6 +58,8 @@ from .fields import (
     WRITER_ID,
     F,
     check,
+    refused_array,
+    refused_scalar,
 )
 from .framing import VERSION
 
@@ -333,10 +335,6 @@ def _checked(op: str, msg: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-# A msgpack map's values by kind, exactly (`_checked` takes
-# subclasses too).
-_EXACT = {"int": ("int",), "float": ("float", "int"), "str": ("str",), "bytes": ("bytes",),
-          "bool": ("bool",), "list": ("list",), "dict": ("dict",)}
 FINITE_LOOP = 64  # float arrays up to this long are checked item by item (no ufunc set-up)
 
 
@@ -363,9 +361,7 @@ def _fast_check(op: str, fields: tuple[F, ...]):
             dt = np.dtype(ARRAY_DTYPES[f.kind]).newbyteorder("<")
             scope[f"D_{f.name}"] = dt
             size = dt.itemsize
-            lines += [f"    elif (type(v) is not bytes or len(v) % {size} "
-                      f"or len(v) > {size * MAX_ITEMS}",
-                      f"          or n >= 0 and len(v) != {size} * n):",
+            lines += [f"    elif {refused_array(f)}:",
                       "        return None",
                       "    else:",
                       f"        n = len(v) // {size}",
@@ -373,17 +369,7 @@ def _fast_check(op: str, fields: tuple[F, ...]):
             if f.kind == "f64[]":
                 lines += ["        if not finite(v):", "            return None"]
             continue
-        types = _EXACT[f.kind]
-        test = (f"type(v) is not {types[0]}" if len(types) == 1
-                else f"type(v) not in ({', '.join(types)})")
-        for bound, cmp in ((f.lo, ">="), (f.hi, "<=")):
-            if bound is not None:  # `not >=`: NaN is outside every bound
-                scope[f"B{len(scope)}"] = bound
-                test += f" or not v {cmp} B{len(scope) - 1}"
-        if f.max_len is not None:
-            test += f" or len(v) > {f.max_len}"
-        if f.printable:
-            test += " or not v or not v.isprintable()"
+        test = refused_scalar(f, scope)
         lines += [f"    elif {test}:", "        return None",
                   "    else:", f"        out[{f.name!r}] = v"]
     lines.append("    return out")
