@@ -22,7 +22,10 @@ remote_updates
     `learner.update_priorities` of 1024 and of 32 keys a call, back to back,
     through a live LocalCluster (control plane in another process): keys/s
     until every update is applied (`flush_priorities`); and the control
-    connection's round trip (`table_info`) p50.
+    connection's round trip (`table_info`) p50. Baseline, with
+    --reverb-python (a Python that has dm-reverb): DeepMind Reverb's
+    `mutate_priorities` of as many keys, 1024 and 32 a call, on a Reverb
+    server in another process, in the same run (perf/reverb_updates.py).
 decide_32
     CPU time (process_time) the control plane's own sample path spends on a
     batch of 32 (selection, leases, reply encoding), in-process.
@@ -62,6 +65,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import subprocess
 import sys
 import time
 
@@ -237,6 +242,30 @@ def bench_remote(args, out):
     row = {"bench": "control_rtt", "p50_us": stats(rtt)["p50_us"]}
     out.append(row)
     print(json.dumps(row), flush=True)
+    if args.reverb_python:
+        bench_reverb(args, out)
+
+
+def bench_reverb(args, out):
+    """Reverb's updates of as many keys, 1024 and 32 a call, in a child
+    process under --reverb-python (perf/reverb_updates.py); each row gets
+    the store's rate of the same size beside it."""
+    script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "reverb_updates.py")
+    done = subprocess.run([args.reverb_python, script, "--items", str(args.remote_items),
+                           "--batches", str(args.batches)], stdout=subprocess.PIPE, text=True,
+                          timeout=1800)
+    if done.returncode != 0:
+        raise SystemExit(f"perf/reverb_updates.py under {args.reverb_python} failed (exit "
+                         f"{done.returncode}; its errors are above): does that Python have "
+                         "dm-reverb? (pip install dm-reverb==0.14.0 tensorflow==2.15.0)")
+    ours = {r["batch"]: r["keys_per_s"] for r in out if r["bench"] == "remote_updates"}
+    for line in done.stdout.splitlines():
+        row = json.loads(line)
+        row["ours_keys_per_s"] = ours.get(row["batch"])
+        if row["ours_keys_per_s"]:
+            row["ours_vs_reverb"] = round(row["ours_keys_per_s"] / row["keys_per_s"], 2)
+        out.append(row)
+        print(json.dumps(row), flush=True)
 
 
 def bench_checkpoint(args, out):
@@ -455,6 +484,9 @@ def main(argv=None) -> int:
     p.add_argument("--only", choices=("updates", "full_fifo", "decide", "remote", "checkpoint",
                                       "memory", "sample_e2e"),
                    help="run one group (updates includes sample_256)")
+    p.add_argument("--reverb-python", metavar="PYTHON",
+                   help="remote group: also time Reverb's updates under this Python, which "
+                        "has dm-reverb (perf/reverb_updates.py)")
     p.add_argument("--json-out", help="also write the JSON lines here")
     args = p.parse_args(argv)
     if args.memory_child:
@@ -509,6 +541,10 @@ def main(argv=None) -> int:
                   f"write {r['write_s'] * per:.2f} s/M ({r['bytes_per_item']:.0f} B/item), "
                   f"read {r['read_rebuild_s'] * per:.2f} s/M, re-send {r['resend_s'] * per:.2f}"
                   f" s/M   np.save {r['np_save_s'] * per:.2f} s/M")
+        elif r["bench"] == "reverb_updates":
+            print(f"reverb_updates {r['batch']:>5} keys a call  {r['keys_per_s'] / 1e6:6.2f} M "
+                  f"keys/s (a call p50 {r['p50_us']:.0f} us; each waits)   ours "
+                  f"x{r.get('ours_vs_reverb', float('nan')):.2f}")
         elif r["bench"] == "control_rtt":
             print(f"control RTT p50 {r['p50_us']:.0f} us")
         else:
