@@ -43,6 +43,8 @@ class HeldFrees:
         """Registration `registration` is done (committed or failed): apply
         the frees whose registrations are all done."""
         self._registering.discard(registration)
+        if not self._held:  # the common case: nothing waits (min() is a scan)
+            return
         oldest = min(self._registering, default=None)
         while self._held and (oldest is None or self._held[0][0] < oldest):
             self._apply(self._held.pop(0)[1])

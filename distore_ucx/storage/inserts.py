@@ -123,7 +123,9 @@ class InsertServer:
             asyncio.get_running_loop().create_task(self._forget_writer(peer))
         table = f["table"]
         t0 = time.perf_counter()  # metrics: request to acknowledgement
-        offsets = await self.room.allocate(table, slot_size, k)
+        offsets = self.room.allocate_now(table, slot_size, k)
+        if offsets is None:  # the arena is full: room is made first
+            offsets = await self.room.allocate(table, slot_size, k)
         wait = f.get("timeout", 60.0)  # a rate limiter (or a control-plane restart) may hold it
         deadline = time.monotonic() + wait
         registration = self.frees.begin()
@@ -137,19 +139,32 @@ class InsertServer:
                      item_bytes: int, lengths, source, offsets, deadline: float,
                      t0: float) -> dict:
         """Pull an insert's items into its allocated slots, register them
-        with the control plane and commit them (see _insert)."""
+        with the control plane, which commits them (see _insert and
+        storage/registrations.py)."""
         state = self.state
+        stored = None
         try:
             gens = state.arena.next_generations(k)
-            watch = self._watch_writer(peer, f.get("am_token"), k)
-            try:
-                await self.puller.pull(state.arena, source, offsets, keys, gens, f["offsets"],
-                                       lengths, f.get("am_token"))
-            finally:
-                if watch is not None:
-                    watch.cancel()
-            registered = await self._register(f, node_id, table, keys, offsets, gens, deadline)
+            token = f.get("am_token")
+            if not self.puller.pulled_here(state.arena, source, offsets, keys, gens,
+                                           f["offsets"], lengths):
+                watch = self._watch_writer(peer, token, k)
+                try:
+                    await self.puller.pull(state.arena, source, offsets, keys, gens,
+                                           f["offsets"], lengths, token)
+                finally:
+                    if watch is not None:
+                        watch.cancel()
+            # Steps of episodes: kept with their slots, re-sent to a restored control plane.
+            stored = Stored(keys, offsets, gens, f["priorities"], steps_of(f), deadline)
+            registered = await self._register(node_id, table, f.get("epoch"), stored)
         except BaseException as exc:
+            done = stored.done if stored is not None else None
+            if done is not None and done.done() and not done.cancelled() \
+                    and done.exception() is None:
+                # Registered and committed, then this task was cancelled (the
+                # writer left, or the node stops): the items are stored.
+                raise
             if state.arena is not None:  # None: the node stopped while this insert waited
                 state.arena.free(table, offsets)
             self.stats.failed_batches += 1
@@ -160,34 +175,23 @@ class InsertServer:
                             "are freed (the writer resends or reports it): %s", state.name, k,
                             table, source.name, exc)
             raise
-        twice = registered.duplicate_offsets
-        if len(twice):
-            # Keys the table holds already (this batch was resent here after
-            # its first node went unresponsive, and both copies arrived).
-            keep = ~np.isin(offsets, twice)
-            state.arena.free(table, offsets[~keep])
-            offsets, keys, gens = offsets[keep], keys[keep], gens[keep]
-            prios = f["priorities"][keep]
-        else:
-            keep = slice(None)
-            prios = f["priorities"]
-        # Steps of episodes: kept with their slots, re-sent to a restored control plane.
-        steps = steps_of(f)
-        if steps is not None:
-            steps = tuple(a[keep] for a in steps)
-        state.arena.commit(table, offsets, keys, gens, prios, steps)
+        # Committed with the other inserts of its registration; the slots of
+        # keys the table held already (this batch was resent here after its
+        # first node went unresponsive, and both copies arrived) freed.
         self.inserted += k
         self.stats.inserted(k, k * item_bytes, time.perf_counter() - t0)
         return {"n": k, "evicted": registered.evicted, "via": source.via}
 
-    async def _register(self, f: dict, node_id: int, table: str, keys, offsets, gens,
-                        deadline: float) -> Registered:
-        """Have the control plane register an insert's stored items; if it
-        goes away before acknowledging, the node's re-join is waited for (and
-        the items registered with that control plane) until `deadline`."""
+    async def _register(self, node_id: int, table: str, epoch: int | None,
+                        stored: Stored) -> Registered:
+        """Have the control plane register an insert's stored items (and
+        the node commit them); if it goes away before acknowledging, the
+        node's re-join is waited for (and the items registered with that
+        control plane) until the insert's deadline."""
         state = self.state
         while True:
-            await self._until_joined(deadline, len(keys))
+            if not state.joined.is_set():
+                await self._until_joined(stored.deadline, len(stored.keys))
             if node_id != state.node_id:  # dropped, then re-joined as another node
                 raise ConnectionFailed(
                     f"storage node {state.name} was dropped by the control plane while it "
@@ -195,10 +199,8 @@ class InsertServer:
                 )
             control = state.control
             try:
-                return await self.registrations.register(
-                    control, node_id, table, f.get("epoch"),
-                    # steps of episodes: passed on as the writer gave them
-                    Stored(keys, offsets, gens, f["priorities"], steps_of(f), deadline))
+                return await self.registrations.register(control, node_id, table, epoch,
+                                                         stored)
             except ConnectionFailed:
                 if state.leaving or not control.closed.is_set():
                     raise

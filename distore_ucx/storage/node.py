@@ -112,7 +112,7 @@ class StorageNode:
         self._stop = asyncio.Event()
         self._now = asyncio.Event()  # a second SIGTERM: skip the drain
         # items_added requests: the inserts stored while one is answered go together
-        self.registrations = Registrations(self.state.used_bytes)
+        self.registrations = Registrations(self.state.used_bytes, self.state.commit_registered)
         self._token: bytes | None = None
         self._where: tuple[str, int] = ("", 0)  # host, port writers reach us at
         self._am_samples = am_samples_enabled()

@@ -134,14 +134,9 @@ class Puller:
         """Read the batch into its slots of `arena` on the pull thread (the
         event loop keeps serving), or here for a mapped batch of at most
         INLINE_COPY_BYTES; raise if any item could not be read."""
-        addresses = np.uint64(source.base) + src_offsets
-        if source.mapping is not None and int(lengths.sum()) <= INLINE_COPY_BYTES:
-            # A copy out of a mapping cannot wait on anyone: done here, it
-            # saves two thread hand-offs per batch, which cost the node CPU
-            # per GB on small items.
-            arena.pull_mapped(source, offsets, keys, gens, addresses, lengths,
-                              self._copy_pool())
+        if self.pulled_here(arena, source, offsets, keys, gens, src_offsets, lengths):
             return
+        addresses = np.uint64(source.base) + src_offsets
         loop = asyncio.get_running_loop()
         progresses = source.mapping is None  # the pull progresses the reader worker
         if token:
@@ -171,6 +166,19 @@ class Puller:
                 f"items from {source.name} (via {source.via}); none of the batch was stored",
                 source.name,
             )
+
+    def pulled_here(self, arena, source, offsets, keys, gens, src_offsets, lengths) -> bool:
+        """Copy a same-host batch of at most INLINE_COPY_BYTES out of its
+        writer's mapped staging now, on the event loop (True); False for
+        any other batch, which `pull` reads on the pull thread."""
+        if source.mapping is None or int(lengths.sum()) > INLINE_COPY_BYTES:
+            return False
+        # A copy out of a mapping cannot wait on anyone: done here, it saves
+        # two thread hand-offs per batch, which cost the node CPU per GB on
+        # small items.
+        arena.pull_mapped(source, offsets, keys, gens, np.uint64(source.base) + src_offsets,
+                          lengths, self._copy_pool())
+        return True
 
     def _pulled(self, progressed: bool) -> None:
         """A pull handed to the pull thread ended; the last of those that

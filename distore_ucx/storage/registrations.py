@@ -14,6 +14,10 @@ timeout passed, it was placed before the node was last unresponsive) fails
 alone, and the others are registered. A request that fails as a whole (the
 control plane went away) fails every insert in it, and each one's caller
 retries or reports it as it did before.
+
+The slots of every insert a reply registered are committed (made LIVE) in
+one call when the reply comes, before any of the inserts' callers resumes:
+a request's acknowledgement costs one slot-table update, not one per insert.
 """
 
 from __future__ import annotations
@@ -30,6 +34,8 @@ from ..transport.rpc import AsyncClient
 
 # s added to a request's longest timeout before its reply is given up on
 REPLY_GRACE = 10.0
+# The request's joined fields the commit takes, in its order (steps last).
+_COMMITTED = ("offsets", "keys", "generations", "priorities", *STEP_FIELDS)
 
 
 @dataclass
@@ -51,20 +57,29 @@ class Stored:
 @dataclass(frozen=True)
 class Registered:
     """What registering an insert did: the items evicted from the table (the
-    request's, counted once: on its last insert registered) and the offsets
-    of its keys the table held already (their slots are the node's to free)."""
+    request's, counted once: on its last insert registered) and how many of
+    its keys the table held already (their slots were freed, the others
+    committed)."""
 
     evicted: int
-    duplicate_offsets: np.ndarray
+    duplicates: int
+
+
+# commit(table, offsets, keys, generations, priorities, steps, twice): make the
+# registered slots LIVE and free `twice` (NodeState.commit_registered).
+Commit = Callable[[str, np.ndarray, np.ndarray, np.ndarray, np.ndarray, "tuple | None",
+                   np.ndarray], None]
 
 
 class Registrations:
     """A node's `items_added` requests: one in flight per (control plane
     connection, node id, table, epoch); inserts stored meanwhile go in the
-    next. All on the node's event loop."""
+    next; `commit` makes the slots of those registered LIVE, a request's in
+    one call. All on the node's event loop."""
 
-    def __init__(self, used_bytes: Callable[[], int]):
+    def __init__(self, used_bytes: Callable[[], int], commit: Commit):
         self._used_bytes = used_bytes
+        self._commit = commit
         self._waiting: dict[tuple, list[Stored]] = {}  # a key in here: a request in flight
         self._tasks: set[asyncio.Task] = set()
         self.requests = 0  # items_added sent (metrics: inserts per request)
@@ -140,26 +155,47 @@ class Registrations:
             for s in inserts:
                 _fail(s, exc)
             return
-        _settle(inserts, reply, refused)
+        self._settle(table, inserts, fields, reply, refused)
+
+    def _settle(self, table: str, inserts: list[Stored], fields: dict, reply: dict,
+                refused: dict[int, Exception]) -> None:
+        """Commit the slots of the request's registered inserts in one call,
+        then hand each insert its part of the reply, or its error."""
+        taken = [i for i, s in enumerate(inserts) if i not in refused and not s.done.done()]
+        twice = np.frombuffer(reply.get("duplicate_offsets", b""), np.uint64)
+        if taken:
+            names = _COMMITTED if STEP_FIELDS[0] in fields else _COMMITTED[:4]
+            if len(taken) == len(inserts):
+                cols = [fields[name] for name in names]
+            else:  # refused or cancelled inserts' slots are their callers' to free
+                mask = np.repeat(np.isin(np.arange(len(inserts)), taken),
+                                 [len(s.keys) for s in inserts])
+                cols = [fields[name][mask] for name in names]
+            held = twice
+            if len(twice):  # keys the table held already: their slots are freed
+                dup = np.isin(cols[0], twice)
+                held = cols[0][dup]
+                cols = [c[~dup] for c in cols]
+            offsets, keys, gens, prios, *steps = cols
+            try:
+                self._commit(table, offsets, keys, gens, prios, tuple(steps) or None, held)
+            except Exception as exc:
+                for i in taken:
+                    _fail(inserts[i], exc)
+        last = max((i for i in taken if not inserts[i].done.done()), default=-1)
+        for i, s in enumerate(inserts):
+            if s.done.done():  # its caller was cancelled meanwhile, or its commit failed
+                continue
+            if i in refused:
+                s.done.set_exception(refused[i])
+                continue
+            n_held = int(np.isin(s.offsets, twice).sum()) if len(twice) else 0
+            s.done.set_result(Registered(reply["evicted"] if i == last else 0, n_held))
 
 
 def _joined(arrays: list[np.ndarray]) -> np.ndarray:
     """One array of the inserts' arrays (a lone insert's as it is: no copy)."""
     return arrays[0] if len(arrays) == 1 else np.concatenate(arrays)
-
-
-def _settle(inserts: list[Stored], reply: dict, refused: dict[int, Exception]) -> None:
-    """Hand each insert of a request its part of the reply, or its error."""
-    twice = np.frombuffer(reply.get("duplicate_offsets", b""), np.uint64)
-    last = max((i for i in range(len(inserts)) if i not in refused), default=-1)
-    for i, s in enumerate(inserts):
-        if s.done.done():  # its caller was cancelled meanwhile
-            continue
-        if i in refused:
-            s.done.set_exception(refused[i])
-            continue
-        dup = s.offsets[np.isin(s.offsets, twice)] if len(twice) else twice
-        s.done.set_result(Registered(reply["evicted"] if i == last else 0, dup))
 
 
 def _fail(s: Stored, exc: BaseException) -> None:

@@ -41,6 +41,16 @@ class RoomForInserts:
         self._disk = disk
         self._demoting = asyncio.Lock()  # one demotion at a time
 
+    def allocate_now(self, table: str, slot_size: int, k: int) -> np.ndarray | None:
+        """Arena slots for an insert when the arena has room for it now (the
+        common case, without a wait): their offsets; None when room must be
+        made first (`allocate`)."""
+        self.state.slot_sizes[table] = slot_size
+        try:
+            return self.state.arena.allocate(table, slot_size, k)
+        except StorageFull:
+            return None
+
     async def allocate(self, table: str, slot_size: int, k: int) -> np.ndarray:
         """Arena slots for an insert; with a disk tier, a full arena first
         demotes items of the table to disk (StorageFull when both are full);

@@ -144,6 +144,10 @@ def _f64(values, k: int) -> np.ndarray:
 
 
 def _column(values, dtype, k: int | None) -> np.ndarray:
+    if type(values) is np.ndarray and values.ndim == 1 and (k is None or len(values) == k):
+        # As it is: the native call converts another dtype or order (a copy)
+        # itself, at a fraction of asarray's and the flag checks' cost.
+        return values
     a = np.asarray(values, dtype)
     if a.ndim == 0 and k is not None:
         return np.full(k, a, dtype)

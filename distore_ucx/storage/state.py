@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from ..config import NodeConfig
+from ..errors import ConnectionFailed
 
 if TYPE_CHECKING:
     from ..transport.rpc import AsyncClient
@@ -57,3 +58,16 @@ class NodeState:
         """Arena bytes in use (0 before start-up and after teardown)."""
         arena = self.arena
         return arena.used_bytes if arena is not None else 0
+
+    def commit_registered(self, table: str, offsets, keys, generations, priorities,
+                          steps: tuple | None, twice) -> None:
+        """Slots whose items the control plane registered, of one or many
+        inserts, made LIVE in one call (storage/registrations.py); `twice`:
+        slots of keys the table held already, freed. Raises (changing
+        nothing) when the node stopped meanwhile."""
+        arena = self.arena
+        if arena is None:
+            raise ConnectionFailed(f"storage node {self.name} is shutting down")
+        if len(twice):
+            arena.free(table, twice)
+        arena.commit(table, offsets, keys, generations, priorities, steps)

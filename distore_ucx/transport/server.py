@@ -116,6 +116,12 @@ async def drained(writer) -> bool:
     return not writer.is_closing()
 
 
+def _backed_up(writer) -> bool:
+    """Whether `drained` has anything to wait for or refuse (checked first:
+    a coroutine a request costs more than these two calls)."""
+    return writer.transport.get_write_buffer_size() > MAX_UNSENT or writer.is_closing()
+
+
 class _Connections:
     """What `serve` does with each connection (see its docstring): admit,
     authenticate, then read and answer requests under its bounds."""
@@ -186,8 +192,8 @@ class _Connections:
                 # no more of it until one is answered.
                 await asyncio.wait(set(peer.tasks), return_when=asyncio.FIRST_COMPLETED)
                 continue
-            if not await drained(peer.writer):  # its replies unread: read no more until they go
-                return
+            if _backed_up(peer.writer) and not await drained(peer.writer):
+                return  # its replies unread: read no more until they go; or it closed
             request = await self._read(peer)
             if request is None:
                 return
@@ -238,8 +244,8 @@ class _Connections:
             result = exc
         if after is not None:  # the reply to the request before this one goes first
             await asyncio.wait([after])
-        if mid == 0 or not await drained(peer.writer):  # push: no reply; or the peer is gone
-            return
+        if mid == 0 or (_backed_up(peer.writer) and not await drained(peer.writer)):
+            return  # push: no reply; or the peer is gone
         if isinstance(result, BaseException):
             peer.send(protocol.encode(protocol.error_reply(mid, result)))
         else:

@@ -1,6 +1,7 @@
 """A storage node's registrations (storage/registrations.py): one
 items_added in flight per table, the inserts stored meanwhile sent together
-in the next, each one's result or error handed back to it alone."""
+in the next, the slots of those registered committed in one call, each
+one's result or error handed back to it alone."""
 
 from __future__ import annotations
 
@@ -31,6 +32,23 @@ class FakeControl:
         return await reply
 
 
+class Commits:
+    """The node's commit (NodeState.commit_registered), recorded."""
+
+    def __init__(self, fail: Exception | None = None):
+        self.calls: list[dict] = []
+        self.fail = fail
+
+    def __call__(self, table, offsets, keys, generations, priorities, steps, twice):
+        self.calls.append({"table": table, "offsets": offsets.tolist(), "keys": keys.tolist(),
+                           "generations": generations.tolist(),
+                           "priorities": priorities.tolist(),
+                           "steps": None if steps is None else [a.tolist() for a in steps],
+                           "twice": twice.tolist()})
+        if self.fail is not None:
+            raise self.fail
+
+
 def stored(first: int, n: int, steps: bool = False) -> Stored:
     keys = np.arange(first, first + n, dtype=np.uint64)
     return Stored(keys, keys * 64, np.ones(n, np.uint64), np.ones(n),
@@ -48,7 +66,8 @@ async def until(condition):
 
 def test_inserts_stored_while_one_is_registered_go_together_in_the_next():
     async def run():
-        control, regs = FakeControl(), Registrations(lambda: 4096)
+        control, commits = FakeControl(), Commits()
+        regs = Registrations(lambda: 4096, commits)
         first = asyncio.ensure_future(regs.register(control, 1, "t", 0, stored(0, 2)))
         await until(lambda: len(control.calls) == 1)
         assert "batches" not in control.calls[0]  # one insert: a plain request
@@ -60,6 +79,7 @@ def test_inserts_stored_while_one_is_registered_go_together_in_the_next():
         control.replies[0].set_result({"evicted": 0})
         control.replies[1].set_result({"evicted": 0})
         assert (await first).evicted == 0
+        assert commits.calls[0]["offsets"] == [0, 64] and commits.calls[0]["steps"] is None
         await until(lambda: len(control.calls) == 3)
         together = control.calls[2]
         assert together["batches"] == [3, 3, 3] and len(together["timeouts"]) == 3
@@ -71,8 +91,15 @@ def test_inserts_stored_while_one_is_registered_go_together_in_the_next():
             "errors": [[1, "node_gone", "storage node 1 was unresponsive"]]})
         a, b, c = await asyncio.gather(*later, return_exceptions=True)
         assert isinstance(b, NodeGone) and "unresponsive" in str(b)
-        assert a.duplicate_offsets.tolist() == [] and c.duplicate_offsets.tolist() == [31 * 64]
+        assert a.duplicates == 0 and c.duplicates == 1
         assert a.evicted + c.evicted == 5  # counted once, on the last registered
+        # The first and third inserts' slots in one commit, but the slot of
+        # the key held already, which is freed; the refused one's are its
+        # caller's to free.
+        both = [c for c in commits.calls if c["offsets"][:1] == [10 * 64]][0]
+        assert both["offsets"] == [x * 64 for x in (10, 11, 12, 30, 32)]
+        assert both["keys"] == [10, 11, 12, 30, 32] and both["twice"] == [31 * 64]
+        assert len(commits.calls) == 3
         assert (await other_table).evicted == 0
         assert (regs.requests, regs.inserts) == (3, 5)
 
@@ -81,7 +108,8 @@ def test_inserts_stored_while_one_is_registered_go_together_in_the_next():
 
 def test_a_request_that_fails_whole_fails_each_insert_and_the_next_go_on():
     async def run():
-        control, regs = FakeControl(), Registrations(lambda: 0)
+        control, commits = FakeControl(), Commits()
+        regs = Registrations(lambda: 0, commits)
         first = asyncio.ensure_future(regs.register(control, 1, "s", None, stored(0, 1, True)))
         await until(lambda: len(control.calls) == 1)
         assert control.calls[0]["episodes"].tolist() == [0] and "epoch" not in control.calls[0]
@@ -104,6 +132,50 @@ def test_a_request_that_fails_whole_fails_each_insert_and_the_next_go_on():
         await until(lambda: len(control.calls) == 3)
         assert "batches" not in control.calls[2]
         control.replies[2].set_result({"evicted": 0})
-        assert (await after).duplicate_offsets.tolist() == []
+        assert (await after).duplicates == 0
+        # Only the last one was registered: its steps are committed with it.
+        assert commits.calls == [{"table": "s", "offsets": [256], "keys": [4],
+                                  "generations": [1], "priorities": [1.0],
+                                  "steps": [[4], [4], [0]], "twice": []}]
+
+    asyncio.run(run())
+
+
+def test_an_insert_cancelled_before_its_reply_is_neither_committed_nor_failed_by_others():
+    async def run():
+        control, commits = FakeControl(), Commits()
+        regs = Registrations(lambda: 0, commits)
+        first = asyncio.ensure_future(regs.register(control, 1, "t", None, stored(0, 1)))
+        await until(lambda: len(control.calls) == 1)
+        later = [asyncio.ensure_future(regs.register(control, 1, "t", None, stored(i, 2)))
+                 for i in (10, 20)]
+        control.replies[0].set_result({"evicted": 0})
+        await first
+        await until(lambda: len(control.calls) == 2)
+        later[0].cancel()  # sent, then its caller gave up: its slots are its own to free
+        await asyncio.sleep(0)
+        control.replies[1].set_result({"evicted": 2})
+        assert (await later[1]).evicted == 2  # the last one registered counts the evictions
+        assert commits.calls[1]["offsets"] == [20 * 64, 21 * 64]
+
+    asyncio.run(run())
+
+
+def test_a_commit_that_fails_fails_the_inserts_it_held_and_the_next_go_on():
+    async def run():
+        control = FakeControl()
+        commits = Commits(fail=ConnectionFailed("storage node a is shutting down"))
+        regs = Registrations(lambda: 0, commits)
+        first = asyncio.ensure_future(regs.register(control, 1, "t", None, stored(0, 3)))
+        await until(lambda: len(control.calls) == 1)
+        control.replies[0].set_result({"evicted": 0})
+        with pytest.raises(ConnectionFailed, match="shutting down"):
+            await first
+        commits.fail = None
+        after = asyncio.ensure_future(regs.register(control, 1, "t", None, stored(5, 1)))
+        await until(lambda: len(control.calls) == 2)
+        control.replies[1].set_result({"evicted": 0})
+        assert (await after).duplicates == 0
+        assert [c["keys"] for c in commits.calls] == [[0, 1, 2], [5]]
 
     asyncio.run(run())
