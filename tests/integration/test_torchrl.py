@@ -348,7 +348,10 @@ def test_batches_of_a_collector_over_parallel_envs_are_stored_as_torchrl_stores_
             torch.randint(2, td.batch_size), 2))
 
     # ndim=2: every step of every env one item (LazyTensorStorage(..., ndim=2)).
-    env = ParallelEnv(4, functools.partial(GymEnv, "CartPole-v1"))
+    # Forked workers: a spawned one imports torch and TorchRL again, seconds
+    # each on 2 busy cores; how the envs' steps are stored is what is checked
+    # here (the example's test below runs a ParallelEnv of spawned workers).
+    env = ParallelEnv(4, functools.partial(GymEnv, "CartPole-v1"), mp_start_method="fork")
     try:
         with DistoreReplayBuffer(cluster.address, "par", capacity=1000, ndim=2,
                                  batch_size=16) as rb:
