@@ -1,4 +1,4 @@
-"""perf/stress_faults.py, short (20 s a transport): kills, hangs and foreign lease releases while
+"""perf/stress_faults.py, short (12 s a transport): kills, hangs and foreign lease releases while
 learners read flat out; every item's bytes are checked."""
 
 from __future__ import annotations

@@ -348,7 +348,10 @@ def test_batches_of_a_collector_over_parallel_envs_are_stored_as_torchrl_stores_
             torch.randint(2, td.batch_size), 2))
 
     # ndim=2: every step of every env one item (LazyTensorStorage(..., ndim=2)).
-    env = ParallelEnv(4, functools.partial(GymEnv, "CartPole-v1"))
+    # Forked workers: a spawned one imports torch and TorchRL again, seconds
+    # each on 2 busy cores; how the envs' steps are stored is what is checked
+    # here.
+    env = ParallelEnv(4, functools.partial(GymEnv, "CartPole-v1"), mp_start_method="fork")
     try:
         with DistoreReplayBuffer(cluster.address, "par", capacity=1000, ndim=2,
                                  batch_size=16) as rb:
@@ -425,7 +428,22 @@ def test_dqn_loss_and_a_collector_use_the_buffer_unchanged(cluster):
         assert rb.flush_priorities()["missing"] == 0
 
 
-def test_the_example_trains_with_torchrl_components(tls, monkeypatch):
+@pytest.fixture
+def fork_start():
+    """The global start method fork, which the example's ParallelEnv takes
+    up (TorchRL's default is spawn when none is set): a spawned env worker
+    imports torch and TorchRL again, 2-3 s of a core each of the four on 2
+    busy cores. The workers only step CartPole; the buffer stays in this
+    process. As test_examples.py's fork_start for the R2D2 example."""
+    import multiprocessing as mp
+
+    before = mp.get_start_method(allow_none=True)
+    mp.set_start_method("fork", force=True)
+    yield
+    mp.set_start_method(before, force=True)
+
+
+def test_the_example_trains_with_torchrl_components(tls, monkeypatch, fork_start):
     pytest.importorskip("torchrl", reason="needs torchrl (pip install '.[examples]')")
     pytest.importorskip("gymnasium", reason="needs gymnasium (pip install '.[examples]')")
     monkeypatch.syspath_prepend(os.path.abspath(EXAMPLES))

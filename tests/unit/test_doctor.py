@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -12,21 +13,49 @@ import pytest
 from distore_ucx.client.learner.device import cuda_present
 
 
-def doctor(*args):
+def doctor(*args, env: dict | None = None) -> subprocess.Popen:
+    """`distore doctor ARGS` started, with `env`'s changes to this process's
+    environment (None: unset)."""
+    full = dict(os.environ)
+    for name, value in (env or {}).items():
+        if value is None:
+            full.pop(name, None)
+        else:
+            full[name] = value
     # Never from the repository root: that would import the uncompiled sources.
-    return subprocess.run([sys.executable, "-m", "distore_ucx", "doctor", *args],
-                          capture_output=True, text=True, timeout=120,
-                          cwd=tempfile.gettempdir())
+    return subprocess.Popen([sys.executable, "-m", "distore_ucx", "doctor", *args],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            cwd=tempfile.gettempdir(), env=full)
 
 
 @pytest.fixture(scope="module")
-def plain():
-    """`distore doctor` with the insert switches at their defaults: one run
-    (2-5 s of a busy machine) for the tests that read its plain report."""
-    with pytest.MonkeyPatch.context() as mp:
-        mp.delenv("DISTORE_AM_INSERTS", raising=False)
-        mp.delenv("DISTORE_AM_INSERT_RUNS", raising=False)
-        return doctor()
+def runs():
+    """The module's four `distore doctor` runs, started together: each is
+    2-3 s of one core, so the four take about half as long on two cores as
+    one after another. "plain": the insert switches at their defaults (for
+    the tests that read its plain report)."""
+    procs = {
+        "plain": doctor(env={"DISTORE_AM_INSERTS": None, "DISTORE_AM_INSERT_RUNS": None}),
+        "am_inserts_off": doctor(env={"DISTORE_AM_INSERTS": "0"}),
+        "runs_off": doctor(env={"DISTORE_AM_INSERTS": None, "DISTORE_AM_INSERT_RUNS": "0"}),
+        "json": doctor("--json"),
+    }
+    done = {}
+    try:
+        for name, proc in procs.items():
+            stdout, stderr = proc.communicate(timeout=120)
+            done[name] = subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr)
+    finally:
+        for proc in procs.values():
+            if proc.poll() is None:
+                proc.kill()
+                proc.communicate()
+    return done
+
+
+@pytest.fixture
+def plain(runs):
+    return runs["plain"]
 
 
 def test_doctor_reports_ucx_and_what_is_missing(plain):
@@ -57,27 +86,24 @@ def test_doctor_reports_ucx_and_what_is_missing(plain):
             assert ": " in line and len(line) > 40, line  # says what to do
 
 
-def test_doctor_says_inserts_go_by_gets_once_messages_are_off(monkeypatch):
-    monkeypatch.setenv("DISTORE_AM_INSERTS", "0")
-    out = doctor()
+def test_doctor_says_inserts_go_by_gets_once_messages_are_off(runs):
+    out = runs["am_inserts_off"]  # DISTORE_AM_INSERTS=0
     assert out.returncode == 0, out.stderr
     assert ("inserts from other hosts: one-sided gets (DISTORE_AM_INSERTS=0 turns "
             "active-message inserts off)") in out.stdout
 
 
-def test_doctor_says_whether_small_inserts_go_in_runs(plain, monkeypatch):
+def test_doctor_says_whether_small_inserts_go_in_runs(plain, runs):
     out = plain
     assert out.returncode == 0, out.stderr
     assert "items that fit several to 1 MiB go several to a message" in out.stdout
-    monkeypatch.delenv("DISTORE_AM_INSERTS", raising=False)
-    monkeypatch.setenv("DISTORE_AM_INSERT_RUNS", "0")
-    out = doctor()
+    out = runs["runs_off"]  # DISTORE_AM_INSERTS unset, DISTORE_AM_INSERT_RUNS=0
     assert out.returncode == 0, out.stderr
     assert "one item a message (DISTORE_AM_INSERT_RUNS=0)" in out.stdout
 
 
-def test_doctor_json():
-    out = doctor("--json")
+def test_doctor_json(runs):
+    out = runs["json"]
     assert out.returncode == 0, out.stderr
     report = json.loads(out.stdout)
     assert report["ucx"]["version"].startswith("1.")
