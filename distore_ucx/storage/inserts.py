@@ -147,7 +147,7 @@ class InsertServer:
             gens = state.arena.next_generations(k)
             token = f.get("am_token")
             if not self.puller.pulled_here(state.arena, source, offsets, keys, gens,
-                                           f["offsets"], lengths):
+                                           f["offsets"], lengths, k * item_bytes):
                 watch = self._watch_writer(peer, token, k)
                 try:
                     await self.puller.pull(state.arena, source, offsets, keys, gens,

@@ -167,17 +167,21 @@ class Puller:
                 source.name,
             )
 
-    def pulled_here(self, arena, source, offsets, keys, gens, src_offsets, lengths) -> bool:
-        """Copy a same-host batch of at most INLINE_COPY_BYTES out of its
-        writer's mapped staging now, on the event loop (True); False for
-        any other batch, which `pull` reads on the pull thread."""
-        if source.mapping is None or int(lengths.sum()) > INLINE_COPY_BYTES:
+    def pulled_here(self, arena, source, offsets, keys, gens, src_offsets, lengths,
+                    nbytes: int | None = None) -> bool:
+        """Copy a same-host batch of at most INLINE_COPY_BYTES (`nbytes`, if
+        the caller knows it) out of its writer's mapped staging now, on the
+        event loop (True); False for any other batch, which `pull` reads on
+        the pull thread."""
+        if source.mapping is None:
+            return False
+        if (int(lengths.sum()) if nbytes is None else nbytes) > INLINE_COPY_BYTES:
             return False
         # A copy out of a mapping cannot wait on anyone: done here, it saves
         # two thread hand-offs per batch, which cost the node CPU per GB on
-        # small items.
-        arena.pull_mapped(source, offsets, keys, gens, np.uint64(source.base) + src_offsets,
-                          lengths, self._copy_pool())
+        # small items. The items' offsets into the staging buffer, as they are.
+        arena.pull_mapped(source, offsets, keys, gens, src_offsets, lengths, self._copy_pool(),
+                          src_base=0)
         return True
 
     def _pulled(self, progressed: bool) -> None:
