@@ -3,6 +3,7 @@ pytest `pythonpath` puts tests/ on sys.path)."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Callable
 from typing import Any
@@ -59,6 +60,17 @@ def wait_for(condition: Callable[[], Any], timeout: float, what: str,
             f"timed out after {timeout} s waiting for {what}"
             + (f"; last seen: {state()}" if state else ""))
         time.sleep(interval)
+
+
+async def turns_until(condition: Callable[[], Any], what: str, turns: int = 100) -> None:
+    """Let the running event loop take up to `turns` turns until `condition`
+    holds (for tests of asyncio code with fakes, where nothing waits on time);
+    fail naming `what` otherwise."""
+    for _ in range(turns):
+        if condition():
+            return
+        await asyncio.sleep(0)
+    raise AssertionError(f"{what} never happened in {turns} turns of the event loop")
 
 
 def sm_store():

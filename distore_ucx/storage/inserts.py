@@ -138,9 +138,9 @@ class InsertServer:
     async def _store(self, peer, f: dict, node_id: int, table: str, keys, k: int,
                      item_bytes: int, lengths, source, offsets, deadline: float,
                      t0: float) -> dict:
-        """Pull an insert's items into its allocated slots, register them
-        with the control plane, which commits them (see _insert and
-        storage/registrations.py)."""
+        """Pull an insert's items into its allocated slots and register them
+        with the control plane; the registration commits them when the
+        reply comes (see _insert and storage/registrations.py)."""
         state = self.state
         stored = None
         try:

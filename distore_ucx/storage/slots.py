@@ -133,20 +133,23 @@ class SlotTable:
 
 
 def _u64(values, k: int | None = None) -> np.ndarray:
-    """`values` as a contiguous uint64 array (as it is when it is one): of k
-    values when k is given, a scalar repeated k times."""
+    """`values` for a native slot call taking uint64: a 1-d array (of k
+    values when k is given) as it is, since the call converts its dtype or
+    order; anything else as a contiguous uint64 array, a scalar repeated k
+    times."""
     return _column(values, np.uint64, k)
 
 
 def _f64(values, k: int) -> np.ndarray:
-    """`values` as k contiguous float64 values (see _u64)."""
+    """`values` for a native slot call taking k float64 values (see _u64)."""
     return _column(values, np.float64, k)
 
 
 def _column(values, dtype, k: int | None) -> np.ndarray:
     if type(values) is np.ndarray and values.ndim == 1 and (k is None or len(values) == k):
         # As it is: the native call converts another dtype or order (a copy)
-        # itself, at a fraction of asarray's and the flag checks' cost.
+        # itself, at a fraction of asarray's and the flag checks' cost
+        # (reuse + commit + release of 7 slots 6.1 -> 5.1 us).
         return values
     a = np.asarray(values, dtype)
     if a.ndim == 0 and k is not None:

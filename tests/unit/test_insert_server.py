@@ -10,6 +10,7 @@ import types
 
 import numpy as np
 import pytest
+from helpers import turns_until
 
 from distore_ucx.config.roles import NodeConfig
 from distore_ucx.errors import NodeGone
@@ -91,24 +92,17 @@ def peer():
     return types.SimpleNamespace(state={"watched": True}, writer=None)
 
 
-async def until(condition):
-    for _ in range(100):
-        if condition():
-            return
-        await asyncio.sleep(0)
-    raise AssertionError("the insert never got there")
-
 
 def test_a_registered_batch_is_committed_and_a_refused_one_freed():
     async def run():
         inserts, arena, control = server()
         first = asyncio.ensure_future(inserts.op_insert(peer(), insert(2)))
-        await until(lambda: len(control.replies) == 1)
+        await turns_until(lambda: len(control.replies) == 1, "the insert's items_added request")
         second = asyncio.ensure_future(inserts.op_insert(peer(), insert(3, 10)))
         await asyncio.sleep(0)
         control.replies[0].set_result({"evicted": 0})
         assert (await first)["n"] == 2
-        await until(lambda: len(control.replies) == 2)
+        await turns_until(lambda: len(control.replies) == 2, "the insert's items_added request")
         control.replies[1].set_result(
             {"evicted": 0, "errors": [[0, "node_gone", "storage node 1 was unresponsive"]]})
         with pytest.raises(NodeGone):
@@ -127,7 +121,7 @@ def test_a_batch_cancelled_after_its_registration_keeps_its_committed_slots():
     async def run():
         inserts, arena, control = server()
         task = asyncio.ensure_future(inserts.op_insert(peer(), insert(2)))
-        await until(lambda: len(control.replies) == 1)
+        await turns_until(lambda: len(control.replies) == 1, "the insert's items_added request")
         control.replies[0].set_result({"evicted": 0})
         await asyncio.sleep(0)  # the registration settles: committed
         task.cancel()

@@ -10,6 +10,7 @@ import time
 
 import numpy as np
 import pytest
+from helpers import turns_until
 
 from distore_ucx.errors import ConnectionFailed, NodeGone
 from distore_ucx.storage.registrations import Registrations, Stored
@@ -56,31 +57,25 @@ def stored(first: int, n: int, steps: bool = False) -> Stored:
                   time.monotonic() + 5.0)
 
 
-async def until(condition):
-    for _ in range(100):
-        if condition():
-            return
-        await asyncio.sleep(0)
-    raise AssertionError("the registrations never got there")
-
 
 def test_inserts_stored_while_one_is_registered_go_together_in_the_next():
     async def run():
         control, commits = FakeControl(), Commits()
         regs = Registrations(lambda: 4096, commits)
         first = asyncio.ensure_future(regs.register(control, 1, "t", 0, stored(0, 2)))
-        await until(lambda: len(control.calls) == 1)
+        await turns_until(lambda: len(control.calls) == 1, "the items_added request")
         assert "batches" not in control.calls[0]  # one insert: a plain request
         later = [asyncio.ensure_future(regs.register(control, 1, "t", 0, stored(10 * i, 3)))
                  for i in (1, 2, 3)]
         other_table = asyncio.ensure_future(regs.register(control, 1, "u", 0, stored(99, 1)))
-        await until(lambda: len(control.calls) == 2)  # "u" has none in flight: at once
+        # "u" has none in flight: its request goes at once
+        await turns_until(lambda: len(control.calls) == 2, "the items_added request")
         assert control.calls[1]["table"] == "u"
         control.replies[0].set_result({"evicted": 0})
         control.replies[1].set_result({"evicted": 0})
         assert (await first).evicted == 0
         assert commits.calls[0]["offsets"] == [0, 64] and commits.calls[0]["steps"] is None
-        await until(lambda: len(control.calls) == 3)
+        await turns_until(lambda: len(control.calls) == 3, "the items_added request")
         together = control.calls[2]
         assert together["batches"] == [3, 3, 3] and len(together["timeouts"]) == 3
         assert together["keys"].tolist() == [10, 11, 12, 20, 21, 22, 30, 31, 32]
@@ -111,7 +106,7 @@ def test_a_request_that_fails_whole_fails_each_insert_and_the_next_go_on():
         control, commits = FakeControl(), Commits()
         regs = Registrations(lambda: 0, commits)
         first = asyncio.ensure_future(regs.register(control, 1, "s", None, stored(0, 1, True)))
-        await until(lambda: len(control.calls) == 1)
+        await turns_until(lambda: len(control.calls) == 1, "the items_added request")
         assert control.calls[0]["episodes"].tolist() == [0] and "epoch" not in control.calls[0]
         queued = [asyncio.ensure_future(regs.register(control, 1, "s", None, stored(i, 1, True)))
                   for i in (1, 2)]
@@ -121,7 +116,7 @@ def test_a_request_that_fails_whole_fails_each_insert_and_the_next_go_on():
         control.replies[0].set_exception(ConnectionFailed("the control plane went away"))
         with pytest.raises(ConnectionFailed):
             await first
-        await until(lambda: len(control.calls) == 2)
+        await turns_until(lambda: len(control.calls) == 2, "the items_added request")
         assert control.calls[1]["positions"].tolist() == [1, 2]
         control.replies[1].set_exception(ConnectionFailed("again"))
         for q in queued:
@@ -129,7 +124,7 @@ def test_a_request_that_fails_whole_fails_each_insert_and_the_next_go_on():
                 await q
         # Nothing in flight now: the next goes at once, alone.
         after = asyncio.ensure_future(regs.register(control, 1, "s", None, stored(4, 1, True)))
-        await until(lambda: len(control.calls) == 3)
+        await turns_until(lambda: len(control.calls) == 3, "the items_added request")
         assert "batches" not in control.calls[2]
         control.replies[2].set_result({"evicted": 0})
         assert (await after).duplicates == 0
@@ -146,12 +141,12 @@ def test_an_insert_cancelled_before_its_reply_is_neither_committed_nor_failed_by
         control, commits = FakeControl(), Commits()
         regs = Registrations(lambda: 0, commits)
         first = asyncio.ensure_future(regs.register(control, 1, "t", None, stored(0, 1)))
-        await until(lambda: len(control.calls) == 1)
+        await turns_until(lambda: len(control.calls) == 1, "the items_added request")
         later = [asyncio.ensure_future(regs.register(control, 1, "t", None, stored(i, 2)))
                  for i in (10, 20)]
         control.replies[0].set_result({"evicted": 0})
         await first
-        await until(lambda: len(control.calls) == 2)
+        await turns_until(lambda: len(control.calls) == 2, "the items_added request")
         later[0].cancel()  # sent, then its caller gave up: its slots are its own to free
         await asyncio.sleep(0)
         control.replies[1].set_result({"evicted": 2})
@@ -167,13 +162,13 @@ def test_a_commit_that_fails_fails_the_inserts_it_held_and_the_next_go_on():
         commits = Commits(fail=ConnectionFailed("storage node a is shutting down"))
         regs = Registrations(lambda: 0, commits)
         first = asyncio.ensure_future(regs.register(control, 1, "t", None, stored(0, 3)))
-        await until(lambda: len(control.calls) == 1)
+        await turns_until(lambda: len(control.calls) == 1, "the items_added request")
         control.replies[0].set_result({"evicted": 0})
         with pytest.raises(ConnectionFailed, match="shutting down"):
             await first
         commits.fail = None
         after = asyncio.ensure_future(regs.register(control, 1, "t", None, stored(5, 1)))
-        await until(lambda: len(control.calls) == 2)
+        await turns_until(lambda: len(control.calls) == 2, "the items_added request")
         control.replies[1].set_result({"evicted": 0})
         assert (await after).duplicates == 0
         assert [c["keys"] for c in commits.calls] == [[0, 1, 2], [5]]
