@@ -275,18 +275,16 @@ class Arena:
                                keys, generations, timeout)
 
     def pull_mapped(self, source, offsets: np.ndarray, keys: np.ndarray,
-                    generations: np.ndarray, src_addresses: np.ndarray, lengths: np.ndarray,
-                    pool=None, src_base: int | None = None) -> np.ndarray:
-        """Copy a same-host writer's staged items out of its mapped staging
-        buffer (`source.mapping`) into allocated slots, seqlock style, in
-        one native call with the GIL released unless the batch is small
-        (over `pool` for large batches); returns the per-item statuses (all
-        0). `src_addresses`: the items' addresses in the writer, whose
-        buffer starts at `src_base` (default `source.base`; 0: offsets into
-        the buffer)."""
-        return _native.pull_mapped(
-            self.region, source.mapping, source.base if src_base is None else src_base,
-            offsets, src_addresses, lengths, keys, generations, pool, PARALLEL_COPY_BYTES)
+                    generations: np.ndarray, src_offsets: np.ndarray, lengths: np.ndarray,
+                    pool=None) -> np.ndarray:
+        """Copy a same-host writer's staged items (at `src_offsets` in its
+        mapped staging buffer, `source.mapping`) into allocated slots,
+        seqlock style, in one native call with the GIL released unless the
+        batch is small (over `pool` for large batches); returns the per-item
+        statuses (all 0)."""
+        # Offsets are addresses in a buffer based at 0 (the native call's src_base).
+        return _native.pull_mapped(self.region, source.mapping, 0, offsets, src_offsets, lengths,
+                                   keys, generations, pool, PARALLEL_COPY_BYTES)
 
 
 PARALLEL_COPY_BYTES = 1 << 20  # same-host insert batches this large use the copy pool

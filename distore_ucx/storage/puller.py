@@ -55,7 +55,8 @@ class Puller:
 
     >>> puller = Puller(runtime, "node a")
     >>> puller.start_am_inbox("10.0.0.5", key)  # from the event loop
-    >>> await puller.pull(arena, source, offsets, keys, gens, src_offsets, lengths)
+    >>> if not puller.pulled_here(arena, source, offsets, keys, gens, src_offsets, lengths):
+    ...     await puller.pull(arena, source, offsets, keys, gens, src_offsets, lengths)
     >>> await puller.close()
     """
 
@@ -131,12 +132,9 @@ class Puller:
 
     async def pull(self, arena, source, offsets, keys, gens, src_offsets, lengths,
                    token: int | None = None) -> None:
-        """Read the batch into its slots of `arena` on the pull thread (the
-        event loop keeps serving), or here for a mapped batch of at most
-        INLINE_COPY_BYTES; raise if any item could not be read."""
-        if self.pulled_here(arena, source, offsets, keys, gens, src_offsets, lengths):
-            return
-        addresses = np.uint64(source.base) + src_offsets
+        """Read a batch that `pulled_here` did not take into its slots of
+        `arena` on the pull thread (the event loop keeps serving); raise if
+        any item could not be read."""
         loop = asyncio.get_running_loop()
         progresses = source.mapping is None  # the pull progresses the reader worker
         if token:
@@ -144,10 +142,11 @@ class Puller:
                                        offsets, keys, gens, lengths, PULL_TIMEOUT)
         elif source.mapping is not None:
             job = loop.run_in_executor(self._pull_thread(), arena.pull_mapped, source, offsets,
-                                       keys, gens, addresses, lengths, self._copy_pool())
+                                       keys, gens, src_offsets, lengths, self._copy_pool())
         else:
             job = loop.run_in_executor(self._pull_thread(), arena.pull, source, offsets, keys,
-                                       gens, addresses, lengths, PULL_TIMEOUT)
+                                       gens, np.uint64(source.base) + src_offsets, lengths,
+                                       PULL_TIMEOUT)
         self._progressing += progresses
         try:
             statuses = await asyncio.shield(job)
@@ -179,9 +178,8 @@ class Puller:
             return False
         # A copy out of a mapping cannot wait on anyone: done here, it saves
         # two thread hand-offs per batch, which cost the node CPU per GB on
-        # small items. The items' offsets into the staging buffer, as they are.
-        arena.pull_mapped(source, offsets, keys, gens, src_offsets, lengths, self._copy_pool(),
-                          src_base=0)
+        # small items.
+        arena.pull_mapped(source, offsets, keys, gens, src_offsets, lengths, self._copy_pool())
         return True
 
     def _pulled(self, progressed: bool) -> None:

@@ -57,12 +57,10 @@ class Stored:
 @dataclass(frozen=True)
 class Registered:
     """What registering an insert did: the items evicted from the table (the
-    request's, counted once: on its last insert registered) and how many of
-    its keys the table held already (their slots were freed, the others
-    committed)."""
+    request's, counted once: on its last insert registered). Its slots are
+    committed, but those of keys the table held already, which are freed."""
 
     evicted: int
-    duplicates: int
 
 
 # commit(table, offsets, keys, generations, priorities, steps, twice): make the
@@ -189,8 +187,7 @@ class Registrations:
             if i in refused:
                 s.done.set_exception(refused[i])
                 continue
-            n_held = int(np.isin(s.offsets, twice).sum()) if len(twice) else 0
-            s.done.set_result(Registered(reply["evicted"] if i == last else 0, n_held))
+            s.done.set_result(Registered(reply["evicted"] if i == last else 0))
 
 
 def _joined(arrays: list[np.ndarray]) -> np.ndarray:

@@ -135,8 +135,7 @@ class SlotTable:
 def _u64(values, k: int | None = None) -> np.ndarray:
     """`values` for a native slot call taking uint64: a 1-d array (of k
     values when k is given) as it is, since the call converts its dtype or
-    order; anything else as a contiguous uint64 array, a scalar repeated k
-    times."""
+    order; anything else through np.asarray, a scalar repeated k times."""
     return _column(values, np.uint64, k)
 
 
@@ -154,8 +153,6 @@ def _column(values, dtype, k: int | None) -> np.ndarray:
     a = np.asarray(values, dtype)
     if a.ndim == 0 and k is not None:
         return np.full(k, a, dtype)
-    if not a.flags.c_contiguous:
-        a = np.ascontiguousarray(a)
     if k is None or a.shape == (k,):
         return a
     raise ValueError(f"slot table: {a.size} values for {k} offsets: one value per offset")

@@ -105,8 +105,8 @@ def pull_mapped(arena, region, mapping, slots, offsets, pool=None):
     src = Source("self", "mapped", region.address, mapping.size, mapping=mapping)
     keys = np.arange(200, 200 + n, dtype=np.uint64)
     gens = arena.next_generations(n)
-    statuses = arena.pull_mapped(src, slots, keys, gens, np.uint64(region.address) + offsets,
-                                 np.full(n, ITEM, np.uint64), pool)
+    statuses = arena.pull_mapped(src, slots, keys, gens, offsets, np.full(n, ITEM, np.uint64),
+                                 pool)
     return statuses, keys, gens
 
 
@@ -205,9 +205,10 @@ def test_a_mapping_outlives_its_writer(runtime):
     arena = Arena(runtime, 1 << 20)
     slots = np.arange(4, dtype=np.uint64) * np.uint64(SLOT)
     src = Source("w", "mapped", address, size, mapping=mapping)
-    sources = np.uint64(address) + np.arange(4, dtype=np.uint64) * np.uint64(ITEM)
     statuses = arena.pull_mapped(src, slots, np.arange(1, 5, dtype=np.uint64),
-                                 arena.next_generations(4), sources, np.full(4, ITEM, np.uint64))
+                                 arena.next_generations(4),
+                                 np.arange(4, dtype=np.uint64) * np.uint64(ITEM),
+                                 np.full(4, ITEM, np.uint64))
     assert not statuses.any()
     view = arena.region.view()
     for i, s in enumerate(slots.astype(np.int64)):

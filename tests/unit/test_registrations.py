@@ -13,7 +13,7 @@ import pytest
 from helpers import turns_until
 
 from distore_ucx.errors import ConnectionFailed, NodeGone
-from distore_ucx.storage.registrations import Registrations, Stored
+from distore_ucx.storage.registrations import Registered, Registrations, Stored
 
 
 class FakeControl:
@@ -86,7 +86,7 @@ def test_inserts_stored_while_one_is_registered_go_together_in_the_next():
             "errors": [[1, "node_gone", "storage node 1 was unresponsive"]]})
         a, b, c = await asyncio.gather(*later, return_exceptions=True)
         assert isinstance(b, NodeGone) and "unresponsive" in str(b)
-        assert a.duplicates == 0 and c.duplicates == 1
+        assert isinstance(a, Registered) and isinstance(c, Registered)
         assert a.evicted + c.evicted == 5  # counted once, on the last registered
         # The first and third inserts' slots in one commit, but the slot of
         # the key held already, which is freed; the refused one's are its
@@ -127,7 +127,7 @@ def test_a_request_that_fails_whole_fails_each_insert_and_the_next_go_on():
         await turns_until(lambda: len(control.calls) == 3, "the items_added request")
         assert "batches" not in control.calls[2]
         control.replies[2].set_result({"evicted": 0})
-        assert (await after).duplicates == 0
+        assert (await after).evicted == 0
         # Only the last one was registered: its steps are committed with it.
         assert commits.calls == [{"table": "s", "offsets": [256], "keys": [4],
                                   "generations": [1], "priorities": [1.0],
@@ -170,7 +170,7 @@ def test_a_commit_that_fails_fails_the_inserts_it_held_and_the_next_go_on():
         after = asyncio.ensure_future(regs.register(control, 1, "t", None, stored(5, 1)))
         await turns_until(lambda: len(control.calls) == 2, "the items_added request")
         control.replies[1].set_result({"evicted": 0})
-        assert (await after).duplicates == 0
+        assert (await after).evicted == 0
         assert [c["keys"] for c in commits.calls] == [[0, 1, 2], [5]]
 
     asyncio.run(run())
