@@ -223,14 +223,21 @@ class TableSpec:
             arrays.append(a)
         return n, [np.ascontiguousarray(a) for a in arrays]
 
-    def pack_into(self, out: np.ndarray, arrays: list[np.ndarray], lo: int, hi: int) -> None:
+    def pack_into(self, out: np.ndarray, arrays: list[np.ndarray], lo: int, hi: int,
+                  copy_rows=None) -> None:
         """Copy items lo..hi of `arrays` (from `arrays()`) into the rows of
-        `out`, an (hi - lo, item_bytes) uint8 array: one copy per field."""
+        `out`, an (hi - lo, item_bytes) uint8 array: one copy per field.
+        `copy_rows(dst, src)`, if given, copies a field's (k, nbytes) uint8
+        rows instead of numpy's assignment (a writer's staging copy)."""
         k = hi - lo
         if len(self.fields) > 1 and sum(f.nbytes for f in self.fields) < self.item_bytes:
             out[:] = 0  # alignment padding between fields
         for f, a in zip(self.fields, arrays):
-            out[:, f.offset : f.offset + f.nbytes] = a[lo:hi].reshape(k, -1).view(np.uint8)
+            src = a[lo:hi].reshape(k, -1).view(np.uint8)
+            if copy_rows is None:
+                out[:, f.offset : f.offset + f.nbytes] = src
+            else:
+                copy_rows(out[:, f.offset : f.offset + f.nbytes], src)
 
     def count(self, data: Any) -> int:
         """How many items `data` holds (1 for one item, n for a batch), judged

@@ -21,6 +21,37 @@ void bind_memory(nb::module_& m) {
       "Reorder the rows of a C-contiguous (n, row_bytes) uint8 array in place so\n"
       "that row i holds what row order[i] held (each row moved copied once).\n"
       "Raises InvalidArgument, touching nothing, unless `order` is a permutation.");
+  m.def(
+      "copy_rows",
+      [](nb::ndarray<uint8_t, nb::ndim<2>, nb::device::cpu> dst,
+         nb::ndarray<const uint8_t, nb::ndim<2>, nb::device::cpu> src) {
+        const size_t n = dst.shape(0), row = dst.shape(1);
+        if (src.shape(0) != n || src.shape(1) != row) {
+          throw UcxError(kStatusBadArgument,
+                         "copy_rows: the source is " + std::to_string(src.shape(0)) + " x " +
+                             std::to_string(src.shape(1)) + " bytes, the destination " +
+                             std::to_string(n) + " x " + std::to_string(row));
+        }
+        if (row > 1 && (dst.stride(1) != 1 || src.stride(1) != 1)) {
+          throw UcxError(kStatusBadArgument,
+                         "copy_rows: each row must be contiguous (a column stride of 1)");
+        }
+        if (n > 1 && (dst.stride(0) < 0 || src.stride(0) < 0)) {
+          throw UcxError(kStatusBadArgument, "copy_rows: rows in reverse order");
+        }
+        uint8_t* d = dst.data();
+        const uint8_t* s = src.data();
+        const auto ds = static_cast<size_t>(dst.stride(0));
+        const auto ss = static_cast<size_t>(src.stride(0));
+        nb::gil_scoped_release release;
+        copy_rows(d, ds, s, ss, n, row);
+      },
+      "dst"_a, "src"_a,
+      "Copy the rows of `src` into those of `dst`, both (n, row_bytes) uint8 arrays\n"
+      "whose rows are contiguous (any row stride): a writer staging a large field.\n"
+      "Rows of 256 KiB and more are written with non-temporal stores (the writer\n"
+      "never reads a staged row again). Releases the GIL. Raises InvalidArgument,\n"
+      "copying nothing, if the shapes differ or a row is not contiguous.");
   nb::class_<MemoryRegion>(m, "MemoryRegion",
                            "Memory registered with UCX; page aligned when allocated here.")
       .def(

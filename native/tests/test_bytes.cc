@@ -1,5 +1,5 @@
 // Byte-level pieces of the data path: CRC-32C, the listeners' SipHash
-// grants, permute_rows, the batch layout, bounce chunks, stream_copy, and
+// grants, permute_rows, copy_rows, the batch layout, bounce chunks, stream_copy, and
 // the status names errors carry.
 #include <algorithm>
 #include <cstring>
@@ -213,6 +213,22 @@ TEST(stream_copy_copies_every_length_and_alignment) {
   }
   distore::stream_copy(dst.data() + 1, src.data(), size_t{3} << 20, size_t{1} << 20);
   CHECK(std::memcmp(dst.data() + 1, src.data(), size_t{3} << 20) == 0);
+}
+
+TEST(copy_rows_copies_strided_rows_streaming_the_long_ones) {
+  // Rows of one field of a staged batch: the destination's rows lie
+  // item_bytes apart, the source's as the caller's array has them.
+  for (size_t row : {size_t{40}, distore::kStageStreamMin + 24}) {
+    const size_t n = 3, dst_stride = row + 72, src_stride = row + 8;
+    const auto src = random_bytes(n * src_stride, 5);
+    std::vector<uint8_t> dst(n * dst_stride, 0xAB);
+    distore::copy_rows(dst.data() + 8, dst_stride, src.data(), src_stride, n, row);
+    for (size_t i = 0; i < n; ++i) {
+      CHECK(std::memcmp(dst.data() + 8 + i * dst_stride, src.data() + i * src_stride, row) == 0);
+      CHECK_EQ(dst[8 + i * dst_stride + row], 0xAB);  // the gap between rows untouched
+    }
+    CHECK_EQ(dst[7], 0xAB);
+  }
 }
 
 TEST(statuses_have_names_and_check_throws_with_the_peer) {

@@ -236,3 +236,79 @@ def test_a_batch_groups_each_episodes_steps_in_order_before_it_goes(runtime):
     w.flush()
     w.close()
     assert sent[0][0].tolist() == one.tolist() and sent[0][4][:, 0].tolist() == list(range(6))
+
+
+# A field of 256 KiB and more is staged by the native copy (non-temporal
+# stores). BIG's padding after `flag` sends its items down the general path
+# (which zeroes the gaps); DENSE's single items take the one-item path.
+BIG = TableSpec.parse({"frame": ((300, 1024), np.uint8), "flag": ((), np.bool_),
+                       "step": ((), np.int64)})
+DENSE = TableSpec.parse({"frame": ((300, 1024), np.uint8), "step": ((), np.int64)})
+
+
+class SpecClient(FakeClient):
+    def __init__(self, runtime, spec):
+        super().__init__(runtime)
+        self._spec = spec
+
+    def spec(self, table: str) -> TableSpec:
+        return self._spec
+
+
+def test_large_fields_stage_natively_the_bytes_numpy_stages(runtime, monkeypatch):
+    from distore_ucx.client.writer import staging
+
+    assert BIG.fields[0].nbytes >= staging.STREAM_FIELD_BYTES
+    native_copies = []
+
+    class Native:  # the native module, its row copies counted
+        def __getattr__(self, name):
+            return getattr(real, name)
+
+        def copy_rows(self, dst, src):
+            native_copies.append(dst.shape)
+            real.copy_rows(dst, src)
+
+    real = staging._native
+    monkeypatch.setattr(staging, "_native", Native())
+    rng = np.random.default_rng(3)
+    # (5, 300, 1024) frames lying apart in a larger array: rows with a
+    # stride, each contiguous (the native copy takes them as they are).
+    frames = rng.integers(0, 256, (5, 301, 1024), dtype=np.uint8)[:, :300, :]
+    assert not frames.flags.c_contiguous
+    steps = np.arange(5, dtype=np.int64)
+    for spec, data in ((BIG, {"frame": frames, "flag": steps % 2 == 0, "step": steps}),
+                       (DENSE, {"frame": frames, "step": steps})):
+        n, arrays = spec.arrays(data)
+        expected = np.empty((n, spec.item_bytes), np.uint8)
+        spec.pack_into(expected, arrays, 0, n)  # numpy's assignments
+        items = [{k: np.array(v[i]) for k, v in data.items()} for i in range(n)]
+        if spec is DENSE:
+            assert OneItemLayout(spec).parts(items[0], 1.0) is not None
+        for how in ("batch", "one"):
+            w = Writer(SpecClient(runtime, spec), max_items=8, max_delay=None)
+            sent = recording(w)
+            if how == "batch":
+                w.insert("t", data, priority=[1.0] * n)
+            else:
+                for one in items:
+                    w.insert("t", one, 1.0)
+            w.flush()
+            assert staged(sent)[2] == expected.tobytes(), (spec, how)
+            # the frames went through the native copy, the small fields not
+            assert native_copies and {r for _, r in native_copies} == {300 * 1024}
+            native_copies.clear()
+            w.close()
+
+
+def test_copy_rows_refuses_mismatched_or_scattered_rows():
+    from distore_ucx._native_loader import _native
+
+    dst = np.zeros((2, 8), np.uint8)
+    with pytest.raises(Exception, match="source is 3 x 8 bytes"):
+        _native.copy_rows(dst, np.ones((3, 8), np.uint8))
+    with pytest.raises(Exception, match="contiguous"):
+        _native.copy_rows(dst, np.ones((2, 16), np.uint8)[:, ::2])
+    assert not dst.any()  # nothing copied
+    _native.copy_rows(dst, np.arange(16, dtype=np.uint8).reshape(2, 8))
+    assert dst.ravel().tolist() == list(range(16))

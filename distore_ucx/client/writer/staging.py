@@ -33,6 +33,18 @@ from ..._native_loader import _native
 from ...transport.local_map import TICKET_BYTES
 
 _PAGE = 1 << 12
+# A field this large is staged by the native copy (non-temporal stores past
+# the cache, GIL released: native/rows.h copy_rows), smaller ones by numpy.
+STREAM_FIELD_BYTES = 256 << 10
+
+
+def copy_field_rows(dst: np.ndarray, src: np.ndarray) -> None:
+    """dst[...] = src for a field's (k, nbytes) uint8 rows: natively for
+    fields of STREAM_FIELD_BYTES and more whose rows are contiguous."""
+    if dst.shape[1] >= STREAM_FIELD_BYTES and src.strides[1] == 1:
+        _native.copy_rows(dst, src)
+    else:
+        dst[...] = src
 
 
 class StagingBuffer:
@@ -170,7 +182,7 @@ class StagedBatch:
             ) -> None:
         """Stage items lo..lo+k of `arrays` (the spec's `arrays` of a call),
         with their keys and priorities, in the next k free rows."""
-        self.spec.pack_into(self.rows(k), arrays, lo, lo + k)
+        self.spec.pack_into(self.rows(k), arrays, lo, lo + k, copy_field_rows)
         self.keys[self.n : self.n + k] = keys[lo : lo + k]
         self.priorities[self.n : self.n + k] = priorities[lo : lo + k]
         self.n += k
@@ -181,7 +193,12 @@ class StagedBatch:
         row = self.n * layout.item_bytes
         view = self.buffer.view[row : row + layout.item_bytes]
         for (_, _, _, offset, nbytes), a in zip(layout.fields, parts):
-            view[offset : offset + nbytes] = a.reshape(-1).view(np.uint8)
+            src = a.reshape(-1).view(np.uint8)
+            if nbytes >= STREAM_FIELD_BYTES:
+                copy_field_rows(view[offset : offset + nbytes].reshape(1, nbytes),
+                                src.reshape(1, nbytes))
+            else:
+                view[offset : offset + nbytes] = src
         self.keys[self.n] = key
         self.priorities[self.n] = priority
         self.n += 1
