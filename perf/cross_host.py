@@ -318,7 +318,7 @@ def parse_args(argv=None) -> argparse.Namespace:
                         "for the cluster and the writers)")
     p.add_argument("--writer-batch-bytes", type=size_list_one, default=None,
                    help="inserts: the writer's batch_bytes, at least 2 items (default: the "
-                        "writer's own, 8 MiB grown to 4 items of up to 32 MiB for large items)")
+                        "writer's own, 8 MiB grown to 8 items of up to 32 MiB for large items)")
     p.add_argument("--samples", action=argparse.BooleanOptionalAction, default=True,
                    help="measure samples (the default); --no-samples: inserts only (no table "
                         "filled to sample from)")

@@ -341,7 +341,7 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="storage arena bytes (every slot is written once before timing)")
     p.add_argument("--batch-bytes", type=int, default=None,
                    help="writer batch_bytes, at least 2 items (default: the writer's, 8 MiB "
-                        "grown to 4 items of up to 32 MiB for large items)")
+                        "grown to 8 items of up to 32 MiB for large items)")
     p.add_argument("--in-flight", type=int, default=4,
                    help="writer max_in_flight (default 4, the writer's)")
     p.add_argument("--perftest-timeout", type=float, default=120.0)

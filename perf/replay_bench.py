@@ -53,7 +53,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 DEFAULT_FILE = os.path.join(HERE, "workloads.toml")
 GiB, MiB = 1 << 30, 1 << 20
 # The writer sends messages of at most 1024 items and of its default batch bytes (8 MiB,
-# grown to 4 items of up to 32 MiB for large items: default_batch_bytes) and places them
+# grown to 8 items of up to 32 MiB for large items: default_batch_bytes) and places them
 # round robin over the nodes; chunks of exactly one message keep the nodes evenly filled
 # (chunks of 1398 would go out as 1024 + 374, always the 1024 to the same node).
 WRITER_MAX_ITEMS = 1024

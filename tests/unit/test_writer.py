@@ -312,3 +312,14 @@ def test_copy_rows_refuses_mismatched_or_scattered_rows():
     assert not dst.any()  # nothing copied
     _native.copy_rows(dst, np.arange(16, dtype=np.uint8).reshape(2, 8))
     assert dst.ravel().tolist() == list(range(16))
+
+
+def test_default_batches_hold_eight_large_items_within_32_mib():
+    from distore_ucx.client.writer.writer import default_batch_bytes
+
+    mb = 1 << 20
+    assert default_batch_bytes(3 * 1024) == 8 * mb  # small items: 8 MiB
+    assert default_batch_bytes(3 * mb) == 24 * mb  # W2: 8 items, not 2
+    assert default_batch_bytes(5 * mb) == 30 * mb  # 6 fit 32 MiB
+    assert default_batch_bytes(10 * mb) == 30 * mb  # W3: 3 items
+    assert default_batch_bytes(40 * mb) == 40 * mb  # larger than 32 MiB: one
