@@ -65,13 +65,11 @@ from .staging import OneItemLayout, StagingPool, batch_bytes_for
 
 log = logging.getLogger(__name__)
 
-# The default staging buffer, and how a table of large items grows it: to
-# hold at least BATCH_MIN_ITEMS items, up to BATCH_GROW_TO bytes (3 MB items:
-# 8 a batch, not 2; 10 MB items: 3, not 1). Each batch costs the writer, the
-# node and the control plane a few ms of CPU whatever its size: over TCP 4
-# a batch made inserts of such items 40-50% faster than 2; on the same host
-# 8 made 3 MB items 13-27% faster than 4 (docs/performance.md). The bound on
-# staging memory (max_in_flight x BATCH_GROW_TO) does not depend on it.
+# The default staging buffer, grown for a table of large items to hold at
+# least BATCH_MIN_ITEMS, up to BATCH_GROW_TO bytes (3 MB items: 8, not 2). A
+# batch costs every process a few ms of CPU whatever its size: 4 3-MB items
+# a batch were 40-50% faster than 2 over TCP, 8 13-27% faster than 4 on the
+# same host (docs/performance.md). The staging bound does not depend on it.
 BATCH_BYTES = 8 << 20
 BATCH_MIN_ITEMS = 8
 BATCH_GROW_TO = 32 << 20
