@@ -36,7 +36,7 @@ cpprb (``--cpprb``, same host)
     (mode one) or ``--batch`` (batched): what a multiprocess shared-memory buffer inserts.
     Its writer adds the same distinct items ours inserts, in the same order (up to 64,
     256 MiB at most: read from memory, not from the cache); ``--cpprb-hot-source`` makes it
-    add one array over and over instead (cache-hot: 3 MB rows 15-30% faster), as this
+    add one array over and over instead (cache-hot: 14-29% faster here), as this
     script did before.
 
 After each run a sample of the table is read back and checked against what was written
