@@ -312,6 +312,10 @@ def test_copy_rows_refuses_mismatched_or_scattered_rows():
     assert not dst.any()  # nothing copied
     _native.copy_rows(dst, np.arange(16, dtype=np.uint8).reshape(2, 8))
     assert dst.ravel().tolist() == list(range(16))
+    # A read-only source (np.frombuffer, a tensor's .numpy()) is copied too.
+    ro = np.frombuffer(bytes(range(16, 32)), np.uint8).reshape(2, 8)
+    _native.copy_rows(dst, ro)
+    assert dst.ravel().tolist() == list(range(16, 32))
 
 
 def test_default_batches_hold_eight_large_items_within_32_mib():
