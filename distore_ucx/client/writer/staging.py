@@ -193,10 +193,10 @@ class StagedBatch:
         row = self.n * layout.item_bytes
         view = self.buffer.view[row : row + layout.item_bytes]
         for (_, _, _, offset, nbytes), a in zip(layout.fields, parts):
-            src = a.reshape(-1).view(np.uint8)
+            src = a.reshape(-1).view(np.uint8)  # contiguous: reshape(-1) copies if need be
             if nbytes >= STREAM_FIELD_BYTES:
-                copy_field_rows(view[offset : offset + nbytes].reshape(1, nbytes),
-                                src.reshape(1, nbytes))
+                _native.copy_rows(view[offset : offset + nbytes].reshape(1, nbytes),
+                                  src.reshape(1, nbytes))
             else:
                 view[offset : offset + nbytes] = src
         self.keys[self.n] = key
