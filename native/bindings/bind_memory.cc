@@ -52,6 +52,7 @@ void bind_memory(nb::module_& m) {
       "Rows of 256 KiB and more are written with non-temporal stores (the writer\n"
       "never reads a staged row again). Releases the GIL. Raises InvalidArgument,\n"
       "copying nothing, if the shapes differ or a row is not contiguous.");
+  m.attr("STAGE_STREAM_MIN") = kStageStreamMin;
   nb::class_<MemoryRegion>(m, "MemoryRegion",
                            "Memory registered with UCX; page aligned when allocated here.")
       .def(

@@ -34,8 +34,9 @@ from ...transport.local_map import TICKET_BYTES
 
 _PAGE = 1 << 12
 # A field this large is staged by the native copy (non-temporal stores past
-# the cache, GIL released: native/rows.h copy_rows), smaller ones by numpy.
-STREAM_FIELD_BYTES = 256 << 10
+# the cache, GIL released: native/rows.h copy_rows, whose threshold it is),
+# smaller ones by numpy.
+STREAM_FIELD_BYTES = _native.STAGE_STREAM_MIN
 
 
 def copy_field_rows(dst: np.ndarray, src: np.ndarray) -> None:
