@@ -46,6 +46,7 @@ from .environment import (
     switches_shown,
     switches_table,
     ucx_tls,
+    uvloop_enabled,
 )
 from .resolved import Settings, resolve
 from .roles import ControlConfig, NodeConfig, UcxConfig
@@ -74,5 +75,6 @@ __all__ = [
     "disk_bounce",
     "local_map_default", "rendezvous_config", "runtime_config", "sample_ahead_from_env",
     "size_from_env",
-    "switch_from_env", "ucx_tls", "SWITCHES", "Switch", "switches_shown", "switches_table",
+    "switch_from_env", "ucx_tls", "uvloop_enabled", "SWITCHES", "Switch", "switches_shown",
+    "switches_table",
 ]

@@ -61,6 +61,9 @@ SWITCHES = (
            "batches a learner asks the control plane for in one request when its "
            "sample_ahead= is left out (learners; unset: the learner's default, see "
            "Learner)"),
+    Switch("DISTORE_UVLOOP", "1",
+           "the control plane and storage nodes run their event loop on uvloop (C, libuv) "
+           "where it is installed; 0: on asyncio's own loop (servers)"),
 )
 
 
@@ -179,6 +182,13 @@ def sample_ahead_from_env() -> int | None:
     except ValueError:
         raise ConfigError(f"DISTORE_SAMPLE_AHEAD={env!r} is not a whole number of "
                           "batches; set it to 1 (no sampling ahead) or more") from None
+
+
+def uvloop_enabled() -> bool:
+    """Whether the servers (control plane, storage nodes) run their event
+    loop on uvloop where it is installed: on unless `DISTORE_UVLOOP=0`
+    (transport/event_loop.py; then asyncio's own loop)."""
+    return switch_from_env("DISTORE_UVLOOP", default=True)
 
 
 def ucx_tls() -> str | None:

@@ -22,9 +22,10 @@ import time
 import numpy as np
 
 from .. import metrics
-from ..config import ControlConfig
+from ..config import ControlConfig, uvloop_enabled
 from ..errors import CheckpointError
 from ..roles import write_ready
+from ..transport import event_loop
 from ..transport.rpc import Peer
 from . import checkpoint
 from .admission import Admission
@@ -197,7 +198,8 @@ class ControlPlane:
         self._tasks = [loop.create_task(self._housekeeping())]
         if self.config.checkpoint and self.config.checkpoint_interval > 0:
             self._tasks.append(loop.create_task(self._checkpoints()))
-        log.info("control plane listening on %s:%d", self.config.host, self.port)
+        log.info("control plane listening on %s:%d (event loop %s)", self.config.host, self.port,
+                 event_loop.loop_name(loop))
         self.metrics_server = metrics.serve_process(
             self.config.metrics_port, self.config.metrics_host, loop, self,
             lambda plane: metrics.control_snapshot(
@@ -249,4 +251,4 @@ class ControlPlane:
 
 def main(config: ControlConfig, ready_file: str | None = None) -> int:
     """Run the control plane in this process until stopped."""
-    return asyncio.run(ControlPlane(config).run(ready_file))
+    return event_loop.run(ControlPlane(config).run(ready_file), uvloop_enabled())

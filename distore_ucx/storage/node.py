@@ -32,13 +32,20 @@ from concurrent.futures import ThreadPoolExecutor
 
 from .. import metrics
 from .._native_loader import _native
-from ..config import NodeConfig, am_samples_enabled, read_token, runtime_config, ucx_tls
+from ..config import (
+    NodeConfig,
+    am_samples_enabled,
+    read_token,
+    runtime_config,
+    ucx_tls,
+    uvloop_enabled,
+)
 from ..errors import ConfigError, ConnectionFailed, Timeout
 from ..progress import Progress
 from ..protocol import parse_reply
 from ..roles import write_ready
 from ..status import format_size
-from ..transport import UcxRuntime
+from ..transport import UcxRuntime, event_loop
 from ..transport.dispatch import Dispatcher
 from ..transport.local_map import LocalMapServer
 from ..transport.rpc import parse_address, serve
@@ -287,10 +294,10 @@ class StorageNode:
         arena, (host, port) = self.state.arena, self._where
         log.info(
             "node %s (id %d) serving %d-byte arena on %s pages at %s:%d over UCX %s; "
-            "same-host learners %s",
+            "same-host learners %s; event loop %s",
             self.name, self.state.node_id, arena.size,
             page_size_label(arena.page_kind), host, port, self.runtime.transports,
-            "map it read-only" if self.local_map else "read it over UCX",
+            "map it read-only" if self.local_map else "read it over UCX", event_loop.loop_name(),
         )
         advice = page_advice(arena.page_kind)
         if advice:
@@ -437,4 +444,4 @@ class StorageNode:
 
 def main(config: NodeConfig, ready_file: str | None = None) -> int:
     """Run a storage node in this process until stopped."""
-    return asyncio.run(StorageNode(config).run(ready_file))
+    return event_loop.run(StorageNode(config).run(ready_file), uvloop_enabled())

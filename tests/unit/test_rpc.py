@@ -1,5 +1,7 @@
 """The control channel (transport/rpc.py): what one connection may hold in
-flight, pipelined requests and their errors, reconnecting, authentication."""
+flight, pipelined requests and their errors, reconnecting, authentication;
+each on both event loops a server may run on (asyncio's and uvloop,
+transport/event_loop.py)."""
 
 from __future__ import annotations
 
@@ -19,9 +21,11 @@ class Server:
     """An rpc server on its own event-loop thread; 'nodes' requests wait
     for `release` (they are answered concurrently), others answer at once."""
 
+    new_loop = staticmethod(asyncio.new_event_loop)  # the `loop_kind` fixture's
+
     def __init__(self, extra=None, **kwargs):
         self.started = 0
-        self.loop = asyncio.new_event_loop()
+        self.loop = self.new_loop()
         self.gate: asyncio.Event | None = None
         ready = threading.Event()
 
@@ -61,6 +65,15 @@ class Server:
         self.loop.call_soon_threadsafe(self.loop.stop)
         self.thread.join(10)
         self.loop.close()
+
+
+@pytest.fixture(autouse=True, params=["asyncio", "uvloop"])
+def loop_kind(request, monkeypatch):
+    """Every test here runs its server on asyncio's loop and on uvloop."""
+    if request.param == "uvloop":
+        uvloop = pytest.importorskip("uvloop")
+        monkeypatch.setattr(Server, "new_loop", staticmethod(uvloop.new_event_loop))
+    return request.param
 
 
 def wait_for(predicate, timeout: float = 10.0) -> None:
