@@ -142,6 +142,10 @@ void mapped_gather(const std::vector<const MappedArena*>& arenas, const MappedIt
                    size_t n, uint8_t* dest, size_t dest_size, CopyPool* pool,
                    size_t parallel_bytes, int32_t* statuses);
 
+// Bytes from which a sampled batch's mapped copy uses non-temporal stores:
+// a quarter of the last-level cache, at least 1 MiB (mapped.cc says why).
+size_t mapped_batch_stream_min();
+
 // One sampled item as the control plane sends it (protocol.ITEM_LOCATION).
 struct ItemLocation {
   uint32_t node;

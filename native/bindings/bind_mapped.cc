@@ -97,6 +97,11 @@ void bind_mapped(nb::module_& m) {
         "array; headers are read before and after the payloads and checked.\n"
         "Per-item statuses: 0, STATUS_TORN, STATUS_STALE (the slot holds another\n"
         "item), or STATUS_NOT_MAPPED (nothing copied: read it over UCX).");
+  m.def("mapped_batch_stream_min", &mapped_batch_stream_min,
+        "Bytes from which mapped_gather_located writes a batch with non-temporal\n"
+        "stores: a quarter of the last-level cache sysfs gives for CPU 0, at least\n"
+        "1 MiB (1 MiB when sysfs does not say). Below it, plain stores: a learner's\n"
+        "ring of such batches stays in the cache.");
 }
 
 }  // namespace distore

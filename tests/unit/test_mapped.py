@@ -212,6 +212,58 @@ def test_mapped_gather_located_takes_the_control_planes_records(runtime, region)
         _native.mapped_gather_located([arena], lut, recs.tobytes(), rows, layout, small, None)
 
 
+def _last_level_cache() -> int:
+    """The largest cache of level 2 or more that sysfs lists for CPU 0 (0: none)."""
+    best = 0
+    for index in range(8):
+        base = f"/sys/devices/system/cpu/cpu0/cache/index{index}"
+        try:
+            with open(f"{base}/level") as lv, open(f"{base}/size") as sz:
+                level, size = int(lv.read()), sz.read().strip()
+        except (OSError, ValueError):
+            continue
+        if level >= 2:
+            unit = {"K": 1 << 10, "M": 1 << 20}.get(size[-1:], 1)
+            best = max(best, int(size.rstrip("KM")) * unit)
+    return best
+
+
+def test_batches_stream_from_a_quarter_of_the_last_level_cache():
+    assert _native.mapped_batch_stream_min() == max(1 << 20, _last_level_cache() // 4)
+
+
+@pytest.mark.parametrize("side", ["below", "above"])
+def test_batches_on_either_side_of_the_streaming_threshold_copy_every_byte(runtime, region,
+                                                                           side):
+    # Plain stores below the threshold, non-temporal ones from it up: the
+    # same bytes. Items repeat slots (the arena is smaller than the batch).
+    from distore_ucx.protocol import ITEM_LOCATION
+
+    arena = mapped(region)
+    item = 110 << 10  # W1's
+    threshold = _native.mapped_batch_stream_min()
+    n = threshold // item + 1 if side == "above" else max(1, threshold // item - 1)
+    slots = SIZE // item
+    offsets = (np.arange(n, dtype=np.uint64) % np.uint64(slots)) * np.uint64(item)
+    src = region.view()
+    recs = np.zeros(n, ITEM_LOCATION)
+    recs["offset"] = offsets
+    for i, off in enumerate(offsets):
+        head = src[int(off):int(off) + 16].view(np.uint64)
+        recs["key"][i], recs["generation"][i] = head[0], head[1]
+    layout, (at,) = dense_layout(n, [(16, item - 16)])
+    assert (n * (item - 16) >= threshold) == (side == "above")
+    dest = runtime.map_region(layout.nbytes)
+    st = _native.mapped_gather_located([arena], np.zeros(1, np.int64), recs.tobytes(),
+                                       np.arange(n, dtype=np.uint64), layout, dest,
+                                       _native.CopyPool(1), 1 << 20)
+    assert (st == 0).all()
+    got = dest.view()[at:at + n * (item - 16)].reshape(n, item - 16)
+    for i in range(n):
+        off = int(offsets[i])
+        assert np.array_equal(got[i], src[off + 16:off + item])
+
+
 def test_batch_layout_refuses_overlapping_arrays():
     with pytest.raises(errors.InvalidArgument, match="overlap"):
         _native.BatchLayout(4, 0, np.array([16], np.uint64), np.array([8], np.uint64),
