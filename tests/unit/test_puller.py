@@ -1,6 +1,7 @@
 """The node's pull thread and the reader worker's event fd (storage/puller.py):
 while pulls that progress the reader worker are under way, its events get
-no tick of their own; the fd is watched again once they are done."""
+no tick of their own; the fd is watched again once they are done. Helper
+threads for same-host copies only where the node has cores to spare."""
 
 from __future__ import annotations
 
@@ -9,7 +10,9 @@ import os
 
 import pytest
 
-from distore_ucx.storage.puller import Puller
+from distore_ucx._native_loader import _native
+from distore_ucx.storage import puller as puller_module
+from distore_ucx.storage.puller import COPY_HELPERS, Puller, copy_helpers
 from distore_ucx.transport import UcxRuntime
 
 
@@ -73,3 +76,25 @@ def test_reader_events_during_pulls_wait_for_them_to_end(runtime):
             await puller.close()
 
     asyncio.run(main())
+
+
+def test_same_host_copies_take_a_helper_thread_only_on_four_cores_or_more(monkeypatch):
+    assert copy_helpers(1) == copy_helpers(2) == copy_helpers(3) == 0
+    assert copy_helpers(4) == copy_helpers(64) == COPY_HELPERS == 1
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
+    assert copy_helpers() == 0  # the cores this process may run on, not the host's
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(8)), raising=False)
+    assert copy_helpers() == 1
+
+
+@pytest.mark.parametrize("helpers", [0, 1])
+def test_the_copy_pool_is_made_once_and_only_with_helpers(runtime, monkeypatch, helpers):
+    asked = []
+    monkeypatch.setattr(puller_module, "copy_helpers", lambda: asked.append(1) or helpers)
+    puller = Puller(runtime, "test node")
+    first = puller._copy_pool()
+    assert puller._copy_pool() is first and asked == [1]  # decided once, not per batch
+    if helpers:
+        assert isinstance(first, _native.CopyPool)
+    else:
+        assert first is None  # the copying thread works alone
