@@ -75,7 +75,8 @@ class Puller:
         self._loop = None  # the event loop watching the reader worker's event fd
         self._reader_fd = -1
         self._thread: ThreadPoolExecutor | None = None  # the pull thread
-        self._copy_helpers = None  # _native.CopyPool for large same-host copies (False: none)
+        self._helpers = copy_helpers()  # threads the same-host copy pool gets (0: no pool)
+        self._copy_helpers = None  # _native.CopyPool for large same-host copies
         self._sources: Sources | None = None
         self._tick: Future | None = None  # the reader worker's progress between pulls
         # Pulls handed to the pull thread that progress the reader worker
@@ -266,10 +267,9 @@ class Puller:
     def _copy_pool(self):
         """Helper threads for large same-host batch copies (made on first
         use); None where the copying thread works alone (copy_helpers())."""
-        if self._copy_helpers is None:  # False: asked, none
-            helpers = copy_helpers()
-            self._copy_helpers = _native.CopyPool(helpers) if helpers else False
-        return self._copy_helpers if self._copy_helpers is not False else None
+        if self._copy_helpers is None and self._helpers:
+            self._copy_helpers = _native.CopyPool(self._helpers)
+        return self._copy_helpers
 
     def _progress_reader(self, arm: bool = False) -> bool:
         """The reader tick, on the pull thread: progress the reader worker
