@@ -1,10 +1,12 @@
 #include "mapped.h"
 
+#include <sched.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
@@ -128,6 +130,15 @@ size_t CopyPool::drain(const std::function<void(size_t)>& job, size_t parts) {
 void CopyPool::work() {
   uint64_t seen = 0;
   while (true) {
+    if (seen != 0) {
+      // Watch for the next batch a while before sleeping, yielding the core
+      // to any thread that wants it (mapped.h, kLinger).
+      const auto until = std::chrono::steady_clock::now() + kLinger;
+      while (posted_.load(std::memory_order_acquire) == seen &&
+             std::chrono::steady_clock::now() < until) {
+        sched_yield();
+      }
+    }
     const std::function<void(size_t)>* job;
     size_t parts;
     {
@@ -167,6 +178,7 @@ void CopyPool::run(size_t parts, const std::function<void(size_t)>& job) {
     finished_ = 0;
     next_.store(0);
     ++epoch_;
+    posted_.store(epoch_, std::memory_order_release);
   }
   wake_.notify_all();
   const size_t done = drain(job, parts);

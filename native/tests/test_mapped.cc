@@ -5,7 +5,10 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <time.h>
+
 #include <atomic>
+#include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <stdexcept>
@@ -236,6 +239,36 @@ TEST(copy_pool_runs_every_part_once_for_two_callers_at_once) {
     CHECK_EQ(b[i].load(), 20);
   }
   pool.run(0, [](size_t) { throw std::logic_error("no part to run"); });
+}
+
+TEST(copy_pool_helpers_linger_for_the_next_batch_then_sleep) {
+  CopyPool pool(2);
+  constexpr size_t kParts = 64;
+  std::vector<std::atomic<int>> seen(kParts);
+  // Batches back to back, a little apart (the helpers still linger), and
+  // further apart than kLinger (they sleep and are woken): every part runs
+  // once each time.
+  const std::chrono::microseconds gaps[] = {std::chrono::microseconds(0),
+                                            CopyPool::kLinger / 4, CopyPool::kLinger * 3};
+  int rounds = 0;
+  for (int round = 0; round < 60; ++round, ++rounds) {
+    pool.run(kParts, [&](size_t i) { seen[i].fetch_add(1, std::memory_order_relaxed); });
+    std::this_thread::sleep_for(gaps[round % 3]);
+  }
+  for (size_t i = 0; i < kParts; ++i) CHECK_EQ(seen[i].load(), rounds);
+  // Idle after a batch, the helpers stop watching once kLinger has passed:
+  // the process spends next to no CPU time while it sleeps 300 ms.
+  pool.run(kParts, [&](size_t i) { seen[i].fetch_add(1, std::memory_order_relaxed); });
+  auto cpu = [] {
+    timespec ts{};
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+    return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;  // ms
+  };
+  const double before = cpu();
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  const double spent = cpu() - before;
+  std::printf("  %.2f ms of CPU while idle 300 ms\n", spent);
+  CHECK(spent < 30.0);
 }
 
 TEST(copy_ranges_cuts_large_ranges_over_the_pool) {
