@@ -23,6 +23,9 @@ from .values import parse_size, to_bool
 # get one: below this size per-item overhead wins over the copies saved.
 # perf/insert_bandwidth.py measures the crossover (docs/performance.md).
 AM_MIN_ITEM_BYTES = 64 << 10
+# Milliseconds a node's next items_added waits for more small inserts
+# (storage/registrations.py; perf/fanin.py measures it).
+REGISTER_DELAY_MS = 10.0
 
 
 @dataclass(frozen=True)
@@ -61,6 +64,10 @@ SWITCHES = (
            "batches a learner asks the control plane for in one request when its "
            "sample_ahead= is left out (learners; unset: the learner's default, see "
            "Learner)"),
+    Switch("DISTORE_REGISTER_DELAY", f"{REGISTER_DELAY_MS:g}ms",
+           "how long a node's next items_added may wait for more small inserts after the "
+           "last was sent (a few items each: fan-in); 0: sent as soon as the last is "
+           "answered (nodes; milliseconds, e.g. 10 or 10ms)"),
     Switch("DISTORE_UVLOOP", "1",
            "the control plane and storage nodes run their event loop on uvloop (C, libuv) "
            "where it is installed; 0: on asyncio's own loop (servers)"),
@@ -189,6 +196,25 @@ def uvloop_enabled() -> bool:
     loop on uvloop where it is installed: on unless `DISTORE_UVLOOP=0`
     (transport/event_loop.py; then asyncio's own loop)."""
     return switch_from_env("DISTORE_UVLOOP", default=True)
+
+
+def register_delay() -> float:
+    """Seconds a storage node's next items_added may wait for more small
+    inserts (storage/registrations.py): `DISTORE_REGISTER_DELAY` in
+    milliseconds ("10", "10ms"; 0: no wait), REGISTER_DELAY_MS unset."""
+    value = os.environ.get("DISTORE_REGISTER_DELAY", "").strip()
+    if not value:
+        return REGISTER_DELAY_MS / 1e3
+    text = value[:-2].strip() if value.lower().endswith("ms") else value
+    try:
+        ms = float(text)
+    except ValueError:
+        ms = -1.0
+    if not 0.0 <= ms <= 1000.0:
+        raise ConfigError(f"DISTORE_REGISTER_DELAY={value!r}: give milliseconds from 0 to "
+                          "1000 (e.g. 10, or 0 to send each request as soon as the last is "
+                          "answered)")
+    return ms / 1e3
 
 
 def ucx_tls() -> str | None:

@@ -156,7 +156,8 @@ class InsertServer:
                     if watch is not None:
                         watch.cancel()
             # Steps of episodes: kept with their slots, re-sent to a restored control plane.
-            stored = Stored(keys, offsets, gens, f["priorities"], steps_of(f), deadline)
+            stored = Stored(keys, offsets, gens, f["priorities"], steps_of(f), deadline,
+                            nbytes=k * item_bytes)
             registered = await self._register(node_id, table, f.get("epoch"), stored)
         except BaseException as exc:
             done = stored.done if stored is not None else None

@@ -36,6 +36,7 @@ from ..config import (
     NodeConfig,
     am_samples_enabled,
     read_token,
+    register_delay,
     runtime_config,
     ucx_tls,
     uvloop_enabled,
@@ -118,8 +119,10 @@ class StorageNode:
         self.stats = metrics.NodeStats()  # read at scrape time (metrics/families.py)
         self._stop = asyncio.Event()
         self._now = asyncio.Event()  # a second SIGTERM: skip the drain
-        # items_added requests: the inserts stored while one is answered go together
-        self.registrations = Registrations(self.state.used_bytes, self.state.commit_registered)
+        # items_added requests: the inserts stored while one is answered go
+        # together (small ones waiting up to DISTORE_REGISTER_DELAY for more)
+        self.registrations = Registrations(self.state.used_bytes, self.state.commit_registered,
+                                           register_delay())
         self._token: bytes | None = None
         self._where: tuple[str, int] = ("", 0)  # host, port writers reach us at
         self._am_samples = am_samples_enabled()

@@ -5,8 +5,15 @@ its items (`items_added`). Under fan-in (hundreds of actors sending a few
 items each) a request per insert costs the node and the control plane more
 than the items do, so a node keeps one `items_added` in flight per table
 (and node id, and placement epoch): the inserts stored while it is answered
-wait and go together in the next one. The added delay is bounded by one
-request's round trip; a lone insert goes at once, as before.
+wait and go together in the next one; a lone insert goes at once. When
+the reply comes and fewer than COALESCE_ITEMS items (and COALESCE_BYTES
+bytes) wait, the next request also waits, until that many have come or
+`delay` seconds have passed since the last one was sent (the node's
+`DISTORE_REGISTER_DELAY`, 10 ms by default): a fast control plane
+answers within a few batches' time, and a request per two or three
+batches of a few items each cost the node and the control plane more CPU
+per item than the items (perf/fanin.py). Large batches (a writer's 8 MiB)
+never wait; an acknowledgement waits at most one round trip and `delay`.
 
 Each insert is still admitted, checked and refused on its own by the
 control plane (control/inserts.py): one refused (its rate limiter's
@@ -34,6 +41,10 @@ from ..transport.rpc import AsyncClient
 
 # s added to a request's longest timeout before its reply is given up on
 REPLY_GRACE = 10.0
+# Inserts waiting for the next request that send it at once, delay or not:
+# this many items, or this many bytes.
+COALESCE_ITEMS = 256
+COALESCE_BYTES = 1 << 20
 # The request's joined fields the commit takes, in its order (steps last).
 _COMMITTED = ("offsets", "keys", "generations", "priorities", *STEP_FIELDS)
 
@@ -42,8 +53,8 @@ _COMMITTED = ("offsets", "keys", "generations", "priorities", *STEP_FIELDS)
 class Stored:
     """An insert stored in slots, to be registered: its items' keys,
     offsets, generations, priorities, steps (a table of slices:
-    episodes, positions, flags; else None) and the monotonic time by which
-    the rate limiter must have admitted it."""
+    episodes, positions, flags; else None), the monotonic time by which
+    the rate limiter must have admitted it, and its bytes."""
 
     keys: np.ndarray
     offsets: np.ndarray
@@ -52,6 +63,7 @@ class Stored:
     steps: tuple | None
     deadline: float
     done: asyncio.Future = field(default=None)  # type: ignore[assignment]
+    nbytes: int = 0  # the items' bytes (COALESCE_BYTES)
 
 
 @dataclass(frozen=True)
@@ -75,10 +87,15 @@ class Registrations:
     next; `commit` makes the slots of those registered LIVE, a request's in
     one call. All on the node's event loop."""
 
-    def __init__(self, used_bytes: Callable[[], int], commit: Commit):
+    def __init__(self, used_bytes: Callable[[], int], commit: Commit, delay: float = 0.0):
+        """`delay`: seconds the next request of a key may wait for more
+        inserts after the last was sent (see the module; 0: none)."""
         self._used_bytes = used_bytes
         self._commit = commit
+        self._delay = delay
         self._waiting: dict[tuple, list[Stored]] = {}  # a key in here: a request in flight
+        # Keys whose next request waits for more inserts: what wakes it early.
+        self._held: dict[tuple, asyncio.Future] = {}
         self._tasks: set[asyncio.Task] = set()
         self.requests = 0  # items_added sent (metrics: inserts per request)
         self.inserts = 0
@@ -96,6 +113,9 @@ class Registrations:
         waiting = self._waiting.get(key)
         if waiting is not None:  # a request is in flight: this one goes in the next
             waiting.append(insert)
+            held = self._held.get(key)
+            if held is not None and not held.done() and _enough(waiting):
+                held.set_result(None)
         else:
             self._waiting[key] = []
             task = loop.create_task(self._send(key, [insert]))
@@ -109,8 +129,10 @@ class Registrations:
         try:
             while inserts:
                 inserts = [s for s in inserts if not s.done.done()]  # cancelled callers
+                sent = self._loop.time()
                 if inserts:
                     await self._request(key, inserts)
+                await self._gather(key, sent)
                 inserts = self._waiting[key]
                 self._waiting[key] = []
         except BaseException as exc:
@@ -119,6 +141,22 @@ class Registrations:
             raise
         finally:
             self._waiting.pop(key, None)
+
+    async def _gather(self, key: tuple, sent: float) -> None:
+        """Before the next request of `key` (the last sent at loop time
+        `sent`): wait while few inserts wait, until enough come or `delay`
+        has passed since `sent` (see the module)."""
+        waiting = self._waiting[key]
+        left = sent + self._delay - self._loop.time()
+        if left <= 0 or not waiting or _enough(waiting):
+            return
+        held = self._held[key] = self._loop.create_future()
+        timer = self._loop.call_later(left, _settle_once, held)
+        try:
+            await held
+        finally:
+            timer.cancel()
+            del self._held[key]
 
     async def _request(self, key: tuple, inserts: list[Stored]) -> None:
         """One items_added for `inserts`; settles each one's future."""
@@ -188,6 +226,17 @@ class Registrations:
                 s.done.set_exception(refused[i])
                 continue
             s.done.set_result(Registered(reply["evicted"] if i == last else 0))
+
+
+def _enough(waiting: list[Stored]) -> bool:
+    """Whether the inserts waiting for a key's next request send it at once."""
+    return (sum(len(s.keys) for s in waiting) >= COALESCE_ITEMS
+            or sum(s.nbytes for s in waiting) >= COALESCE_BYTES)
+
+
+def _settle_once(future: asyncio.Future) -> None:
+    if not future.done():
+        future.set_result(None)
 
 
 def _joined(arrays: list[np.ndarray]) -> np.ndarray:

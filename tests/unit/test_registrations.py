@@ -174,3 +174,81 @@ def test_a_commit_that_fails_fails_the_inserts_it_held_and_the_next_go_on():
         assert [c["keys"] for c in commits.calls] == [[0, 1, 2], [5]]
 
     asyncio.run(run())
+
+
+def test_few_small_inserts_wait_up_to_the_delay_for_more_and_enough_send_at_once():
+    """With a delay, the next request after a reply waits while fewer than
+    COALESCE_ITEMS items and COALESCE_BYTES bytes wait: until the delay has
+    passed since the last request was sent, or until enough have come."""
+    from distore_ucx.storage.registrations import COALESCE_BYTES, COALESCE_ITEMS
+
+    async def run():
+        loop = asyncio.get_running_loop()
+        control, commits = FakeControl(), Commits()
+        delay = 0.2
+        regs = Registrations(lambda: 0, commits, delay=delay)
+        first = asyncio.ensure_future(regs.register(control, 1, "t", None, stored(0, 1)))
+        await turns_until(lambda: len(control.calls) == 1, "the first request")  # at once
+        sent = loop.time()
+        few = asyncio.ensure_future(regs.register(control, 1, "t", None, stored(10, 3)))
+        await asyncio.sleep(0)
+        control.replies[0].set_result({"evicted": 0})
+        await first  # answered: its caller goes on, the next request waits
+        await asyncio.sleep(delay / 4)
+        assert len(control.calls) == 1
+        while len(control.calls) == 1:
+            await asyncio.sleep(0.005)
+        assert loop.time() - sent >= delay * 0.9  # not before the delay had passed
+        assert control.calls[1]["keys"].tolist() == [10, 11, 12]
+        control.replies[1].set_result({"evicted": 0})
+        await few
+        # The next waits again; enough items coming meanwhile send it at once.
+        more = [asyncio.ensure_future(regs.register(control, 1, "t", None, stored(100, 2)))]
+        await turns_until(lambda: len(control.calls) == 3, "a request with none in flight")
+        control.replies[2].set_result({"evicted": 0})
+        await more[0]
+        more = [asyncio.ensure_future(regs.register(control, 1, "t", None, stored(200, 1)))]
+        await turns_until(lambda: len(control.calls) == 4, "a request with none in flight")
+        more.append(asyncio.ensure_future(regs.register(control, 1, "t", None, stored(300, 1))))
+        await asyncio.sleep(0)
+        control.replies[3].set_result({"evicted": 0})
+        await more[0]
+        t0 = loop.time()
+        more.append(asyncio.ensure_future(
+            regs.register(control, 1, "t", None, stored(400, COALESCE_ITEMS))))
+        await turns_until(lambda: len(control.calls) == 5, "the request enough items send")
+        assert loop.time() - t0 < delay / 2
+        assert control.calls[4]["batches"] == [1, COALESCE_ITEMS]
+        control.replies[4].set_result({"evicted": 0})
+        await asyncio.gather(*more)
+        # A big insert (a writer's batch of large items) never waits either.
+        big = stored(500, 1)
+        big.nbytes = COALESCE_BYTES
+        first = asyncio.ensure_future(regs.register(control, 1, "t", None, stored(600, 1)))
+        await turns_until(lambda: len(control.calls) == 6, "a request with none in flight")
+        later = asyncio.ensure_future(regs.register(control, 1, "t", None, big))
+        await asyncio.sleep(0)
+        t0 = loop.time()
+        control.replies[5].set_result({"evicted": 0})
+        await turns_until(lambda: len(control.calls) == 7, "the big insert's request")
+        assert loop.time() - t0 < delay / 2
+        control.replies[6].set_result({"evicted": 0})
+        await asyncio.gather(first, later)
+        assert regs.requests == 7
+
+    asyncio.run(run())
+
+
+def test_a_node_reads_its_registration_delay_from_the_environment(monkeypatch):
+    from distore_ucx.config import register_delay
+    from distore_ucx.errors import ConfigError
+
+    monkeypatch.delenv("DISTORE_REGISTER_DELAY", raising=False)
+    assert register_delay() == pytest.approx(0.010)
+    for value, seconds in (("0", 0.0), ("2.5", 0.0025), ("20ms", 0.020), (" 5 ms ", 0.005)):
+        monkeypatch.setenv("DISTORE_REGISTER_DELAY", value)
+        assert register_delay() == pytest.approx(seconds)
+    for bad in ("soon", "-1", "5s", "2000"):
+        monkeypatch.setenv("DISTORE_REGISTER_DELAY", bad)
+        with pytest.raises(ConfigError, match="DISTORE_REGISTER_DELAY"):
+            register_delay()
