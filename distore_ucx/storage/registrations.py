@@ -94,8 +94,9 @@ class Registrations:
         self._commit = commit
         self._delay = delay
         self._waiting: dict[tuple, list[Stored]] = {}  # a key in here: a request in flight
-        # Keys whose next request waits for more inserts: what wakes it early.
-        self._held: dict[tuple, asyncio.Future] = {}
+        # Keys whose next request waits for more inserts: what wakes it early,
+        # and the items and bytes waiting meanwhile.
+        self._held: dict[tuple, tuple[asyncio.Future, list[int]]] = {}
         self._tasks: set[asyncio.Task] = set()
         self.requests = 0  # items_added sent (metrics: inserts per request)
         self.inserts = 0
@@ -114,8 +115,12 @@ class Registrations:
         if waiting is not None:  # a request is in flight: this one goes in the next
             waiting.append(insert)
             held = self._held.get(key)
-            if held is not None and not held.done() and _enough(waiting):
-                held.set_result(None)
+            if held is not None:
+                wake, size = held
+                size[0] += len(insert.keys)
+                size[1] += insert.nbytes
+                if not wake.done() and _enough(*size):
+                    wake.set_result(None)
         else:
             self._waiting[key] = []
             task = loop.create_task(self._send(key, [insert]))
@@ -148,12 +153,16 @@ class Registrations:
         has passed since `sent` (see the module)."""
         waiting = self._waiting[key]
         left = sent + self._delay - self._loop.time()
-        if left <= 0 or not waiting or _enough(waiting):
+        if left <= 0 or not waiting:
             return
-        held = self._held[key] = self._loop.create_future()
-        timer = self._loop.call_later(left, _settle_once, held)
+        size = [sum(len(s.keys) for s in waiting), sum(s.nbytes for s in waiting)]
+        if _enough(*size):
+            return
+        wake = self._loop.create_future()
+        self._held[key] = (wake, size)
+        timer = self._loop.call_later(left, _settle_once, wake)
         try:
-            await held
+            await wake
         finally:
             timer.cancel()
             del self._held[key]
@@ -228,10 +237,10 @@ class Registrations:
             s.done.set_result(Registered(reply["evicted"] if i == last else 0))
 
 
-def _enough(waiting: list[Stored]) -> bool:
-    """Whether the inserts waiting for a key's next request send it at once."""
-    return (sum(len(s.keys) for s in waiting) >= COALESCE_ITEMS
-            or sum(s.nbytes for s in waiting) >= COALESCE_BYTES)
+def _enough(items: int, nbytes: int) -> bool:
+    """Whether inserts of `items` and `nbytes` in all, waiting for a key's
+    next request, send it at once."""
+    return items >= COALESCE_ITEMS or nbytes >= COALESCE_BYTES
 
 
 def _settle_once(future: asyncio.Future) -> None:
