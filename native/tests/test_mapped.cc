@@ -250,12 +250,12 @@ TEST(copy_pool_helpers_linger_for_the_next_batch_then_sleep) {
   // once each time.
   const std::chrono::microseconds gaps[] = {std::chrono::microseconds(0),
                                             CopyPool::kLinger / 4, CopyPool::kLinger * 3};
-  int rounds = 0;
-  for (int round = 0; round < 60; ++round, ++rounds) {
+  constexpr int kRounds = 60;
+  for (int round = 0; round < kRounds; ++round) {
     pool.run(kParts, [&](size_t i) { seen[i].fetch_add(1, std::memory_order_relaxed); });
     std::this_thread::sleep_for(gaps[round % 3]);
   }
-  for (size_t i = 0; i < kParts; ++i) CHECK_EQ(seen[i].load(), rounds);
+  for (size_t i = 0; i < kParts; ++i) CHECK_EQ(seen[i].load(), kRounds);
   // Idle after a batch, the helpers stop watching once kLinger has passed:
   // the process spends next to no CPU time while it sleeps 300 ms.
   pool.run(kParts, [&](size_t i) { seen[i].fetch_add(1, std::memory_order_relaxed); });
