@@ -28,7 +28,8 @@ drops (and unresponsive episodes), the longest heartbeat gap of each node,
 learner p50/p99, the actors' peak RSS
 and the control plane's and nodes' RSS, when all (and half) the actors
 were ready, the longest flush, and the CPU the control plane and the nodes
-(together) spent over the run per acknowledged item, and the insert batches each
+(together) spent over the run per acknowledged item (and the actors in their
+writers' insert() and flush() calls: what a writer takes from its environment), and the insert batches each
 items_added of the nodes registered (from their /metrics). Exit 1 when items are missing,
 a node was dropped, or the learner's p99 exceeds `--max-p99-ms`.
 
@@ -68,7 +69,7 @@ TABLE = "fanin"
 def actor(index: int, address: str, args, start, ready, results, together) -> None:
     """One actor process: paced inserts for `args.seconds`; puts a result dict."""
     out = {"actor": index, "offered": 0, "acked": 0, "error": None, "rss_peak": None,
-           "flush_max_s": 0.0}
+           "flush_max_s": 0.0, "cpu_s": 0.0}
     try:
         import distore_ucx as ds
 
@@ -86,21 +87,28 @@ def actor(index: int, address: str, args, start, ready, results, together) -> No
                 if now - t0 >= args.seconds:
                     break
                 due = min(int((now - t0) * args.rate), int(args.seconds * args.rate))
-                for _ in range(due - done):
-                    w.insert(TABLE, {"payload": payload}, priority=1.0)
+                if due > done:
+                    cpu = time.process_time()
+                    for _ in range(due - done):
+                        w.insert(TABLE, {"payload": payload}, priority=1.0)
+                    out["cpu_s"] += time.process_time() - cpu
                 out["offered"] = done = max(done, due)
                 if now >= next_flush:
+                    cpu = time.process_time()
                     if probe:
                         took = probe.flush(w, t0)
                     else:
                         t_flush = time.monotonic()
                         w.flush()
                         took = time.monotonic() - t_flush
+                    out["cpu_s"] += time.process_time() - cpu
                     out["flush_max_s"] = max(out["flush_max_s"], took)
                     out["acked"] = done
                     next_flush = now + args.flush_every
                 time.sleep(min(0.01, max(0.0, next_flush - time.monotonic())))
+            cpu = time.process_time()
             w.flush()
+            out["cpu_s"] += time.process_time() - cpu
             out["acked"] = done
             if probe:
                 probe.done(out, t0, args.seconds)
@@ -317,6 +325,9 @@ def main(argv=None) -> int:
         # CPU seconds of each server process over the run, per acknowledged item.
         "control_cpu_us_per_item": round(1e6 * cpu[0] / max(acked, 1), 1),
         "node_cpu_us_per_item": round(1e6 * sum(cpu[1:]) / max(acked, 1), 1),
+        # the actors' CPU in their writers' insert() and flush() calls (not
+        # the pacing around them): what a writer takes from its environment
+        "writer_cpu_us_per_item": round(1e6 * sum(r["cpu_s"] for r in got) / max(acked, 1), 1),
         # insert batches each items_added of the nodes registered (coalesced)
         "batches_per_registration": per_request,
     }
@@ -330,7 +341,7 @@ def main(argv=None) -> int:
     print(f"{'actors':>7} {'offered/s':>10} {'achieved/s':>10} {'acked':>8} {'in table':>8} "
           f"{'drops':>5} {'unresp':>6} {'p50 ms':>7} {'p99 ms':>7} {'actor MiB':>9} "
           f"{'ctl MiB':>7} {'node MiB':>8} {'ready s':>7} {'flush s':>7} {'ctl us/it':>9} "
-          f"{'node us/it':>10} {'batch/reg':>9}", file=sys.stderr)
+          f"{'node us/it':>10} {'writer us/it':>12} {'batch/reg':>9}", file=sys.stderr)
     nodes_mib = [v for k, v in row["server_rss_mib"].items() if k != "control" and v]
     print(f"{args.actors:7d} {row['offered_per_s']:10.0f} {row['achieved_per_s']:10.0f} "
           f"{acked:8d} {info['size']:8d} {row['node_drops']:5d} {row['unresponsive']:6d} "
@@ -338,7 +349,8 @@ def main(argv=None) -> int:
           f"{row['actor_rss_peak_mib'] or 0:9.1f} {row['server_rss_mib']['control'] or 0:7.1f} "
           f"{max(nodes_mib, default=0):8.1f} {row['all_ready_s']:7.1f} {row['flush_max_s']:7.2f} "
           f"{row['control_cpu_us_per_item']:9.1f} {row['node_cpu_us_per_item']:10.1f} "
-          f"{per_request or 0:9.2f}", file=sys.stderr, flush=True)
+          f"{row['writer_cpu_us_per_item']:12.1f} {per_request or 0:9.2f}", file=sys.stderr,
+          flush=True)
     bad = (row["missing"] != 0 or row["node_drops"] or errors or learner.error
            or (lat["p99_ms"] or 0) > args.max_p99_ms)
     return 1 if bad else 0
