@@ -29,9 +29,10 @@ learner p50/p99, the actors' peak RSS
 and the control plane's and nodes' RSS, when all (and half) the actors
 were ready, the longest flush, and the CPU the control plane and the nodes
 (together) spent over the run per acknowledged item (and the actors in their
-writers' insert() and flush() calls: what a writer takes from its environment), and the insert batches each
-items_added of the nodes registered (from their /metrics). Exit 1 when items are missing,
-a node was dropped, or the learner's p99 exceeds `--max-p99-ms`.
+writers' insert() and flush() calls: what a writer takes from its environment),
+and the insert batches each items_added of the nodes registered (from their
+/metrics). Exit 1 when items are missing, a node was dropped, or the learner's
+p99 exceeds `--max-p99-ms`.
 
 `--probe S` adds what flushes of S s or more waited on, and the run's end
 in steps of 0.2 s, to the JSON line (perf/flush_probe.py); with
