@@ -171,6 +171,8 @@ def test_fanin_probe_says_what_flushes_waited_on_and_how_the_run_ended(tmp_path)
     row = json.loads(out_file.read_text())
     probe = row["probe"]
     assert row["missing"] == 0 and row["acked"] > 0
+    # the writers' CPU in insert() and flush(): measured, and more than nothing an item
+    assert 0 < row["writer_cpu_us_per_item"] < 1e6
     # --probe 0 keeps every flush; the writers connected at creation.
     assert probe["slow_flushes"] > 0 and probe["first_flushes"] == 3
     assert "ack" in probe["first_s"] and probe["connections"]["mean"] >= 2
