@@ -134,7 +134,7 @@ void CopyPool::work() {
       // Watch for the next batch a while before sleeping, yielding the core
       // to any thread that wants it (mapped.h, kLinger).
       const auto until = std::chrono::steady_clock::now() + kLinger;
-      while (posted_.load(std::memory_order_acquire) == seen &&
+      while (epoch_.load(std::memory_order_acquire) == seen &&
              std::chrono::steady_clock::now() < until) {
         sched_yield();
       }
@@ -177,8 +177,7 @@ void CopyPool::run(size_t parts, const std::function<void(size_t)>& job) {
     parts_ = parts;
     finished_ = 0;
     next_.store(0);
-    ++epoch_;
-    posted_.store(epoch_, std::memory_order_release);
+    epoch_.fetch_add(1, std::memory_order_release);
   }
   wake_.notify_all();
   const size_t done = drain(job, parts);

@@ -96,10 +96,10 @@ class CopyPool {
   const std::function<void(size_t)>* job_ = nullptr;
   size_t parts_ = 0;
   std::atomic<size_t> next_{0};
-  std::atomic<uint64_t> posted_{0};  // epoch_, read by lingering helpers without mu_
   size_t finished_ = 0;
   unsigned busy_ = 0;  // helpers inside the current batch
-  uint64_t epoch_ = 0;
+  // Batches posted; changed under mu_, read without it by lingering helpers.
+  std::atomic<uint64_t> epoch_{0};
   bool stop_ = false;
 };
 
