@@ -36,6 +36,23 @@ class Unreachable(Exception):
         self.node_id, self.gone = node_id, gone
 
 
+def _until_serving(conn: rpc.RpcClient) -> None:
+    """One round trip on a new connection before it carries a batch, so
+    that the node reads it as it reads the writer's older ones. Batches in
+    flight to a node go over one connection per staging buffer and are
+    registered in the order the node reads them (docs/semantics.md,
+    "Insertion order"); a connection the node has just authenticated is read
+    a few event-loop turns later than one it was already reading, so
+    without this the first batch of a new buffer could be registered after
+    the next batch on an older one (seen on a loaded host). Closes `conn`
+    and raises as a connect does when the node does not answer."""
+    try:
+        conn.call("node_info", reply_timeout=CONNECT_TIMEOUT)
+    except BaseException:
+        conn.close()
+        raise
+
+
 def node_state(client, node_id: int) -> str:
     """The control plane's word on a node: live, unresponsive or gone
     ("live" when it is away, or does not know the id yet: a restarted
@@ -85,6 +102,7 @@ class Connections:
             try:
                 conn = rpc.RpcClient(node["address"], CONNECT_TIMEOUT,
                                      name=f"storage node {node['name']}", token=self._client.token)
+                _until_serving(conn)
                 conn.timeout = timeout
                 return conn
             except AuthenticationFailed as exc:
